@@ -1,0 +1,3 @@
+from grpo_launch.cli import main
+
+raise SystemExit(main())

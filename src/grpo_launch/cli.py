@@ -1,0 +1,189 @@
+"""Command line. The only module that prints or exits; every GrpoLaunchError becomes one message and a code.
+
+Exit codes: 0 success; 2 bad input or impossible plan; 1 failed run; 128+N after signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from grpo_launch import __version__
+from grpo_launch.errors import GrpoLaunchError
+from grpo_launch.recipe import Recipe, load_recipe
+from grpo_launch.topology import Topology
+
+EPILOG = """\
+examples:
+  grpo-launch plan recipes/qwen1.5b.yaml --gpus 4xL20-48GB     plan for 4 × L20 from any machine
+  grpo-launch plan recipes/qwen1.5b.yaml num_generations=6 --json
+  grpo-launch inspect                                         show the GPUs this machine sees
+  grpo-launch recipes/tiny-cpu.yaml max_steps=3               plan, then run GRPO (vLLM server + trainers)
+"""
+
+VERBS = ("plan", "inspect", "run")
+
+
+def _add_planning_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="recipe YAML (TRL/open-r1 keys plus an optional launch: block)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="override recipe keys; values are YAML (max_steps=3, reward_funcs=[a,b], launch.vllm=off)")  # fmt: skip
+    _add_topology_args(p)
+    p.add_argument("--run-dir", help="where to write the configs and logs (default: launch.run_dir or grpo_runs/NAME)")
+
+
+def _add_topology_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", metavar="SPEC",
+                   help="plan for simulated GPUs instead of probing: 4xL20-48GB, 8xH100-80GB, 2x8xH100-80GB, cpu")  # fmt: skip
+    p.add_argument("--hostfile", metavar="FILE", help="DeepSpeed-style hostfile (HOST slots=N per line)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="grpo-launch",
+        description="Plan and launch GRPO training with TRL: split GPUs between vLLM and trainers, choose a batch "
+        "layout TRL accepts, write accelerate/DeepSpeed configs, start and supervise everything.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"grpo-launch {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="verb", metavar="{run,plan,inspect}")
+
+    run = sub.add_parser("run", help="plan, write configs, start the vLLM server and trainers (the default verb)",
+                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _add_planning_args(run)
+    run.add_argument("--dry-run", action="store_true", help="print the commands that would run; start nothing")
+
+    plan = sub.add_parser("plan", help="print the plan and write the configs; start nothing",
+                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _add_planning_args(plan)
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--no-write", action="store_true", help="do not write files to the run directory")
+
+    inspect = sub.add_parser("inspect", help="show the GPUs / hosts grpo-launch sees")
+    _add_topology_args(inspect)
+    inspect.add_argument("--json", action="store_true", help="print as JSON")
+    return parser
+
+
+def _normalise_argv(argv: Sequence[str]) -> list[str]:
+    """``grpo-launch RECIPE …`` means ``grpo-launch run RECIPE …``."""
+    args = list(argv)
+    for i, a in enumerate(args):
+        if a == "--debug":
+            continue
+        if a in VERBS or a.startswith("-"):
+            return args
+        return [*args[:i], "run", *args[i:]]
+    return args
+
+
+# ------------------------------------------------------------------------------------------------ topology
+
+
+def probe_topology(args: argparse.Namespace, environ: Mapping[str, str], recipe: Recipe | None) -> Topology:
+    """Choose the machine description: --gpus > --hostfile > Slurm allocation > this machine."""
+    from grpo_launch import probe
+    from grpo_launch.topology import parse_gpu_spec
+
+    cpu_processes = recipe.launch.num_processes if recipe else None
+    if args.gpus:
+        return parse_gpu_spec(args.gpus, cpu_processes=cpu_processes)
+    local = probe.probe_local(environ)
+    if args.hostfile:
+        return probe.probe_hostfile(args.hostfile, local=local, cpu=local.is_cpu)
+    if probe.slurm_values(environ).get("job_id") and probe.slurm_values(environ).get("nodelist"):
+        return probe.probe_slurm(environ, local=local)
+    return local
+
+
+def _plan(args: argparse.Namespace, environ: Mapping[str, str]):  # -> (Plan, run_dir)
+    import dataclasses
+
+    from grpo_launch.plan import default_run_dir, make_plan
+    from grpo_launch.probe import resolve_model_shape
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    run_dir = os.path.abspath(args.run_dir or default_run_dir(recipe))
+    recipe = dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, run_dir=run_dir))
+    topology = probe_topology(args, environ, recipe)
+    model, warning = resolve_model_shape(recipe.get("model_name_or_path"))
+    plan = make_plan(topology, recipe, model)
+    if warning:
+        plan = dataclasses.replace(plan, warnings=(*plan.warnings, warning))
+    return plan, run_dir
+
+
+def cmd_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from grpo_launch.render import plan_to_dict, render_files
+    from grpo_launch.rundir import write_run_files
+
+    plan, run_dir = _plan(args, environ)
+    written: list[str] = []
+    if not args.no_write:
+        written = [str(p) for p in write_run_files(run_dir, render_files(plan, run_dir, python=sys.executable))]
+    if args.json:
+        print(json.dumps(plan_to_dict(plan, run_dir, python=sys.executable), indent=2, default=str))
+        return 0
+    from rich.console import Console
+
+    from grpo_launch.report import plan_report
+
+    Console(soft_wrap=True).print(plan_report(plan, run_dir, written))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from dataclasses import asdict
+
+    topology = probe_topology(args, environ, None)
+    if args.json:
+        print(json.dumps(asdict(topology), indent=2))
+        return 0
+    from rich.console import Console
+
+    from grpo_launch.report import topology_table
+
+    console = Console(soft_wrap=True)
+    console.print(topology_table(topology))
+    for w in topology.warnings:
+        console.print(f"warning: {w}", style="yellow")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from grpo_launch.execute import run_plan
+
+    plan, run_dir = _plan(args, environ)
+    return run_plan(plan, run_dir, environ=environ, dry_run=args.dry_run)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    environ = os.environ if environ is None else environ
+    parser = build_parser()
+    args = parser.parse_args(_normalise_argv(argv))
+    if args.verb is None:
+        parser.print_help()
+        return 2
+    try:
+        handler = {"plan": cmd_plan, "inspect": cmd_inspect, "run": cmd_run}[args.verb]
+        return handler(args, environ)
+    except GrpoLaunchError as exc:
+        if args.debug:
+            raise
+        print(f"grpo-launch: error: {exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("grpo-launch: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

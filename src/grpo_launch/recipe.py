@@ -1,0 +1,426 @@
+"""Recipes: the flat YAML TRL and open-r1 users write, plus an optional ``launch:`` block.
+
+``load_recipe(path, overrides)`` reads the file, applies ``key=value`` overrides, migrates keys TRL renamed or
+removed (each migration leaves a notice), checks every key and value, and returns a frozen :class:`Recipe`.
+Every problem found is reported in one :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_launch import trl_schema
+from grpo_launch.errors import ConfigError
+
+AUTO = "auto"
+
+# Keys grpo-launch's training entry (python -m grpo_launch.train) reads itself, beyond TRL's script arguments.
+TRAIN_ENTRY_KEYS: dict[str, str] = {
+    "max_prompt_length": "int?",  # removed from GRPOConfig in TRL 0.26; the train entry truncates prompts
+    "dataset_prompt_column": "str",
+    "dataset_answer_column": "str?",
+    "system_prompt": "str?",
+    "chat_template": "str?",
+    "reward_kwargs": "dict?",
+}
+
+# open-r1's own GRPOConfig / script-argument extras. Accepted so an open-r1 recipe runs unmodified; the ones the
+# train entry does not use are listed in a notice rather than dropped silently.
+OPEN_R1_KEYS: dict[str, str] = {
+    "benchmarks": "list",
+    "callbacks": "list",
+    "hub_model_revision": "str?",
+    "overwrite_hub_revision": "bool",
+    "push_to_hub_revision": "bool",
+    "wandb_entity": "str?",
+    "wandb_project": "str?",
+    "wandb_run_group": "str?",
+    "cosine_min_value_wrong": "float",
+    "cosine_max_value_wrong": "float",
+    "cosine_min_value_correct": "float",
+    "cosine_max_value_correct": "float",
+    "cosine_max_len": "int",
+    "repetition_n_grams": "int",
+    "repetition_max_penalty": "float",
+    "code_language": "str",
+    "code_eval_test_batch_size": "int",
+    "parallel_code_exec_per_proc": "int",
+    "e2b_router_url": "str?",
+    "morph_router_url": "str?",
+    "code_provider": "str?",
+    "ioi_provider": "str?",
+}
+OPEN_R1_UNUSED = frozenset(
+    {"benchmarks", "callbacks", "hub_model_revision", "overwrite_hub_revision", "push_to_hub_revision"}
+    | {k for k in OPEN_R1_KEYS if k.startswith(("code_", "parallel_code", "e2b_", "morph_", "ioi_"))}
+)
+
+RECIPE_KEYS: dict[str, str] = {
+    **trl_schema.GRPO_CONFIG,
+    **trl_schema.MODEL_CONFIG,
+    **trl_schema.SCRIPT_ARGUMENTS,
+    **TRAIN_ENTRY_KEYS,
+    **OPEN_R1_KEYS,
+}
+
+# Values that must be positive integers when given (the planner fills them when absent or "auto").
+POSITIVE_INT_KEYS = frozenset(
+    {
+        "per_device_train_batch_size",
+        "per_device_eval_batch_size",
+        "gradient_accumulation_steps",
+        "steps_per_generation",
+        "generation_batch_size",
+        "num_generations",
+        "num_generations_eval",
+        "max_completion_length",
+        "max_prompt_length",
+        "vllm_tensor_parallel_size",
+        "vllm_max_model_length",
+        "num_iterations",
+    }
+)
+# Keys the planner may choose; "auto" is accepted for them.
+PLANNED_KEYS = frozenset(
+    {
+        "per_device_train_batch_size",
+        "per_device_eval_batch_size",
+        "gradient_accumulation_steps",
+        "steps_per_generation",
+        "num_generations",
+        "vllm_tensor_parallel_size",
+        "vllm_mode",
+        "use_vllm",
+        "vllm_gpu_memory_utilization",
+        "gradient_checkpointing",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """What to do with a key TRL (or transformers) renamed or removed."""
+
+    old: str
+    new: str | None  # None: removed, value dropped with the notice
+    why: str
+    convert: Any = None  # optional callable old value -> new value
+
+
+def _first_config(value: Any) -> Any:
+    if isinstance(value, list) and len(value) == 1:
+        return value[0]
+    if isinstance(value, list):
+        raise ConfigError(
+            f"dataset_configs lists {len(value)} configs {value!r}; TRL 1.16 loads one (dataset_config)",
+            hint="Set dataset_config to one of them.",
+        )
+    return value
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration("torch_dtype", "dtype", "transformers 5 renamed torch_dtype to dtype"),
+    Migration("dataset_configs", "dataset_config", "TRL's ScriptArguments take one dataset_config", _first_config),
+    Migration("warmup_ratio", "warmup_steps", "transformers 5 takes a ratio in warmup_steps (a float below 1)"),
+    Migration("evaluation_strategy", "eval_strategy", "transformers renamed evaluation_strategy to eval_strategy"),
+    Migration("vllm_max_model_len", "vllm_max_model_length", "TRL renamed vllm_max_model_len"),
+    Migration(
+        "vllm_guided_decoding_regex", "vllm_structured_outputs_regex", "TRL renamed vllm_guided_decoding_regex"
+    ),
+    Migration(
+        "overwrite_output_dir",
+        None,
+        "removed in transformers 5; grpo-launch resumes from the newest checkpoint in output_dir "
+        "(choose a new output_dir for a fresh run)",
+    ),
+    Migration(
+        "vllm_device",
+        None,
+        "removed from TRL; grpo-launch assigns the vLLM GPUs itself (set launch.vllm_gpus to choose how many)",
+    ),
+    Migration("vllm_dtype", None, "removed from TRL; vLLM takes the model's dtype"),
+    Migration("vllm_enable_prefix_caching", None, "removed from TRL; the vLLM server enables prefix caching"),
+    Migration("wandb_log_unique_prompts", None, "removed from TRL 1.16; completions are logged with log_completions"),
+    Migration(
+        "num_processes",
+        None,
+        "not a TRL key; grpo-launch derives the number of training processes from the GPUs "
+        "(on CPU set launch.num_processes)",
+    ),
+)
+_MIGRATIONS_BY_KEY = {m.old: m for m in MIGRATIONS}
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """grpo-launch's own settings: the recipe's optional ``launch:`` block."""
+
+    vllm: str = field(default=AUTO, metadata={"choices": ("auto", "server", "colocate", "off")})
+    vllm_gpus: int | None = field(default=None, metadata={"min": 1})
+    vllm_tensor_parallel_size: int | None = field(default=None, metadata={"min": 1})
+    vllm_port: int = field(default=8000, metadata={"min": 1, "max": 65535})
+    vllm_host: str | None = None
+    vllm_gpu_memory_utilization: float | None = field(default=None, metadata={"min": 0.05, "max": 0.99})
+    vllm_max_model_len: int | None = field(default=None, metadata={"min": 1})
+    vllm_command: tuple[str, ...] = ("vllm", "serve")
+    vllm_extra_args: tuple[str, ...] = ()
+    vllm_env: Mapping[str, str] = field(default_factory=dict)
+    vllm_health_timeout_s: float = field(default=900.0, metadata={"min": 1})
+    backend: str = field(default=AUTO, metadata={"choices": ("auto", "ddp", "zero2", "zero3", "fsdp")})
+    offload: str = field(default=AUTO, metadata={"choices": ("auto", "none", "optimizer", "optimizer+params")})
+    num_processes: int | None = field(default=None, metadata={"min": 1})
+    main_process_port: int = field(default=29500, metadata={"min": 1, "max": 65535})
+    run_dir: str | None = None
+    grace_period_s: float = field(default=30.0, metadata={"min": 0})
+    train_env: Mapping[str, str] = field(default_factory=dict)
+
+
+LAUNCH_FIELDS = {f.name: f for f in dataclasses.fields(LaunchSettings)}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A checked recipe. ``values`` holds the TRL-level keys (after migration); ``launch`` grpo-launch's own."""
+
+    values: Mapping[str, Any]
+    launch: LaunchSettings = field(default_factory=LaunchSettings)
+    source: str | None = None
+    notices: tuple[str, ...] = ()
+
+    def is_set(self, key: str) -> bool:
+        """True if the user gave ``key`` a concrete value (not absent, not "auto")."""
+        return key in self.values and self.values[key] != AUTO
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.values.get(key, default)
+        return default if value == AUTO else value
+
+    @property
+    def name(self) -> str:
+        return Path(self.source).stem if self.source else "recipe"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parsing
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"max_steps=3"`` → ``("max_steps", 3)``; the value is parsed as YAML (``reward_funcs=[a,b]`` is a list)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(c.isspace() for c in key):
+        raise ConfigError(
+            f"override must be in the form key=value, got {text!r}",
+            hint="Example: grpo-launch plan recipes/qwen1.5b.yaml num_generations=4 launch.vllm=colocate",
+        )
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({_yaml_reason(exc)})") from None
+    return key, value
+
+
+def _yaml_reason(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else str(problem)
+
+
+def read_recipe_file(path: str | Path) -> dict[str, Any]:
+    """Read a recipe's YAML into a dict (the only file I/O in this module)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"recipe {str(p)!r} not found", hint="Give the path to a YAML recipe, e.g. recipes/qwen1.5b.yaml.")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"recipe {str(p)!r} is not valid YAML: {_yaml_reason(exc)}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"recipe {str(p)!r} is not a text file") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"recipe {str(p)!r} must be a YAML mapping of key: value, got a {type(data).__name__}"
+        )
+    return data
+
+
+def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
+    """Read a recipe file, apply ``key=value`` overrides and check it all."""
+    data = read_recipe_file(path) if path is not None else {}
+    return build_recipe(data, [parse_override(o) for o in overrides], source=str(path) if path else None)
+
+
+def build_recipe(
+    data: Mapping[str, Any], overrides: Iterable[tuple[str, Any]] = (), *, source: str | None = None
+) -> Recipe:
+    """Check a recipe given as a mapping (pure). Collects every problem before raising."""
+    values = {str(k): v for k, v in data.items() if k != "launch"}
+    launch_raw = data.get("launch") or {}
+    problems: list[str] = []
+    if not isinstance(launch_raw, dict):
+        problems.append(f"launch: must be a mapping of grpo-launch settings, got {launch_raw!r}")
+        launch_raw = {}
+    launch_raw = dict(launch_raw)
+    for key, value in overrides:
+        if key.startswith("launch."):
+            launch_raw[key.removeprefix("launch.")] = value
+        elif key == "launch":
+            problems.append("override 'launch=…' is not supported: set one field, e.g. launch.vllm=server")
+        else:
+            values[key] = value
+
+    notices: list[str] = []
+    values = _migrate(values, notices, problems)
+    for key, value in values.items():
+        problem = _check_value(key, value)
+        if problem:
+            problems.append(problem)
+    launch = _build_launch(launch_raw, problems)
+    if launch.num_processes is None and isinstance(data.get("num_processes"), int):
+        # open-r1's demo recipes carry num_processes; on CPU it is the only hint of the wanted process count.
+        launch = dataclasses.replace(launch, num_processes=data["num_processes"])
+
+    unused = sorted(k for k in values if k in OPEN_R1_UNUSED)
+    if unused:
+        notices.append(f"open-r1 keys accepted but not used by grpo-launch's training entry: {', '.join(unused)}")
+    if problems:
+        where = f"recipe {source!r}" if source else "recipe"
+        raise ConfigError(
+            f"{where} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:", problems=problems
+        )
+    return Recipe(values=values, launch=launch, source=source, notices=tuple(notices))
+
+
+def _migrate(values: dict[str, Any], notices: list[str], problems: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        m = _MIGRATIONS_BY_KEY.get(key)
+        if m is None:
+            out.setdefault(key, value)
+            continue
+        if m.new is None:
+            notices.append(f"{key}: dropped — {m.why}")
+            continue
+        if m.new in values:
+            problems.append(f"{key} and {m.new} are both set; {m.why}: keep only {m.new}")
+            continue
+        try:
+            out[m.new] = m.convert(value) if m.convert else value
+        except ConfigError as exc:
+            problems.append(exc.render())
+            continue
+        notices.append(f"{key}: migrated to {m.new}={out[m.new]!r} — {m.why}")
+    return out
+
+
+_KIND_NAMES = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "list": "a list",
+    "dict": "a mapping",
+}
+
+
+def _matches(kind: str, value: Any) -> bool:
+    if value is None:
+        return kind.endswith("?")
+    base = kind.rstrip("?")
+    if base == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if base == "bool":
+        return isinstance(value, bool)
+    if base == "str":
+        return isinstance(value, str)
+    if base == "list":
+        # A single string is accepted where TRL's argparser accepts one item (e.g. report_to: wandb).
+        return isinstance(value, (list, str))
+    if base == "dict":
+        return isinstance(value, (dict, str))
+    return True
+
+
+def _check_value(key: str, value: Any) -> str | None:
+    kind = RECIPE_KEYS.get(key)
+    if kind is None:
+        return f"unknown key {key!r}{did_you_mean(key, RECIPE_KEYS)}"
+    if value == AUTO and key in PLANNED_KEYS:
+        return None
+    if not _matches(kind, value):
+        return f"{key} must be {_KIND_NAMES.get(kind.rstrip('?'), 'a value')}, got {value!r}"
+    if key in POSITIVE_INT_KEYS and value is not None and value <= 0:
+        return f"{key} must be a positive integer, got {value}"
+    if key == "num_generations" and value == 1:
+        return "num_generations must be at least 2: GRPO compares completions within a group"
+    if key == "vllm_mode" and value not in ("server", "colocate"):
+        return f"vllm_mode must be 'server' or 'colocate', got {value!r}"
+    return None
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _build_launch(raw: Mapping[str, Any], problems: list[str]) -> LaunchSettings:
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        f = LAUNCH_FIELDS.get(key)
+        if f is None:
+            problems.append(f"unknown launch setting {key!r}{did_you_mean(key, LAUNCH_FIELDS)}")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        problem, converted = _convert_launch(key, value, default, f.metadata)
+        if problem:
+            problems.append(problem)
+        else:
+            kwargs[key] = converted
+    return LaunchSettings(**kwargs)
+
+
+def _convert_launch(key: str, value: Any, default: Any, meta: Mapping[str, Any]) -> tuple[str | None, Any]:
+    name = f"launch.{key}"
+    if value is None or (value == AUTO and default in (None, AUTO)):
+        return None, default
+    if "choices" in meta:
+        if value is False and "off" in meta["choices"]:
+            value = "off"  # YAML 1.1 reads a bare `off` as false
+        if value not in meta["choices"]:
+            return f"{name} must be one of {', '.join(meta['choices'])}; got {value!r}", None
+        return None, value
+    if isinstance(default, tuple):
+        if isinstance(value, str):
+            value = value.split()
+        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
+            return f"{name} must be a list of strings, got {value!r}", None
+        return None, tuple(str(v) for v in value)
+    if isinstance(default, Mapping):
+        if not isinstance(value, dict):
+            return f"{name} must be a mapping of NAME: value, got {value!r}", None
+        return None, {str(k): str(v) for k, v in value.items()}
+    if key in ("vllm_host", "run_dir"):
+        return (None, str(value)) if isinstance(value, (str, int)) else (f"{name} must be a string", None)
+    if isinstance(default, float) or key == "vllm_gpu_memory_utilization":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{name} must be a number, got {value!r}", None
+    elif isinstance(value, bool) or not isinstance(value, int):
+        return f"{name} must be an integer, got {value!r}", None
+    lo, hi = meta.get("min"), meta.get("max")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        return f"{name} must be {bounds}, got {value}", None
+    return None, value

@@ -1,0 +1,126 @@
+"""What the job runs on: hosts and their GPUs. Frozen data plus the pure parser for ``--gpus`` spec strings."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from grpo_launch.errors import ProbeError
+from grpo_launch.hardware import GIB, find_gpu_spec
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as the processes on its host address it.
+
+    ``visible_id`` is the token to put in ``CUDA_VISIBLE_DEVICES`` for a child (an index, a ``GPU-`` UUID or a MIG
+    id, exactly as the user's own ``CUDA_VISIBLE_DEVICES`` named it), so a child's view is a subset of the parent's.
+    """
+
+    visible_id: str
+    name: str = "unknown"
+    memory_bytes: int | None = None
+    uuid: str | None = None
+
+    @property
+    def memory_gib(self) -> float | None:
+        return None if self.memory_bytes is None else self.memory_bytes / GIB
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    gpus: tuple[Gpu, ...] = ()
+    address: str | None = None  # reachable address (IP or resolvable name); None → the name
+    cpus: int | None = None
+
+    @property
+    def addr(self) -> str:
+        return self.address or self.name
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Hosts in launch order. ``source`` says where it was read from (nvml, cuda_visible_devices, slurm, …)."""
+
+    hosts: tuple[Host, ...]
+    source: str
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(len(h.gpus) for h in self.hosts)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.num_gpus == 0
+
+    @property
+    def gpus_per_host(self) -> tuple[int, ...]:
+        return tuple(len(h.gpus) for h in self.hosts)
+
+    @property
+    def gpu_name(self) -> str:
+        names = {g.name for h in self.hosts for g in h.gpus}
+        return names.pop() if len(names) == 1 else ("mixed" if names else "cpu")
+
+    @property
+    def min_gpu_memory_bytes(self) -> int | None:
+        mems = [g.memory_bytes for h in self.hosts for g in h.gpus]
+        return None if not mems or None in mems else min(m for m in mems if m is not None)
+
+    def describe(self) -> str:
+        if self.is_cpu:
+            return f"{len(self.hosts)} host(s), no GPU (CPU)"
+        counts = set(self.gpus_per_host)
+        per = f"{counts.pop()}" if len(counts) == 1 else "/".join(map(str, self.gpus_per_host))
+        mem = self.min_gpu_memory_bytes
+        mem_s = f" {mem / GIB:.0f} GiB" if mem else ""
+        prefix = f"{len(self.hosts)} × " if len(self.hosts) > 1 else ""
+        return f"{prefix}{per} × {self.gpu_name}{mem_s}"
+
+
+SPEC_PATTERN = re.compile(
+    r"^(?:(?P<nodes>\d+)x)?(?P<count>\d+)x(?P<model>[A-Za-z0-9][A-Za-z0-9_.]*?)(?:-(?P<mem>\d+(?:\.\d+)?)(?:GB|G|GiB))?$",
+    re.IGNORECASE,
+)
+SPEC_HELP = "Examples: --gpus 4xL20-48GB, --gpus 8xH100-80GB, --gpus 2x8xH100-80GB (nodes × GPUs), --gpus cpu."
+
+
+def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
+    """``"2x8xH100-80GB"`` → a simulated topology of 2 hosts with 8 H100s each.
+
+    The memory suffix may be left out for GPUs in the built-in table (``8xH100``). ``cpu`` (or ``0``) is a host
+    without GPUs.
+    """
+    text = spec.strip()
+    if text.lower() in ("cpu", "0", "none"):
+        return Topology(hosts=(Host(name="localhost", cpus=cpu_processes),), source="spec")
+    m = SPEC_PATTERN.match(text)
+    if not m:
+        raise ProbeError(f"cannot read --gpus {spec!r}", hint=SPEC_HELP)
+    nodes = int(m["nodes"] or 1)
+    count = int(m["count"])
+    if nodes < 1 or count < 1:
+        raise ProbeError(f"--gpus {spec!r}: node and GPU counts must be at least 1", hint=SPEC_HELP)
+    if nodes > 4096 or count > 64:
+        raise ProbeError(f"--gpus {spec!r}: at most 4096 nodes and 64 GPUs per node", hint=SPEC_HELP)
+    known = find_gpu_spec(m["model"])
+    name = known.name if known else m["model"]
+    if m["mem"]:
+        memory = int(float(m["mem"]) * GIB)
+    elif known:
+        memory = int(known.memory_gib * GIB)
+    else:
+        raise ProbeError(
+            f"--gpus {spec!r}: unknown GPU model {m['model']!r}; add its memory, e.g. {count}x{m['model']}-48GB",
+            hint=SPEC_HELP,
+        )
+    hosts = tuple(
+        Host(
+            name=f"node{n}" if nodes > 1 else "localhost",
+            gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=memory) for i in range(count)),
+        )
+        for n in range(nodes)
+    )
+    return Topology(hosts=hosts, source="spec")
