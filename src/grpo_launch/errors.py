@@ -11,13 +11,17 @@ class GrpoLaunchError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, *, problems: Iterable[str] = (), hint: str | None = None) -> None:
+        self.message = message
         self.problems = tuple(problems)
         self.hint = hint
         super().__init__(message)
 
+    def __str__(self) -> str:
+        return self.render()
+
     def render(self) -> str:
         """The full user-facing text: the message, every problem, then the hint."""
-        lines = [str(self)]
+        lines = [self.message]
         lines += [f"  - {p}" for p in self.problems]
         if self.hint:
             lines.append(self.hint)

@@ -112,7 +112,7 @@ def _nearest(target: int, ok: Any, lo: int = 1, hi: int = MAX_AUTO) -> int | Non
 class Alternative:
     change: str
     cost: float  # relative size of the change; smaller is nearer
-    order: int  # tie-break: accumulation < per-device batch < generations < GPUs
+    order: int  # rank first by what changes: accumulation < per-device batch < generations < GPUs; then by cost
 
     def __str__(self) -> str:
         return self.change
@@ -198,17 +198,12 @@ def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -
                 )
                 up = _nearest(pe, lambda v: v % unit_e == 0)
                 alternatives.append(Alternative(f"set per_device_eval_batch_size={up}", abs(math.log(up / pe)), 1))
-                if req.num_generations_eval is None:
-                    alternatives.append(
-                        Alternative(
-                            f"set num_generations_eval to a divisor of {pe * n} (e.g. {_divisor_near(pe * n, ke)})",
-                            1.0,
-                            2,
-                        )
-                    )
+                d = _divisor_near(pe * n, ke)
+                if d is not None:
+                    alternatives.append(Alternative(f"set num_generations_eval={d}", 1.0 + abs(math.log(d / ke)), 2))
 
     if problems:
-        ranked = sorted({a.change: a for a in alternatives}.values(), key=lambda a: (a.cost, a.order))
+        ranked = sorted({a.change: a for a in alternatives}.values(), key=lambda a: (a.order, a.cost))
         raise PlanError(
             f"no valid batch layout for {n} training process{'es' if n > 1 else ''}:",
             problems=problems,
@@ -231,8 +226,9 @@ def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -
     return layout, why
 
 
-def _divisor_near(value: int, target: int) -> int:
-    return _nearest(target, lambda d: d >= 2 and value % d == 0, lo=2, hi=max(2, value)) or 2
+def _divisor_near(value: int, target: int) -> int | None:
+    """The divisor of ``value`` (at least 2) nearest to ``target``, or None."""
+    return _nearest(target, lambda d: value % d == 0, lo=2, hi=max(2, value))
 
 
 def _with_generation_batch(n: int, req: LayoutRequest, k: int) -> tuple[int | None, str | None]:
@@ -261,7 +257,7 @@ def _alternatives_gbs(n: int, req: LayoutRequest, k: int, colocate_n: int | None
         out.append(Alternative(f"set generation_batch_size={v}", abs(math.log(v / gbs)), 0))
     if req.num_generations is not None or gbs % k:
         d = _divisor_near(gbs, k)
-        if gbs % (p * n) == 0:
+        if d is not None and gbs % (p * n) == 0:
             out.append(Alternative(f"set num_generations={d}", abs(math.log(d / k)) + 0.5, 2))
     return out
 

@@ -128,13 +128,23 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
                 "number of GPUs (hostfile slots / --gpus-per-node).",
             )
         if mode == "server":
-            vllm, train_hosts = _plan_server(topology, recipe, model, decisions, notices)
-        else:
+            try:
+                vllm, train_hosts = _plan_server(topology, recipe, model, decisions, notices)
+            except PlanError as exc:
+                if not _auto_mode(recipe) or "leaving none" not in exc.message:
+                    raise
+                decisions.append(Decision("vllm", "colocate", f"a server would not leave a GPU to train: {exc.message}"))
+                mode = "colocate"
+        if mode != "server":
             train_hosts = tuple(
                 TrainHost(h.name, h.addr, r, tuple(g.visible_id for g in h.gpus), len(h.gpus))
                 for r, h in enumerate(topology.hosts)
             )
-            vllm = _plan_colocate(topology, recipe, train_hosts, decisions) if mode == "colocate" else VllmPlan("off")
+            vllm = (
+                _plan_colocate(topology, recipe, model, train_hosts, decisions, warnings)
+                if mode == "colocate"
+                else VllmPlan("off")
+            )
 
     n = sum(h.processes for h in train_hosts)
     colocate_n = topology.num_gpus if mode == "server" else None
@@ -356,18 +366,45 @@ def _max_model_len(recipe: Recipe) -> int | None:
     return None
 
 
+def _auto_mode(recipe: Recipe) -> bool:
+    return recipe.launch.vllm == "auto" and not recipe.get("vllm_mode") and recipe.values.get("use_vllm") is not False
+
+
 def _plan_colocate(
-    topology: Topology, recipe: Recipe, train_hosts: tuple[TrainHost, ...], decisions: list[Decision]
+    topology: Topology,
+    recipe: Recipe,
+    model: ModelShape | None,
+    train_hosts: tuple[TrainHost, ...],
+    decisions: list[Decision],
+    warnings: list[str],
 ) -> VllmPlan:
-    tp = recipe.launch.vllm_tensor_parallel_size or int(recipe.get("vllm_tensor_parallel_size", 1))
-    if tp > train_hosts[0].processes:
-        raise PlanError(
-            f"colocated vLLM tensor_parallel_size={tp} exceeds the {train_hosts[0].processes} GPUs of a host",
-            hint="Use a smaller vllm_tensor_parallel_size.",
-        )
-    util = recipe.launch.vllm_gpu_memory_utilization or recipe.get("vllm_gpu_memory_utilization") or 0.3
+    per_host = train_hosts[0].processes
+    n = sum(h.processes for h in train_hosts)
+    util = float(recipe.launch.vllm_gpu_memory_utilization or recipe.get("vllm_gpu_memory_utilization") or 0.3)
+    fixed = recipe.launch.vllm_tensor_parallel_size or recipe.get("vllm_tensor_parallel_size")
+    if fixed:
+        tp = int(fixed)
+        if tp > per_host:
+            raise PlanError(
+                f"colocated vLLM tensor_parallel_size={tp} exceeds the {per_host} GPUs of a host",
+                hint="Use a smaller vllm_tensor_parallel_size.",
+            )
+        why = "set in the recipe"
+    else:
+        # Each colocated engine gets `util` of a GPU; its weights should take at most half of that.
+        valid = [t for t in (model.valid_tp_sizes(per_host) if model else (1,)) if n % t == 0]
+        mem = topology.min_gpu_memory_bytes
+        fits = [t for t in valid if model is None or mem is None or model.weight_bytes_bf16 / t <= 0.5 * util * mem]
+        tp = fits[0] if fits else valid[-1]
+        why = "smallest size whose weights fit the vLLM share of a GPU" if fits else "largest size possible"
+        if not fits and model is not None and mem is not None:
+            warnings.append(
+                f"colocated vLLM: {model.weight_bytes_bf16 / tp / GIB:.1f} GiB of weights per GPU at TP {tp} is over "
+                f"half of the {util:.0%} vLLM share ({util * mem / GIB:.1f} GiB): expect a small KV cache"
+            )
+    decisions.append(Decision("vllm_tensor_parallel_size", tp, f"colocate: {why}"))
     decisions.append(Decision("vllm_gpu_memory_utilization", util, "vLLM shares each training GPU (colocate)"))
-    return VllmPlan(mode="colocate", tensor_parallel_size=tp, gpu_memory_utilization=float(util),
+    return VllmPlan(mode="colocate", tensor_parallel_size=tp, gpu_memory_utilization=util,
                     max_model_len=_max_model_len(recipe))  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,28 @@ from grpo_launch import trl_schema
 from grpo_launch.errors import ConfigError
 
 AUTO = "auto"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads ``1e-5`` as a float (YAML 1.2), as users of learning_rate expect."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 # Keys grpo-launch's training entry (python -m grpo_launch.train) reads itself, beyond TRL's script arguments.
 TRAIN_ENTRY_KEYS: dict[str, str] = {
@@ -222,7 +245,7 @@ def parse_override(text: str) -> tuple[str, Any]:
             hint="Example: grpo-launch plan recipes/qwen1.5b.yaml num_generations=4 launch.vllm=colocate",
         )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: value is not valid YAML ({_yaml_reason(exc)})") from None
     return key, value
@@ -240,7 +263,7 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"recipe {str(p)!r} not found", hint="Give the path to a YAML recipe, e.g. recipes/qwen1.5b.yaml.")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml_load(p.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"recipe {str(p)!r} is not valid YAML: {_yaml_reason(exc)}") from None
     except UnicodeDecodeError:

@@ -1,0 +1,61 @@
+"""Benchmark the planning path.
+
+1. `grpo-launch plan recipes/qwen1.5b.yaml --gpus 8xH100-80GB` wall time (median of N runs; target ≤ 0.3 s).
+2. `python -X importtime` of that command: torch/trl/transformers/deepspeed/accelerate must not appear.
+3. make_plan for 128 nodes × 8 GPUs in-process (median; target ≤ 50 ms).
+
+Usage: python scripts/bench_plan.py [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "trl", "transformers", "deepspeed", "accelerate")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    args = ap.parse_args()
+    cmd = [sys.executable, "-m", "grpo_launch", "plan", "recipes/qwen1.5b.yaml", "--gpus", "8xH100-80GB", "--no-write"]
+    walls = []
+    for _ in range(args.runs):
+        t = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        walls.append(time.perf_counter() - t)
+    print(f"plan CLI wall time: median {statistics.median(walls) * 1000:.0f} ms, "
+          f"min {min(walls) * 1000:.0f} ms, max {max(walls) * 1000:.0f} ms over {args.runs} runs (target ≤ 300 ms)")  # fmt: skip
+
+    proc = subprocess.run([sys.executable, "-X", "importtime", *cmd[1:]], cwd=ROOT, capture_output=True, text=True)
+    modules = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
+    heavy = sorted(m for m in HEAVY if m in modules)
+    print(f"-X importtime: {len(modules)} top-level packages imported; heavy ones: {heavy or 'none'}")
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from grpo_launch.hardware import find_model_shape
+    from grpo_launch.plan import make_plan
+    from grpo_launch.recipe import load_recipe
+    from grpo_launch.topology import parse_gpu_spec
+
+    recipe = load_recipe(ROOT / "recipes" / "qwen1.5b.yaml")
+    topology = parse_gpu_spec("128x8xH100-80GB")
+    model = find_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
+    times = []
+    for _ in range(20):
+        t = time.perf_counter()
+        plan = make_plan(topology, recipe, model)
+        times.append(time.perf_counter() - t)
+    print(f"make_plan 128 × 8 GPUs in-process: median {statistics.median(times) * 1000:.2f} ms "
+          f"({plan.train.num_processes} trainers, vLLM TP {plan.vllm.tensor_parallel_size}) (target ≤ 50 ms)")  # fmt: skip
+    return 1 if heavy else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""The CLI's contract: exit 0 with a plan, 2 with one clear line on bad input, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpo_launch.cli import main
+
+from .conftest import ROOT
+
+QWEN = str(ROOT / "recipes" / "qwen1.5b.yaml")
+
+
+def run_cli(*args, env=None):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "grpo_launch", *args], capture_output=True, text=True, env=full_env,
+                          cwd=ROOT, timeout=60)  # fmt: skip
+
+
+def test_plan_json_and_files(tmp_path, capsys):
+    rc = main(["plan", QWEN, "--gpus", "4xL20-48GB", "--run-dir", str(tmp_path), "--json"], environ={})
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["layout"]["num_generations"] == 8 and data["vllm"]["gpus"] == ["3"]
+    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "accelerate_config.yaml", "trainer_recipe.yaml"}
+
+
+def test_plan_table(tmp_path, capsys):
+    assert main(["plan", QWEN, "--gpus", "8xH100-80GB", "--run-dir", str(tmp_path)], environ={}) == 0
+    out = capsys.readouterr().out
+    assert "Batch layout" in out and "vllm serve Qwen/Qwen2.5-1.5B-Instruct" in out and "Why" in out
+
+
+def test_overrides_reach_the_plan(tmp_path, capsys):
+    rc = main(["plan", QWEN, "num_generations=6", "per_device_train_batch_size=2", "--gpus", "4xL20-48GB",
+               "--no-write", "--json"], environ={})  # fmt: skip
+    assert rc == 0
+    lay = json.loads(capsys.readouterr().out)["layout"]
+    assert lay["num_generations"] == 6 and lay["generation_batch_size"] % 6 == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["plan", "missing.yaml"], {}, "recipe 'missing.yaml' not found"),
+        (["plan", QWEN, "num_generation=4"], {}, "did you mean 'num_generations'"),
+        (["plan", QWEN, "per_device_train_batch_size=0"], {}, "must be a positive integer"),
+        (["plan", QWEN, "max_steps"], {}, "key=value"),
+        (["plan", QWEN, "--gpus", "lots"], {}, "cannot read --gpus 'lots'"),
+        (["plan", QWEN], {"CUDA_VISIBLE_DEVICES": "zero"}, "CUDA_VISIBLE_DEVICES='zero'"),
+        (["plan", QWEN, "steps_per_generation=1", "--gpus", "4xL20-48GB"], {}, "no valid batch layout"),
+        (["plan", QWEN, "launch.vllm=server", "--gpus", "cpu"], {}, "needs CUDA GPUs"),
+    ],
+)
+def test_bad_input_exits_2_without_traceback(args, env, needle):
+    proc = run_cli(*args, "--no-write", env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("grpo-launch: error: ")
+
+
+def test_malformed_yaml_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("num_generations: [8\n")
+    proc = run_cli("plan", str(bad), "--no-write")
+    assert proc.returncode == 2 and "not valid YAML" in proc.stderr and "line 2" in proc.stderr
+
+
+def test_inspect(capsys):
+    assert main(["inspect", "--gpus", "2x8xH100-80GB", "--json"], environ={}) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["hosts"]) == 2 and len(data["hosts"][1]["gpus"]) == 8
+
+
+def test_help_lists_examples():
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and "grpo-launch plan recipes/qwen1.5b.yaml --gpus 4xL20-48GB" in proc.stdout
+
+
+def test_plan_path_imports_no_heavy_module():
+    """`grpo-launch plan` must not import torch/trl/transformers/deepspeed/accelerate (speed)."""
+    code = (
+        "import sys; from grpo_launch.cli import main; "
+        f"rc = main(['plan', {QWEN!r}, '--gpus', '8xH100-80GB', '--no-write', '--json']); "
+        "heavy = [m for m in ('torch', 'trl', 'transformers', 'deepspeed', 'accelerate') if m in sys.modules]; "
+        "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stderr

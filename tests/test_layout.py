@@ -1,0 +1,86 @@
+"""Table-driven layout tests, each checked against TRL's own GRPOConfig."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_launch.errors import PlanError
+from grpo_launch.layout import LayoutRequest, solve_layout
+
+from .trl_oracle import grpo_config
+
+
+@pytest.mark.parametrize(
+    ("n", "req", "expect"),
+    [
+        # Seed case 1: 4 × L20, one for vLLM → 3 trainers, num_generations 8, per-device 1: accumulate 8.
+        (3, dict(per_device=1, num_generations=8), dict(gradient_accumulation_steps=8, generation_batch_size=24)),
+        # Seed case 2: single GPU: per-device batch a multiple of num_generations, or accumulation.
+        (1, dict(per_device=4, num_generations=8), dict(gradient_accumulation_steps=2, generation_batch_size=8)),
+        (4, dict(per_device=2, num_generations=8), dict(gradient_accumulation_steps=1, generation_batch_size=8)),
+        # Accumulation fixed by the user: steps_per_generation grows instead, accumulation kept.
+        (3, dict(per_device=1, grad_accum=2, num_generations=8), dict(gradient_accumulation_steps=2, steps_per_generation=8)),
+        # Nothing set: TRL's defaults (8 per device, 8 generations) already work.
+        (7, dict(), dict(per_device_train_batch_size=8, gradient_accumulation_steps=1)),
+        # per-device unset with num_generations 6 on 4 GPUs: the nearest to TRL's 8 that fills whole groups is 9.
+        (4, dict(num_generations=6), dict(per_device_train_batch_size=9, gradient_accumulation_steps=1)),
+        # generation_batch_size given: per-device derived from it.
+        (4, dict(generation_batch_size=64, num_generations=8), dict(per_device_train_batch_size=8, steps_per_generation=2)),
+        # Evaluation on: eval batch chosen so that eval batch × N divides by the generations.
+        (3, dict(per_device=1, num_generations=8, eval_on=True), dict(per_device_eval_batch_size=8)),
+        (6, dict(per_device=2, num_generations=4, eval_on=True, per_device_eval=2), dict(per_device_eval_batch_size=2)),
+    ],
+)
+def test_layouts_are_accepted_by_trl(n, req, expect):
+    layout, _why = solve_layout(n, LayoutRequest(**req))
+    for key, value in expect.items():
+        assert getattr(layout, key) == value, key
+    cfg = grpo_config(
+        {**layout.trl_values(), "do_eval": req.get("eval_on", False), "eval_strategy": "steps" if req.get("eval_on") else "no"},
+        n,
+    )
+    assert cfg.generation_batch_size == layout.generation_batch_size
+    assert cfg.steps_per_generation == layout.steps_per_generation
+
+
+def test_explicit_values_are_kept():
+    layout, _ = solve_layout(5, LayoutRequest(per_device=3, grad_accum=4, num_generations=4))
+    assert (layout.per_device_train_batch_size, layout.gradient_accumulation_steps, layout.num_generations) == (3, 4, 4)
+    assert layout.generation_batch_size % 4 == 0
+
+
+def test_impossible_layout_lists_problem_and_ranked_alternatives():
+    # Seed case 1 with everything pinned: 3 trainers × 2 per device × 1 step = 6 completions, 8 generations.
+    req = LayoutRequest(per_device=2, steps_per_generation=1, num_generations=8)
+    with pytest.raises(PlanError) as e:
+        solve_layout(3, req, colocate_n=4)
+    text = e.value.render()
+    assert "= 6 is not divisible by num_generations=8" in text
+    assert "1. set steps_per_generation=4" in text  # keep num_generations: the nearest fix first
+    assert "2. set per_device_train_batch_size=8" in text
+    assert "3. set num_generations=3 or 6" in text
+    assert "launch.vllm=colocate" in text  # 4 processes × 2 = 8
+    # TRL agrees the original is invalid, and that the first alternative is valid.
+    with pytest.raises(ValueError):
+        grpo_config(dict(per_device_train_batch_size=2, steps_per_generation=1, num_generations=8), 3)
+    grpo_config(dict(per_device_train_batch_size=2, steps_per_generation=4, num_generations=8), 3)
+
+
+def test_every_problem_is_listed():
+    with pytest.raises(PlanError) as e:
+        solve_layout(
+            3,
+            LayoutRequest(per_device=1, steps_per_generation=1, num_generations=8, eval_on=True, per_device_eval=1),
+        )
+    assert len(e.value.problems) == 2
+
+
+def test_both_generation_knobs_is_an_error():
+    with pytest.raises(PlanError, match="only one of them"):
+        solve_layout(2, LayoutRequest(generation_batch_size=16, steps_per_generation=2))
+
+
+def test_generation_batch_not_divisible():
+    with pytest.raises(PlanError) as e:
+        solve_layout(3, LayoutRequest(per_device=2, generation_batch_size=20, num_generations=4))
+    assert "generation_batch_size=12" in e.value.render() or "generation_batch_size=24" in e.value.render()

@@ -1,0 +1,117 @@
+"""Plans for the seed cases and the shipped recipes."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_launch.errors import PlanError
+from grpo_launch.hardware import find_model_shape
+from grpo_launch.plan import make_plan
+from grpo_launch.recipe import build_recipe, load_recipe
+from grpo_launch.topology import parse_gpu_spec
+
+from .conftest import RECIPES
+from .trl_oracle import grpo_config
+
+QWEN15 = find_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
+
+
+def plan_for(values: dict, spec: str, model=QWEN15):
+    return make_plan(parse_gpu_spec(spec), build_recipe(values), model)
+
+
+def test_seed_case_4xL20_keeps_num_generations():
+    """open-r1 on 4 × L20: vLLM on one GPU, 3 train; TRL failed with "(3 x 1) … divisible by … (8)"."""
+    plan = plan_for(
+        {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "num_generations": 8, "per_device_train_batch_size": 1},
+        "4xL20-48GB",
+    )
+    assert plan.vllm.mode == "server" and plan.vllm.gpus == ("3",)
+    assert plan.train.hosts[0].gpus == ("0", "1", "2")
+    assert plan.layout.num_generations == 8
+    assert plan.layout.gradient_accumulation_steps == 8
+    cfg = grpo_config(plan.trainer_values, 3)
+    assert cfg.generation_batch_size == 24
+
+
+def test_one_gpu_colocates():
+    plan = plan_for({"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct"}, "1xH100-80GB")
+    assert plan.vllm.mode == "colocate"
+    assert plan.trainer_values["vllm_mode"] == "colocate"
+    assert plan.trainer_values["use_vllm"] is True
+
+
+def test_server_values_for_trl():
+    plan = plan_for({"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "vllm_gpu_memory_utilization": 0.7}, "8xH100-80GB")
+    tv = plan.trainer_values
+    assert tv["vllm_mode"] == "server" and tv["vllm_server_base_url"] == "http://127.0.0.1:8000"
+    assert "vllm_gpu_memory_utilization" not in tv  # moved to the server
+    assert plan.vllm.gpu_memory_utilization == 0.7
+    assert any("moved to the vLLM server" in n for n in plan.notices)
+
+
+def test_72b_on_five_nodes_gets_a_dedicated_tp8_node():
+    """TRL docs: a 72B model trained on 4 nodes with 1 vLLM node at TP 8."""
+    plan = plan_for({"model_name_or_path": "Qwen/Qwen2.5-72B-Instruct"}, "5x8xH100-80GB",
+                    model=find_model_shape("Qwen/Qwen2.5-72B-Instruct"))  # fmt: skip
+    assert plan.vllm.host == "node4" and plan.vllm.tensor_parallel_size == 8
+    assert plan.train.num_machines == 4 and plan.train.num_processes == 32
+    assert plan.train.backend == "zero3"
+
+
+def test_small_model_on_two_nodes_shares_nodes():
+    plan = plan_for({"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct"}, "2x8xH100-80GB")
+    assert plan.vllm.tensor_parallel_size == 1
+    assert plan.train.num_machines == 2 and plan.train.num_processes == 14
+    assert [r.role for r in plan.roles].count("idle") == 1
+
+
+def test_tp_must_fit_heads():
+    with pytest.raises(PlanError, match="does not fit Qwen2.5-1.5B's 12 attention heads"):
+        plan_for({"model_name_or_path": "q", "launch": {"vllm_tensor_parallel_size": 3}}, "8xH100-80GB")
+
+
+def test_server_on_cpu_is_refused():
+    with pytest.raises(PlanError, match="needs CUDA GPUs"):
+        plan_for({"launch": {"vllm": "server"}}, "cpu")
+
+
+def test_cpu_never_picks_a_gpu_path():
+    plan = plan_for({"launch": {"num_processes": 2}}, "cpu", model=None)
+    assert plan.vllm.mode == "off" and plan.train.device == "cpu"
+    assert plan.trainer_values["use_cpu"] is True and plan.trainer_values["bf16"] is False
+    assert plan.train.num_processes == 2
+
+
+def test_server_taking_every_gpu_is_refused():
+    with pytest.raises(PlanError, match="leaving none"):
+        plan_for({"model_name_or_path": "q", "launch": {"vllm": "server", "vllm_gpus": 2}}, "2xH100-80GB")
+
+
+def test_model_too_big_names_fixes():
+    with pytest.raises(PlanError, match="does not fit(.|\n)*more memory"):
+        plan_for({"model_name_or_path": "x"}, "2xRTX4090", model=find_model_shape("meta-llama/Llama-3.3-70B-Instruct"))
+
+
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if "tiny" not in r.name], ids=lambda p: p.name)
+@pytest.mark.parametrize("spec", ["1xH100-80GB", "4xH100-80GB", "8xH100-80GB", "2x8xH100-80GB"])
+def test_every_shipped_recipe_plans(recipe, spec):
+    r = load_recipe(recipe)
+    model = find_model_shape(r.values["model_name_or_path"])
+    assert model is not None, "shipped recipes use models from the built-in table"
+    topology = parse_gpu_spec(spec)
+    try:
+        plan = make_plan(topology, r, model)
+    except PlanError as exc:
+        # Only a model too large for the GPUs may be refused, with a fix.
+        assert "does not fit" in exc.message and ("LoRA" in str(exc) or "more memory" in str(exc)), str(exc)
+        assert model.params > 30e9
+        return
+    grpo_config(plan.trainer_values, plan.train.num_processes)
+
+
+def test_tiny_recipe_plans_on_cpu():
+    r = load_recipe(next(p for p in RECIPES if p.name == "tiny-cpu.yaml"))
+    plan = make_plan(parse_gpu_spec("cpu"), r, None)
+    assert plan.train.num_processes == 2 and plan.vllm.mode == "off"
+    grpo_config(plan.trainer_values, 2)

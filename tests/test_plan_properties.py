@@ -1,0 +1,105 @@
+"""Property-based: random topologies (1–64 GPUs, 1–8 nodes) × random recipes.
+
+Every plan passes TRL 1.16's own GRPOConfig (world_size patched to the plan's trainer count), GPU sets are disjoint,
+TP fits the model, and every refusal is a PlanError — never another exception. When a layout is refused, its first
+suggested alternative, applied, must plan.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grpo_launch.errors import PlanError
+from grpo_launch.hardware import MODEL_SHAPES
+from grpo_launch.plan import make_plan
+from grpo_launch.recipe import build_recipe
+from grpo_launch.topology import parse_gpu_spec
+
+from .trl_oracle import grpo_config
+
+
+@st.composite
+def topologies(draw):
+    nodes = draw(st.integers(1, 8))
+    per_node = draw(st.integers(1, max(1, min(8, 64 // nodes))))
+    gpu = draw(st.sampled_from(["H100-80GB", "L20-48GB", "A100-40GB", "RTX4090-24GB", "H200"]))
+    return parse_gpu_spec(f"{nodes}x{per_node}x{gpu}")
+
+
+@st.composite
+def recipes(draw):
+    values: dict = {}
+    maybe = lambda s: draw(st.one_of(st.none(), s))  # noqa: E731
+    for key, strat in (
+        ("per_device_train_batch_size", st.integers(1, 16)),
+        ("gradient_accumulation_steps", st.integers(1, 16)),
+        ("num_generations", st.integers(2, 16)),
+    ):
+        v = maybe(strat)
+        if v is not None:
+            values[key] = v
+    which = draw(st.sampled_from(["none", "spg", "gbs"]))
+    if which == "spg":
+        values["steps_per_generation"] = draw(st.integers(1, 16))
+    elif which == "gbs":
+        values["generation_batch_size"] = draw(st.integers(2, 512))
+    if draw(st.booleans()):
+        values.update(do_eval=True, eval_strategy="steps")
+        pe = maybe(st.integers(1, 16))
+        if pe is not None:
+            values["per_device_eval_batch_size"] = pe
+    shape = draw(st.sampled_from(MODEL_SHAPES))
+    values["model_name_or_path"] = f"org/{shape.name}"
+    launch = {"vllm": draw(st.sampled_from(["auto", "server", "colocate", "off"]))}
+    return values, launch, shape
+
+
+def _apply_first_alternative(values: dict, launch: dict, hint: str) -> bool:
+    m = re.search(r"1\. set (\w+)=(\d+)", hint)
+    if m:
+        values[m.group(1)] = int(m.group(2))
+        return True
+    if "1. use colocated vLLM" in hint:
+        launch["vllm"] = "colocate"
+        return True
+    return False
+
+
+def _check(plan):
+    n = plan.train.num_processes
+    cfg = grpo_config(plan.trainer_values, n)
+    assert cfg.generation_batch_size == plan.layout.generation_batch_size
+    assert cfg.generation_batch_size % cfg.num_generations == 0
+    train = {(h.name, g) for h in plan.train.hosts for g in h.gpus}
+    serve = {(plan.vllm.host, g) for g in plan.vllm.gpus}
+    assert not train & serve, "a GPU both trains and serves"
+    assert len(train) == n
+    assert len({h.processes for h in plan.train.hosts}) == 1, "accelerate needs equal processes per machine"
+    if plan.vllm.mode == "server":
+        tp = plan.vllm.tensor_parallel_size
+        assert len(plan.vllm.gpus) == tp
+        assert plan.model is None or tp in plan.model.valid_tp_sizes(tp)
+        assert tp <= len(plan.topology.hosts[0].gpus)
+    if plan.vllm.mode == "colocate":
+        assert n % plan.vllm.tensor_parallel_size == 0
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topologies(), recipes())
+def test_every_plan_is_accepted_by_trl(topology, recipe_parts):
+    values, launch, shape = recipe_parts
+    values, launch = dict(values), dict(launch)
+    for _attempt in range(4):  # one alternative per listed problem, at most
+        try:
+            plan = make_plan(topology, build_recipe({**values, "launch": launch}), shape)
+        except PlanError as exc:
+            if "batch layout" not in exc.message or not exc.hint:
+                return  # refused for memory/TP reasons: a PlanError is all that is asked
+            assert _apply_first_alternative(values, launch, exc.hint), f"no applicable alternative: {exc}"
+            continue
+        _check(plan)
+        return
+    raise AssertionError("the suggested alternatives never led to a valid plan")

@@ -1,0 +1,133 @@
+"""Topology probing. NVML itself needs an NVIDIA driver, which CI machines lack: those tests pass a fake NVML
+reader (a list of NvmlDevice) in place of pynvml — the real reader runs on this machine and must fall back."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_launch.errors import ProbeError
+from grpo_launch.probe import (
+    NvmlDevice,
+    expand_nodelist,
+    parse_cuda_visible_devices,
+    parse_hostfile,
+    probe_hostfile,
+    probe_local,
+    probe_slurm,
+)
+from grpo_launch.topology import parse_gpu_spec
+
+GIB = 1024**3
+FOUR_L20 = [NvmlDevice(i, "NVIDIA L20", 48 * GIB, f"GPU-aaaa000{i}-1111-2222-3333-444455556666") for i in range(4)]
+
+
+def fake(devices):
+    return lambda: list(devices)
+
+
+def test_all_gpus_without_cvd():
+    t = probe_local({}, read=fake(FOUR_L20), hostname="box")
+    assert t.num_gpus == 4 and t.hosts[0].gpus[0].name == "NVIDIA L20" and t.source == "nvml"
+
+
+def test_cvd_indices_keep_the_users_tokens():
+    t = probe_local({"CUDA_VISIBLE_DEVICES": "2,0"}, read=fake(FOUR_L20), hostname="box")
+    assert [g.visible_id for g in t.hosts[0].gpus] == ["2", "0"]
+    assert t.hosts[0].gpus[0].uuid == FOUR_L20[2].uuid
+
+
+def test_cvd_uuid_prefix_and_mig():
+    mig = NvmlDevice(0, "NVIDIA A100-SXM4-80GB", 80 * GIB, "GPU-bbbb", mig=(("MIG-1234abcd-0000", 10 * GIB),))
+    t = probe_local({"CUDA_VISIBLE_DEVICES": "GPU-aaaa0001,MIG-1234abcd-0000"}, read=fake([*FOUR_L20[:2], mig]), hostname="b")
+    assert [g.visible_id for g in t.hosts[0].gpus] == ["GPU-aaaa0001", "MIG-1234abcd-0000"]
+    assert t.hosts[0].gpus[1].memory_bytes == 10 * GIB
+
+
+@pytest.mark.parametrize("value", ["abc", "0,0", "1;2", "0,,1", "GPU-", "-3"])
+def test_garbage_cvd(value):
+    with pytest.raises(ProbeError, match="CUDA_VISIBLE_DEVICES"):
+        parse_cuda_visible_devices(value)
+
+
+def test_cvd_out_of_range():
+    with pytest.raises(ProbeError, match="names GPU 7, but this machine has 4"):
+        probe_local({"CUDA_VISIBLE_DEVICES": "7"}, read=fake(FOUR_L20), hostname="box")
+
+
+def test_empty_cvd_is_cpu():
+    assert probe_local({"CUDA_VISIBLE_DEVICES": ""}, read=fake(FOUR_L20)).is_cpu
+
+
+def test_nvml_failure_falls_back_with_a_warning():
+    def broken():
+        raise RuntimeError("driver not loaded")
+
+    t = probe_local({}, read=broken)
+    assert t.is_cpu and "NVML unavailable" in t.warnings[0]
+    t = probe_local({"CUDA_VISIBLE_DEVICES": "0,1"}, read=broken)
+    assert t.num_gpus == 2 and "unknown GPU model" in t.warnings[0]
+
+
+def test_real_nvml_on_this_machine_never_raises():
+    """The real pynvml path: on a machine without a driver it must fall back, not raise."""
+    t = probe_local({})
+    assert t.hosts and (t.num_gpus > 0 or t.warnings)
+
+
+@pytest.mark.parametrize(
+    ("spec", "hosts", "per", "mem"),
+    [("4xL20-48GB", 1, 4, 48), ("8xH100-80GB", 1, 8, 80), ("2x8xH100-80GB", 2, 8, 80), ("8xH100", 1, 8, 79.6)],
+)
+def test_gpu_spec(spec, hosts, per, mem):
+    t = parse_gpu_spec(spec)
+    assert len(t.hosts) == hosts and t.gpus_per_host == (per,) * hosts
+    assert abs(t.hosts[0].gpus[0].memory_gib - mem) < 0.1
+
+
+@pytest.mark.parametrize("spec", ["lots", "4x", "x8xH100", "0xH100-80GB", "4xMysteryGPU", "2x100xH100-80GB"])
+def test_nonsense_gpu_spec(spec):
+    with pytest.raises(ProbeError):
+        parse_gpu_spec(spec)
+
+
+def test_slurm_allocation():
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[01-03]", "SLURM_GPUS_ON_NODE": "4"}
+    local = probe_local({}, read=fake(FOUR_L20), hostname="gpu01")
+    t = probe_slurm(env, local=local)
+    assert [h.name for h in t.hosts] == ["gpu01", "gpu02", "gpu03"] and t.gpus_per_host == (4, 4, 4)
+    assert t.hosts[1].gpus[0].name == "NVIDIA L20"
+    assert probe_slurm({**env, "SLURM_GPUS_ON_NODE": "", "SLURM_GPUS_PER_NODE": "h100:8"}).gpus_per_host == (8,) * 3
+
+
+def test_not_in_slurm():
+    with pytest.raises(ProbeError, match="not inside a Slurm allocation"):
+        probe_slurm({})
+
+
+def test_bad_nodelist():
+    with pytest.raises(ProbeError, match="gpu\\[01-"):
+        expand_nodelist("gpu[01-")
+
+
+def test_hostfile(tmp_path):
+    text = "# cluster\nnode1 slots=8\n\nnode2 slots=8  # second\n"
+    assert parse_hostfile(text) == [("node1", 8), ("node2", 8)]
+    f = tmp_path / "hosts"
+    f.write_text(text)
+    assert probe_hostfile(f).gpus_per_host == (8, 8)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("node1 slots=8\nnode1 slots=8\n", "hostfile:2: host 'node1' is listed twice"),
+        ("node1 slots=x\n", "hostfile:1: slots must be a positive integer"),
+        ("node1\n", "hostfile:1: 'node1' has no slots"),
+        ("bad_host! slots=2\n", "hostfile:1: 'bad_host!' is not a valid host name"),
+        ("node1 gpus=2\n", "hostfile:1: cannot read 'gpus=2'"),
+        ("# nothing\n", "lists no hosts"),
+    ],
+)
+def test_bad_hostfile(text, message):
+    with pytest.raises(ProbeError, match=message):
+        parse_hostfile(text)

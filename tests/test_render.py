@@ -1,0 +1,127 @@
+"""Rendered files are judged by their owners' parsers: accelerate's config loader, DeepSpeed's config class."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from grpo_launch.hardware import find_model_shape
+from grpo_launch.plan import make_plan
+from grpo_launch.recipe import build_recipe, load_recipe
+from grpo_launch.render import (
+    ACCELERATE_CONFIG,
+    DEEPSPEED_CONFIG,
+    PLAN_JSON,
+    TRAINER_RECIPE,
+    render_files,
+    render_vllm_command,
+)
+from grpo_launch.rundir import write_run_files
+from grpo_launch.topology import parse_gpu_spec
+
+from .conftest import ROOT
+
+QWEN = "Qwen/Qwen2.5-1.5B-Instruct"
+
+
+def _plan(spec: str, **launch):
+    recipe = build_recipe({"model_name_or_path": QWEN, "num_generations": 8, "launch": launch})
+    return make_plan(parse_gpu_spec(spec), recipe, find_model_shape(QWEN))
+
+
+def _fill_hf_auto(ds: dict, *, micro: int, accum: int, world: int) -> dict:
+    """What transformers does with "auto" before DeepSpeed sees the config."""
+    filled = json.loads(json.dumps(ds))
+    filled.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum,
+                  train_batch_size=micro * accum * world, gradient_clipping=1.0, bf16={"enabled": True})  # fmt: skip
+    zero = filled["zero_optimization"]
+    for key, value in list(zero.items()):
+        if value == "auto":
+            zero[key] = 1536 * 1536
+    return filled
+
+
+@pytest.mark.parametrize(
+    ("spec", "launch", "distributed_type"),
+    [
+        ("8xH100-80GB", {"backend": "ddp"}, "MULTI_GPU"),
+        ("8xH100-80GB", {"backend": "zero2"}, "DEEPSPEED"),
+        ("8xH100-80GB", {"backend": "zero3", "offload": "optimizer+params"}, "DEEPSPEED"),
+        ("2x8xH100-80GB", {"backend": "fsdp"}, "FSDP"),
+        ("1xH100-80GB", {"backend": "ddp"}, "NO"),
+        ("cpu", {"num_processes": 2, "vllm": "off"}, "MULTI_GPU"),
+    ],
+)
+def test_accelerate_config_loads_with_accelerate(tmp_path, spec, launch, distributed_type):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    plan = _plan(spec, **launch)
+    files = render_files(plan, str(tmp_path))
+    write_run_files(tmp_path, files)
+    cfg = load_config_from_file(str(tmp_path / ACCELERATE_CONFIG))
+    assert cfg.distributed_type.value == distributed_type
+    assert cfg.num_processes == plan.train.num_processes
+    assert cfg.num_machines == plan.train.num_machines
+    assert cfg.use_cpu is False  # CPU plans switch with ACCELERATE_USE_CPU, which keeps N processes
+    if distributed_type == "DEEPSPEED":
+        assert cfg.deepspeed_config["deepspeed_config_file"] == f"{tmp_path}/{DEEPSPEED_CONFIG}"
+
+
+@pytest.mark.parametrize(("backend", "offload", "stage"), [("zero2", "none", 2), ("zero2", "optimizer", 2),
+                                                            ("zero3", "none", 3), ("zero3", "optimizer+params", 3)])  # fmt: skip
+def test_deepspeed_config_parses_with_deepspeed(tmp_path, backend, offload, stage):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    plan = _plan("8xH100-80GB", backend=backend, offload=offload)
+    ds = json.loads(render_files(plan, str(tmp_path))[DEEPSPEED_CONFIG])
+    lay = plan.layout
+    # Parsed in this one process, so DeepSpeed checks the batch arithmetic against a world size of 1.
+    parsed = DeepSpeedConfig(_fill_hf_auto(ds, micro=lay.per_device_train_batch_size,
+                                           accum=lay.gradient_accumulation_steps, world=1))  # fmt: skip
+    assert parsed.zero_optimization_stage == stage
+    assert parsed.gradient_accumulation_steps == lay.gradient_accumulation_steps
+    assert (parsed.zero_config.offload_optimizer is not None) == (offload != "none")
+    if stage == 3:
+        assert (parsed.zero_config.offload_param is not None) == (offload == "optimizer+params")
+
+
+def test_vllm_server_command_for_trl_116():
+    plan = _plan("4xL20-48GB")
+    spec = render_vllm_command(plan)
+    argv = list(spec.argv)
+    assert argv[:3] == ["vllm", "serve", QWEN]
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == "3" and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert argv[argv.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
+    assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert argv[argv.index("--max-logprobs") + 1] == "-1"
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "1"
+    assert "--data-parallel-size" not in argv
+
+
+def test_api_server_command_gets_model_flag():
+    plan = _plan("4xL20-48GB", vllm_command=["python", "-m", "vllm.entrypoints.openai.api_server"])
+    argv = list(render_vllm_command(plan).argv)
+    assert argv[argv.index("--model") + 1] == QWEN
+
+
+def test_trainer_recipe_and_plan_json(tmp_path):
+    plan = make_plan(parse_gpu_spec("4xL20-48GB"), load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"), find_model_shape(QWEN))
+    files = render_files(plan, str(tmp_path))
+    trainer = yaml.safe_load(files[TRAINER_RECIPE])
+    assert trainer["gradient_accumulation_steps"] == 8 and trainer["steps_per_generation"] == 8
+    assert trainer["vllm_server_base_url"] == "http://127.0.0.1:8000"
+    data = json.loads(files[PLAN_JSON])
+    assert data["vllm"]["command"][0:2] == ["vllm", "serve"]
+    assert data["layout"]["generation_batch_size"] == 24
+    assert any(d["what"] == "layout" for d in data["decisions"])
+    assert data["train"]["commands"][0]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2"
+
+
+def test_golden_accelerate_config_4xL20(tmp_path):
+    """Golden file: the accelerate config for the seed case (update tests/golden/ deliberately)."""
+    plan = make_plan(parse_gpu_spec("4xL20-48GB"), load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"), find_model_shape(QWEN))
+    text = render_files(plan, "/RUN")[ACCELERATE_CONFIG]
+    golden = ROOT / "tests" / "golden" / "qwen1.5b-4xL20.accelerate_config.yaml"
+    assert text == golden.read_text()
