@@ -1,0 +1,122 @@
+"""Reward functions by name (accuracy, format, tag_count, length) or by import path ``package.module:function``.
+
+Each has TRL's reward signature ``f(prompts, completions, **kwargs) -> list[float | None]``; dataset columns arrive
+as keyword lists (the answer column as ``answer``). Importing this module is cheap: math-verify loads on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+RewardFunc = Callable[..., list]
+
+THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
+ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def _text(completion: Any) -> str:
+    """A completion as text: conversational completions are lists of messages."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def format_reward(prompts: list, completions: list, **_: Any) -> list[float]:
+    """1 when the completion is exactly <think>…</think> <answer>…</answer>, else 0."""
+    return [1.0 if THINK_ANSWER.match(_text(c)) else 0.0 for c in completions]
+
+
+def tag_count_reward(prompts: list, completions: list, **_: Any) -> list[float]:
+    """0.25 for each of the four tags that appears exactly once (partial credit while the format is learned)."""
+    tags = ("<think>", "</think>", "<answer>", "</answer>")
+    return [sum(0.25 for t in tags if _text(c).count(t) == 1) for c in completions]
+
+
+def accuracy_reward(prompts: list, completions: list, answer: list | None = None, **_: Any) -> list[float | None]:
+    """1 when the completion's answer (inside <answer>, else the whole text) equals the reference, checked with
+    math-verify; None (ignored by TRL) when the reference cannot be parsed."""
+    if answer is None:
+        raise ValueError(
+            "the accuracy reward needs the reference answers: set dataset_answer_column in the recipe"
+        )
+    from math_verify import parse, verify
+
+    out: list[float | None] = []
+    for c, ref in zip(completions, answer):
+        gold = parse(str(ref))
+        if not gold:
+            out.append(None)
+            continue
+        text = _text(c)
+        m = ANSWER.search(text)
+        guess = parse(m.group(1) if m else text)
+        out.append(1.0 if guess and verify(gold, guess) else 0.0)
+    return out
+
+
+def make_length_reward(max_completion_length: int) -> RewardFunc:
+    def length_reward(prompts: list, completions: list, completion_ids: list | None = None, **_: Any) -> list[float]:
+        """1 − length / max_completion_length: prefers concise completions (tokens when known, else characters)."""
+        if completion_ids is not None:
+            sizes = [len(ids) for ids in completion_ids]
+        else:
+            sizes = [len(_text(c)) for c in completions]
+        return [max(0.0, 1.0 - n / max_completion_length) for n in sizes]
+
+    return length_reward
+
+
+REGISTRY: dict[str, Callable[[Mapping[str, Any]], RewardFunc]] = {
+    "accuracy": lambda cfg: accuracy_reward,
+    "format": lambda cfg: format_reward,
+    "tag_count": lambda cfg: tag_count_reward,
+    "length": lambda cfg: make_length_reward(int(cfg.get("max_completion_length") or 512)),
+}
+# open-r1 / TRL spellings of the same functions.
+ALIASES = {"accuracy_reward": "accuracy", "format_reward": "format", "think_format_reward": "format",
+           "tag_count_reward": "tag_count", "length_reward": "length"}  # fmt: skip
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name or ("." in name and not name.startswith("."))
+
+
+def check_reward_names(names: list[str]) -> list[str]:
+    """Problems with reward names, found without importing anything."""
+    problems = []
+    for name in names:
+        key = ALIASES.get(name, name)
+        if key in REGISTRY:
+            continue
+        if is_import_path(name):
+            module, _, func = name.partition(":") if ":" in name else name.rpartition(".")
+            if module and func and all(p.isidentifier() for p in [*module.split("."), func]):
+                continue
+            problems.append(f"reward {name!r} is not a valid import path (use package.module:function)")
+            continue
+        from grpo_launch.recipe import did_you_mean
+
+        problems.append(
+            f"unknown reward {name!r}{did_you_mean(key, REGISTRY)}; "
+            f"built-in: {', '.join(REGISTRY)}, or an import path package.module:function"
+        )
+    return problems
+
+
+def load_reward(name: str, config: Mapping[str, Any]) -> RewardFunc:
+    """A reward function by registry name or import path."""
+    key = ALIASES.get(name, name)
+    if key in REGISTRY:
+        return REGISTRY[key](config)
+    module_name, _, func_name = name.partition(":") if ":" in name else name.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import reward module {module_name!r}: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ValueError(f"{module_name!r} has no function {func_name!r}")
+    return func

@@ -1,0 +1,214 @@
+"""Start, watch and tear down the run's processes. All-or-nothing: when one side ends or fails, all stop.
+
+Each child starts in its own session (process group), so signalling the group reaches grandchildren too (vLLM's
+EngineCore and workers, torchrun's ranks). Shutdown: the signal to every group, one monotonic grace deadline,
+then SIGKILL to every group that is left — also groups whose leader already exited.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from grpo_launch.errors import LaunchError
+from grpo_launch.render import ProcessSpec
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
+POLL_S = 0.2
+
+
+class Interrupted(Exception):
+    """A forwarded signal reached grpo-launch; raised on the main thread."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@dataclass
+class Child:
+    spec: ProcessSpec
+    proc: subprocess.Popen
+    log_path: Path
+    pump: threading.Thread
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # start_new_session: the child leads its own group
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Supervisor:
+    """Runs ProcessSpecs; ``emit`` receives each output line with its ``[name]`` prefix."""
+
+    def __init__(self, log_dir: Path, *, emit: Callable[[str], None], grace_s: float = 30.0,
+                 environ: Mapping[str, str] | None = None, cwd: str | None = None) -> None:  # fmt: skip
+        self.log_dir = log_dir
+        self.emit = emit
+        self.grace_s = grace_s
+        self.environ = dict(os.environ if environ is None else environ)
+        self.cwd = cwd
+        self.children: list[Child] = []
+        self._emit_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ start
+    def start(self, spec: ProcessSpec) -> Child:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        log_path = self.log_dir / f"{spec.name.replace('@', '-')}-{stamp}.log"
+        env = {**self.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        try:
+            proc = subprocess.Popen(
+                list(spec.argv), env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        except FileNotFoundError:
+            raise LaunchError(
+                f"cannot start {spec.name}: command {spec.argv[0]!r} not found",
+                hint="Install it, or point grpo-launch at it (launch.vllm_command for the server).",
+            ) from None
+        log_file = log_path.open("ab")
+        pump = threading.Thread(target=self._pump, args=(spec.name, proc.stdout, log_file), daemon=True)
+        pump.start()
+        child = Child(spec, proc, log_path, pump)
+        self.children.append(child)
+        return child
+
+    def _pump(self, name: str, stream: IO[bytes] | None, log_file: IO[bytes]) -> None:
+        assert stream is not None
+        with log_file:
+            for raw in iter(stream.readline, b""):
+                log_file.write(raw)
+                log_file.flush()
+                line = raw.decode(errors="replace").rstrip("\n")
+                # tqdm redraws with carriage returns: show the last state only.
+                line = line.rsplit("\r", 1)[-1]
+                with self._emit_lock:
+                    self.emit(f"[{name}] {line}")
+
+    # ------------------------------------------------------------------ watch
+    def wait_healthy(self, child: Child, url: str, timeout_s: float, also_watch: Sequence[Child] = ()) -> float:
+        """Poll ``url`` until it answers 200; fail if ``child`` (or any in ``also_watch``) exits or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        while True:
+            for c in (child, *also_watch):
+                if c.proc.poll() is not None:
+                    raise LaunchError(
+                        f"{c.spec.name} exited ({describe_exit(c.proc.returncode)}) before the vLLM server was healthy; "
+                        f"log: {c.log_path}",
+                        hint=c.tail(),
+                    )
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"the vLLM server was not healthy at {url} within {timeout_s:.0f} s; log: {child.log_path}",
+                    hint="Raise launch.vllm_health_timeout_s if the model is large, or read the server log:\n"
+                    + child.tail(),
+                )
+            time.sleep(POLL_S)
+
+    def wait_all(self, main: Sequence[Child]) -> int:
+        """Until the ``main`` children (trainers) all exit 0 → 0; any child failing first → LaunchError."""
+        while True:
+            for c in self.children:
+                code = c.proc.poll()
+                if code is None:
+                    continue
+                if c in main and code == 0:
+                    continue
+                if c not in main:
+                    raise LaunchError(
+                        f"{c.spec.name} stopped unexpectedly ({describe_exit(code)}) while training ran; log: {c.log_path}",
+                        hint=c.tail(),
+                    )
+                raise LaunchError(f"{c.spec.name} failed ({describe_exit(code)}); log: {c.log_path}", hint=c.tail())
+            if all(c.proc.poll() == 0 for c in main):
+                return 0
+            time.sleep(POLL_S)
+
+    # ------------------------------------------------------------------ stop
+    def stop_all(self, sig: int = signal.SIGTERM) -> None:
+        """``sig`` to every group, wait out the grace period, SIGKILL what is left; reap and drain logs."""
+        for c in self.children:
+            _signal_group(c.pgid, sig)
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and any(_group_alive(c.pgid) for c in self.children):
+            for c in self.children:
+                c.proc.poll()
+            time.sleep(0.05)
+        for c in self.children:
+            if _group_alive(c.pgid):
+                self.emit(f"[grpo-launch] {c.spec.name} still running after {self.grace_s:.0f} s grace: SIGKILL")
+                _signal_group(c.pgid, signal.SIGKILL)
+        for c in self.children:
+            try:
+                c.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            c.pump.join(timeout=5)
+
+
+class signal_guard:
+    """Turn the forwarded signals into :class:`Interrupted` on the main thread for the duration of a ``with``."""
+
+    def __enter__(self) -> signal_guard:
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in FORWARDED_SIGNALS:
+                self._old[sig] = signal.signal(sig, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
