@@ -7,12 +7,12 @@ from __future__ import annotations
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.plan import Plan
-from grpo_launch.render import render_files, render_train_commands, render_vllm_command
+from grpo_launch.render import ProcessSpec, render_files, render_train_commands, render_vllm_command
 from grpo_launch.rewards import check_reward_names
 from grpo_launch.rundir import write_run_files
 from grpo_launch.supervisor import FORWARDED_SIGNALS, Interrupted, Supervisor, signal_guard
@@ -100,7 +100,29 @@ def run_plan(plan: Plan, run_dir: str, *, environ: Mapping[str, str], dry_run: b
         return 0
     check_ports(plan)
 
-    sup = Supervisor(Path(run_dir) / "logs", emit=out, grace_s=plan.recipe.launch.grace_period_s, environ=environ)
+    health = f"http://{plan.vllm.address}:{plan.vllm.port}/health" if server else None
+    return run_processes(
+        server, trainers, health_url=health, health_timeout_s=plan.recipe.launch.vllm_health_timeout_s,
+        log_dir=Path(run_dir) / "logs", grace_s=plan.recipe.launch.grace_period_s, environ=environ, emit=out,
+    )  # fmt: skip
+
+
+def run_processes(
+    server: ProcessSpec | None,
+    trainers: Sequence[ProcessSpec],
+    *,
+    health_url: str | None,
+    health_timeout_s: float,
+    log_dir: Path,
+    grace_s: float,
+    environ: Mapping[str, str],
+    emit: Callable[[str], None],
+) -> int:
+    """Start the server (if any) and the trainers, supervise until the trainers finish, tear everything down.
+
+    0 when every trainer exits 0; 128+N after signal N; a LaunchError naming the first failure otherwise.
+    """
+    sup = Supervisor(log_dir, emit=emit, grace_s=grace_s, environ=environ)
     code = 1
     saved = _current_handlers()
     try:
@@ -110,14 +132,13 @@ def run_plan(plan: Plan, run_dir: str, *, environ: Mapping[str, str], dry_run: b
                 # The trainers load their model while the server starts; TRL's client waits for /health before
                 # the first generation, and we watch the same deadline here to fail early with the server's log.
                 train_children = [sup.start(t) for t in trainers]
-                if srv is not None:
-                    url = f"http://{plan.vllm.address}:{plan.vllm.port}/health"
-                    took = sup.wait_healthy(srv, url, plan.recipe.launch.vllm_health_timeout_s, train_children)
-                    out(f"[grpo-launch] vLLM server healthy after {took:.1f} s")
+                if srv is not None and health_url:
+                    took = sup.wait_healthy(srv, health_url, health_timeout_s, train_children)
+                    emit(f"[grpo-launch] vLLM server healthy after {took:.1f} s")
                 code = sup.wait_all(train_children)
-                out(f"[grpo-launch] training finished; logs in {Path(run_dir) / 'logs'}")
+                emit(f"[grpo-launch] training finished; logs in {log_dir}")
             except Interrupted as sig:
-                out(f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s)")
+                emit(f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s)")
                 _ignore_signals()
                 sup.stop_all(sig.signum)
                 return 128 + sig.signum

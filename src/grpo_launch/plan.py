@@ -530,7 +530,14 @@ def _trainer_values(
     if train.device == "cpu":
         if out.get("bf16") or out.get("fp16"):
             notices.append("bf16/fp16 turned off: CPU training runs in fp32")
-        out.update(use_cpu=True, bf16=False, fp16=False)
+        out.update(bf16=False, fp16=False)
+        if train.backend in ("zero2", "zero3"):
+            # DeepSpeed on CPU: its CPU accelerator owns the device, and accelerate must be told the process-group
+            # backend, or it finds none and quietly runs every rank as a world of one. use_cpu would bypass
+            # DeepSpeed altogether (MULTI_CPU).
+            out.update(use_cpu=False, ddp_backend="gloo")
+        else:
+            out["use_cpu"] = True
     if "output_dir" not in out or out["output_dir"] is None:
         out["output_dir"] = f"{run_dir}/output"
     return out

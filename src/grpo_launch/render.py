@@ -76,7 +76,12 @@ def render_accelerate_config(plan: Plan, *, deepspeed_file: str = DEEPSPEED_CONF
     cfg["num_processes"] = train.num_processes
     cfg["num_machines"] = train.num_machines
     cfg["machine_rank"] = 0
-    cfg["mixed_precision"] = train.mixed_precision
+    if cfg["distributed_type"] == "DEEPSPEED":
+        # With deepspeed_config_file accelerate rejects a mixed_precision here: precision comes from the JSON
+        # ("bf16": {"enabled": "auto"}, filled from the trainer's bf16).
+        cfg.pop("mixed_precision", None)
+    else:
+        cfg["mixed_precision"] = train.mixed_precision
     if train.num_machines > 1:
         cfg["main_process_ip"] = train.main_process_ip
         cfg["main_process_port"] = train.main_process_port
@@ -169,8 +174,11 @@ def train_env(plan: Plan, host: TrainHost) -> dict[str, str]:
     """The environment a host's `accelerate launch` adds: its GPUs, or the CPU switch."""
     env: dict[str, str] = {}
     if plan.train.device == "cpu":
-        env["ACCELERATE_USE_CPU"] = "true"
         env["CUDA_VISIBLE_DEVICES"] = ""  # never let a CPU plan touch a GPU
+        if plan.train.backend not in ("zero2", "zero3"):
+            # Not `--cpu`/`use_cpu: true` in the config: those quietly run one process. (DeepSpeed on CPU needs
+            # neither: its CPU accelerator takes over; see plan._trainer_values.)
+            env["ACCELERATE_USE_CPU"] = "true"
         cpus = next((h.cpus for h in plan.topology.hosts if h.name == host.name), None)
         if cpus:
             env["OMP_NUM_THREADS"] = str(max(1, cpus // host.processes))

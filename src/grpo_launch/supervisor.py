@@ -8,6 +8,7 @@ then SIGKILL to every group that is left — also groups whose leader already ex
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -46,12 +47,27 @@ class Child:
     def pgid(self) -> int:
         return self.proc.pid  # start_new_session: the child leads its own group
 
-    def tail(self, lines: int = 15) -> str:
+    def tail(self, lines: int = 12) -> str:
+        """The log's root cause (the last exception line) and its last lines."""
         try:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        return "\n".join(text[-lines:])
+        cause = root_cause(text)
+        body = "\n".join(f"  | {line}" for line in text[-lines:])
+        return (f"root cause: {cause}\n" if cause else "") + f"last lines of {self.log_path.name}:\n{body}"
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def root_cause(lines: Sequence[str]) -> str | None:
+    """The last exception line that is not torchrun's wrapper (ChildFailedError), if any."""
+    for line in reversed(lines):
+        m = _EXCEPTION_LINE.match(line.strip())
+        if m and "ChildFailedError" not in line and "error_file" not in line:
+            return m.group(1)
+    return None
 
 
 def describe_exit(code: int | None) -> str:

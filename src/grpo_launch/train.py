@@ -160,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
+    acc = trainer.accelerator
+    stage = acc.state.deepspeed_plugin.zero_stage if acc.state.deepspeed_plugin else None
+    print(f"[grpo-launch] rank {rank}: distributed_type={acc.distributed_type.value} zero_stage={stage} "
+          f"num_processes={acc.num_processes}", flush=True)  # fmt: skip
     checkpoint = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
     if is_main:
         print(f"[grpo-launch] {'resuming from ' + checkpoint if checkpoint else 'starting fresh'}", flush=True)
