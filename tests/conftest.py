@@ -12,10 +12,17 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 
 
+TINY = ROOT / ".cache" / "tiny"
+
+
+def ensure_tiny_assets() -> Path:
+    """The tiny local model + dataset (scripts/make_tiny_assets.py; skips work when already built)."""
+    if not (TINY / "model" / "config.json").is_file() or not (TINY / "data" / "train.jsonl").is_file():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_assets.py"), str(TINY)], check=True,
+                       capture_output=True)  # fmt: skip
+    return TINY
+
+
 @pytest.fixture(scope="session")
-def tiny_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny local model + dataset (scripts/make_tiny_assets.py), built once per test session."""
-    out = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_assets.py"), str(out)], check=True,
-                   capture_output=True)  # fmt: skip
-    return out
+def tiny_assets() -> Path:
+    return ensure_tiny_assets()

@@ -1,0 +1,151 @@
+"""Supervision with real processes: small Python programs stand in for the vLLM server and the trainers (a real
+server-mode run needs CUDA for TRL's NCCL weight sync), each spawning a grandchild as vLLM and torchrun do."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from grpo_launch.errors import LaunchError
+from grpo_launch.execute import run_processes
+from grpo_launch.render import ProcessSpec
+from grpo_launch.supervisor import root_cause
+
+from .conftest import ROOT
+from .helpers import alive, free_port, pids_in, write_scripts
+
+
+def _specs(tmp_path, server_mode: str, trainer_mode: str):
+    server, trainer = write_scripts(tmp_path)
+    port = free_port()
+    pids = tmp_path / "pids"
+    srv = ProcessSpec("vllm", (sys.executable, str(server), str(port), str(pids), server_mode))
+    trn = ProcessSpec("train", (sys.executable, str(trainer), str(pids), trainer_mode))
+    return srv, trn, f"http://127.0.0.1:{port}/health", pids
+
+
+def _run(tmp_path, srv, trn, url, *, timeout=20.0, grace=5.0, lines=None):
+    out = lines if lines is not None else []
+    return run_processes(srv, [trn], health_url=url, health_timeout_s=timeout, log_dir=tmp_path / "logs",
+                         grace_s=grace, environ={"PATH": "/usr/bin:/bin"}, emit=out.append)  # fmt: skip
+
+
+def _all_gone(pids, within=5.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_trainer_success_stops_server(tmp_path):
+    srv, trn, url, pids = _specs(tmp_path, "ok", "ok")
+    lines: list[str] = []
+    assert _run(tmp_path, srv, trn, url, lines=lines) == 0
+    assert any("vLLM server healthy" in line for line in lines)
+    assert any(line.startswith("[train] trainer started") for line in lines)
+    assert len(pids_in(pids)) == 4 and _all_gone(pids_in(pids))
+    logs = {p.name.split("-")[0] for p in (tmp_path / "logs").iterdir()}
+    assert logs == {"vllm", "train"}
+
+
+def test_trainer_failure_stops_server_and_names_root_cause(tmp_path):
+    srv, trn, url, pids = _specs(tmp_path, "ok", "fail")
+    with pytest.raises(LaunchError) as e:
+        _run(tmp_path, srv, trn, url)
+    text = str(e.value)
+    assert "train failed (exit code 3)" in text and "root cause: ValueError: boom in the trainer" in text
+    assert _all_gone(pids_in(pids))
+
+
+def test_server_death_stops_trainer_within_10s(tmp_path):
+    srv, trn, url, pids = _specs(tmp_path, "die-after-1s", "sleep")
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError, match="vllm"):
+        _run(tmp_path, srv, trn, url)
+    assert time.monotonic() - t0 < 10
+    assert _all_gone(pids_in(pids))
+
+
+def test_server_never_healthy_times_out(tmp_path):
+    srv, trn, url, pids = _specs(tmp_path, "never-healthy", "sleep")
+    with pytest.raises(LaunchError, match="not healthy .* within 2 s"):
+        _run(tmp_path, srv, trn, url, timeout=2)
+    assert _all_gone(pids_in(pids))
+
+
+def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
+    srv, trn, url, pids = _specs(tmp_path, "ok", "ignore-term")
+    lines: list[str] = []
+    driver = textwrap.dedent(
+        f"""
+        import sys, threading, os, signal, time
+        sys.path.insert(0, {str(ROOT / "src")!r})
+        from pathlib import Path
+        from grpo_launch.execute import run_processes
+        from grpo_launch.render import ProcessSpec
+        srv = ProcessSpec("vllm", {tuple(srv.argv)!r})
+        trn = ProcessSpec("train", {tuple(trn.argv)!r})
+        threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+        t0 = time.monotonic()
+        code = run_processes(srv, [trn], health_url={url!r}, health_timeout_s=20, log_dir=Path({str(tmp_path / "logs")!r}),
+                             grace_s=1.5, environ=dict(os.environ), emit=print)
+        print("EXIT", code, "TOOK", round(time.monotonic() - t0, 1), flush=True)
+        sys.exit(code)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stdout + proc.stderr
+    assert "SIGKILL" in proc.stdout  # the trainer ignored SIGTERM and was killed after the grace period
+    assert _all_gone(pids_in(pids))
+    del lines
+
+
+def test_sigterm_to_grpo_launch_leaves_no_descendant(tmp_path):
+    """The real CLI, a real 2-process GRPO run (torchrun + ranks), SIGTERM mid-run: every descendant is gone."""
+    pytest.importorskip("trl")
+    from .test_run import tiny_overrides
+
+    args = [sys.executable, "-m", "grpo_launch", str(ROOT / "recipes" / "tiny-cpu.yaml"), *tiny_overrides(tmp_path),
+            "max_steps=500", "launch.grace_period_s=10", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    seen = []
+    deadline = time.monotonic() + 120
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if "'loss'" in line or time.monotonic() > deadline:
+            break
+    descendants = _descendants(proc.pid)
+    assert len(descendants) >= 3, f"expected torchrun and 2 ranks, saw {descendants}"
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + rest
+    assert _all_gone(descendants, within=10), [p for p in descendants if alive(p)]
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    for row in out.split("\n"):
+        if row.strip():
+            p, pp = map(int, row.split())
+            children.setdefault(pp, []).append(p)
+    found, stack = [], [pid]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            found.append(c)
+            stack.append(c)
+    return found
+
+
+def test_root_cause_skips_torchrun_wrapper():
+    lines = ["Traceback (most recent call last):", "[rank1]: ValueError: bad reward",
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "  error_file: <N/A>"]  # fmt: skip
+    assert root_cause(lines) == "ValueError: bad reward"
