@@ -30,8 +30,10 @@ def main() -> int:
         t = time.perf_counter()
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
         walls.append(time.perf_counter() - t)
-    print(f"plan CLI wall time: median {statistics.median(walls) * 1000:.0f} ms, "
-          f"min {min(walls) * 1000:.0f} ms, max {max(walls) * 1000:.0f} ms over {args.runs} runs (target ≤ 300 ms)")  # fmt: skip
+    print(
+        f"plan CLI wall time: median {statistics.median(walls) * 1000:.0f} ms, "
+        f"min {min(walls) * 1000:.0f} ms, max {max(walls) * 1000:.0f} ms over {args.runs} runs (target ≤ 300 ms)"
+    )
 
     proc = subprocess.run([sys.executable, "-X", "importtime", *cmd[1:]], cwd=ROOT, capture_output=True, text=True)
     modules = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
@@ -52,8 +54,10 @@ def main() -> int:
         t = time.perf_counter()
         plan = make_plan(topology, recipe, model)
         times.append(time.perf_counter() - t)
-    print(f"make_plan 128 × 8 GPUs in-process: median {statistics.median(times) * 1000:.2f} ms "
-          f"({plan.train.num_processes} trainers, vLLM TP {plan.vllm.tensor_parallel_size}) (target ≤ 50 ms)")  # fmt: skip
+    print(
+        f"make_plan 128 × 8 GPUs in-process: median {statistics.median(times) * 1000:.2f} ms "
+        f"({plan.train.num_processes} trainers, vLLM TP {plan.vllm.tensor_parallel_size}) (target ≤ 50 ms)"
+    )
     return 1 if heavy else 0
 
 

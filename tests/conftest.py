@@ -18,8 +18,9 @@ TINY = ROOT / ".cache" / "tiny"
 def ensure_tiny_assets() -> Path:
     """The tiny local model + dataset (scripts/make_tiny_assets.py; skips work when already built)."""
     if not (TINY / "model" / "config.json").is_file() or not (TINY / "data" / "train.jsonl").is_file():
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_assets.py"), str(TINY)], check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "make_tiny_assets.py"), str(TINY)], check=True, capture_output=True
+        )
     return TINY
 
 

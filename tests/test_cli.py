@@ -18,8 +18,9 @@ QWEN = str(ROOT / "recipes" / "qwen1.5b.yaml")
 
 def run_cli(*args, env=None):
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "grpo_launch", *args], capture_output=True, text=True, env=full_env,
-                          cwd=ROOT, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_launch", *args], capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=60
+    )
 
 
 def test_plan_json_and_files(tmp_path, capsys):
@@ -37,8 +38,19 @@ def test_plan_table(tmp_path, capsys):
 
 
 def test_overrides_reach_the_plan(tmp_path, capsys):
-    rc = main(["plan", QWEN, "num_generations=6", "per_device_train_batch_size=2", "--gpus", "4xL20-48GB",
-               "--no-write", "--json"], environ={})  # fmt: skip
+    rc = main(
+        [
+            "plan",
+            QWEN,
+            "num_generations=6",
+            "per_device_train_batch_size=2",
+            "--gpus",
+            "4xL20-48GB",
+            "--no-write",
+            "--json",
+        ],
+        environ={},
+    )
     assert rc == 0
     lay = json.loads(capsys.readouterr().out)["layout"]
     assert lay["num_generations"] == 6 and lay["generation_batch_size"] % 6 == 0

@@ -19,13 +19,21 @@ from .trl_oracle import grpo_config
         (1, dict(per_device=4, num_generations=8), dict(gradient_accumulation_steps=2, generation_batch_size=8)),
         (4, dict(per_device=2, num_generations=8), dict(gradient_accumulation_steps=1, generation_batch_size=8)),
         # Accumulation fixed by the user: steps_per_generation grows instead, accumulation kept.
-        (3, dict(per_device=1, grad_accum=2, num_generations=8), dict(gradient_accumulation_steps=2, steps_per_generation=8)),
+        (
+            3,
+            dict(per_device=1, grad_accum=2, num_generations=8),
+            dict(gradient_accumulation_steps=2, steps_per_generation=8),
+        ),
         # Nothing set: TRL's defaults (8 per device, 8 generations) already work.
         (7, dict(), dict(per_device_train_batch_size=8, gradient_accumulation_steps=1)),
         # per-device unset with num_generations 6 on 4 GPUs: the nearest to TRL's 8 that fills whole groups is 9.
         (4, dict(num_generations=6), dict(per_device_train_batch_size=9, gradient_accumulation_steps=1)),
         # generation_batch_size given: per-device derived from it.
-        (4, dict(generation_batch_size=64, num_generations=8), dict(per_device_train_batch_size=8, steps_per_generation=2)),
+        (
+            4,
+            dict(generation_batch_size=64, num_generations=8),
+            dict(per_device_train_batch_size=8, steps_per_generation=2),
+        ),
         # Evaluation on: eval batch chosen so that eval batch × N divides by the generations.
         (3, dict(per_device=1, num_generations=8, eval_on=True), dict(per_device_eval_batch_size=8)),
         (6, dict(per_device=2, num_generations=4, eval_on=True, per_device_eval=2), dict(per_device_eval_batch_size=2)),
@@ -36,7 +44,11 @@ def test_layouts_are_accepted_by_trl(n, req, expect):
     for key, value in expect.items():
         assert getattr(layout, key) == value, key
     cfg = grpo_config(
-        {**layout.trl_values(), "do_eval": req.get("eval_on", False), "eval_strategy": "steps" if req.get("eval_on") else "no"},
+        {
+            **layout.trl_values(),
+            "do_eval": req.get("eval_on", False),
+            "eval_strategy": "steps" if req.get("eval_on") else "no",
+        },
         n,
     )
     assert cfg.generation_batch_size == layout.generation_batch_size

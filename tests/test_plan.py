@@ -42,7 +42,9 @@ def test_one_gpu_colocates():
 
 
 def test_server_values_for_trl():
-    plan = plan_for({"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "vllm_gpu_memory_utilization": 0.7}, "8xH100-80GB")
+    plan = plan_for(
+        {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "vllm_gpu_memory_utilization": 0.7}, "8xH100-80GB"
+    )
     tv = plan.trainer_values
     assert tv["vllm_mode"] == "server" and tv["vllm_server_base_url"] == "http://127.0.0.1:8000"
     assert "vllm_gpu_memory_utilization" not in tv  # moved to the server
@@ -52,8 +54,11 @@ def test_server_values_for_trl():
 
 def test_72b_on_five_nodes_gets_a_dedicated_tp8_node():
     """TRL docs: a 72B model trained on 4 nodes with 1 vLLM node at TP 8."""
-    plan = plan_for({"model_name_or_path": "Qwen/Qwen2.5-72B-Instruct"}, "5x8xH100-80GB",
-                    model=find_model_shape("Qwen/Qwen2.5-72B-Instruct"))  # fmt: skip
+    plan = plan_for(
+        {"model_name_or_path": "Qwen/Qwen2.5-72B-Instruct"},
+        "5x8xH100-80GB",
+        model=find_model_shape("Qwen/Qwen2.5-72B-Instruct"),
+    )
     assert plan.vllm.host == "node4" and plan.vllm.tensor_parallel_size == 8
     assert plan.train.num_machines == 4 and plan.train.num_processes == 32
     assert plan.train.backend == "zero3"
@@ -67,7 +72,7 @@ def test_small_model_on_two_nodes_shares_nodes():
 
 
 def test_tp_must_fit_heads():
-    with pytest.raises(PlanError, match="does not fit Qwen2.5-1.5B's 12 attention heads"):
+    with pytest.raises(PlanError, match=r"does not fit Qwen2.5-1.5B's 12 attention heads"):
         plan_for({"model_name_or_path": "q", "launch": {"vllm_tensor_parallel_size": 3}}, "8xH100-80GB")
 
 
@@ -89,7 +94,7 @@ def test_server_taking_every_gpu_is_refused():
 
 
 def test_model_too_big_names_fixes():
-    with pytest.raises(PlanError, match="does not fit(.|\n)*more memory"):
+    with pytest.raises(PlanError, match=r"does not fit(.|\n)*more memory"):
         plan_for({"model_name_or_path": "x"}, "2xRTX4090", model=find_model_shape("meta-llama/Llama-3.3-70B-Instruct"))
 
 

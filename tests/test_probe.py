@@ -38,7 +38,9 @@ def test_cvd_indices_keep_the_users_tokens():
 
 def test_cvd_uuid_prefix_and_mig():
     mig = NvmlDevice(0, "NVIDIA A100-SXM4-80GB", 80 * GIB, "GPU-bbbb", mig=(("MIG-1234abcd-0000", 10 * GIB),))
-    t = probe_local({"CUDA_VISIBLE_DEVICES": "GPU-aaaa0001,MIG-1234abcd-0000"}, read=fake([*FOUR_L20[:2], mig]), hostname="b")
+    t = probe_local(
+        {"CUDA_VISIBLE_DEVICES": "GPU-aaaa0001,MIG-1234abcd-0000"}, read=fake([*FOUR_L20[:2], mig]), hostname="b"
+    )
     assert [g.visible_id for g in t.hosts[0].gpus] == ["GPU-aaaa0001", "MIG-1234abcd-0000"]
     assert t.hosts[0].gpus[1].memory_bytes == 10 * GIB
 

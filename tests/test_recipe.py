@@ -63,7 +63,14 @@ def test_open_r1_recipe_loads_unmodified_with_notices(tmp_path):
     assert "vllm_device" not in r.values and "overwrite_output_dir" not in r.values
     assert r.values["max_prompt_length"] == 512  # kept: the train entry applies it
     joined = "\n".join(r.notices)
-    for key in ("torch_dtype", "dataset_configs", "warmup_ratio", "vllm_device", "overwrite_output_dir", "num_processes"):
+    for key in (
+        "torch_dtype",
+        "dataset_configs",
+        "warmup_ratio",
+        "vllm_device",
+        "overwrite_output_dir",
+        "num_processes",
+    ):
         assert key in joined, f"no notice for {key}"
     assert r.launch.num_processes == 7
 

@@ -34,8 +34,13 @@ def _plan(spec: str, **launch):
 def _fill_hf_auto(ds: dict, *, micro: int, accum: int, world: int) -> dict:
     """What transformers does with "auto" before DeepSpeed sees the config."""
     filled = json.loads(json.dumps(ds))
-    filled.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum,
-                  train_batch_size=micro * accum * world, gradient_clipping=1.0, bf16={"enabled": True})  # fmt: skip
+    filled.update(
+        train_micro_batch_size_per_gpu=micro,
+        gradient_accumulation_steps=accum,
+        train_batch_size=micro * accum * world,
+        gradient_clipping=1.0,
+        bf16={"enabled": True},
+    )
     zero = filled["zero_optimization"]
     for key, value in list(zero.items()):
         if value == "auto":
@@ -69,8 +74,10 @@ def test_accelerate_config_loads_with_accelerate(tmp_path, spec, launch, distrib
         assert cfg.deepspeed_config["deepspeed_config_file"] == f"{tmp_path}/{DEEPSPEED_CONFIG}"
 
 
-@pytest.mark.parametrize(("backend", "offload", "stage"), [("zero2", "none", 2), ("zero2", "optimizer", 2),
-                                                            ("zero3", "none", 3), ("zero3", "optimizer+params", 3)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("backend", "offload", "stage"),
+    [("zero2", "none", 2), ("zero2", "optimizer", 2), ("zero3", "none", 3), ("zero3", "optimizer+params", 3)],
+)
 def test_deepspeed_config_parses_with_deepspeed(tmp_path, backend, offload, stage):
     from deepspeed.runtime.config import DeepSpeedConfig
 
@@ -78,8 +85,9 @@ def test_deepspeed_config_parses_with_deepspeed(tmp_path, backend, offload, stag
     ds = json.loads(render_files(plan, str(tmp_path))[DEEPSPEED_CONFIG])
     lay = plan.layout
     # Parsed in this one process, so DeepSpeed checks the batch arithmetic against a world size of 1.
-    parsed = DeepSpeedConfig(_fill_hf_auto(ds, micro=lay.per_device_train_batch_size,
-                                           accum=lay.gradient_accumulation_steps, world=1))  # fmt: skip
+    parsed = DeepSpeedConfig(
+        _fill_hf_auto(ds, micro=lay.per_device_train_batch_size, accum=lay.gradient_accumulation_steps, world=1)
+    )
     assert parsed.zero_optimization_stage == stage
     assert parsed.gradient_accumulation_steps == lay.gradient_accumulation_steps
     assert (parsed.zero_config.offload_optimizer is not None) == (offload != "none")
@@ -107,7 +115,9 @@ def test_api_server_command_gets_model_flag():
 
 
 def test_trainer_recipe_and_plan_json(tmp_path):
-    plan = make_plan(parse_gpu_spec("4xL20-48GB"), load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"), find_model_shape(QWEN))
+    plan = make_plan(
+        parse_gpu_spec("4xL20-48GB"), load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"), find_model_shape(QWEN)
+    )
     files = render_files(plan, str(tmp_path))
     trainer = yaml.safe_load(files[TRAINER_RECIPE])
     assert trainer["gradient_accumulation_steps"] == 8 and trainer["steps_per_generation"] == 8
@@ -121,7 +131,9 @@ def test_trainer_recipe_and_plan_json(tmp_path):
 
 def test_golden_accelerate_config_4xL20(tmp_path):
     """Golden file: the accelerate config for the seed case (update tests/golden/ deliberately)."""
-    plan = make_plan(parse_gpu_spec("4xL20-48GB"), load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"), find_model_shape(QWEN))
+    plan = make_plan(
+        parse_gpu_spec("4xL20-48GB"), load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"), find_model_shape(QWEN)
+    )
     text = render_files(plan, "/RUN")[ACCELERATE_CONFIG]
     golden = ROOT / "tests" / "golden" / "qwen1.5b-4xL20.accelerate_config.yaml"
     assert text == golden.read_text()

@@ -25,9 +25,19 @@ def tiny_overrides(tmp_path: Path) -> list[str]:
 
 def launch(tmp_path: Path, *overrides: str, run_dir: Path | None = None, env: dict | None = None, timeout: int = 300):
     run_dir = run_dir or tmp_path / "run"
-    args = [sys.executable, "-m", "grpo_launch", RECIPE, *tiny_overrides(tmp_path), *overrides, "--run-dir", str(run_dir)]
-    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "grpo_launch",
+        RECIPE,
+        *tiny_overrides(tmp_path),
+        *overrides,
+        "--run-dir",
+        str(run_dir),
+    ]
+    return subprocess.run(
+        args, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def world_sizes(output: str) -> set[tuple[int, int]]:
@@ -35,7 +45,7 @@ def world_sizes(output: str) -> set[tuple[int, int]]:
 
 
 def logged_steps(output: str) -> list[dict]:
-    return [eval(m, {}) for m in re.findall(r"^\[train\] (\{'loss'.*\})$", output, flags=re.M)]  # noqa: S307
+    return [eval(m, {}) for m in re.findall(r"^\[train\] (\{'loss'.*\})$", output, flags=re.M)]
 
 
 @pytest.mark.parametrize("processes", [1, 2])
@@ -71,8 +81,12 @@ def test_reward_by_import_path_runs_in_every_trainer(tmp_path):
         "        f.write(os.environ.get('RANK', '?') + '\\n')\n"
         "    return [0.5] * len(completions)\n"
     )
-    proc = launch(tmp_path, "reward_funcs=[pkg_rewards.mine:count_reward,format]", "max_steps=2",
-                  env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})  # fmt: skip
+    proc = launch(
+        tmp_path,
+        "reward_funcs=[pkg_rewards.mine:count_reward,format]",
+        "max_steps=2",
+        env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert set(calls.read_text().split()) == {"0", "1"}
     assert all(s["rewards/count_reward/mean"] == "0.5" for s in logged_steps(proc.stdout))
@@ -80,11 +94,20 @@ def test_reward_by_import_path_runs_in_every_trainer(tmp_path):
 
 def test_killed_run_resumes_without_repeating_steps(tmp_path):
     run = tmp_path / "run"
-    args = [sys.executable, "-m", "grpo_launch", RECIPE, *tiny_overrides(tmp_path), "max_steps=60", "save_steps=2",
-            "--run-dir", str(run)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "grpo_launch",
+        RECIPE,
+        *tiny_overrides(tmp_path),
+        "max_steps=60",
+        "save_steps=2",
+        "--run-dir",
+        str(run),
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     assert proc.stdout is not None
-    for line in proc.stdout:  # kill as soon as the first checkpoint is complete
+    for _line in proc.stdout:  # kill as soon as the first checkpoint is complete
         if (run / "output" / "checkpoint-2" / "trainer_state.json").is_file():
             break
     # SIGKILL leaves grpo-launch no chance to clean up (like a node crash); its children run in their own

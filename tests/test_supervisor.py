@@ -31,8 +31,16 @@ def _specs(tmp_path, server_mode: str, trainer_mode: str):
 
 def _run(tmp_path, srv, trn, url, *, timeout=20.0, grace=5.0, lines=None):
     out = lines if lines is not None else []
-    return run_processes(srv, [trn], health_url=url, health_timeout_s=timeout, log_dir=tmp_path / "logs",
-                         grace_s=grace, environ={"PATH": "/usr/bin:/bin"}, emit=out.append)  # fmt: skip
+    return run_processes(
+        srv,
+        [trn],
+        health_url=url,
+        health_timeout_s=timeout,
+        log_dir=tmp_path / "logs",
+        grace_s=grace,
+        environ={"PATH": "/usr/bin:/bin"},
+        emit=out.append,
+    )
 
 
 def _all_gone(pids, within=5.0) -> bool:
@@ -75,7 +83,7 @@ def test_server_death_stops_trainer_within_10s(tmp_path):
 
 def test_server_never_healthy_times_out(tmp_path):
     srv, trn, url, pids = _specs(tmp_path, "never-healthy", "sleep")
-    with pytest.raises(LaunchError, match="not healthy .* within 2 s"):
+    with pytest.raises(LaunchError, match=r"not healthy .* within 2 s"):
         _run(tmp_path, srv, trn, url, timeout=2)
     assert _all_gone(pids_in(pids))
 
@@ -94,8 +102,9 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
         trn = ProcessSpec("train", {tuple(trn.argv)!r})
         threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
         t0 = time.monotonic()
-        code = run_processes(srv, [trn], health_url={url!r}, health_timeout_s=20, log_dir=Path({str(tmp_path / "logs")!r}),
-                             grace_s=1.5, environ=dict(os.environ), emit=print)
+        code = run_processes(srv, [trn], health_url={url!r}, health_timeout_s=20,
+                             log_dir=Path({str(tmp_path / "logs")!r}), grace_s=1.5, environ=dict(os.environ),
+                             emit=print)
         print("EXIT", code, "TOOK", round(time.monotonic() - t0, 1), flush=True)
         sys.exit(code)
         """
@@ -112,8 +121,17 @@ def test_sigterm_to_grpo_launch_leaves_no_descendant(tmp_path):
     pytest.importorskip("trl")
     from .test_run import tiny_overrides
 
-    args = [sys.executable, "-m", "grpo_launch", str(ROOT / "recipes" / "tiny-cpu.yaml"), *tiny_overrides(tmp_path),
-            "max_steps=500", "launch.grace_period_s=10", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "grpo_launch",
+        str(ROOT / "recipes" / "tiny-cpu.yaml"),
+        *tiny_overrides(tmp_path),
+        "max_steps=500",
+        "launch.grace_period_s=10",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     seen = []
     deadline = time.monotonic() + 120
@@ -146,6 +164,10 @@ def _descendants(pid: int) -> list[int]:
 
 
 def test_root_cause_skips_torchrun_wrapper():
-    lines = ["Traceback (most recent call last):", "[rank1]: ValueError: bad reward",
-             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "  error_file: <N/A>"]  # fmt: skip
+    lines = [
+        "Traceback (most recent call last):",
+        "[rank1]: ValueError: bad reward",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "  error_file: <N/A>",
+    ]
     assert root_cause(lines) == "ValueError: bad reward"

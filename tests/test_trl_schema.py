@@ -17,4 +17,4 @@ def test_schema_matches_installed_trl():
     spec.loader.exec_module(gen)
     assert trl.__version__.startswith("1.16"), "grpo-launch pins TRL 1.16.x"
     assert gen.build() == (ROOT / "src" / "grpo_launch" / "trl_schema.py").read_text()
-    assert trl_schema.TRL_VERSION == trl.__version__
+    assert trl.__version__ == trl_schema.TRL_VERSION

@@ -21,8 +21,9 @@ def grpo_config(values: Mapping[str, Any], world_size: int):
     # The oracle runs on a CPU machine: precision and device flags are not what is being judged here.
     kwargs.update(output_dir=_OUT, use_cpu=True, bf16=False, fp16=False, report_to="none")
     kwargs.pop("deepspeed", None)
-    with warnings.catch_warnings(), mock.patch.object(
-        GRPOConfig, "world_size", new_callable=mock.PropertyMock, return_value=world_size
+    with (
+        warnings.catch_warnings(),
+        mock.patch.object(GRPOConfig, "world_size", new_callable=mock.PropertyMock, return_value=world_size),
     ):
         warnings.simplefilter("ignore")
         return GRPOConfig(**kwargs)

@@ -29,15 +29,22 @@ VERBS = ("plan", "inspect", "run")
 
 def _add_planning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="recipe YAML (TRL/open-r1 keys plus an optional launch: block)")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="override recipe keys; values are YAML (max_steps=3, reward_funcs=[a,b], launch.vllm=off)")  # fmt: skip
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="override recipe keys; values are YAML (max_steps=3, reward_funcs=[a,b], launch.vllm=off)",
+    )
     _add_topology_args(p)
     p.add_argument("--run-dir", help="where to write the configs and logs (default: launch.run_dir or grpo_runs/NAME)")
 
 
 def _add_topology_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", metavar="SPEC",
-                   help="plan for simulated GPUs instead of probing: 4xL20-48GB, 8xH100-80GB, 2x8xH100-80GB, cpu")  # fmt: skip
+    p.add_argument(
+        "--gpus",
+        metavar="SPEC",
+        help="plan for simulated GPUs instead of probing: 4xL20-48GB, 8xH100-80GB, 2x8xH100-80GB, cpu",
+    )
     p.add_argument("--hostfile", metavar="FILE", help="DeepSpeed-style hostfile (HOST slots=N per line)")
 
 
@@ -53,13 +60,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="verb", metavar="{run,plan,inspect}")
 
-    run = sub.add_parser("run", help="plan, write configs, start the vLLM server and trainers (the default verb)",
-                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    run = sub.add_parser(
+        "run",
+        help="plan, write configs, start the vLLM server and trainers (the default verb)",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_planning_args(run)
     run.add_argument("--dry-run", action="store_true", help="print the commands that would run; start nothing")
 
-    plan = sub.add_parser("plan", help="print the plan and write the configs; start nothing",
-                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    plan = sub.add_parser(
+        "plan",
+        help="print the plan and write the configs; start nothing",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_planning_args(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--no-write", action="store_true", help="do not write files to the run directory")

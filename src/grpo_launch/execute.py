@@ -4,6 +4,7 @@ failures raise :class:`LaunchError` naming the root cause and its log."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import sys
@@ -33,8 +34,9 @@ def preflight(plan: Plan) -> None:
     if not model:
         problems.append("model_name_or_path is not set")
     elif _looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
-        problems.append(f"model path {model!r} has no config.json (is the path right? relative paths start from "
-                        f"{Path.cwd()})")  # fmt: skip
+        problems.append(
+            f"model path {model!r} has no config.json (is the path right? relative paths start from {Path.cwd()})"
+        )
     data = str(values.get("dataset_name") or "")
     if not data:
         problems.append("dataset_name is not set")
@@ -65,18 +67,27 @@ def check_ports(plan: Plan) -> None:
             busy.append(f"vLLM server port {plan.vllm.port} is in use: set launch.vllm_port to a free port")
         group = int(plan.trainer_values.get("vllm_group_port") or VLLM_GROUP_PORT_DEFAULT)
         if not _port_free(group):
-            busy.append(f"weight-sync port {group} (vllm_group_port) is in use on the trainer head: set vllm_group_port")
+            busy.append(
+                f"weight-sync port {group} (vllm_group_port) is in use on the trainer head: set vllm_group_port"
+            )
     if plan.train.num_processes > 1 and not _port_free(plan.train.main_process_port):
-        busy.append(
-            f"trainer rendezvous port {plan.train.main_process_port} is in use: set launch.main_process_port"
-        )
+        busy.append(f"trainer rendezvous port {plan.train.main_process_port} is in use: set launch.main_process_port")
     if busy:
-        raise LaunchError("ports needed by the run are taken:", problems=busy,
-                          hint="Another run may still be going: check with `ss -ltnp`.")  # fmt: skip
+        raise LaunchError(
+            "ports needed by the run are taken:",
+            problems=busy,
+            hint="Another run may still be going: check with `ss -ltnp`.",
+        )
 
 
-def run_plan(plan: Plan, run_dir: str, *, environ: Mapping[str, str], dry_run: bool = False,
-             emit: Callable[[str], None] | None = None) -> int:  # fmt: skip
+def run_plan(
+    plan: Plan,
+    run_dir: str,
+    *,
+    environ: Mapping[str, str],
+    dry_run: bool = False,
+    emit: Callable[[str], None] | None = None,
+) -> int:
     """Run ``plan`` here. ``emit`` prints a line (the CLI passes print)."""
     out = emit or (lambda line: print(line, flush=True))
     if plan.train.num_machines > 1:
@@ -102,9 +113,15 @@ def run_plan(plan: Plan, run_dir: str, *, environ: Mapping[str, str], dry_run: b
 
     health = f"http://{plan.vllm.address}:{plan.vllm.port}/health" if server else None
     return run_processes(
-        server, trainers, health_url=health, health_timeout_s=plan.recipe.launch.vllm_health_timeout_s,
-        log_dir=Path(run_dir) / "logs", grace_s=plan.recipe.launch.grace_period_s, environ=environ, emit=out,
-    )  # fmt: skip
+        server,
+        trainers,
+        health_url=health,
+        health_timeout_s=plan.recipe.launch.vllm_health_timeout_s,
+        log_dir=Path(run_dir) / "logs",
+        grace_s=plan.recipe.launch.grace_period_s,
+        environ=environ,
+        emit=out,
+    )
 
 
 def run_processes(
@@ -145,8 +162,8 @@ def run_processes(
     finally:
         _ignore_signals()
         sup.stop_all()
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
     return code
 
 
@@ -161,7 +178,5 @@ def _current_handlers() -> dict:
 def _ignore_signals() -> None:
     # Teardown must finish: a second Ctrl-C must not leave children running.
     for sig in FORWARDED_SIGNALS:
-        try:
+        with contextlib.suppress(ValueError):  # not the main thread
             signal.signal(sig, signal.SIG_IGN)
-        except ValueError:  # not the main thread
-            pass

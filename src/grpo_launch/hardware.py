@@ -106,8 +106,17 @@ class ModelShape:
         )
 
 
-def _m(name: str, params_b: float, layers: int, hidden: int, heads: int, kv: int, vocab: int, inter: int,
-       head_dim: int | None = None) -> ModelShape:  # fmt: skip
+def _m(
+    name: str,
+    params_b: float,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv: int,
+    vocab: int,
+    inter: int,
+    head_dim: int | None = None,
+) -> ModelShape:
     return ModelShape(name, params_b * 1e9, layers, hidden, heads, kv, vocab, inter, head_dim)
 
 

@@ -196,7 +196,7 @@ def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -
                     f"global eval batch {pe}×{n} processes = {pe * n} is not divisible by the "
                     f"{'num_generations_eval' if req.num_generations_eval else 'num_generations'} ({ke})"
                 )
-                up = _nearest(pe, lambda v: v % unit_e == 0)
+                up = _nearest(pe, lambda v: v % unit_e == 0) or unit_e
                 alternatives.append(Alternative(f"set per_device_eval_batch_size={up}", abs(math.log(up / pe)), 1))
                 d = _divisor_near(pe * n, ke)
                 if d is not None:
@@ -262,9 +262,7 @@ def _alternatives_gbs(n: int, req: LayoutRequest, k: int, colocate_n: int | None
     return out
 
 
-def _alternatives_spg(
-    n: int, p: int, s: int, k: int, req: LayoutRequest, colocate_n: int | None
-) -> list[Alternative]:
+def _alternatives_spg(n: int, p: int, s: int, k: int, req: LayoutRequest, colocate_n: int | None) -> list[Alternative]:
     out: list[Alternative] = []
     s_unit = k // math.gcd(p * n, k)
     for v in {max(s_unit, (s // s_unit) * s_unit), (s // s_unit + 1) * s_unit}:
@@ -280,7 +278,5 @@ def _alternatives_spg(
         cost = min(abs(math.log(d / k)) for d in near) + 0.5  # changing the algorithm costs more than the batch
         out.append(Alternative(f"set num_generations={' or '.join(map(str, sorted(near)))}", cost, 2))
     if colocate_n and colocate_n != n and (p * colocate_n * s) % k == 0:
-        out.append(
-            Alternative(f"use colocated vLLM (launch.vllm=colocate): {colocate_n} training processes", 1.0, 3)
-        )
+        out.append(Alternative(f"use colocated vLLM (launch.vllm=colocate): {colocate_n} training processes", 1.0, 3))
     return out

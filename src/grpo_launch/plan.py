@@ -122,8 +122,7 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
         counts = set(topology.gpus_per_host)
         if len(counts) > 1:
             raise PlanError(
-                "hosts have different GPU counts: "
-                + ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts),
+                "hosts have different GPU counts: " + ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts),
                 hint="accelerate runs the same number of processes on every machine: give every host the same "
                 "number of GPUs (hostfile slots / --gpus-per-node).",
             )
@@ -133,7 +132,9 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
             except PlanError as exc:
                 if not _auto_mode(recipe) or "leaving none" not in exc.message:
                     raise
-                decisions.append(Decision("vllm", "colocate", f"a server would not leave a GPU to train: {exc.message}"))
+                decisions.append(
+                    Decision("vllm", "colocate", f"a server would not leave a GPU to train: {exc.message}")
+                )
                 mode = "colocate"
         if mode != "server":
             train_hosts = tuple(
@@ -220,10 +221,14 @@ def _choose_mode(topology: Topology, recipe: Recipe, decisions: list[Decision]) 
         decisions.append(Decision("vllm", wanted, "set in the recipe"))
         return wanted
     if topology.num_gpus == 1:
-        decisions.append(Decision("vllm", "colocate", "one GPU: vLLM shares it with the trainer (sleep between phases)"))
+        decisions.append(
+            Decision("vllm", "colocate", "one GPU: vLLM shares it with the trainer (sleep between phases)")
+        )
         return "colocate"
     decisions.append(
-        Decision("vllm", "server", f"{topology.num_gpus} GPUs: a dedicated vLLM server keeps generation off the trainers")
+        Decision(
+            "vllm", "server", f"{topology.num_gpus} GPUs: a dedicated vLLM server keeps generation off the trainers"
+        )
     )
     return "server"
 
@@ -262,7 +267,9 @@ def _plan_server(
     if tp_fixed is not None:
         problems = []
         if tp_fixed > per_host:
-            problems.append(f"tensor-parallel size {tp_fixed} exceeds the {per_host} GPUs of one host (TP stays in a node)")
+            problems.append(
+                f"tensor-parallel size {tp_fixed} exceeds the {per_host} GPUs of one host (TP stays in a node)"
+            )
         if model and tp_fixed not in model.valid_tp_sizes(tp_fixed):
             problems.append(
                 f"tensor-parallel size {tp_fixed} does not fit {model.name}'s {model.heads} attention heads / "
@@ -326,7 +333,11 @@ def _plan_server(
             f"smallest size whose bf16 weights ({model.weight_bytes_bf16 / GIB:.1f} GiB) take ≤ "
             f"{WEIGHTS_SHARE_OF_SERVER_GPU:.0%} of a GPU, dividing {model.heads} heads"
             if model and tp == tp_min
-            else (f"a whole host serves: the largest size dividing {model.heads} heads" if model else "model shape unknown")
+            else (
+                f"a whole host serves: the largest size dividing {model.heads} heads"
+                if model
+                else "model shape unknown"
+            )
         )
     )
     decisions.append(Decision("vllm_tensor_parallel_size", tp, why_tp))
@@ -404,15 +415,18 @@ def _plan_colocate(
             )
     decisions.append(Decision("vllm_tensor_parallel_size", tp, f"colocate: {why}"))
     decisions.append(Decision("vllm_gpu_memory_utilization", util, "vLLM shares each training GPU (colocate)"))
-    return VllmPlan(mode="colocate", tensor_parallel_size=tp, gpu_memory_utilization=util,
-                    max_model_len=_max_model_len(recipe))  # fmt: skip
+    return VllmPlan(
+        mode="colocate", tensor_parallel_size=tp, gpu_memory_utilization=util, max_model_len=_max_model_len(recipe)
+    )
 
 
 def _cpu_train_hosts(topology: Topology, recipe: Recipe, decisions: list[Decision]) -> tuple[TrainHost, ...]:
     if len(topology.hosts) == 1:
         n = recipe.launch.num_processes or 1
         decisions.append(
-            Decision("num_processes", n, "set in launch.num_processes" if recipe.launch.num_processes else "CPU default")
+            Decision(
+                "num_processes", n, "set in launch.num_processes" if recipe.launch.num_processes else "CPU default"
+            )
         )
         h = topology.hosts[0]
         return (TrainHost(h.name, h.addr, 0, (), n),)
@@ -455,7 +469,9 @@ def _choose_backend(
         if backend == "fsdp":
             raise PlanError("FSDP is not supported on CPU here", hint="Use launch.backend=ddp, zero2 or zero3.")
         chosen = "ddp" if backend == "auto" else backend
-        decisions.append(Decision("backend", chosen, "set in the recipe" if backend != "auto" else "CPU: plain DDP (gloo)"))
+        decisions.append(
+            Decision("backend", chosen, "set in the recipe" if backend != "auto" else "CPU: plain DDP (gloo)")
+        )
         return chosen, "none" if offload == "auto" else offload
     mem = topology.min_gpu_memory_bytes
     lora = bool(recipe.get("use_peft"))
@@ -467,7 +483,13 @@ def _choose_backend(
         decisions.append(Decision("backend", chosen, "model size or GPU memory unknown: ZeRO-2 is a safe default"))
         return chosen, "none" if offload == "auto" else offload
     budget = TRAIN_MEMORY_BUDGET * mem * (1.0 - (vllm.gpu_memory_utilization or 0) if vllm.mode == "colocate" else 1.0)
-    candidates = [("ddp", "none"), ("zero2", "none"), ("zero3", "none"), ("zero3", "optimizer"), ("zero3", "optimizer+params")]
+    candidates = [
+        ("ddp", "none"),
+        ("zero2", "none"),
+        ("zero3", "none"),
+        ("zero3", "optimizer"),
+        ("zero3", "optimizer+params"),
+    ]
     if backend != "auto":
         candidates = [c for c in candidates if c[0] == backend] or [(backend, "none")]
     if offload != "auto":
@@ -555,4 +577,3 @@ def _roles(topology: Topology, vllm: VllmPlan, train_hosts: tuple[TrainHost, ...
                 role = "train+vllm"
             roles.append(GpuRole(h.name, g.visible_id, g.name, g.memory_gib, role))
     return tuple(roles)
-

@@ -218,7 +218,9 @@ def probe_slurm(environ: Mapping[str, str], *, local: Topology | None = None) ->
 
 # ------------------------------------------------------------------------------------------------ hostfile
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 _IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
 
 

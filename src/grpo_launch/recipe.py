@@ -43,7 +43,8 @@ _Loader.add_implicit_resolver(
 
 
 def yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_Loader)
+
 
 # Keys grpo-launch's training entry (python -m grpo_launch.train) reads itself, beyond TRL's script arguments.
 TRAIN_ENTRY_KEYS: dict[str, str] = {
@@ -155,9 +156,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("warmup_ratio", "warmup_steps", "transformers 5 takes a ratio in warmup_steps (a float below 1)"),
     Migration("evaluation_strategy", "eval_strategy", "transformers renamed evaluation_strategy to eval_strategy"),
     Migration("vllm_max_model_len", "vllm_max_model_length", "TRL renamed vllm_max_model_len"),
-    Migration(
-        "vllm_guided_decoding_regex", "vllm_structured_outputs_regex", "TRL renamed vllm_guided_decoding_regex"
-    ),
+    Migration("vllm_guided_decoding_regex", "vllm_structured_outputs_regex", "TRL renamed vllm_guided_decoding_regex"),
     Migration(
         "overwrite_output_dir",
         None,
@@ -261,7 +260,9 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     """Read a recipe's YAML into a dict (the only file I/O in this module)."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"recipe {str(p)!r} not found", hint="Give the path to a YAML recipe, e.g. recipes/qwen1.5b.yaml.")
+        raise ConfigError(
+            f"recipe {str(p)!r} not found", hint="Give the path to a YAML recipe, e.g. recipes/qwen1.5b.yaml."
+        )
     try:
         data = yaml_load(p.read_text())
     except yaml.YAMLError as exc:
@@ -271,9 +272,7 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(
-            f"recipe {str(p)!r} must be a YAML mapping of key: value, got a {type(data).__name__}"
-        )
+        raise ConfigError(f"recipe {str(p)!r} must be a YAML mapping of key: value, got a {type(data).__name__}")
     return data
 
 
@@ -318,9 +317,7 @@ def build_recipe(
         notices.append(f"open-r1 keys accepted but not used by grpo-launch's training entry: {', '.join(unused)}")
     if problems:
         where = f"recipe {source!r}" if source else "recipe"
-        raise ConfigError(
-            f"{where} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:", problems=problems
-        )
+        raise ConfigError(f"{where} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:", problems=problems)
     return Recipe(values=values, launch=launch, source=source, notices=tuple(notices))
 
 
@@ -406,7 +403,8 @@ def _build_launch(raw: Mapping[str, Any], problems: list[str]) -> LaunchSettings
         if f is None:
             problems.append(f"unknown launch setting {key!r}{did_you_mean(key, LAUNCH_FIELDS)}")
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        factory = f.default_factory
+        default = f.default if f.default is not dataclasses.MISSING else (factory() if callable(factory) else None)
         problem, converted = _convert_launch(key, value, default, f.metadata)
         if problem:
             problems.append(problem)

@@ -42,7 +42,7 @@ class ProcessSpec:
         return (env + " " if env else "") + shlex.join(self.argv)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _template(name: str) -> dict[str, Any]:
     """A template from accelerate_configs/ (packaged in the wheel; read from the source tree when editable)."""
     packaged = resources.files("grpo_launch") / "accelerate_configs" / name
@@ -149,19 +149,26 @@ def render_vllm_command(plan: Plan) -> ProcessSpec | None:
     if revision and revision != "main":
         argv += ["--revision", str(revision)]
     argv += [
-        "--host", v.bind_host,
-        "--port", str(v.port),
-        "--tensor-parallel-size", str(v.tensor_parallel_size),
-        "--gpu-memory-utilization", f"{v.gpu_memory_utilization}",
-    ]  # fmt: skip
+        "--host",
+        v.bind_host,
+        "--port",
+        str(v.port),
+        "--tensor-parallel-size",
+        str(v.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        f"{v.gpu_memory_utilization}",
+    ]
     if v.max_model_len:
         argv += ["--max-model-len", str(v.max_model_len)]
     argv += [
-        "--weight-transfer-config", NCCL_WEIGHT_TRANSFER,
-        "--logprobs-mode", "processed_logprobs",
-        "--max-logprobs", "-1",
+        "--weight-transfer-config",
+        NCCL_WEIGHT_TRANSFER,
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-logprobs",
+        "-1",
         *launch.vllm_extra_args,
-    ]  # fmt: skip
+    ]
     env = {"CUDA_VISIBLE_DEVICES": ",".join(v.gpus), "VLLM_SERVER_DEV_MODE": "1", **launch.vllm_env}
     return ProcessSpec(name="vllm", argv=tuple(argv), env=env, host=v.host if _multi(plan) else None)
 
@@ -193,19 +200,32 @@ def render_train_commands(plan: Plan, run_dir: str, *, python: str = "python3") 
     specs = []
     for h in plan.train.hosts:
         argv = [
-            python, "-m", "accelerate.commands.launch",
-            "--config_file", f"{run_dir}/{ACCELERATE_CONFIG}",
-            "--num_processes", str(plan.train.num_processes),
-            "--num_machines", str(plan.train.num_machines),
-            "--machine_rank", str(h.machine_rank),
-        ]  # fmt: skip
+            python,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            f"{run_dir}/{ACCELERATE_CONFIG}",
+            "--num_processes",
+            str(plan.train.num_processes),
+            "--num_machines",
+            str(plan.train.num_machines),
+            "--machine_rank",
+            str(h.machine_rank),
+        ]
         if plan.train.num_machines > 1:
-            argv += ["--main_process_ip", plan.train.main_process_ip, "--main_process_port", str(plan.train.main_process_port)]
+            argv += [
+                "--main_process_ip",
+                plan.train.main_process_ip,
+                "--main_process_port",
+                str(plan.train.main_process_port),
+            ]
         else:
             argv += ["--main_process_port", str(plan.train.main_process_port)]
         argv += ["--module", "grpo_launch.train", "--recipe", f"{run_dir}/{TRAINER_RECIPE}"]
         name = "train" if plan.train.num_machines == 1 else f"train@{h.name}"
-        specs.append(ProcessSpec(name=name, argv=tuple(argv), env=train_env(plan, h), host=h.name if _multi(plan) else None))
+        specs.append(
+            ProcessSpec(name=name, argv=tuple(argv), env=train_env(plan, h), host=h.name if _multi(plan) else None)
+        )
     return tuple(specs)
 
 

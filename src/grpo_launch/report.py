@@ -74,7 +74,10 @@ def plan_report(plan: Plan, run_dir: str, written: Iterable[str] = ()) -> Group:
         ("per_device_train_batch_size", lay.per_device_train_batch_size),
         ("gradient_accumulation_steps", lay.gradient_accumulation_steps),
         ("steps_per_generation", lay.steps_per_generation),
-        ("generation_batch_size", f"{lay.generation_batch_size} = {lay.prompts_per_generation} prompts × {lay.num_generations}"),
+        (
+            "generation_batch_size",
+            f"{lay.generation_batch_size} = {lay.prompts_per_generation} prompts × {lay.num_generations}",
+        ),
         ("num_generations", lay.num_generations),
         ("completions per optimizer step", lay.completions_per_optimizer_step),
     ]
@@ -94,8 +97,12 @@ def plan_report(plan: Plan, run_dir: str, written: Iterable[str] = ()) -> Group:
     elif v.mode == "colocate":
         s.add_row("vLLM colocated", f"TP {v.tensor_parallel_size}, gpu_memory_utilization {v.gpu_memory_utilization}")
     off = "" if plan.train.offload == "none" else f" + offload {plan.train.offload}"
-    s.add_row("backend", f"{plan.train.backend}{off} on {plan.train.device}, mixed precision {plan.train.mixed_precision}")
-    s.add_row("machines", f"{plan.train.num_machines} (main {plan.train.main_process_ip}:{plan.train.main_process_port})")
+    s.add_row(
+        "backend", f"{plan.train.backend}{off} on {plan.train.device}, mixed precision {plan.train.mixed_precision}"
+    )
+    s.add_row(
+        "machines", f"{plan.train.num_machines} (main {plan.train.main_process_ip}:{plan.train.main_process_port})"
+    )
     s.add_row("output_dir", str(plan.trainer_values.get("output_dir")))
     parts.append(s)
 

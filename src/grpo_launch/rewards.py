@@ -39,13 +39,11 @@ def accuracy_reward(prompts: list, completions: list, answer: list | None = None
     """1 when the completion's answer (inside <answer>, else the whole text) equals the reference, checked with
     math-verify; None (ignored by TRL) when the reference cannot be parsed."""
     if answer is None:
-        raise ValueError(
-            "the accuracy reward needs the reference answers: set dataset_answer_column in the recipe"
-        )
+        raise ValueError("the accuracy reward needs the reference answers: set dataset_answer_column in the recipe")
     from math_verify import parse, verify
 
     out: list[float | None] = []
-    for c, ref in zip(completions, answer):
+    for c, ref in zip(completions, answer, strict=False):
         gold = parse(str(ref))
         if not gold:
             out.append(None)
@@ -76,8 +74,13 @@ REGISTRY: dict[str, Callable[[Mapping[str, Any]], RewardFunc]] = {
     "length": lambda cfg: make_length_reward(int(cfg.get("max_completion_length") or 512)),
 }
 # open-r1 / TRL spellings of the same functions.
-ALIASES = {"accuracy_reward": "accuracy", "format_reward": "format", "think_format_reward": "format",
-           "tag_count_reward": "tag_count", "length_reward": "length"}  # fmt: skip
+ALIASES = {
+    "accuracy_reward": "accuracy",
+    "format_reward": "format",
+    "think_format_reward": "format",
+    "tag_count_reward": "tag_count",
+    "length_reward": "length",
+}
 
 
 def is_import_path(name: str) -> bool:

@@ -16,8 +16,9 @@ def write_run_files(run_dir: str | Path, files: Mapping[str, str]) -> list[Path]
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"cannot create run directory {str(root)!r}: {exc.strerror}",
-                          hint="Choose another with --run-dir DIR.") from None  # fmt: skip
+        raise ConfigError(
+            f"cannot create run directory {str(root)!r}: {exc.strerror}", hint="Choose another with --run-dir DIR."
+        ) from None
     written = []
     for rel, text in files.items():
         path = root / rel

