@@ -142,6 +142,18 @@ def test_yaml_off_means_off():
     assert build_recipe({"launch": {"vllm": False}}).launch.vllm == "off"
 
 
+def test_yaml_12_scalars(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("save_strategy: no\neval_strategy: no\nlearning_rate: 1e-5\nbf16: false\nlaunch:\n  vllm: off\n")
+    r = load_recipe(p, ["logging_strategy=no"])
+    assert r.values["save_strategy"] == "no" and r.values["eval_strategy"] == "no"
+    assert r.values["logging_strategy"] == "no"
+    assert r.values["learning_rate"] == 1e-5 and r.values["bf16"] is False
+    assert r.launch.vllm == "off"
+    with pytest.raises(ConfigError, match="use_vllm must be true or false, got 'yes'"):
+        build_recipe({}, [parse_override("use_vllm=yes")])
+
+
 def test_malformed_yaml(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("num_generations: [8\n")

@@ -25,8 +25,17 @@ AUTO = "auto"
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``1e-5`` as a float (YAML 1.2), as users of learning_rate expect."""
+    """SafeLoader with YAML 1.2 scalars: ``1e-5`` is a float (learning_rate), and only true/false are booleans,
+    so ``save_strategy: no`` and ``vllm: off`` stay strings instead of turning into false."""
 
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
