@@ -7,7 +7,6 @@ that generates and exits.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -45,10 +44,10 @@ CLIENT = textwrap.dedent(
 )
 
 
-def _server_plan(tmp_path, port):
+def _server_plan(tmp_path, port, model=None):
     tiny = ensure_tiny_assets()
     values = {
-        "model_name_or_path": str(tiny / "model"),
+        "model_name_or_path": str(model or tiny / "model"),
         "max_prompt_length": 64,
         "max_completion_length": 16,
         "launch": {
@@ -65,9 +64,22 @@ def _server_plan(tmp_path, port):
             },
         },
     }
-    shape, _ = resolve_model_shape(values["model_name_or_path"])
+    shape, _ = resolve_model_shape(str(tiny / "model"))
     # Planned as if on 2 GPUs (server mode is GPU-only); the CPU build of vLLM ignores CUDA_VISIBLE_DEVICES.
     return make_plan(parse_gpu_spec("2xL4-24GB"), build_recipe(values), shape)
+
+
+def _supervise(tmp_path, server, client, port, emit):
+    return run_processes(
+        server,
+        [client],
+        health_url=f"http://127.0.0.1:{port}/health",
+        health_timeout_s=300,
+        log_dir=tmp_path / "logs",
+        grace_s=20,
+        environ=dict(os.environ),
+        emit=emit,
+    )
 
 
 def _leftovers(port: int) -> list[str]:
@@ -85,16 +97,7 @@ def test_real_vllm_server_generates_for_trl_client(tmp_path):
     client = ProcessSpec("train", (str(VLLM_PY), str(tmp_path / "client.py"), f"http://127.0.0.1:{port}", str(result)))
     lines: list[str] = []
     t0 = time.monotonic()
-    code = run_processes(
-        server,
-        [client],
-        health_url=f"http://127.0.0.1:{port}/health",
-        health_timeout_s=300,
-        log_dir=tmp_path / "logs",
-        grace_s=20,
-        environ=dict(os.environ),
-        emit=lines.append,
-    )
+    code = _supervise(tmp_path, server, client, port, lines.append)
     assert code == 0, "\n".join(lines[-40:])
     data = json.loads(result.read_text())
     assert data["world_size"] == 1
@@ -107,25 +110,8 @@ def test_real_vllm_server_generates_for_trl_client(tmp_path):
 
 def test_server_that_dies_at_start_is_reported(tmp_path):
     port = free_port()
-    plan = _server_plan(tmp_path, port)
-    recipe = dataclasses.replace(
-        plan.recipe, values={**plan.recipe.values, "model_name_or_path": str(tmp_path / "nope")}
-    )
-    bad = render_vllm_command(
-        dataclasses.replace(
-            plan, recipe=recipe, trainer_values={**plan.trainer_values, "model_name_or_path": str(tmp_path / "nope")}
-        )
-    )
+    bad = render_vllm_command(_server_plan(tmp_path, port, model=tmp_path / "nope"))
     waiter = ProcessSpec("train", ("sleep", "600"))
     with pytest.raises(LaunchError, match=r"vllm exited .* before the vLLM server was healthy"):
-        run_processes(
-            bad,
-            [waiter],
-            health_url=f"http://127.0.0.1:{port}/health",
-            health_timeout_s=300,
-            log_dir=tmp_path / "logs",
-            grace_s=10,
-            environ=dict(os.environ),
-            emit=lambda _line: None,
-        )
+        _supervise(tmp_path, bad, waiter, port, lambda _line: None)
     assert _leftovers(port) == []

@@ -60,22 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="verb", metavar="{run,plan,inspect}")
 
-    run = sub.add_parser(
-        "run",
-        help="plan, write configs, start the vLLM server and trainers (the default verb)",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_planning_args(run)
+    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        _add_planning_args(p)
+        return p
+
+    run = verb("run", "plan, write configs, start the vLLM server and trainers (the default verb)")
     run.add_argument("--dry-run", action="store_true", help="print the commands that would run; start nothing")
 
-    plan = sub.add_parser(
-        "plan",
-        help="print the plan and write the configs; start nothing",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_planning_args(plan)
+    plan = verb("plan", "print the plan and write the configs; start nothing")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--no-write", action="store_true", help="do not write files to the run directory")
 
