@@ -141,7 +141,7 @@ def cmd_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     from grpo_launch.report import plan_report
 
-    Console(soft_wrap=True).print(plan_report(plan, run_dir, written))
+    Console(soft_wrap=True).print(plan_report(plan, run_dir, written, python=sys.executable))
     return 0
 
 

@@ -47,7 +47,7 @@ def topology_table(topology: Topology) -> Table:
     return t
 
 
-def plan_report(plan: Plan, run_dir: str, written: Iterable[str] = ()) -> Group:
+def plan_report(plan: Plan, run_dir: str, written: Iterable[str] = (), *, python: str = "python3") -> Group:
     parts: list = []
     title = f"grpo-launch plan: {plan.recipe.source or 'recipe'} on {plan.topology.describe()}"
     parts.append(Text(title, style="bold"))
@@ -123,7 +123,7 @@ def plan_report(plan: Plan, run_dir: str, written: Iterable[str] = ()) -> Group:
     spec = render_vllm_command(plan)
     if spec:
         cmds.append(f"  [vllm]  {spec.shell()}\n", style="")
-    for ts in render_train_commands(plan, run_dir):
+    for ts in render_train_commands(plan, run_dir, python=python):
         cmds.append(f"  [{ts.name}] {ts.shell()}\n", style="")
     parts.append(cmds)
     files = list(written)
