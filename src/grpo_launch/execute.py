@@ -13,11 +13,11 @@ from pathlib import Path
 
 from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.plan import Plan
+from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
 from grpo_launch.render import ProcessSpec, render_files, render_train_commands, render_vllm_command
 from grpo_launch.rewards import check_reward_names
 from grpo_launch.rundir import write_run_files
 from grpo_launch.supervisor import FORWARDED_SIGNALS, Interrupted, Supervisor, signal_guard
-from grpo_launch.train import LOCAL_DATA_SUFFIXES
 
 VLLM_GROUP_PORT_DEFAULT = 51216
 

@@ -198,6 +198,12 @@ def _gpus_per_node(values: Mapping[str, str]) -> int:
     return 0
 
 
+def _local_gpu_model(local: Topology | None) -> tuple[str, int | None]:
+    """This node's GPU name and memory, assumed for every node of a Slurm job or hostfile."""
+    gpus = local.hosts[0].gpus if local and local.hosts else ()
+    return (gpus[0].name, gpus[0].memory_bytes) if gpus else ("unknown", None)
+
+
 def probe_slurm(environ: Mapping[str, str], *, local: Topology | None = None) -> Topology:
     """The current Slurm allocation. GPU model and memory come from this node's NVML (nodes assumed alike)."""
     values = slurm_values(environ)
@@ -208,11 +214,9 @@ def probe_slurm(environ: Mapping[str, str], *, local: Topology | None = None) ->
         )
     hosts = expand_nodelist(values["nodelist"])
     count = _gpus_per_node(values)
-    template = local.hosts[0].gpus if local and local.hosts else ()
-    name = template[0].name if template else "unknown"
-    mem = template[0].memory_bytes if template else None
+    name, mem = _local_gpu_model(local)
     gpus = tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(count))
-    warnings = () if not count or template else ("GPU model unknown on this node (no NVML); memory not checked",)
+    warnings = () if not count or mem is not None else ("GPU model unknown on this node (no NVML); memory not checked",)
     return Topology(tuple(Host(name=h, gpus=gpus) for h in hosts), "slurm", warnings)
 
 
@@ -264,9 +268,7 @@ def probe_hostfile(path: str | Path, *, local: Topology | None = None, cpu: bool
     except OSError as exc:
         raise ProbeError(f"cannot read hostfile {str(p)!r}: {exc.strerror}") from None
     entries = parse_hostfile(text, source=str(p))
-    template = local.hosts[0].gpus if local and local.hosts else ()
-    name = template[0].name if template else "unknown"
-    mem = template[0].memory_bytes if template else None
+    name, mem = _local_gpu_model(local)
     if cpu:
         return Topology(tuple(Host(name=h, cpus=n) for h, n in entries), "hostfile")
     hosts = tuple(

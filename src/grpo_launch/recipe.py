@@ -22,6 +22,8 @@ from grpo_launch import trl_schema
 from grpo_launch.errors import ConfigError
 
 AUTO = "auto"
+# dataset_name values with these suffixes are local files, loaded with the datasets builder named here.
+LOCAL_DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 class _Loader(yaml.SafeLoader):

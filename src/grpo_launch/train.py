@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch import trl_schema
-from grpo_launch.recipe import yaml_load
+from grpo_launch.recipe import LOCAL_DATA_SUFFIXES, yaml_load
 
 log = logging.getLogger("grpo_launch.train")
-LOCAL_DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 def split_values(values: Mapping[str, Any]) -> tuple[dict, dict, dict]:
