@@ -22,9 +22,10 @@ examples:
   grpo-launch plan recipes/qwen1.5b.yaml num_generations=6 --json
   grpo-launch inspect                                         show the GPUs this machine sees
   grpo-launch recipes/tiny-cpu.yaml max_steps=3               plan, then run GRPO (vLLM server + trainers)
+  grpo-launch sbatch recipes/qwen7b-math.yaml --nodes 2 --gpus-per-node 8 --time 1-00:00 -- --qos=high
 """
 
-VERBS = ("plan", "inspect", "run")
+VERBS = ("plan", "inspect", "run", "sbatch")
 
 
 def _add_planning_args(p: argparse.ArgumentParser) -> None:
@@ -46,6 +47,11 @@ def _add_topology_args(p: argparse.ArgumentParser) -> None:
         help="plan for simulated GPUs instead of probing: 4xL20-48GB, 8xH100-80GB, 2x8xH100-80GB, cpu",
     )
     p.add_argument("--hostfile", metavar="FILE", help="DeepSpeed-style hostfile (HOST slots=N per line)")
+    p.add_argument(
+        "--slurm",
+        action="store_true",
+        help="use the current Slurm allocation (an error outside one); without it, used when SLURM_JOB_ID is set",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"grpo-launch {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="verb", metavar="{run,plan,inspect}")
+    sub = parser.add_subparsers(dest="verb", metavar="{run,plan,inspect,sbatch}")
 
     def verb(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,6 +77,33 @@ def build_parser() -> argparse.ArgumentParser:
     plan = verb("plan", "print the plan and write the configs; start nothing")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--no-write", action="store_true", help="do not write files to the run directory")
+
+    sbatch = sub.add_parser(
+        "sbatch",
+        help="plan for a Slurm allocation, write the batch script into the run dir and submit it",
+        description="Plan for N nodes × G GPUs, write RUN_DIR/job.sbatch and submit it. Inside the job grpo-launch "
+        "plans for the real allocation, starts the vLLM server and one trainer step per node with srun, and tears "
+        "everything down on failure, scancel or the time limit. 90 s before the limit (SIGUSR2) the trainers save a "
+        "checkpoint and the job requeues itself; the requeued run resumes from it. Arguments after `--` go to "
+        "sbatch unchanged.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sbatch.add_argument("recipe", help="recipe YAML")
+    sbatch.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe keys (as for run)")
+    sbatch.add_argument("--nodes", type=int, required=True, help="number of nodes")
+    sbatch.add_argument(
+        "--gpus-per-node", type=int, help="GPUs per node (default: this machine's count; 0 for CPU-only nodes)"
+    )
+    sbatch.add_argument(
+        "--gpu-type", metavar="MODEL", help="GPU model to plan for, e.g. H100-80GB (default: this machine's GPU)"
+    )
+    sbatch.add_argument("--partition", help="Slurm partition")
+    sbatch.add_argument("--time", help="time limit (sbatch --time format, e.g. 04:00:00 or 1-00:00)")
+    sbatch.add_argument("--account", help="Slurm account")
+    sbatch.add_argument("--job-name", help="job name (default: grpo-RECIPE)")
+    sbatch.add_argument("--run-dir", help="run directory on a file system all nodes share (default: grpo_runs/NAME)")
+    sbatch.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
 
     inspect = sub.add_parser("inspect", help="show the GPUs / hosts grpo-launch sees")
     _add_topology_args(inspect)
@@ -104,7 +137,8 @@ def probe_topology(args: argparse.Namespace, environ: Mapping[str, str], recipe:
     local = probe.probe_local(environ)
     if args.hostfile:
         return probe.probe_hostfile(args.hostfile, local=local, cpu=local.is_cpu)
-    if probe.slurm_values(environ).get("job_id") and probe.slurm_values(environ).get("nodelist"):
+    slurm = probe.slurm_values(environ)
+    if getattr(args, "slurm", False) or (slurm.get("job_id") and slurm.get("nodelist")):
         return probe.probe_slurm(environ, local=local)
     return local
 
@@ -170,15 +204,110 @@ def cmd_run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return run_plan(plan, run_dir, environ=environ, dry_run=args.dry_run)
 
 
+def _requested_topology(args: argparse.Namespace, environ: Mapping[str, str]) -> Topology:
+    """The allocation ``grpo-launch sbatch`` asks for: --nodes × --gpus-per-node GPUs of one model."""
+    from grpo_launch import probe
+    from grpo_launch.errors import ConfigError
+    from grpo_launch.hardware import GIB, find_gpu_spec
+    from grpo_launch.topology import Gpu, Host
+
+    if args.nodes < 1:
+        raise ConfigError(f"--nodes must be at least 1, got {args.nodes}")
+    local = probe.probe_local(environ)
+    per_node = args.gpus_per_node
+    if per_node is None:
+        if local.is_cpu:
+            raise ConfigError(
+                "how many GPUs per node? This machine has none to copy the count from",
+                hint="Pass --gpus-per-node G (and --gpu-type, e.g. H100-80GB, to check memory); 0 for CPU nodes.",
+            )
+        per_node = len(local.hosts[0].gpus)
+    if per_node < 0:
+        raise ConfigError(f"--gpus-per-node must be 0 or more, got {per_node}")
+    name, memory = "unknown", None
+    if args.gpu_type:
+        spec = find_gpu_spec(args.gpu_type)
+        if spec is None:
+            raise ConfigError(
+                f"unknown --gpu-type {args.gpu_type!r}", hint="Known: H100-80GB, H200, A100-80GB, L20, L40S, A10G, …"
+            )
+        name, memory = spec.name, int(spec.memory_gib * GIB)
+    elif local.hosts[0].gpus:
+        name, memory = local.hosts[0].gpus[0].name, local.hosts[0].gpus[0].memory_bytes
+    gpus = tuple(Gpu(visible_id=str(i), name=name, memory_bytes=memory) for i in range(per_node))
+    hosts = tuple(Host(name=f"node{i + 1}", gpus=gpus) for i in range(args.nodes))
+    warnings = () if memory or not per_node else ("GPU model unknown (pass --gpu-type): memory not checked",)
+    return Topology(hosts, "sbatch", warnings)
+
+
+def cmd_sbatch(args: argparse.Namespace, environ: Mapping[str, str], extra: Sequence[str]) -> int:
+    import dataclasses
+
+    from grpo_launch.execute import preflight, submit_batch_script
+    from grpo_launch.plan import default_run_dir, make_plan
+    from grpo_launch.probe import resolve_model_shape
+    from grpo_launch.render import render_files
+    from grpo_launch.rundir import write_run_files
+    from grpo_launch.slurm import SbatchRequest, render_sbatch_script
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    run_dir = os.path.abspath(args.run_dir or default_run_dir(recipe))
+    recipe = dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, run_dir=run_dir))
+    topology = _requested_topology(args, environ)
+    model, _ = resolve_model_shape(recipe.get("model_name_or_path"))
+    plan = make_plan(topology, recipe, model)  # refuse before submitting what cannot run
+    preflight(plan)
+    request = SbatchRequest(
+        recipe=os.path.abspath(args.recipe),
+        run_dir=run_dir,
+        workdir=os.getcwd(),
+        python=sys.executable,
+        nodes=args.nodes,
+        gpus_per_node=len(topology.hosts[0].gpus),
+        overrides=tuple(args.overrides),
+        job_name=args.job_name,
+        partition=args.partition,
+        time=args.time,
+        account=args.account,
+        extra_args=tuple(extra),
+    )
+    script = render_sbatch_script(request)
+    if args.dry_run:
+        print(script, end="")
+        return 0
+    files = {**render_files(plan, run_dir, python=sys.executable), "job.sbatch": script}
+    write_run_files(run_dir, files)
+    script_path = os.path.join(run_dir, "job.sbatch")
+    job = submit_batch_script(script_path, cwd=os.getcwd())
+    print(f"submitted Slurm job {job}: {args.nodes} node(s), plan {plan.topology.describe()}")
+    print(f"  log:     {run_dir}/slurm-{job}.out (and {run_dir}/logs/ per process)")
+    print(f"  script:  {script_path}")
+    print(f"  follow:  tail -f {run_dir}/slurm-{job}.out   cancel: scancel {job}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ if environ is None else environ
     parser = build_parser()
-    args = parser.parse_args(_normalise_argv(argv))
+    normalised = _normalise_argv(argv)
+    extra: list[str] = []
+    if normalised and normalised[0] == "sbatch" and "--" in normalised:
+        cut = normalised.index("--")
+        normalised, extra = normalised[:cut], normalised[cut + 1 :]
+    # Overrides may follow options (`RECIPE --nodes 2 max_steps=5`): argparse leaves those unparsed.
+    args, unknown = parser.parse_known_args(normalised)
+    strays = [u for u in unknown if u.startswith("-") or "=" not in u or not hasattr(args, "overrides")]
+    if strays:
+        parser.error(f"unrecognized arguments: {' '.join(strays)}")
+    if unknown:
+        args.overrides = [*args.overrides, *unknown]
     if args.verb is None:
         parser.print_help()
         return 2
     try:
+        if args.verb == "sbatch":
+            return cmd_sbatch(args, environ, extra)
         handler = {"plan": cmd_plan, "inspect": cmd_inspect, "run": cmd_run}[args.verb]
         return handler(args, environ)
     except GrpoLaunchError as exc:

@@ -9,8 +9,10 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from grpo_launch import control
 from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.plan import Plan
 from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
@@ -80,6 +82,55 @@ def check_ports(plan: Plan) -> None:
         )
 
 
+def check_addresses(plan: Plan) -> None:
+    """Every host the processes must reach (trainer head, vLLM server) resolves to an address."""
+    targets = {h.address: f"training host {h.name}" for h in plan.train.hosts}
+    if plan.vllm.mode == "server" and plan.vllm.address:
+        targets.setdefault(plan.vllm.address, f"vLLM host {plan.vllm.host}")
+    problems = []
+    for address, what in targets.items():
+        try:
+            socket.getaddrinfo(address, None)
+        except (socket.gaierror, UnicodeError) as exc:
+            problems.append(f"{what}: address {address!r} does not resolve ({exc})")
+    if problems:
+        raise LaunchError(
+            "hosts of the plan cannot be reached:",
+            problems=problems,
+            hint="Fix name resolution (DNS or /etc/hosts) on this node, or give the hosts by IP address.",
+        )
+
+
+def place(plan: Plan, specs: Sequence[ProcessSpec], *, python: str) -> list[ProcessSpec]:
+    """Put each process on its host: inside a Slurm job one ``srun`` step per process on its node; otherwise here."""
+    if plan.topology.source != "slurm":
+        if plan.train.num_machines > 1 or any(s.host for s in specs):
+            raise LaunchError(
+                f"this plan spans {len(plan.topology.hosts)} machines, and grpo-launch starts processes on other "
+                "machines only inside a Slurm job",
+                hint="Submit with `grpo-launch sbatch RECIPE --nodes N`, or plan for this machine only "
+                "(omit --gpus/--hostfile); `grpo-launch plan` shows the per-host commands.",
+            )
+        return list(specs)
+    from grpo_launch.slurm import srun_spec
+
+    hosts = {h.name: h for h in plan.topology.hosts}
+    placed = []
+    for spec in specs:
+        host = hosts[spec.host or plan.topology.hosts[0].name]
+        positions = [p for p in spec.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if p]
+        placed.append(
+            srun_spec(
+                replace(spec, host=host.name),
+                python=python,
+                gpus_on_node=len(host.gpus),
+                cpus_on_node=host.cpus,
+                gpu_positions=positions,
+            )
+        )
+    return placed
+
+
 def run_plan(
     plan: Plan,
     run_dir: str,
@@ -88,31 +139,32 @@ def run_plan(
     dry_run: bool = False,
     emit: Callable[[str], None] | None = None,
 ) -> int:
-    """Run ``plan`` here. ``emit`` prints a line (the CLI passes print)."""
+    """Run ``plan`` (here, or across the nodes of the current Slurm job). ``emit`` prints a line.
+
+    SIGUSR2 asks the trainers to save a checkpoint and stop; inside a Slurm job the job is then requeued and the
+    requeued run resumes from that checkpoint.
+    """
     out = emit or (lambda line: print(line, flush=True))
-    if plan.train.num_machines > 1:
-        raise LaunchError(
-            f"this plan spans {plan.train.num_machines} machines; `grpo-launch RECIPE` starts processes on this "
-            "machine only",
-            hint="Plan for one machine (omit --gpus/--hostfile), or inspect the per-host commands with "
-            "`grpo-launch plan`.",
-        )
-    preflight(plan)
-    files = render_files(plan, run_dir, python=sys.executable)
-    write_run_files(run_dir, files)
+    python = sys.executable
     server = render_vllm_command(plan)
-    trainers = render_train_commands(plan, run_dir, python=sys.executable)
+    trainers = render_train_commands(plan, run_dir, python=python)
+    placed = place(plan, [*([server] if server else []), *trainers], python=python)
+    server, trainers = (placed[0], placed[1:]) if server else (None, placed)
+    preflight(plan)
+    write_run_files(run_dir, render_files(plan, run_dir, python=python))
     if dry_run:
         out(f"# run directory: {run_dir}")
-        if server:
-            out(server.shell())
-        for t in trainers:
-            out(t.shell())
+        for spec in placed:
+            out(spec.shell())
         return 0
-    check_ports(plan)
+    if plan.topology.source == "slurm":
+        check_addresses(plan)
+    else:
+        check_ports(plan)
+    control.reset(run_dir)
 
     health = f"http://{plan.vllm.address}:{plan.vllm.port}/health" if server else None
-    return run_processes(
+    code = run_processes(
         server,
         trainers,
         health_url=health,
@@ -121,7 +173,31 @@ def run_plan(
         grace_s=plan.recipe.launch.grace_period_s,
         environ=environ,
         emit=out,
+        on_checkpoint_request=lambda: control.request_stop(run_dir),
     )
+    step = control.stopped_at(run_dir)
+    if code == 0 and step is not None:
+        out(f"[grpo-launch] stopped after step {step} with a checkpoint; the next run resumes from it")
+        job = environ.get("SLURM_JOB_ID") if plan.topology.source == "slurm" else None
+        if job:
+            requeue_slurm_job(job)
+            out(f"[grpo-launch] requeued Slurm job {job}")
+    return code
+
+
+def requeue_slurm_job(job_id: str) -> None:
+    import subprocess
+
+    try:
+        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LaunchError(f"cannot requeue Slurm job {job_id}: {exc}") from None
+    if done.returncode != 0:
+        raise LaunchError(
+            f"cannot requeue Slurm job {job_id}: {done.stderr.strip() or done.stdout.strip()}",
+            hint="The checkpoint is saved: resubmit the same script (sbatch RUN_DIR/job.sbatch) to resume. "
+            "Jobs must be submitted with --requeue (grpo-launch sbatch does) and JobRequeue allowed.",
+        )
 
 
 def run_processes(
@@ -134,16 +210,25 @@ def run_processes(
     grace_s: float,
     environ: Mapping[str, str],
     emit: Callable[[str], None],
+    on_checkpoint_request: Callable[[], None] | None = None,
 ) -> int:
     """Start the server (if any) and the trainers, supervise until the trainers finish, tear everything down.
 
     0 when every trainer exits 0; 128+N after signal N; a LaunchError naming the first failure otherwise.
+    SIGUSR2 calls ``on_checkpoint_request`` (and is otherwise like SIGTERM).
     """
     sup = Supervisor(log_dir, emit=emit, grace_s=grace_s, environ=environ)
     code = 1
     saved = _current_handlers()
+
+    def checkpoint(signum: int) -> None:
+        if on_checkpoint_request is None:
+            raise Interrupted(signum)
+        on_checkpoint_request()
+        emit("[grpo-launch] SIGUSR2: the trainers save a checkpoint at the end of this step and stop")
+
     try:
-        with signal_guard():
+        with signal_guard(soft={signal.SIGUSR2: checkpoint}):
             try:
                 srv = sup.start(server) if server else None
                 # The trainers load their model while the server starts; TRL's client waits for /health before
@@ -180,3 +265,26 @@ def _ignore_signals() -> None:
     for sig in FORWARDED_SIGNALS:
         with contextlib.suppress(ValueError):  # not the main thread
             signal.signal(sig, signal.SIG_IGN)
+
+
+def submit_batch_script(path: str, *, cwd: str) -> str:
+    """``sbatch --parsable PATH`` → the job id."""
+    import subprocess
+
+    from grpo_launch.slurm import parse_job_id
+
+    try:
+        done = subprocess.run(["sbatch", "--parsable", path], capture_output=True, text=True, cwd=cwd, timeout=120)
+    except FileNotFoundError:
+        raise LaunchError(
+            "sbatch not found: this machine is not a Slurm submit host",
+            hint=f"Run on a login node, or submit the written script there: sbatch {path}",
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise LaunchError("sbatch did not answer within 120 s", hint="Is slurmctld reachable? Try `sinfo`.") from None
+    if done.returncode != 0:
+        raise LaunchError(
+            f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}",
+            hint=f"The script is {path}; fix the option sbatch names (partition, account, time, GPUs per node).",
+        )
+    return parse_job_id(done.stdout)

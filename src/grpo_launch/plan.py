@@ -7,6 +7,7 @@ resolved trainer values. Every choice is recorded with its reason.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +116,11 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
     values = recipe.values
     launch = recipe.launch
 
+    if values.get("use_cpu") is True and not topology.is_cpu:
+        topology = dataclasses.replace(
+            topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts)
+        )
+        decisions.append(Decision("device", "cpu", "use_cpu: true in the recipe: the GPUs are left unused"))
     mode = _choose_mode(topology, recipe, decisions)
     if topology.is_cpu:
         vllm, train_hosts = VllmPlan("off"), _cpu_train_hosts(topology, recipe, decisions)
@@ -430,10 +436,27 @@ def _cpu_train_hosts(topology: Topology, recipe: Recipe, decisions: list[Decisio
         )
         h = topology.hosts[0]
         return (TrainHost(h.name, h.addr, 0, (), n),)
-    counts = {h.cpus or 1 for h in topology.hosts}
-    if len(counts) > 1:
-        raise PlanError("CPU hosts have different slot counts", hint="Give every host the same slots=N.")
-    return tuple(TrainHost(h.name, h.addr, r, (), h.cpus or 1) for r, h in enumerate(topology.hosts))
+    hosts = topology.hosts
+    if recipe.launch.num_processes:
+        total = recipe.launch.num_processes
+        if total % len(hosts):
+            raise PlanError(
+                f"launch.num_processes={total} cannot be split evenly over {len(hosts)} CPU hosts",
+                hint=f"Use a multiple of {len(hosts)} (accelerate runs the same number of processes on every host).",
+            )
+        per = total // len(hosts)
+        why = f"launch.num_processes={total} over {len(hosts)} hosts"
+    else:
+        counts = {h.cpus or 1 for h in hosts}
+        if len(counts) > 1:
+            raise PlanError(
+                "CPU hosts have different slot counts: " + ", ".join(f"{h.name}={h.cpus}" for h in hosts),
+                hint="Give every host the same slots=N, or set launch.num_processes.",
+            )
+        per = counts.pop()
+        why = "one process per slot / CPU of each host"
+    decisions.append(Decision("num_processes", per * len(hosts), why))
+    return tuple(TrainHost(h.name, h.addr, r, (), per) for r, h in enumerate(hosts))
 
 
 # --------------------------------------------------------------------------------------------- backend

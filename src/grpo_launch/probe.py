@@ -164,6 +164,7 @@ SLURM_VARIABLES = {
     "gpus_per_node": "SLURM_GPUS_PER_NODE",
     "job_gpus": "SLURM_JOB_GPUS",
     "node_name": "SLURMD_NODENAME",
+    "cpus_per_node": "SLURM_JOB_CPUS_PER_NODE",
 }
 
 
@@ -204,20 +205,74 @@ def _local_gpu_model(local: Topology | None) -> tuple[str, int | None]:
     return (gpus[0].name, gpus[0].memory_bytes) if gpus else ("unknown", None)
 
 
-def probe_slurm(environ: Mapping[str, str], *, local: Topology | None = None) -> Topology:
-    """The current Slurm allocation. GPU model and memory come from this node's NVML (nodes assumed alike)."""
+def run_scontrol(args: Sequence[str]) -> str | None:
+    """``scontrol ARGS`` output, or None when scontrol is missing or fails (callers fall back to the variables)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def probe_slurm(
+    environ: Mapping[str, str],
+    *,
+    local: Topology | None = None,
+    scontrol: Callable[[Sequence[str]], str | None] = run_scontrol,
+) -> Topology:
+    """The current Slurm allocation: its nodes, their addresses (NodeAddr), CPUs and GPUs per node.
+
+    GPUs per node come from ``scontrol show job -d`` (every node) or else the variables of this node; nodes with
+    different GPU counts are an error. GPU model and memory come from this node's NVML (nodes assumed alike).
+    """
+    from grpo_launch.slurm import expand_counts, parse_job_gres, parse_node_addresses
+
     values = slurm_values(environ)
     if "job_id" not in values or "nodelist" not in values:
         raise ProbeError(
             "not inside a Slurm allocation (SLURM_JOB_ID / SLURM_JOB_NODELIST are not set)",
-            hint="Run inside sbatch/salloc, or use `grpo-launch sbatch RECIPE --nodes N` to submit.",
+            hint="Submit with `grpo-launch sbatch RECIPE --nodes N`, or run inside `salloc`/`sbatch`.",
         )
     hosts = expand_nodelist(values["nodelist"])
-    count = _gpus_per_node(values)
+    per_node = _gpus_per_node(values)
+    counts = {h: per_node for h in hosts}
+    job = scontrol(["show", "job", "-d", values["job_id"]])
+    if job:
+        gres = parse_job_gres(job, expand_nodelist)
+        if gres and set(gres) >= set(hosts):
+            counts = {h: gres[h] for h in hosts}
+    if len(set(counts.values())) > 1:
+        raise ProbeError(
+            "the allocation's nodes have different GPU counts: " + ", ".join(f"{h}={n}" for h, n in counts.items()),
+            hint="accelerate runs the same number of processes on every node: request whole, alike nodes "
+            "(grpo-launch sbatch --gpus-per-node G, or sbatch --gpus-per-node=G --exclusive).",
+        )
+    cpus: list[int | None] = [None] * len(hosts)
+    if "cpus_per_node" in values:
+        expanded = expand_counts(values["cpus_per_node"])
+        if len(expanded) == len(hosts):
+            cpus = list(expanded)
+    nodes = scontrol(["show", "node", "-o", ",".join(hosts)])
+    addresses = parse_node_addresses(nodes) if nodes else {}
     name, mem = _local_gpu_model(local)
-    gpus = tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(count))
-    warnings = () if not count or mem is not None else ("GPU model unknown on this node (no NVML); memory not checked",)
-    return Topology(tuple(Host(name=h, gpus=gpus) for h in hosts), "slurm", warnings)
+    warnings = []
+    if counts[hosts[0]] and mem is None:
+        warnings.append("GPU model unknown on this node (no NVML); memory not checked")
+    return Topology(
+        tuple(
+            Host(
+                name=h,
+                gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(counts[h])),
+                address=addresses.get(h),
+                cpus=c,
+            )
+            for h, c in zip(hosts, cpus)
+        ),
+        "slurm",
+        tuple(warnings),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ hostfile

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from grpo_launch import __version__
+from grpo_launch.control import CONTROL_DIR_ENV, control_dir
 from grpo_launch.plan import Plan, TrainHost
 
 ACCELERATE_CONFIG = "accelerate_config.yaml"
@@ -191,6 +192,8 @@ def train_env(plan: Plan, host: TrainHost) -> dict[str, str]:
             env["OMP_NUM_THREADS"] = str(max(1, cpus // host.processes))
     else:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(host.gpus)
+    # The trainers watch this directory for a checkpoint-and-stop request (SIGUSR2 to grpo-launch; Slurm preemption).
+    env[CONTROL_DIR_ENV] = str(control_dir(plan.run_dir))
     env.update(plan.recipe.launch.train_env)
     return env
 

@@ -174,10 +174,13 @@ class Supervisor:
             except (urllib.error.URLError, OSError, ValueError):
                 pass
             if time.monotonic() > deadline:
+                where = f" on {child.spec.host}" if child.spec.host else ""
                 raise LaunchError(
-                    f"the vLLM server was not healthy at {url} within {timeout_s:.0f} s; log: {child.log_path}",
-                    hint="Raise launch.vllm_health_timeout_s if the model is large, or read the server log:\n"
-                    + child.tail(),
+                    f"the vLLM server{where} was not healthy at {url} within {timeout_s:.0f} s; "
+                    f"log: {child.log_path}",
+                    hint="Raise launch.vllm_health_timeout_s if the model is large. If the log shows the server "
+                    "up, this node cannot reach it: check the address, firewall and launch.vllm_host (the bind "
+                    "address). The server log:\n" + child.tail(),
                 )
             time.sleep(POLL_S)
 
@@ -222,17 +225,25 @@ class Supervisor:
 
 
 class signal_guard:
-    """Turn the forwarded signals into :class:`Interrupted` on the main thread for the duration of a ``with``."""
+    """Turn the forwarded signals into :class:`Interrupted` on the main thread for the duration of a ``with``.
+
+    ``soft`` maps signals to callbacks that run instead (SIGUSR2: ask the trainers to checkpoint and stop).
+    """
+
+    def __init__(self, soft: Mapping[int, Callable[[int], None]] | None = None) -> None:
+        self.soft = dict(soft or {})
 
     def __enter__(self) -> signal_guard:
         self._old = {}
         if threading.current_thread() is threading.main_thread():
             for sig in FORWARDED_SIGNALS:
-                self._old[sig] = signal.signal(sig, self._raise)
+                self._old[sig] = signal.signal(sig, self._handle)
         return self
 
-    @staticmethod
-    def _raise(signum: int, _frame: object) -> None:
+    def _handle(self, signum: int, _frame: object) -> None:
+        if signum in self.soft:
+            self.soft[signum](signum)
+            return
         raise Interrupted(signum)
 
     def __exit__(self, *exc: object) -> None:

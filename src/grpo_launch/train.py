@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch import trl_schema
+from grpo_launch.control import CONTROL_DIR_ENV, STOP_REQUEST, STOPPED_MARKER
 from grpo_launch.recipe import LOCAL_DATA_SUFFIXES, yaml_load
+
 
 log = logging.getLogger("grpo_launch.train")
 
@@ -106,6 +108,53 @@ def prepare_dataset(ds, script: Mapping[str, Any], tokenizer, is_main: bool):
     return ds
 
 
+def make_callbacks(control_dir: str | None, is_main: bool) -> tuple[list, Any]:
+    """(callbacks, the stop-on-request callback or None). Imports transformers: call inside the trainer only."""
+    import time
+
+    import torch
+    from transformers import TrainerCallback
+
+    class StepLog(TrainerCallback):
+        """One line per optimizer step on the main process, so logs show progress and resumes plainly."""
+
+        def __init__(self) -> None:
+            self.t0 = time.monotonic()
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t0 = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if is_main:
+                dt = time.monotonic() - self.t0
+                print(f"[grpo-launch] step {state.global_step}/{state.max_steps} done in {dt:.2f} s", flush=True)
+
+    class StopOnRequest(TrainerCallback):
+        """Save a checkpoint and stop at the end of the step in which ``CONTROL_DIR/stop-requested`` appears.
+
+        Every rank must stop at the same step (saving is collective), so the flag is all-reduced each step.
+        """
+
+        def __init__(self, directory: str) -> None:
+            self.request = Path(directory) / STOP_REQUEST
+            self.stopped_at: int | None = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            flag = self.request.exists()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                t = torch.tensor([1 if flag else 0], device=args.device)
+                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+                flag = bool(t.item())
+            if flag and state.global_step < state.max_steps:
+                control.should_save = True
+                control.should_training_stop = True
+                self.stopped_at = state.global_step
+            return control
+
+    stop = StopOnRequest(control_dir) if control_dir else None
+    return [StepLog(), *([stop] if stop else [])], stop
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m grpo_launch.train", description=__doc__)
     ap.add_argument("--recipe", required=True, help="resolved trainer recipe written by grpo-launch")
@@ -130,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = config.process_index, config.world_size
     print(
         f"[grpo-launch] trainer process {rank}/{world} world_size={world} device={config.device} "
-        f"host={os.uname().nodename} pid={os.getpid()}",
+        f"node_rank={os.environ.get('GROUP_RANK', '0')} local_rank={os.environ.get('LOCAL_RANK', '0')} "
+        f"node={os.environ.get('SLURMD_NODENAME') or os.environ.get('GRPO_LAUNCH_HOST') or os.uname().nodename} "
+        f"pid={os.getpid()}",
         flush=True,
     )
     is_main = rank == 0
@@ -166,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     names = script.get("reward_funcs") or ["accuracy", "format"]
     rewards: list[Any] = [load_reward(n, reward_cfg) for n in names]
 
+    control_dir = os.environ.get(CONTROL_DIR_ENV)
+    callbacks, stop = make_callbacks(control_dir, is_main)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=rewards,
@@ -174,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        callbacks=callbacks,
     )
     acc = trainer.accelerator
     stage = acc.state.deepspeed_plugin.zero_stage if acc.state.deepspeed_plugin else None
@@ -187,6 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     if is_main:
         print(f"[grpo-launch] {'resuming from ' + checkpoint if checkpoint else 'starting fresh'}", flush=True)
     trainer.train(resume_from_checkpoint=checkpoint)
+    if stop is not None and stop.stopped_at is not None:
+        if is_main and control_dir:
+            marker = Path(control_dir) / STOPPED_MARKER
+            marker.write_text(f"{stop.stopped_at}\n")
+            print(
+                f"[grpo-launch] stopped on request after step {stop.stopped_at}; checkpoint saved in "
+                f"{output_dir}/checkpoint-{stop.stopped_at}",
+                flush=True,
+            )
+        return 0
     trainer.save_model(output_dir)
     if is_main:
         print(f"[grpo-launch] training done; model saved to {output_dir}", flush=True)

@@ -1,0 +1,41 @@
+"""The run's control directory: how grpo-launch asks the trainers to checkpoint and stop, and how they answer.
+
+grpo-launch (on SIGUSR2, e.g. Slurm's warning before the time limit) creates ``stop-requested``; the trainers see it
+at the end of a step, agree on it across ranks, save a checkpoint and exit 0; rank 0 writes the step into
+``stopped-at-step``. A new run clears both. Standard library only (the training entry imports it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CONTROL_DIR = "control"
+CONTROL_DIR_ENV = "GRPO_LAUNCH_CONTROL_DIR"
+STOP_REQUEST = "stop-requested"
+STOPPED_MARKER = "stopped-at-step"
+
+
+def control_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CONTROL_DIR
+
+
+def reset(run_dir: str | Path) -> None:
+    """Forget an earlier run's request and answer (a requeued job must not stop at its first step)."""
+    d = control_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    for name in (STOP_REQUEST, STOPPED_MARKER):
+        (d / name).unlink(missing_ok=True)
+
+
+def request_stop(run_dir: str | Path) -> None:
+    d = control_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / STOP_REQUEST).write_text("checkpoint and stop\n")
+
+
+def stopped_at(run_dir: str | Path) -> int | None:
+    """The step the trainers stopped at on request, or None if they did not."""
+    try:
+        return int((control_dir(run_dir) / STOPPED_MARKER).read_text().strip())
+    except (OSError, ValueError):
+        return None

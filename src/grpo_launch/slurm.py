@@ -1,0 +1,239 @@
+"""Slurm, pure parts: the sbatch script renderer, parsers for Slurm's outputs, and the srun wrapper that places one
+process on one node of the current allocation. The I/O (sbatch, scontrol) lives in :mod:`grpo_launch.probe` and
+:mod:`grpo_launch.cli`.
+
+Why the script looks the way it does:
+
+- ``--signal=B:USR2@90``: 90 s before the time limit Slurm signals the batch shell only. The script ``exec``s
+  grpo-launch, so grpo-launch receives it and asks the trainers to save a checkpoint and stop. Without ``B:``
+  Slurm signals every process of every step, and torchrun's agent dies of an unhandled SIGUSR2.
+- ``--requeue`` + ``--open-mode=append``: after that checkpoint grpo-launch requeues the job (same job id, log
+  appended); the requeued run resumes from the newest checkpoint in output_dir.
+- ``--exclusive`` and one task per node: grpo-launch starts its own steps (``srun -w NODE``), one per process
+  group, and they share the node's CPUs and GPUs (``--overlap``); each narrows CUDA_VISIBLE_DEVICES to its planned
+  GPUs with :mod:`grpo_launch.task`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from grpo_launch import __version__
+from grpo_launch.errors import ConfigError, ProbeError
+from grpo_launch.render import ProcessSpec
+
+PREEMPT_SIGNAL = "USR2"
+PREEMPT_WARNING_S = 90
+# sbatch --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED.
+_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|unlimited|INFINITE|infinite)$")
+_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+@dataclass(frozen=True)
+class SbatchRequest:
+    """What ``grpo-launch sbatch`` submits. Paths are absolute; ``python`` runs grpo-launch on the nodes."""
+
+    recipe: str
+    run_dir: str
+    workdir: str
+    python: str
+    nodes: int
+    gpus_per_node: int = 0
+    overrides: tuple[str, ...] = ()
+    job_name: str | None = None
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def check_request(req: SbatchRequest) -> None:
+    """Refuse values the script cannot carry safely, all at once."""
+    problems: list[str] = []
+    named: list[tuple[str, str | None]] = [
+        ("recipe path", req.recipe),
+        ("--run-dir", req.run_dir),
+        ("working directory", req.workdir),
+        ("python", req.python),
+        ("--job-name", req.job_name),
+        ("--partition", req.partition),
+        ("--time", req.time),
+        ("--account", req.account),
+        *((f"override {o.split('=', 1)[0]!r}", o) for o in req.overrides),
+        *(("extra sbatch argument", a) for a in req.extra_args),
+        *((f"environment variable {k}", v) for k, v in req.env.items()),
+    ]
+    for what, value in named:
+        if value is not None and ("\n" in value or "\r" in value or "\0" in value):
+            problems.append(f"{what} contains a line break or NUL byte: {value!r}")
+    # sbatch reads #SBATCH values with shell-like quoting but drops backslashes.
+    for what, value in (("--job-name", req.job_name), ("--run-dir", req.run_dir), ("working directory", req.workdir)):
+        if value and "\\" in value:
+            problems.append(f"{what} contains a backslash, which sbatch drops from #SBATCH lines: {value!r}")
+    if req.nodes < 1:
+        problems.append(f"--nodes must be at least 1, got {req.nodes}")
+    if req.gpus_per_node < 0:
+        problems.append(f"--gpus-per-node must be 0 or more, got {req.gpus_per_node}")
+    if req.time is not None and not _TIME.match(req.time):
+        problems.append(f"--time {req.time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM, …)")
+    for what, value in (("--partition", req.partition), ("--account", req.account)):
+        if value is not None and not re.match(r"^[A-Za-z0-9_.,-]+$", value):
+            problems.append(f"{what} {value!r} has characters Slurm names do not use")
+    for k in req.env:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            problems.append(f"environment variable name {k!r} is not valid")
+    if problems:
+        raise ConfigError("cannot write the sbatch script:", problems=problems)
+
+
+def default_job_name(recipe_path: str) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", recipe_path.rsplit("/", 1)[-1].rsplit(".", 1)[0]).strip("-")
+    return f"grpo-{stem or 'run'}"
+
+
+def _slurm_filename(path: str) -> str:
+    """A path for --output: Slurm expands ``%x`` patterns, so a literal ``%`` is doubled."""
+    return path.replace("%", "%%")
+
+
+def render_sbatch_script(req: SbatchRequest) -> str:
+    """The batch script: readable, resubmittable with plain ``sbatch``, every value shell-quoted."""
+    check_request(req)
+    q = shlex.quote
+    name = req.job_name or default_job_name(req.recipe)
+    directives = [
+        f"--job-name={q(name)}",
+        f"--nodes={req.nodes}",
+        "--ntasks-per-node=1",
+        "--exclusive",
+    ]
+    if req.gpus_per_node:
+        directives.append(f"--gpus-per-node={req.gpus_per_node}")
+    for opt, value in (("partition", req.partition), ("time", req.time), ("account", req.account)):
+        if value:
+            directives.append(f"--{opt}={q(value)}")
+    directives += [
+        f"--output={q(_slurm_filename(req.run_dir) + '/slurm-%j.out')}",
+        "--open-mode=append",
+        f"--chdir={q(req.workdir)}",
+        f"--signal=B:{PREEMPT_SIGNAL}@{PREEMPT_WARNING_S}",
+        "--requeue",
+    ]
+    command = [
+        req.python,
+        "-m",
+        "grpo_launch",
+        "run",
+        "--slurm",
+        req.recipe,
+        *req.overrides,
+        "--run-dir",
+        req.run_dir,
+    ]
+    lines = [
+        "#!/bin/bash",
+        f"# GRPO job written by grpo-launch {__version__} for {req.recipe}.",
+        "# Inside the allocation grpo-launch plans across the nodes, starts the vLLM server and the trainers with",
+        "# srun (one step per node, each with its machine rank), and tears them down on failure, scancel or the time",
+        f"# limit. SIG{PREEMPT_SIGNAL} {PREEMPT_WARNING_S} s before the limit: checkpoint, then requeue and resume.",
+        *(f"#SBATCH {d}" for d in directives),
+        *(f"#SBATCH {q(a)}" for a in req.extra_args),
+        "",
+        "set -euo pipefail",
+        *(f"export {k}={q(v)}" for k, v in req.env.items()),
+        'echo "[grpo-launch] job ${SLURM_JOB_ID} on ${SLURM_JOB_NODELIST} (restart ${SLURM_RESTART_COUNT:-0})"',
+        "exec " + " ".join(q(c) for c in command),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def parse_job_id(sbatch_stdout: str) -> str:
+    """``sbatch --parsable`` prints ``JOBID`` or ``JOBID;CLUSTER``."""
+    text = sbatch_stdout.strip().splitlines()[-1] if sbatch_stdout.strip() else ""
+    job = text.split(";", 1)[0]
+    if not job.isdigit():
+        raise ProbeError(f"cannot read a job id from sbatch's output {sbatch_stdout!r}")
+    return job
+
+
+# ------------------------------------------------------------------------------------------------ allocation
+
+
+def expand_counts(value: str) -> list[int]:
+    """Slurm's per-node counts: ``"72(x2),36"`` → ``[72, 72, 36]``."""
+    out: list[int] = []
+    for part in value.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise ProbeError(f"cannot read Slurm's per-node count {value!r}")
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+
+def parse_job_gres(text: str, expand: callable) -> dict[str, int]:  # type: ignore[valid-type]
+    """GPUs per node from ``scontrol show job -d``'s ``Nodes=n[1-2] CPU_IDs=… GRES=gpu:4(IDX:0-3)`` lines."""
+    out: dict[str, int] = {}
+    for m in re.finditer(r"^\s*Nodes=(\S+)\s.*?(?:GRES=(\S*))?\s*$", text, re.MULTILINE):
+        count = 0
+        for item in (m.group(2) or "").split(","):
+            g = re.match(r"^gpu(?::[\w.-]+)*?:(\d+)", item)
+            if g:
+                count += int(g.group(1))
+        for node in expand(m.group(1)):
+            out[node] = count
+    return out
+
+
+def parse_node_addresses(text: str) -> dict[str, str]:
+    """NodeName → NodeAddr from ``scontrol show node -o`` (one node per line)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
+        addr = re.search(r"(?:^|\s)NodeAddr=(\S+)", line)
+        if name:
+            out[name.group(1)] = addr.group(1) if addr else name.group(1)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ steps
+
+
+def srun_spec(
+    spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node: int | None, gpu_positions: Sequence[str]
+) -> ProcessSpec:
+    """``spec`` as one Slurm step on its node.
+
+    The step asks for all of the node's GPUs and CPUs and overlaps with the node's other step (vLLM next to the
+    trainers); :mod:`grpo_launch.task` then narrows CUDA_VISIBLE_DEVICES to the planned positions of the list Slurm
+    gives the step (Slurm numbers job GPUs its own way: with device cgroups 0..k-1, without them the node's
+    indices). ``--kill-on-bad-exit`` ends the step when its task fails.
+    """
+    assert spec.host, "srun_spec needs a host"
+    argv = [
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={spec.host}",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        f"--job-name={spec.name}",
+    ]
+    if cpus_on_node:
+        argv.append(f"--cpus-per-task={cpus_on_node}")
+    if gpus_on_node:
+        argv.append(f"--gres=gpu:{gpus_on_node}")
+    env = {k: v for k, v in spec.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    task = [python, "-m", "grpo_launch.task"]
+    if gpus_on_node:
+        task += ["--gpus", ",".join(gpu_positions)]
+    elif "CUDA_VISIBLE_DEVICES" in spec.env:
+        task += ["--gpus", spec.env["CUDA_VISIBLE_DEVICES"]]
+    return ProcessSpec(
+        name=spec.name, argv=(*argv, *task, "--", *spec.argv), env=env, host=spec.host, log_file=spec.log_file
+    )

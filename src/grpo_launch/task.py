@@ -1,0 +1,87 @@
+"""Process shim run on a node before the real command: ``python -m grpo_launch.task [options] -- COMMAND…``.
+
+- ``--gpus P``: CUDA_VISIBLE_DEVICES becomes the entries at positions P (e.g. ``2,3``) of the inherited list, or P
+  itself when nothing is inherited; ``--gpus ''`` hides every GPU. Slurm and ssh hosts number GPUs their own way;
+  the plan only knows positions.
+- ``--env-stdin``: read ``KEY=VALUE`` lines (values JSON-encoded) from stdin up to a blank line and add them to the
+  environment, so secrets such as HF_TOKEN never appear on a command line.
+- ``--pgid-file F``: start a new session and write its process-group id to F, so the launcher can stop the whole
+  remote process tree (a killed ssh client does not stop it).
+
+Then it ``exec``s COMMAND. Standard library only: it must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def select_gpus(inherited: str | None, positions: str) -> str:
+    """The CUDA_VISIBLE_DEVICES value for ``positions`` of the ``inherited`` list."""
+    wanted = [p.strip() for p in positions.split(",") if p.strip()]
+    if not wanted:
+        return ""
+    have = [t.strip() for t in (inherited or "").split(",") if t.strip()]
+    if not have:
+        return ",".join(wanted)
+    out = []
+    for p in wanted:
+        if not p.isdigit() or int(p) >= len(have):
+            raise SystemExit(
+                f"grpo_launch.task: GPU position {p!r} is not in CUDA_VISIBLE_DEVICES={inherited!r}; "
+                "the allocation has fewer GPUs than planned"
+            )
+        out.append(have[int(p)])
+    return ",".join(out)
+
+
+def read_env(stream) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for raw in stream:
+        line = raw.rstrip("\n")
+        if not line:
+            break
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise SystemExit(f"grpo_launch.task: bad environment line for {key!r}")
+        env[key] = json.loads(value)
+    return env
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv:
+        raise SystemExit("usage: python -m grpo_launch.task [--gpus P] [--env-stdin] [--pgid-file F] -- COMMAND…")
+    split = argv.index("--")
+    opts, command = argv[:split], argv[split + 1 :]
+    if not command:
+        raise SystemExit("grpo_launch.task: no command after --")
+    i = 0
+    while i < len(opts):
+        opt = opts[i]
+        if opt == "--gpus":
+            os.environ["CUDA_VISIBLE_DEVICES"] = select_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), opts[i + 1])
+            i += 2
+        elif opt == "--env-stdin":
+            os.environ.update(read_env(sys.stdin))
+            i += 1
+        elif opt == "--pgid-file":
+            if os.getpid() != os.getpgid(0):
+                os.setsid()
+            path = opts[i + 1]
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                f.write(f"{os.getpgid(0)}\n")
+            os.replace(path + ".tmp", path)
+            i += 2
+        else:
+            raise SystemExit(f"grpo_launch.task: unknown option {opt!r}")
+    try:
+        os.execvp(command[0], command)
+    except FileNotFoundError:
+        raise SystemExit(f"grpo_launch.task: command {command[0]!r} not found on {os.uname().nodename}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
