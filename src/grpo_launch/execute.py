@@ -149,7 +149,7 @@ def run_plan(
     server = render_vllm_command(plan)
     trainers = render_train_commands(plan, run_dir, python=python)
     placed = place(plan, [*([server] if server else []), *trainers], python=python)
-    server, trainers = (placed[0], placed[1:]) if server else (None, placed)
+    server, trainers = (placed[0], tuple(placed[1:])) if server else (None, tuple(placed))
     preflight(plan)
     write_run_files(run_dir, render_files(plan, run_dir, python=python))
     if dry_run:
@@ -162,6 +162,13 @@ def run_plan(
     else:
         check_ports(plan)
     control.reset(run_dir)
+    if plan.train.backend in ("zero2", "zero3"):
+        for lock in stale_build_locks(environ):
+            out(
+                f"[grpo-launch] warning: {lock} exists. Another run is building that torch extension, or a killed "
+                "build left the lock, and DeepSpeed then waits for it forever: if no other run is building, "
+                "delete it."
+            )
 
     health = f"http://{plan.vllm.address}:{plan.vllm.port}/health" if server else None
     code = run_processes(
@@ -183,6 +190,14 @@ def run_plan(
             requeue_slurm_job(job)
             out(f"[grpo-launch] requeued Slurm job {job}")
     return code
+
+
+def stale_build_locks(environ: Mapping[str, str]) -> list[Path]:
+    """Lock files of torch's JIT extension builds (DeepSpeed compiles its ops on first use)."""
+    root = Path(
+        environ.get("TORCH_EXTENSIONS_DIR") or Path(environ.get("HOME", "~")).expanduser() / ".cache/torch_extensions"
+    )
+    return sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})
 
 
 def requeue_slurm_job(job_id: str) -> None:

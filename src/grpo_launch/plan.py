@@ -117,9 +117,7 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
     launch = recipe.launch
 
     if values.get("use_cpu") is True and not topology.is_cpu:
-        topology = dataclasses.replace(
-            topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts)
-        )
+        topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
         decisions.append(Decision("device", "cpu", "use_cpu: true in the recipe: the GPUs are left unused"))
     mode = _choose_mode(topology, recipe, decisions)
     if topology.is_cpu:

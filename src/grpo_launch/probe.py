@@ -268,7 +268,7 @@ def probe_slurm(
                 address=addresses.get(h),
                 cpus=c,
             )
-            for h, c in zip(hosts, cpus)
+            for h, c in zip(hosts, cpus, strict=True)
         ),
         "slurm",
         tuple(warnings),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from grpo_launch import __version__
@@ -175,7 +175,7 @@ def expand_counts(value: str) -> list[int]:
     return out
 
 
-def parse_job_gres(text: str, expand: callable) -> dict[str, int]:  # type: ignore[valid-type]
+def parse_job_gres(text: str, expand: Callable[[str], list[str]]) -> dict[str, int]:
     """GPUs per node from ``scontrol show job -d``'s ``Nodes=n[1-2] CPU_IDs=… GRES=gpu:4(IDX:0-3)`` lines."""
     out: dict[str, int] = {}
     for m in re.finditer(r"^\s*Nodes=(\S+)\s.*?(?:GRES=(\S*))?\s*$", text, re.MULTILINE):

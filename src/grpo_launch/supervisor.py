@@ -176,8 +176,7 @@ class Supervisor:
             if time.monotonic() > deadline:
                 where = f" on {child.spec.host}" if child.spec.host else ""
                 raise LaunchError(
-                    f"the vLLM server{where} was not healthy at {url} within {timeout_s:.0f} s; "
-                    f"log: {child.log_path}",
+                    f"the vLLM server{where} was not healthy at {url} within {timeout_s:.0f} s; log: {child.log_path}",
                     hint="Raise launch.vllm_health_timeout_s if the model is large. If the log shows the server "
                     "up, this node cannot reach it: check the address, firewall and launch.vllm_host (the bind "
                     "address). The server log:\n" + child.tail(),

@@ -19,7 +19,6 @@ from grpo_launch import trl_schema
 from grpo_launch.control import CONTROL_DIR_ENV, STOP_REQUEST, STOPPED_MARKER
 from grpo_launch.recipe import LOCAL_DATA_SUFFIXES, yaml_load
 
-
 log = logging.getLogger("grpo_launch.train")
 
 

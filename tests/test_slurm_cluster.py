@@ -1,0 +1,245 @@
+"""grpo-launch on a real Slurm cluster: slurmctld + 2 slurmd nodes (n1, n2) on this machine, 4 fake GPUs each
+(gres on character devices), started by scripts/slurm_cluster.sh. The trainers are real (TRL GRPOTrainer on the tiny
+CPU model); only the GPUs are fake, so GPU plans are checked as commands (``--dry-run``) and through the GPU-narrowing
+shim in a real step.
+
+Skipped when slurm-wlm is not installed (scripts/install_system_packages.sh installs it; CI does), unless
+GRPO_LAUNCH_REQUIRE_SLURM=1, which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, ensure_tiny_assets
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if shutil.which("slurmctld") is None or os.geteuid() != 0:
+        if os.environ.get("GRPO_LAUNCH_REQUIRE_SLURM") == "1":
+            pytest.fail("slurm-wlm is required (GRPO_LAUNCH_REQUIRE_SLURM=1) but slurmctld is missing or not root")
+        pytest.skip("slurm-wlm not installed or not root: run scripts/install_system_packages.sh")
+    ensure_tiny_assets()
+    d = tmp_path_factory.mktemp("slurm")
+    script = ROOT / "scripts" / "slurm_cluster.sh"
+    subprocess.run(["bash", str(script), "start", str(d)], check=True, timeout=120, capture_output=True)
+    env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
+    env.pop("SLURM_JOB_ID", None)
+    try:
+        yield env
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(d)], timeout=120)
+
+
+def sh(env, *argv, check=True, timeout=60) -> str:
+    done = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{argv} failed: {done.stderr}")
+    return done.stdout
+
+
+def job_field(env, job: str, key: str) -> str:
+    text = sh(env, "scontrol", "show", "job", "-o", job)
+    m = re.search(rf"(?:^|\s){key}=(\S*)", text)
+    return m.group(1) if m else ""
+
+
+def wait_state(env, job: str, states: set[str], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = job_field(env, job, "JobState")
+        if state in states:
+            return state
+        time.sleep(1)
+    raise AssertionError(f"job {job} not in {states} after {timeout:.0f} s (now {state})")
+
+
+def wait_for_text(path: Path, pattern: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if re.search(pattern, text):
+            return text
+        time.sleep(0.5)
+    raise AssertionError(f"{pattern!r} not in {path} after {timeout:.0f} s:\n{text[-3000:]}")
+
+
+def processes_of(run: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def wait_no_processes(run: Path, timeout: float = 40) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and processes_of(run):
+        time.sleep(0.5)
+    return processes_of(run)
+
+
+def submit(env, run: Path, *args: str, extra: tuple[str, ...] = ()) -> str:
+    out = sh(
+        env,
+        sys.executable,
+        "-m",
+        "grpo_launch",
+        "sbatch",
+        str(ROOT / "recipes" / "tiny-cpu.yaml"),
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "0",
+        "--time",
+        "15",
+        "--run-dir",
+        str(run),
+        *args,
+        *(("--", *extra) if extra else ()),
+        timeout=120,
+    )
+    m = re.search(r"submitted Slurm job (\d+)", out)
+    assert m, out
+    return m.group(1)
+
+
+TRAINER = re.compile(r"trainer process (\d+)/(\d+) world_size=(\d+) .*node_rank=(\d+) local_rank=(\d+) node=(\S+)")
+
+
+def test_two_node_job_trains_across_both_nodes(cluster, tmp_path):
+    run = tmp_path / "run"
+    job = submit(cluster, run, "max_steps=3")
+    assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 300) == "COMPLETED", (
+        run / f"slurm-{job}.out"
+    ).read_text()[-3000:]
+    log = (run / f"slurm-{job}.out").read_text()
+    trainers = {(int(r), int(w), int(nr), node) for r, w, _, nr, _, node in TRAINER.findall(log)}
+    # One process per node (launch.num_processes=2 over 2 nodes); each node's machine rank is its own.
+    assert trainers == {(0, 2, 0, "n1"), (1, 2, 1, "n2")}
+    assert "step 3/3 done" in log and "training done" in log
+    assert {p.name.split("-2")[0] for p in (run / "logs").glob("*.log")} == {"train-n1", "train-n2"}
+    assert (run / "job.sbatch").is_file() and (run / "output" / "model.safetensors").is_file()
+
+
+def test_scancel_leaves_no_process_on_any_node(cluster, tmp_path):
+    run = tmp_path / "run"
+    job = submit(cluster, run, "max_steps=500")
+    wait_for_text(run / f"slurm-{job}.out", r"step 2/500 done", 240)
+    assert processes_of(run), "the trainers should be running"
+    sh(cluster, "scancel", job)
+    assert wait_state(cluster, job, {"CANCELLED"}, 60) == "CANCELLED"
+    assert wait_no_processes(run) == []
+
+
+def test_failing_trainer_on_one_node_fails_the_job_with_its_root_cause(cluster, tmp_path):
+    pkg = tmp_path / "flaky_rewards"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "node.py").write_text(
+        "import os\n"
+        "def reward(completions, **kw):\n"
+        "    if os.environ.get('SLURMD_NODENAME') == 'n2':\n"
+        "        raise RuntimeError('reward server unreachable from n2')\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    run = tmp_path / "run"
+    env = {**cluster, "PYTHONPATH": str(tmp_path)}
+    job = submit(env, run, "max_steps=50", "reward_funcs=[flaky_rewards.node:reward]")
+    assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 300) == "FAILED"
+    assert job_field(cluster, job, "ExitCode") == "1:0"
+    log = (run / f"slurm-{job}.out").read_text()
+    assert re.search(r"train@n2 failed \(exit code 1\)", log), log[-3000:]
+    assert "root cause: RuntimeError: reward server unreachable from n2" in log
+    assert wait_no_processes(run) == []
+
+
+def test_usr2_checkpoints_requeues_and_resumes_without_repeating_steps(cluster, tmp_path):
+    run = tmp_path / "run"
+    job = submit(cluster, run, "max_steps=12", "save_steps=1000")
+    out = run / f"slurm-{job}.out"
+    wait_for_text(out, r"step 3/12 done", 240)
+    # What Slurm sends 90 s before the time limit (--signal=B:USR2@90), sent now.
+    sh(cluster, "scancel", "--signal=USR2", "--batch", job)
+    text = wait_for_text(out, r"requeued Slurm job", 120)
+    stopped = int(re.search(r"stopped on request after step (\d+)", text).group(1))
+    # Slurm holds a requeued job back for a while (BeginTime); let it start now.
+    deadline = time.monotonic() + 60
+    while job_field(cluster, job, "JobState") != "PENDING" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    sh(cluster, "scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+    assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 400) == "COMPLETED", out.read_text()[-3000:]
+    assert job_field(cluster, job, "Restarts") == "1"
+    log = out.read_text()
+    first, second = log.split("(restart 1)", 1)
+    assert f"resuming from {run}/output/checkpoint-{stopped}" in second
+    done_first = [int(s) for s in re.findall(r"step (\d+)/12 done", first)]
+    done_second = [int(s) for s in re.findall(r"step (\d+)/12 done", second)]
+    assert done_first == list(range(1, stopped + 1))
+    assert done_second == list(range(stopped + 1, 13)), "the requeued run repeats or skips optimizer steps"
+    assert "training done" in second
+
+
+def test_gpu_job_places_server_and_trainers_per_node(cluster, tmp_path):
+    """A 2 × 4-GPU allocation (fake GPUs): the plan grpo-launch makes inside it, and its srun steps (dry run)."""
+    run = tmp_path / "run"
+    cmd = (
+        f"{sys.executable} -m grpo_launch run --slurm {ROOT}/recipes/qwen1.5b.yaml --dry-run --run-dir {run} && "
+        f"srun --nodes=1 --ntasks=1 --nodelist=n2 --overlap --gres=gpu:4 {sys.executable} -m grpo_launch.task "
+        "--gpus 2,3 -- printenv CUDA_VISIBLE_DEVICES"
+    )
+    out = tmp_path / "job.out"
+    job = sh(
+        cluster,
+        "sbatch",
+        "--parsable",
+        "-N2",
+        "--exclusive",
+        "--gpus-per-node=4",
+        f"--output={out}",
+        f"--chdir={ROOT}",
+        "--wrap",
+        cmd,
+    ).strip()
+    assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 120) == "COMPLETED", out.read_text()
+    lines = out.read_text().splitlines()
+    steps = [line for line in lines if "srun --nodes=1 " in line]
+    assert lines[-1] == "2,3"  # the shim picked positions 2,3 of the GPUs Slurm gave the step
+    import json
+
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["topology"]["source"] == "slurm" and plan["topology"]["description"].startswith("2 × 4")
+    assert plan["vllm"]["mode"] == "server" and plan["vllm"]["host"] == "n2"
+    trains = [s for s in steps if "accelerate.commands.launch" in s]
+    servers = [s for s in steps if "--job-name=vllm" in s]
+    assert len(servers) == 1 and "--nodelist=n2" in servers[0] and "--gres=gpu:4" in servers[0]
+    assert len(trains) == len(plan["train"]["hosts"])
+    for host in plan["train"]["hosts"]:
+        (step,) = [s for s in trains if f"--nodelist={host['name']} " in s]
+        assert f"--machine_rank {host['machine_rank']} " in step
+        assert f"--gpus {','.join(host['gpus'])} " in step
+        assert f"--main_process_ip {plan['train']['main_process_ip']} " in step or len(trains) == 1
+
+
+def test_hostile_job_name_and_run_dir_reach_slurm_unchanged(cluster, tmp_path):
+    name = "grpo 'x' \"$(id)\" `id`"
+    run = tmp_path / "runs with 'space' $(id)" / "100%"
+    job = submit(cluster, run, "--job-name", name, "max_steps=1", extra=("--hold",))
+    try:
+        assert job_field(cluster, job, "JobState") == "PENDING"
+        text = sh(cluster, "scontrol", "show", "job", job)
+        assert re.search(r"JobName=(.*)\n", text).group(1) == name
+        sh(cluster, "scontrol", "release", job)
+        assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 300) == "COMPLETED"
+        # (scontrol prints StdOut with the %% unexpanded; the file itself is where it should be.)
+        assert "training done" in (run / f"slurm-{job}.out").read_text()
+    finally:
+        sh(cluster, "scancel", job, check=False)
