@@ -38,6 +38,12 @@ def _add_planning_args(p: argparse.ArgumentParser) -> None:
     )
     _add_topology_args(p)
     p.add_argument("--run-dir", help="where to write the configs and logs (default: launch.run_dir or grpo_runs/NAME)")
+    p.add_argument(
+        "--network-interface",
+        metavar="IFACE",
+        help="network interface for torch/NCCL between hosts (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME; "
+        "same as launch.network_interface=IFACE)",
+    )
 
 
 def _add_topology_args(p: argparse.ArgumentParser) -> None:
@@ -72,7 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     run = verb("run", "plan, write configs, start the vLLM server and trainers (the default verb)")
-    run.add_argument("--dry-run", action="store_true", help="print the commands that would run; start nothing")
+    run.add_argument(
+        "--dry-run", action="store_true", help="print the commands that would run (per host); start nothing"
+    )
+    ssh = run.add_argument_group("hostfile runs (ssh)")
+    ssh.add_argument("--ssh-port", type=int, metavar="PORT", help="ssh port of the hosts")
+    ssh.add_argument("--ssh-identity", metavar="FILE", help="private key for ssh (ssh -i)")
+    ssh.add_argument("--ssh-config", metavar="FILE", help="ssh client config file (ssh -F)")
+    ssh.add_argument(
+        "--ssh-option", action="append", default=[], metavar="KEY=VALUE", help="extra ssh -o option (repeatable)"
+    )
 
     plan = verb("plan", "print the plan and write the configs; start nothing")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -149,7 +164,10 @@ def _plan(args: argparse.Namespace, environ: Mapping[str, str]):  # -> (Plan, ru
     from grpo_launch.plan import default_run_dir, make_plan
     from grpo_launch.probe import resolve_model_shape
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    overrides = list(args.overrides)
+    if args.network_interface:
+        overrides.append(f"launch.network_interface={args.network_interface}")
+    recipe = load_recipe(args.recipe, overrides)
     run_dir = os.path.abspath(args.run_dir or default_run_dir(recipe))
     recipe = dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, run_dir=run_dir))
     topology = probe_topology(args, environ, recipe)
@@ -199,9 +217,13 @@ def cmd_inspect(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def cmd_run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from grpo_launch.execute import run_plan
+    from grpo_launch.ssh import SshOptions
 
     plan, run_dir = _plan(args, environ)
-    return run_plan(plan, run_dir, environ=environ, dry_run=args.dry_run)
+    ssh = SshOptions(
+        port=args.ssh_port, identity=args.ssh_identity, config=args.ssh_config, options=tuple(args.ssh_option)
+    )
+    return run_plan(plan, run_dir, environ=environ, dry_run=args.dry_run, ssh=ssh)
 
 
 def _requested_topology(args: argparse.Namespace, environ: Mapping[str, str]) -> Topology:

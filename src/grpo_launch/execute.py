@@ -5,6 +5,7 @@ failures raise :class:`LaunchError` naming the root cause and its log."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -19,6 +20,7 @@ from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
 from grpo_launch.render import ProcessSpec, render_files, render_train_commands, render_vllm_command
 from grpo_launch.rewards import check_reward_names
 from grpo_launch.rundir import write_run_files
+from grpo_launch.ssh import SshOptions
 from grpo_launch.supervisor import FORWARDED_SIGNALS, Interrupted, Supervisor, signal_guard
 
 VLLM_GROUP_PORT_DEFAULT = 51216
@@ -101,34 +103,134 @@ def check_addresses(plan: Plan) -> None:
         )
 
 
-def place(plan: Plan, specs: Sequence[ProcessSpec], *, python: str) -> list[ProcessSpec]:
-    """Put each process on its host: inside a Slurm job one ``srun`` step per process on its node; otherwise here."""
-    if plan.topology.source != "slurm":
-        if plan.train.num_machines > 1 or any(s.host for s in specs):
-            raise LaunchError(
-                f"this plan spans {len(plan.topology.hosts)} machines, and grpo-launch starts processes on other "
-                "machines only inside a Slurm job",
-                hint="Submit with `grpo-launch sbatch RECIPE --nodes N`, or plan for this machine only "
-                "(omit --gpus/--hostfile); `grpo-launch plan` shows the per-host commands.",
-            )
-        return list(specs)
-    from grpo_launch.slurm import srun_spec
-
+def place(
+    plan: Plan,
+    specs: Sequence[ProcessSpec],
+    *,
+    python: str,
+    ssh: SshOptions | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[ProcessSpec]:
+    """Put each process on its host: inside a Slurm job one ``srun`` step per process on its node; from a hostfile
+    one ``ssh`` per process; otherwise here."""
+    source = plan.topology.source
     hosts = {h.name: h for h in plan.topology.hosts}
-    placed = []
-    for spec in specs:
-        host = hosts[spec.host or plan.topology.hosts[0].name]
-        positions = [p for p in spec.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if p]
-        placed.append(
-            srun_spec(
-                replace(spec, host=host.name),
-                python=python,
-                gpus_on_node=len(host.gpus),
-                cpus_on_node=host.cpus,
-                gpu_positions=positions,
+    if source == "slurm":
+        from grpo_launch.slurm import srun_spec
+
+        placed = []
+        for spec in specs:
+            host = hosts[spec.host or plan.topology.hosts[0].name]
+            placed.append(
+                srun_spec(
+                    replace(spec, host=host.name),
+                    python=python,
+                    gpus_on_node=len(host.gpus),
+                    cpus_on_node=host.cpus,
+                    gpu_positions=_positions(spec),
+                )
             )
+        return placed
+    if source == "hostfile":
+        from grpo_launch.ssh import passed_env_names, ssh_spec
+
+        names = passed_env_names(environ or {})
+        specs = [_absolute_command(s) for s in specs]
+        return [
+            ssh_spec(
+                replace(spec, host=spec.host or plan.topology.hosts[0].name),
+                ssh or SshOptions(),
+                python=python,
+                workdir=os.getcwd(),
+                stdin_env=names,
+                gpu_positions=None if plan.train.device == "cpu" and spec.name != "vllm" else _positions(spec),
+            )
+            for spec in specs
+        ]
+    if plan.train.num_machines > 1 or any(s.host for s in specs):
+        raise LaunchError(
+            f"this plan spans {len(plan.topology.hosts)} machines (from --gpus); grpo-launch starts processes on "
+            "other machines from a hostfile (--hostfile) or inside a Slurm job",
+            hint="Use --hostfile FILE, submit with `grpo-launch sbatch RECIPE --nodes N`, or plan for this machine "
+            "only (omit --gpus).",
         )
-    return placed
+    return list(specs)
+
+
+def _absolute_command(spec: ProcessSpec) -> ProcessSpec:
+    """A bare command name (``vllm``) as the absolute path found here: a remote non-interactive shell has a minimal
+    PATH, and the hosts share this environment's paths."""
+    import shutil
+
+    first = spec.argv[0]
+    found = shutil.which(first) if "/" not in first else None
+    return replace(spec, argv=(found, *spec.argv[1:])) if found else spec
+
+
+def _positions(spec: ProcessSpec) -> list[str]:
+    return [p for p in spec.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if p]
+
+
+def check_hosts(plan: Plan, ssh: SshOptions, *, python: str, environ: Mapping[str, str]) -> None:
+    """Before anything starts: every host answers ssh in batch mode and has this grpo-launch, Python, working
+    directory and the recipe's local paths. One error naming every host and what is wrong."""
+    import concurrent.futures
+    import json
+    import subprocess
+
+    from grpo_launch import __version__
+    from grpo_launch.ssh import check_command
+
+    values = plan.trainer_values
+    paths = [
+        str(Path(str(values[k])).expanduser().absolute())
+        for k in ("model_name_or_path", "dataset_name")
+        if values.get(k) and _looks_local(str(values[k]))
+    ]
+    line = check_command(python, os.getcwd(), paths)
+    hosts = [h.name for h in plan.topology.hosts]
+
+    def probe(host: str) -> str | None:
+        argv = [*ssh.argv(host), "--", line]
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=ssh.connect_timeout_s + 30,
+                stdin=subprocess.DEVNULL,
+                env=dict(environ),
+            )
+        except subprocess.TimeoutExpired:
+            return f"{host}: no answer within {ssh.connect_timeout_s + 30} s"
+        except FileNotFoundError:
+            return "ssh is not installed on this machine"
+        if done.returncode == 255:
+            return f"{host}: unreachable over ssh ({(done.stderr.strip().splitlines() or ['no message'])[-1]})"
+        if done.returncode in (3, 4):
+            return f"{host}: {done.stdout.strip()}"
+        try:
+            info = json.loads(done.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return f"{host}: the environment check failed: {(done.stderr or done.stdout).strip()[-300:]}"
+        if info["version"] is None:
+            return f"{host}: {python} cannot import grpo_launch (install grpo-launch in that environment)"
+        if info["version"] != __version__:
+            return f"{host}: grpo-launch {info['version']} there, {__version__} here"
+        if info["missing"]:
+            return f"{host}: missing {', '.join(info['missing'])}"
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        problems = [p for p in pool.map(probe, hosts) if p]
+    if problems:
+        raise LaunchError(
+            "the hosts are not ready; nothing was started:",
+            problems=problems,
+            hint="Every host needs passwordless ssh (batch mode) and the same paths as this one: the Python "
+            f"environment ({python}), the working directory and the model/data (a shared file system). ssh options: "
+            "--ssh-port, --ssh-identity, --ssh-config, --ssh-option.",
+        )
 
 
 def run_plan(
@@ -138,8 +240,10 @@ def run_plan(
     environ: Mapping[str, str],
     dry_run: bool = False,
     emit: Callable[[str], None] | None = None,
+    ssh: SshOptions | None = None,
 ) -> int:
-    """Run ``plan`` (here, or across the nodes of the current Slurm job). ``emit`` prints a line.
+    """Run ``plan`` here, across the nodes of the current Slurm job, or across a hostfile's hosts over ``ssh``.
+    ``emit`` prints a line.
 
     SIGUSR2 asks the trainers to save a checkpoint and stop; inside a Slurm job the job is then requeued and the
     requeued run resumes from that checkpoint.
@@ -148,17 +252,23 @@ def run_plan(
     python = sys.executable
     server = render_vllm_command(plan)
     trainers = render_train_commands(plan, run_dir, python=python)
-    placed = place(plan, [*([server] if server else []), *trainers], python=python)
+    ssh = ssh or SshOptions()
+    placed = place(plan, [*([server] if server else []), *trainers], python=python, ssh=ssh, environ=environ)
     server, trainers = (placed[0], tuple(placed[1:])) if server else (None, tuple(placed))
     preflight(plan)
     write_run_files(run_dir, render_files(plan, run_dir, python=python))
     if dry_run:
         out(f"# run directory: {run_dir}")
         for spec in placed:
+            if spec.host:
+                out(f"# on {spec.host}: {spec.name}")
             out(spec.shell())
         return 0
     if plan.topology.source == "slurm":
         check_addresses(plan)
+    elif plan.topology.source == "hostfile":
+        check_addresses(plan)
+        check_hosts(plan, ssh, python=python, environ=environ)
     else:
         check_ports(plan)
     control.reset(run_dir)

@@ -200,7 +200,7 @@ class LaunchSettings:
     vllm_gpus: int | None = field(default=None, metadata={"min": 1})
     vllm_tensor_parallel_size: int | None = field(default=None, metadata={"min": 1})
     vllm_port: int = field(default=8000, metadata={"min": 1, "max": 65535})
-    vllm_host: str | None = None
+    vllm_host: str | None = field(default=None, metadata={"kind": "str"})
     vllm_gpu_memory_utilization: float | None = field(default=None, metadata={"min": 0.05, "max": 0.99})
     vllm_max_model_len: int | None = field(default=None, metadata={"min": 1})
     vllm_command: tuple[str, ...] = ("vllm", "serve")
@@ -211,9 +211,11 @@ class LaunchSettings:
     offload: str = field(default=AUTO, metadata={"choices": ("auto", "none", "optimizer", "optimizer+params")})
     num_processes: int | None = field(default=None, metadata={"min": 1})
     main_process_port: int = field(default=29500, metadata={"min": 1, "max": 65535})
-    run_dir: str | None = None
+    run_dir: str | None = field(default=None, metadata={"kind": "str"})
     grace_period_s: float = field(default=30.0, metadata={"min": 0})
     train_env: Mapping[str, str] = field(default_factory=dict)
+    # → GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for every process
+    network_interface: str | None = field(default=None, metadata={"kind": "str"})
 
 
 LAUNCH_FIELDS = {f.name: f for f in dataclasses.fields(LaunchSettings)}
@@ -444,7 +446,7 @@ def _convert_launch(key: str, value: Any, default: Any, meta: Mapping[str, Any])
         if not isinstance(value, dict):
             return f"{name} must be a mapping of NAME: value, got {value!r}", None
         return None, {str(k): str(v) for k, v in value.items()}
-    if key in ("vllm_host", "run_dir"):
+    if meta.get("kind") == "str":
         return (None, str(value)) if isinstance(value, (str, int)) else (f"{name} must be a string", None)
     if isinstance(default, float) or key == "vllm_gpu_memory_utilization":
         if isinstance(value, bool) or not isinstance(value, (int, float)):

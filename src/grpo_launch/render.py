@@ -36,11 +36,19 @@ class ProcessSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     host: str | None = None  # None: this machine
     log_file: str | None = None
+    # Names of variables sent on stdin as KEY=JSON lines (secrets: never on a command line or in a file).
+    stdin_env: tuple[str, ...] = ()
+    # How to signal the process tree on its host: a command with {sig} and {pgid} (the group the process
+    # announces with grpo_launch.task --announce-pgid). None: a local process group.
+    signal_argv: tuple[str, ...] | None = None
 
     def shell(self) -> str:
         """The command as one shell line (env assignments first), for --dry-run and docs."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return (env + " " if env else "") + shlex.join(self.argv)
+        line = (env + " " if env else "") + shlex.join(self.argv)
+        if self.stdin_env:
+            line += f"  # on stdin: {', '.join(self.stdin_env)}"
+        return line
 
 
 @functools.cache
@@ -170,7 +178,12 @@ def render_vllm_command(plan: Plan) -> ProcessSpec | None:
         "-1",
         *launch.vllm_extra_args,
     ]
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(v.gpus), "VLLM_SERVER_DEV_MODE": "1", **launch.vllm_env}
+    env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(v.gpus),
+        "VLLM_SERVER_DEV_MODE": "1",
+        **network_env(plan),
+        **launch.vllm_env,
+    }
     return ProcessSpec(name="vllm", argv=tuple(argv), env=env, host=v.host if _multi(plan) else None)
 
 
@@ -194,8 +207,15 @@ def train_env(plan: Plan, host: TrainHost) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(host.gpus)
     # The trainers watch this directory for a checkpoint-and-stop request (SIGUSR2 to grpo-launch; Slurm preemption).
     env[CONTROL_DIR_ENV] = str(control_dir(plan.run_dir))
+    env.update(network_env(plan))
     env.update(plan.recipe.launch.train_env)
     return env
+
+
+def network_env(plan: Plan) -> dict[str, str]:
+    """The interface torch (gloo) and NCCL bind to, when the hosts have several (launch.network_interface)."""
+    iface = plan.recipe.launch.network_interface
+    return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface} if iface else {}
 
 
 def render_train_commands(plan: Plan, run_dir: str, *, python: str = "python3") -> tuple[ProcessSpec, ...]:

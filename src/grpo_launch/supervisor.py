@@ -8,6 +8,7 @@ then SIGKILL to every group that is left — also groups whose leader already ex
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -23,6 +24,7 @@ from typing import IO
 
 from grpo_launch.errors import LaunchError
 from grpo_launch.render import ProcessSpec
+from grpo_launch.ssh import PGID_ANNOUNCE
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
 POLL_S = 0.2
@@ -43,6 +45,7 @@ class Child:
     log_path: Path
     pump: threading.Thread
     started: float = field(default_factory=time.monotonic)
+    remote_pgid: int | None = None  # announced by grpo_launch.task on the remote host
 
     @property
     def pgid(self) -> int:
@@ -125,7 +128,7 @@ class Supervisor:
                 list(spec.argv),
                 env=env,
                 cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if spec.stdin_env else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -135,20 +138,30 @@ class Supervisor:
                 f"cannot start {spec.name}: command {spec.argv[0]!r} not found",
                 hint="Install it, or point grpo-launch at it (launch.vllm_command for the server).",
             ) from None
+        if spec.stdin_env and proc.stdin is not None:
+            payload = "".join(f"{k}={json.dumps(self.environ[k])}\n" for k in spec.stdin_env if k in self.environ)
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write((payload + "\n").encode())
+                proc.stdin.close()
         log_file = log_path.open("ab")
-        pump = threading.Thread(target=self._pump, args=(spec.name, proc.stdout, log_file), daemon=True)
-        pump.start()
-        child = Child(spec, proc, log_path, pump)
+        child = Child(spec, proc, log_path, threading.Thread(daemon=True))
+        child.pump = threading.Thread(target=self._pump, args=(child, proc.stdout, log_file), daemon=True)
+        child.pump.start()
         self.children.append(child)
         return child
 
-    def _pump(self, name: str, stream: IO[bytes] | None, log_file: IO[bytes]) -> None:
+    def _pump(self, child: Child, stream: IO[bytes] | None, log_file: IO[bytes]) -> None:
         assert stream is not None
+        name = child.spec.name
         with log_file:
             for raw in iter(stream.readline, b""):
                 log_file.write(raw)
                 log_file.flush()
                 line = raw.decode(errors="replace").rstrip("\n")
+                if child.remote_pgid is None and line.startswith(PGID_ANNOUNCE):
+                    with contextlib.suppress(ValueError):
+                        child.remote_pgid = int(line[len(PGID_ANNOUNCE) :])
+                        continue
                 # tqdm redraws with carriage returns: show the last state only.
                 line = line.rsplit("\r", 1)[-1]
                 with self._emit_lock:
@@ -205,22 +218,54 @@ class Supervisor:
 
     # ------------------------------------------------------------------ stop
     def stop_all(self, sig: int = signal.SIGTERM) -> None:
-        """``sig`` to every group, wait out the grace period, SIGKILL what is left; reap and drain logs."""
+        """``sig`` to every group, wait out the grace period, SIGKILL what is left; reap and drain logs.
+
+        A remote child's group is signalled on its host (its ssh client exits once the remote tree is gone); the
+        local ssh client is killed only after that, because killing it does not stop the remote processes.
+        """
+        remote = [c for c in self.children if c.spec.signal_argv]
+        self._signal_remote([c for c in remote if c.remote_pgid], sig)
         for c in self.children:
-            _signal_group(c.pgid, sig)
+            if c not in remote:
+                _signal_group(c.pgid, sig)
+
+        def alive(c: Child) -> bool:
+            return c.proc.poll() is None if c in remote else _group_alive(c.pgid)
+
         deadline = time.monotonic() + self.grace_s
-        while time.monotonic() < deadline and any(_group_alive(c.pgid) for c in self.children):
+        while time.monotonic() < deadline and any(alive(c) for c in self.children):
             for c in self.children:
                 c.proc.poll()
             time.sleep(0.05)
+        left = [c for c in self.children if alive(c)]
+        for c in left:
+            self.emit(f"[grpo-launch] {c.spec.name} still running after {self.grace_s:.0f} s grace: SIGKILL")
+        self._signal_remote([c for c in left if c in remote and c.remote_pgid], signal.SIGKILL)
         for c in self.children:
             if _group_alive(c.pgid):
-                self.emit(f"[grpo-launch] {c.spec.name} still running after {self.grace_s:.0f} s grace: SIGKILL")
                 _signal_group(c.pgid, signal.SIGKILL)
         for c in self.children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 c.proc.wait(timeout=10)
             c.pump.join(timeout=5)
+
+    def _signal_remote(self, children: Sequence[Child], sig: int) -> None:
+        """Signal each child's remote process group on its host, all hosts at once (bounded by a timeout)."""
+
+        def send(c: Child) -> None:
+            assert c.spec.signal_argv is not None
+            name = signal.Signals(sig).name.removeprefix("SIG")
+            argv = [a.replace("{sig}", name).replace("{pgid}", str(c.remote_pgid)) for a in c.spec.signal_argv]
+            try:
+                subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, env=self.environ)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                self.emit(f"[grpo-launch] could not signal {c.spec.name} on {c.spec.host}: {exc}")
+
+        threads = [threading.Thread(target=send, args=(c,), daemon=True) for c in children]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=35)
 
 
 class signal_guard:

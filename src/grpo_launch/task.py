@@ -5,8 +5,8 @@
   the plan only knows positions.
 - ``--env-stdin``: read ``KEY=VALUE`` lines (values JSON-encoded) from stdin up to a blank line and add them to the
   environment, so secrets such as HF_TOKEN never appear on a command line.
-- ``--pgid-file F``: start a new session and write its process-group id to F, so the launcher can stop the whole
-  remote process tree (a killed ssh client does not stop it).
+- ``--announce-pgid``: lead a process group and print ``[grpo-launch-task] pgid=N`` first, so the launcher can
+  stop the whole remote process tree (a killed ssh client does not stop it).
 
 Then it ``exec``s COMMAND. Standard library only: it must start fast.
 """
@@ -52,7 +52,7 @@ def read_env(stream) -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     if "--" not in argv:
-        raise SystemExit("usage: python -m grpo_launch.task [--gpus P] [--env-stdin] [--pgid-file F] -- COMMAND…")
+        raise SystemExit("usage: python -m grpo_launch.task [--gpus P] [--env-stdin] [--announce-pgid] -- COMMAND…")
     split = argv.index("--")
     opts, command = argv[:split], argv[split + 1 :]
     if not command:
@@ -66,15 +66,11 @@ def main(argv: list[str]) -> int:
         elif opt == "--env-stdin":
             os.environ.update(read_env(sys.stdin))
             i += 1
-        elif opt == "--pgid-file":
+        elif opt == "--announce-pgid":
             if os.getpid() != os.getpgid(0):
                 os.setsid()
-            path = opts[i + 1]
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path + ".tmp", "w") as f:
-                f.write(f"{os.getpgid(0)}\n")
-            os.replace(path + ".tmp", path)
-            i += 2
+            print(f"[grpo-launch-task] pgid={os.getpgid(0)}", flush=True)
+            i += 1
         else:
             raise SystemExit(f"grpo_launch.task: unknown option {opt!r}")
     try:

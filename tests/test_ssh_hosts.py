@@ -1,0 +1,184 @@
+"""grpo-launch across real ssh hosts: network namespaces h1..h3, each with its own sshd, hostname and address
+(scripts/ssh_hosts.sh), sharing this machine's file system like a cluster's shared home. Training is real (TRL
+GRPOTrainer, gloo over the namespaces' eth0).
+
+Skipped when sshd/iproute2 are missing or not root, unless GRPO_LAUNCH_REQUIRE_SSHD=1 (CI), which fails instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, ensure_tiny_assets
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+SECRET = "hf_secret_value_that_must_not_leak_123"
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    if (shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists()) or os.geteuid() != 0:
+        if os.environ.get("GRPO_LAUNCH_REQUIRE_SSHD") == "1":
+            pytest.fail("openssh-server is required (GRPO_LAUNCH_REQUIRE_SSHD=1) but sshd is missing or not root")
+        pytest.skip("openssh-server not installed or not root: run scripts/install_system_packages.sh")
+    ensure_tiny_assets()
+    d = tmp_path_factory.mktemp("hosts")
+    script = ROOT / "scripts" / "ssh_hosts.sh"
+    subprocess.run(["bash", str(script), "start", str(d), "3"], check=True, timeout=120, capture_output=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(d)], timeout=120)
+
+
+def ssh_args(d: Path) -> list[str]:
+    """Explicit options rather than the config file: exercises --ssh-port/--ssh-identity/--ssh-option."""
+    return [
+        "--ssh-port",
+        "2222",
+        "--ssh-identity",
+        str(d / "id_ed25519"),
+        "--ssh-option",
+        "StrictHostKeyChecking=no",
+        "--ssh-option",
+        f"UserKnownHostsFile={d / 'known_hosts'}",
+    ]
+
+
+def hostfile(tmp_path: Path, *lines: str) -> Path:
+    p = tmp_path / "hostfile"
+    p.write_text("# test hosts\n" + "\n".join(lines) + "\n")
+    return p
+
+
+def command(d: Path, hf: Path, run: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "grpo_launch",
+        str(ROOT / "recipes" / "tiny-cpu.yaml"),
+        "--hostfile",
+        str(hf),
+        "--run-dir",
+        str(run),
+        "--network-interface",
+        "eth0",
+        *ssh_args(d),
+        *extra,
+    ]
+
+
+def leftovers(run: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def reward_module(tmp_path: Path, body: str) -> dict[str, str]:
+    pkg = tmp_path / "hostrewards"
+    pkg.mkdir(exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "r.py").write_text("import os\n" + body)
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+TRAINER = re.compile(r"trainer process (\d+)/(\d+) world_size=(\d+) .*node_rank=(\d+) local_rank=(\d+) node=(\S+)")
+
+
+def test_trains_across_two_hosts_and_passes_secrets_only_on_stdin(hosts, tmp_path):
+    seen = tmp_path / "seen"
+    env = reward_module(
+        tmp_path,
+        "def reward(completions, **kw):\n"
+        f"    with open({str(seen)!r} + '-' + os.uname().nodename, 'w') as f:\n"
+        "        f.write(os.environ.get('HF_TOKEN', 'MISSING'))\n"
+        "    return [0.0] * len(completions)\n",
+    )
+    run = tmp_path / "run"
+    hf = hostfile(tmp_path, "h1 slots=1", "h2 slots=1")
+    argv = command(hosts, hf, run, "max_steps=3", "reward_funcs=[hostrewards.r:reward,format]")
+    done = subprocess.run(
+        argv, env={**os.environ, **env, "HF_TOKEN": SECRET}, capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    trainers = {(int(r), int(w), int(nr), node) for r, w, _, nr, _, node in TRAINER.findall(out)}
+    assert trainers == {(0, 2, 0, "h1"), (1, 2, 1, "h2")}
+    assert "step 3/3 done" in out
+    # Every host got the secret through stdin; it is in no command line, rendered file or log.
+    assert (tmp_path / "seen-h1").read_text() == SECRET and (tmp_path / "seen-h2").read_text() == SECRET
+    for path in run.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+    dry = subprocess.run(
+        [*argv, "--dry-run"], env={**os.environ, "HF_TOKEN": SECRET}, capture_output=True, text=True, cwd=ROOT
+    )
+    assert SECRET not in dry.stdout and "# on stdin: HF_TOKEN" in dry.stdout
+    assert {p.name.split("-2")[0] for p in (run / "logs").glob("*.log")} == {"train-h1", "train-h2"}
+    assert leftovers(run) == []
+
+
+def test_failing_trainer_on_one_host_stops_every_host(hosts, tmp_path):
+    env = reward_module(
+        tmp_path,
+        "def reward(completions, **kw):\n"
+        "    if os.uname().nodename == 'h2':\n"
+        "        raise RuntimeError('judge model missing on h2')\n"
+        "    return [0.0] * len(completions)\n",
+    )
+    run = tmp_path / "run"
+    hf = hostfile(tmp_path, "h1 slots=1", "h2 slots=1", "h3 slots=1")
+    argv = command(hosts, hf, run, "max_steps=200", "launch.num_processes=3", "reward_funcs=[hostrewards.r:reward]")
+    done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 1, (done.stdout + done.stderr)[-4000:]
+    assert "train@h2 failed" in done.stderr
+    assert "root cause: RuntimeError: judge model missing on h2" in done.stderr
+    assert leftovers(run) == [], "processes left on the hosts"
+
+
+def test_ctrl_c_stops_the_remote_process_groups(hosts, tmp_path):
+    run = tmp_path / "run"
+    hf = hostfile(tmp_path, "h1 slots=1", "h2 slots=1")
+    proc = subprocess.Popen(
+        command(hosts, hf, run, "max_steps=500"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
+    deadline = time.monotonic() + 240
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "step 2/500 done" in line or time.monotonic() > deadline:
+            break
+    assert any("step 2/500 done" in line for line in lines), "".join(lines[-40:])
+    assert len(leftovers(run)) >= 2
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert leftovers(run) == []
+
+
+def test_unreachable_host_fails_before_anything_starts(hosts, tmp_path):
+    run = tmp_path / "run"
+    hf = hostfile(tmp_path, "h1 slots=1", "10.77.0.99 slots=1")  # on the test network, no host behind it
+    t0 = time.monotonic()
+    done = subprocess.run(
+        command(hosts, hf, run, "max_steps=3", "--ssh-option", "ConnectTimeout=3"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 1
+    assert "the hosts are not ready; nothing was started" in done.stderr
+    assert re.search(r"10\.77\.0\.99: unreachable over ssh \(.+\)", done.stderr), done.stderr
+    assert "h1:" not in done.stderr  # the reachable host is not blamed
+    assert not (run / "logs").exists() and leftovers(run) == []
+    assert time.monotonic() - t0 < 60

@@ -1,0 +1,67 @@
+"""The ssh wrapper (pure): ssh options, the remote command line, the environment check a host runs, and which
+variables travel on stdin. The remote lines are executed here by a real shell."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+
+from grpo_launch.render import ProcessSpec
+from grpo_launch.ssh import SshOptions, check_command, passed_env_names, remote_command, ssh_spec
+
+
+def test_ssh_options():
+    argv = SshOptions(port=2222, identity="/k/id", config="/k/cfg", options=("A=b",), connect_timeout_s=7).argv("h1")
+    assert argv == [
+        "ssh", "-F", "/k/cfg", "-o", "BatchMode=yes", "-o", "ConnectTimeout=7", "-o", "LogLevel=ERROR",
+        "-p", "2222", "-i", "/k/id", "-o", "IdentitiesOnly=yes", "-o", "A=b", "h1",
+    ]  # fmt: skip
+
+
+def test_passed_env_is_an_explicit_list():
+    environ = {"HF_TOKEN": "x", "WANDB_API_KEY": "y", "NCCL_DEBUG": "INFO", "AWS_SECRET_ACCESS_KEY": "z", "PATH": "/b"}
+    assert passed_env_names(environ) == ("HF_TOKEN", "NCCL_DEBUG", "WANDB_API_KEY")
+
+
+def test_remote_command_runs_the_argv_unchanged_with_env_and_no_secret(tmp_path):
+    spec = ProcessSpec(
+        name="train@h1",
+        argv=(sys.executable, "-c", "import os, sys, json; print(json.dumps([sys.argv[1:], os.environ['A']]))", "x y"),
+        env={"A": "it's $(id)", "CUDA_VISIBLE_DEVICES": "0"},
+        host="h1",
+    )
+    line = remote_command(spec, python=sys.executable, workdir=str(tmp_path), gpu_positions=None, stdin_env=True)
+    # What sshd would run: the user's shell with the line; stdin carries the secret.
+    done = subprocess.run(["sh", "-c", line], input='HF_TOKEN="s3cret"\n\n', capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first.startswith("[grpo-launch-task] pgid=")
+    assert json.loads(second) == [["x y"], "it's $(id)"]
+    assert "s3cret" not in line
+
+
+def test_ssh_spec_signals_the_announced_group_on_its_host():
+    spec = ProcessSpec(name="train@h2", argv=("python", "-m", "x"), host="h2")
+    wrapped = ssh_spec(
+        spec, SshOptions(port=22), python="/v/python", workdir="/w", stdin_env=("HF_TOKEN",), gpu_positions=["1"]
+    )
+    assert wrapped.argv[:-1] == (*SshOptions(port=22).argv("h2"), "--")
+    assert shlex.split(wrapped.argv[-1])[:3] == ["cd", "/w", "&&"]
+    assert "--gpus 1" in wrapped.argv[-1] and "--env-stdin" in wrapped.argv[-1]
+    assert wrapped.signal_argv == (*SshOptions(port=22).argv("h2"), "--", "kill -{sig} -- -{pgid}")
+    assert wrapped.stdin_env == ("HF_TOKEN",) and wrapped.shell().endswith("# on stdin: HF_TOKEN")
+
+
+def test_host_check_reports_missing_python_directory_and_paths(tmp_path):
+    def run(line: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60)
+
+    ok = run(check_command(sys.executable, str(tmp_path), [str(tmp_path), str(tmp_path / "no-model")]))
+    info = json.loads(ok.stdout)
+    assert info["version"] and info["missing"] == [str(tmp_path / "no-model")]
+    no_python = run(check_command("/nonexistent/python", str(tmp_path), []))
+    assert no_python.returncode == 4 and "no python at /nonexistent/python" in no_python.stdout
+    no_dir = run(check_command(sys.executable, "/nonexistent dir/it's", []))
+    assert no_dir.returncode == 3 and "no directory /nonexistent dir/it's" in no_dir.stdout
