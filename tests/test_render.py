@@ -96,7 +96,7 @@ def test_deepspeed_config_parses_with_deepspeed(tmp_path, backend, offload, stag
 
 
 def test_vllm_server_command_for_trl_116():
-    plan = _plan("4xL20-48GB")
+    plan = _plan("4xL20-48GB", vllm="server")
     spec = render_vllm_command(plan)
     argv = list(spec.argv)
     assert argv[:3] == ["vllm", "serve", QWEN]
@@ -109,7 +109,7 @@ def test_vllm_server_command_for_trl_116():
 
 
 def test_api_server_command_gets_model_flag():
-    plan = _plan("4xL20-48GB", vllm_command=["python", "-m", "vllm.entrypoints.openai.api_server"])
+    plan = _plan("4xL20-48GB", vllm="server", vllm_command=["python", "-m", "vllm.entrypoints.openai.api_server"])
     argv = list(render_vllm_command(plan).argv)
     assert argv[argv.index("--model") + 1] == QWEN
 

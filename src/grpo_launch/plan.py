@@ -8,12 +8,25 @@ resolved trainer values. Every choice is recorded with its reason.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_launch.errors import PlanError
-from grpo_launch.hardware import GIB, ModelShape
+from grpo_launch.estimate import (
+    HEADROOM,
+    StepTime,
+    TrainMemory,
+    Workload,
+    colocate_switch_time,
+    generation_time,
+    sync_time,
+    train_memory,
+    training_time,
+    vllm_memory,
+)
+from grpo_launch.hardware import GIB, ModelShape, find_gpu_spec
 from grpo_launch.layout import Layout, LayoutRequest, solve_layout
 from grpo_launch.recipe import Recipe
 from grpo_launch.topology import Topology
@@ -21,7 +34,8 @@ from grpo_launch.topology import Topology
 DEFAULT_RUN_ROOT = "grpo_runs"
 SERVER_MEMORY_UTILIZATION = 0.9  # vLLM's own default: the server GPU does nothing else
 WEIGHTS_SHARE_OF_SERVER_GPU = 0.5  # leave at least half of a server GPU for the KV cache
-TRAIN_MEMORY_BUDGET = 0.7  # share of a training GPU the weights + optimizer state may take (rest: activations)
+DEFAULT_PROMPT_LEN = 512  # assumed when the recipe has no max_prompt_length
+TRL_DEFAULT_COMPLETION_LEN = 512  # TRL 1.16's max_completion_length default
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,7 @@ class VllmPlan:
     bind_host: str = "127.0.0.1"
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
+    max_num_seqs: int | None = None
 
     @property
     def base_url(self) -> str | None:
@@ -65,6 +80,7 @@ class TrainPlan:
     offload: str  # none | optimizer | optimizer+params
     main_process_port: int
     mixed_precision: str  # bf16 | no
+    gradient_checkpointing: bool | None = None  # None: as the recipe says (TRL's default is on)
 
     @property
     def num_processes(self) -> int:
@@ -102,6 +118,18 @@ class Plan:
     decisions: tuple[Decision, ...] = ()
     notices: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
+    estimate: Estimate | None = None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted memory and step time (see :mod:`grpo_launch.estimate`), with the arithmetic behind them."""
+
+    step: StepTime
+    train_memory_gib: float | None
+    vllm_memory_gib: float | None
+    gpu_memory_gib: float
+    explain: tuple[str, ...]
 
 
 def default_run_dir(recipe: Recipe) -> str:
@@ -109,7 +137,60 @@ def default_run_dir(recipe: Recipe) -> str:
 
 
 def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = None) -> Plan:
-    """Plan a GRPO run of ``recipe`` on ``topology``. Raises :class:`PlanError` listing every problem."""
+    """Plan a GRPO run of ``recipe`` on ``topology``. Raises :class:`PlanError` listing every problem.
+
+    When the split is free (one host, launch.vllm auto, no TP or GPU count set) and the model and GPUs are known,
+    every server size (TP 1, 2, 4, …) and colocate are planned and the shortest predicted step wins.
+    """
+    if not _split_is_free(topology, recipe, model):
+        return _make_plan(topology, recipe, model, None)
+    scored: list[tuple[float, str, Plan]] = []
+    valid = model.valid_tp_sizes(len(topology.hosts[0].gpus) - 1) if model else ()
+    choices = [("colocate", 1), *(("server", t) for t in valid)]
+    last_error: PlanError | None = None
+    for mode, tp in choices:
+        try:
+            candidate = _make_plan(topology, recipe, model, (mode, tp if mode == "server" else None))
+        except PlanError as exc:
+            last_error = last_error or exc  # the first: colocate, the most training GPUs
+            continue
+        if candidate.estimate is None:
+            return _make_plan(topology, recipe, model, None)
+        label = f"server TP {tp}" if mode == "server" else "colocate"
+        # Splits give different optimizer steps (more trainers, more completions per step): compare time per prompt.
+        prompts = candidate.layout.completions_per_optimizer_step / candidate.layout.num_generations
+        scored.append((candidate.estimate.step.total_s / prompts, label, candidate))
+    if not scored:
+        assert last_error is not None
+        raise last_error
+    scored.sort(key=lambda x: x[0])
+    best_s, best_label, best = scored[0]
+    others = ", ".join(f"{label} {t:.2f} s" for t, label, _ in scored[1:])
+    why = f"shortest predicted time per prompt group: {best_label} {best_s:.2f} s" + (
+        f" (vs {others})" if others else ""
+    )
+    return dataclasses.replace(best, decisions=(Decision("split", best_label, why), *best.decisions))
+
+
+def _split_is_free(topology: Topology, recipe: Recipe, model: ModelShape | None) -> bool:
+    launch = recipe.launch
+    return (
+        len(topology.hosts) == 1
+        and not topology.is_cpu
+        and topology.num_gpus > 1
+        and model is not None
+        and find_gpu_spec(topology.gpu_name) is not None
+        and topology.min_gpu_memory_bytes is not None
+        and _auto_mode(recipe)
+        and launch.vllm_gpus is None
+        and launch.vllm_tensor_parallel_size is None
+        and not recipe.is_set("vllm_tensor_parallel_size")
+    )
+
+
+def _make_plan(
+    topology: Topology, recipe: Recipe, model: ModelShape | None, forced: tuple[str, int | None] | None
+) -> Plan:
     decisions: list[Decision] = []
     notices = list(recipe.notices)
     warnings = list(topology.warnings)
@@ -119,7 +200,7 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
     if values.get("use_cpu") is True and not topology.is_cpu:
         topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
         decisions.append(Decision("device", "cpu", "use_cpu: true in the recipe: the GPUs are left unused"))
-    mode = _choose_mode(topology, recipe, decisions)
+    mode = forced[0] if forced else _choose_mode(topology, recipe, decisions)
     if topology.is_cpu:
         vllm, train_hosts = VllmPlan("off"), _cpu_train_hosts(topology, recipe, decisions)
     else:
@@ -132,9 +213,11 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
             )
         if mode == "server":
             try:
-                vllm, train_hosts = _plan_server(topology, recipe, model, decisions, notices)
+                vllm, train_hosts = _plan_server(
+                    topology, recipe, model, decisions, notices, forced_tp=forced[1] if forced else None
+                )
             except PlanError as exc:
-                if not _auto_mode(recipe) or "leaving none" not in exc.message:
+                if forced or not _auto_mode(recipe) or "leaving none" not in exc.message:
                     raise
                 decisions.append(
                     Decision("vllm", "colocate", f"a server would not leave a GPU to train: {exc.message}")
@@ -162,7 +245,9 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
             hint=f"Set vllm_tensor_parallel_size to a divisor of {n}.",
         )
 
-    backend, offload = _choose_backend(topology, recipe, model, n, vllm, decisions, warnings)
+    work = workload(recipe, layout)
+    backend, offload, ckpt, train_mem = _choose_backend(topology, recipe, model, n, vllm, work, decisions, warnings)
+    vllm = _size_vllm(topology, model, vllm, work, decisions, warnings)
     device = "cpu" if topology.is_cpu else "cuda"
     train = TrainPlan(
         device=device,
@@ -171,7 +256,11 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
         offload=offload,
         main_process_port=launch.main_process_port,
         mixed_precision="no" if device == "cpu" else ("no" if values.get("bf16") is False else "bf16"),
+        gradient_checkpointing=ckpt,
     )
+    if ckpt is not None:
+        work = dataclasses.replace(work, gradient_checkpointing=ckpt)
+    estimate = _estimate(topology, model, vllm, train, work, train_mem)
     run_dir = default_run_dir(recipe)
     trainer_values = _trainer_values(recipe, layout, vllm, train, run_dir, notices)
     roles = _roles(topology, vllm, train_hosts)
@@ -188,6 +277,7 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
         decisions=tuple(decisions),
         notices=tuple(notices),
         warnings=tuple(warnings),
+        estimate=estimate,
     )
 
 
@@ -261,12 +351,18 @@ def _requested_tp(recipe: Recipe, notices: list[str]) -> int | None:
 
 
 def _plan_server(
-    topology: Topology, recipe: Recipe, model: ModelShape | None, decisions: list[Decision], notices: list[str]
+    topology: Topology,
+    recipe: Recipe,
+    model: ModelShape | None,
+    decisions: list[Decision],
+    notices: list[str],
+    *,
+    forced_tp: int | None = None,
 ) -> tuple[VllmPlan, tuple[TrainHost, ...]]:
     hosts = topology.hosts
     per_host = len(hosts[0].gpus)
     mem = topology.min_gpu_memory_bytes
-    tp_fixed = _requested_tp(recipe, notices)
+    tp_fixed = forced_tp or _requested_tp(recipe, notices)
     valid = model.valid_tp_sizes(per_host) if model else tuple(range(1, per_host + 1))
     if tp_fixed is not None:
         problems = []
@@ -331,7 +427,7 @@ def _plan_server(
             f"; {idle} GPU(s) idle elsewhere so every machine runs {keep} trainers" if idle else ""
         )
     why_tp = (
-        "set in the recipe"
+        ("the split search's candidate" if forced_tp else "set in the recipe")
         if tp_fixed
         else (
             f"smallest size whose bf16 weights ({model.weight_bytes_bf16 / GIB:.1f} GiB) take ≤ "
@@ -460,20 +556,34 @@ def _cpu_train_hosts(topology: Topology, recipe: Recipe, decisions: list[Decisio
 # --------------------------------------------------------------------------------------------- backend
 
 
-def training_bytes_per_gpu(params: float, n: int, backend: str, offload: str, *, lora: bool = False) -> float:
-    """Weights + gradients + Adam state per training GPU (bf16 weights/grads, fp32 master + moments)."""
-    if lora:
-        return 2.0 * params / (n if backend == "zero3" else 1)
-    weights, grads, optim = 2.0 * params, 2.0 * params, 12.0 * params
-    if backend == "zero2":
-        grads, optim = grads / n, optim / n
-    elif backend in ("zero3", "fsdp"):
-        weights, grads, optim = weights / n, grads / n, optim / n
-    if offload in ("optimizer", "optimizer+params"):
-        optim = 0.0
-    if offload == "optimizer+params":
-        weights = 0.0
-    return weights + grads + optim
+def workload(recipe: Recipe, layout: Layout) -> Workload:
+    """One optimizer step's work, from the recipe (TRL's defaults where unset) and the layout."""
+    ckpt = recipe.get("gradient_checkpointing")
+    return Workload(
+        prompt_len=int(recipe.get("max_prompt_length") or DEFAULT_PROMPT_LEN),
+        completion_len=int(recipe.get("max_completion_length") or TRL_DEFAULT_COMPLETION_LEN),
+        completions=layout.completions_per_optimizer_step,
+        num_generations=layout.num_generations,
+        per_device=layout.per_device_train_batch_size,
+        gradient_checkpointing=True if ckpt is None else bool(ckpt),
+        lora=bool(recipe.get("use_peft")),
+        reference_model=float(recipe.get("beta") or 0.0) > 0.0,
+    )
+
+
+# (backend, offload, gradient checkpointing), cheapest first: no offload before offload, ZeRO-2 before ZeRO-3,
+# checkpointing (a third more compute) only when needed.
+TRAINING_SETTINGS: tuple[tuple[str, str, bool], ...] = (
+    ("ddp", "none", False),
+    ("zero2", "none", False),
+    ("ddp", "none", True),
+    ("zero2", "none", True),
+    ("zero3", "none", False),
+    ("zero3", "none", True),
+    ("zero2", "optimizer", True),
+    ("zero3", "optimizer", True),
+    ("zero3", "optimizer+params", True),
+)
 
 
 def _choose_backend(
@@ -482,9 +592,11 @@ def _choose_backend(
     model: ModelShape | None,
     n: int,
     vllm: VllmPlan,
+    work: Workload,
     decisions: list[Decision],
     warnings: list[str],
-) -> tuple[str, str]:
+) -> tuple[str, str, bool | None, TrainMemory | None]:
+    """(backend, offload, gradient checkpointing or None to leave it to the recipe, memory per GPU)."""
     backend, offload = recipe.launch.backend, recipe.launch.offload
     if topology.is_cpu:
         if backend == "fsdp":
@@ -493,48 +605,173 @@ def _choose_backend(
         decisions.append(
             Decision("backend", chosen, "set in the recipe" if backend != "auto" else "CPU: plain DDP (gloo)")
         )
-        return chosen, "none" if offload == "auto" else offload
+        return chosen, "none" if offload == "auto" else offload, None, None
     mem = topology.min_gpu_memory_bytes
-    lora = bool(recipe.get("use_peft"))
-    if backend != "auto" and offload != "auto":
-        decisions.append(Decision("backend", f"{backend}/{offload}", "set in the recipe"))
-        return backend, offload
     if model is None or mem is None:
         chosen = "zero2" if backend == "auto" else backend
-        decisions.append(Decision("backend", chosen, "model size or GPU memory unknown: ZeRO-2 is a safe default"))
-        return chosen, "none" if offload == "auto" else offload
-    budget = TRAIN_MEMORY_BUDGET * mem * (1.0 - (vllm.gpu_memory_utilization or 0) if vllm.mode == "colocate" else 1.0)
+        why = "set in the recipe" if backend != "auto" else "model size or GPU memory unknown: ZeRO-2 is a safe default"
+        decisions.append(Decision("backend", chosen, why))
+        return chosen, "none" if offload == "auto" else offload, None, None
+    share = (vllm.gpu_memory_utilization or 0.0) if vllm.mode == "colocate" else 0.0
+    budget = HEADROOM * mem - share * mem
+    ckpt_set = recipe.get("gradient_checkpointing")
     candidates = [
-        ("ddp", "none"),
-        ("zero2", "none"),
-        ("zero3", "none"),
-        ("zero3", "optimizer"),
-        ("zero3", "optimizer+params"),
+        (b, o, c)
+        for b, o, c in TRAINING_SETTINGS
+        if (backend == "auto" or b == backend)
+        and (offload == "auto" or o == offload)
+        and (ckpt_set is None or c == bool(ckpt_set))
+        and not (n == 1 and b == "zero2" and o == "none")
     ]
-    if backend != "auto":
-        candidates = [c for c in candidates if c[0] == backend] or [(backend, "none")]
-    if offload != "auto":
-        candidates = [(b, offload) for b, _ in candidates]
-    if n == 1:
-        candidates = [c for c in candidates if c[0] in ("ddp", "zero3")] or candidates
-    for b, o in candidates:
-        need = training_bytes_per_gpu(model.params, n, b, o, lora=lora)
-        if need <= budget:
+    if not candidates:  # e.g. fsdp, or a combination the table lacks: the recipe's own choice
+        candidates = [
+            (backend if backend != "auto" else "zero3", offload if offload != "auto" else "none", bool(ckpt_set))
+        ]
+    for b, o, c in candidates:
+        need = train_memory(model, n, b, o, dataclasses.replace(work, gradient_checkpointing=c))
+        if need.total <= budget:
+            label = b + ("" if o == "none" else f" + offload {o}") + (" + gradient checkpointing" if c else "")
+            set_by = [x for x, v in (("backend", backend), ("offload", offload)) if v != "auto"]
             decisions.append(
                 Decision(
                     "backend",
-                    b if o == "none" else f"{b} + offload {o}",
-                    f"cheapest that fits: {need / GIB:.1f} GiB of weights/grads/optimizer per GPU ≤ "
-                    f"{budget / GIB:.1f} GiB budget",
+                    label,
+                    (f"{', '.join(set_by)} set in the recipe; " if set_by else "cheapest that fits: ")
+                    + f"{need.total / GIB:.1f} GiB per training GPU ≤ {budget / GIB:.1f} GiB "
+                    f"({HEADROOM:.0%} of {mem / GIB:.0f} GiB"
+                    + (f" minus the colocated vLLM's {share:.0%}" if share else "")
+                    + ")",
                 )
             )
-            return b, o
-    b, o = candidates[-1]
-    need = training_bytes_per_gpu(model.params, n, b, o, lora=lora)
+            return b, o, c, need
+    b, o, c = candidates[-1]
+    need = train_memory(model, n, b, o, dataclasses.replace(work, gradient_checkpointing=c))
     raise PlanError(
-        f"{model.name} does not fit on {n} training GPU(s) of {mem / GIB:.0f} GiB: even {b} with offload {o} "
-        f"needs {need / GIB:.1f} GiB per GPU (budget {budget / GIB:.1f} GiB)",
-        hint="Use more GPUs, LoRA (use_peft: true), or GPUs with more memory.",
+        f"{model.name} does not fit on {n} training GPU(s) of {mem / GIB:.0f} GiB: even "
+        f"{b} + offload {o}{' + gradient checkpointing' if c else ''} needs {need.total / GIB:.1f} GiB per GPU "
+        f"(budget {budget / GIB:.1f} GiB)",
+        problems=_memory_fixes(model, n, mem, budget, (b, o, c), work, recipe),
+        hint="The nearest fixes are listed; each one alone would fit by the estimate (grpo-launch plan --explain).",
+    )
+
+
+def _memory_fixes(
+    model: ModelShape, n: int, mem: int, budget: float, setting: tuple[str, str, bool], work: Workload, recipe: Recipe
+) -> list[str]:
+    """Single changes that would make the training side fit, nearest first."""
+    b, o, _ = setting
+    fixes: list[str] = []
+
+    def total(nn: int, bb: str, oo: str, w: Workload) -> float:
+        return train_memory(model, nn, bb, oo, w).total
+
+    w_ck = dataclasses.replace(work, gradient_checkpointing=True)
+    if recipe.launch.offload != "auto" and total(n, "zero3", "optimizer+params", w_ck) <= budget:
+        fixes.append("offload: launch.offload=optimizer+params with launch.backend=zero3")
+    for more in (2, 4, 8, 16, 32, 64):
+        if total(n * more, "zero3", "optimizer", w_ck) <= budget:
+            fixes.append(f"more GPUs: {n * more} training GPUs (ZeRO-3 + optimizer offload)")
+            break
+    if not work.lora and total(n, b, o, dataclasses.replace(w_ck, lora=True)) <= budget:
+        fixes.append("LoRA: use_peft: true (only the frozen bf16 base stays on the GPU)")
+    for length in (work.completion_len // 2, work.completion_len // 4, work.completion_len // 8):
+        if length >= 16 and total(n, b, o, dataclasses.replace(w_ck, completion_len=length)) <= budget:
+            fixes.append(f"shorter completions: max_completion_length={length}")
+            break
+    if work.per_device > 1 and total(n, b, o, dataclasses.replace(w_ck, per_device=1)) <= budget:
+        fixes.append("fewer completions per forward pass: per_device_train_batch_size=1")
+    if not fixes:
+        fixes.append(f"GPUs with more memory than {mem / GIB:.0f} GiB, or a smaller model")
+    return fixes
+
+
+def _size_vllm(
+    topology: Topology,
+    model: ModelShape | None,
+    vllm: VllmPlan,
+    work: Workload,
+    decisions: list[Decision],
+    warnings: list[str],
+) -> VllmPlan:
+    """max_num_seqs (and the colocated memory share) from the KV cache the concurrent sequences need."""
+    mem = topology.min_gpu_memory_bytes
+    if vllm.mode == "off" or model is None or mem is None:
+        return vllm
+    share = vllm.gpu_memory_utilization if vllm.mode == "colocate" else None
+    sized = vllm_memory(model, vllm.tensor_parallel_size, mem, work, share=share)
+    if sized is None:
+        warnings.append(
+            f"vLLM: {model.weight_bytes_bf16 / vllm.tensor_parallel_size / GIB:.1f} GiB of weights per GPU leave no "
+            f"room for the KV cache of one {work.seq_len}-token sequence at gpu_memory_utilization "
+            f"{share or 0.9:.2f}: raise it or the tensor-parallel size"
+        )
+        return vllm
+    decisions.append(Decision("vllm_max_num_seqs", sized.max_num_seqs, sized.lines()[0]))
+    return dataclasses.replace(
+        vllm,
+        max_num_seqs=sized.max_num_seqs,
+        max_model_len=vllm.max_model_len or sized.max_model_len,
+    )
+
+
+def _estimate(
+    topology: Topology,
+    model: ModelShape | None,
+    vllm: VllmPlan,
+    train: TrainPlan,
+    work: Workload,
+    train_mem: TrainMemory | None,
+) -> Estimate | None:
+    """Predicted step time and memory, when the model and the GPU model are known."""
+    gpu = find_gpu_spec(topology.gpu_name) if not topology.is_cpu else None
+    mem = topology.min_gpu_memory_bytes
+    if model is None or gpu is None or mem is None:
+        return None
+    n = train.num_processes
+    explain: list[str] = [
+        f"workload per optimizer step: {work.completions} completions ({work.completions // work.num_generations} "
+        f"prompts × {work.num_generations}), {work.prompt_len} prompt + {work.completion_len} completion tokens",
+    ]
+    if train_mem is not None:
+        explain.append("memory per training GPU: " + train_mem.lines()[0])
+    vllm_gib = None
+    if vllm.mode == "server":
+        tp = vllm.tensor_parallel_size
+        replicas = 1
+        seqs = vllm.max_num_seqs or work.completions
+        gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work)
+        sync = sync_time(model, across_nodes=vllm.host not in {h.name for h in train.hosts})
+        util = vllm.gpu_memory_utilization or 0.9
+        vllm_gib = util * mem / GIB
+        explain.append(f"generation on the server ({tp} GPU): {gen_why}")
+        explain.append(f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s")
+    elif vllm.mode == "colocate":
+        tp = vllm.tensor_parallel_size
+        replicas = max(1, n // tp)
+        seqs = vllm.max_num_seqs or work.completions
+        gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work)
+        sync = colocate_switch_time(model, n)
+        vllm_gib = (vllm.gpu_memory_utilization or 0.3) * mem / GIB
+        explain.append(f"generation colocated ({replicas} engine(s) × TP {tp}): {gen_why}")
+        explain.append(f"vLLM sleep/wake and weight load per step: {sync:.2f} s")
+    else:
+        gen_s_per_tok = 2 * model.weight_bytes_bf16 / (gpu.bandwidth_tbs * 1e12 * 0.5)
+        gen = work.completion_len * gen_s_per_tok * math.ceil(work.completions / max(1, n * work.per_device))
+        sync = 0.0
+        explain.append(f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s")
+    train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work)
+    explain.append(f"training: {train_why}")
+    step = StepTime(gen, train_s, sync)
+    explain.append(
+        f"step ≈ {step.generation_s:.1f} s generation + {step.training_s:.1f} s training + {step.sync_s:.1f} s "
+        f"sync = {step.total_s:.1f} s; bottleneck: {step.bottleneck}"
+    )
+    return Estimate(
+        step=step,
+        train_memory_gib=train_mem.total / GIB if train_mem else None,
+        vllm_memory_gib=vllm_gib,
+        gpu_memory_gib=mem / GIB,
+        explain=tuple(explain),
     )
 
 
@@ -581,6 +818,8 @@ def _trainer_values(
             out.update(use_cpu=False, ddp_backend="gloo")
         else:
             out["use_cpu"] = True
+    if train.gradient_checkpointing is not None and train.device == "cuda":
+        out["gradient_checkpointing"] = train.gradient_checkpointing
     if "output_dir" not in out or out["output_dir"] is None:
         out["output_dir"] = f"{run_dir}/output"
     return out

@@ -169,6 +169,8 @@ def render_vllm_command(plan: Plan) -> ProcessSpec | None:
     ]
     if v.max_model_len:
         argv += ["--max-model-len", str(v.max_model_len)]
+    if v.max_num_seqs:
+        argv += ["--max-num-seqs", str(v.max_num_seqs)]
     argv += [
         "--weight-transfer-config",
         NCCL_WEIGHT_TRANSFER,
