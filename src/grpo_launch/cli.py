@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan = verb("plan", "print the plan and write the configs; start nothing")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--no-write", action="store_true", help="do not write files to the run directory")
+    plan.add_argument(
+        "--explain", action="store_true", help="show the memory and step-time arithmetic behind the estimate"
+    )
 
     sbatch = sub.add_parser(
         "sbatch",
@@ -193,7 +196,16 @@ def cmd_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     from grpo_launch.report import plan_report
 
-    Console(soft_wrap=True).print(plan_report(plan, run_dir, written, python=sys.executable))
+    console = Console(soft_wrap=True)
+    console.print(plan_report(plan, run_dir, written, python=sys.executable))
+    if args.explain:
+        console.print("Arithmetic (estimates, see grpo_launch/estimate.py for the model):", style="bold")
+        if plan.estimate is None:
+            console.print(
+                "  no estimate: the model shape or the GPU model is unknown (a CPU plan, or pass --gpus MODEL)"
+            )
+        for line in plan.estimate.explain if plan.estimate else ():
+            console.print(f"  {line}", markup=False)
     return 0
 
 

@@ -18,7 +18,8 @@ Step time (one optimizer step; TRL 1.16 runs generation and training one after t
 
 - generation: prefill is compute-bound (2·P FLOPs per prompt token, one prompt per group thanks to prefix
   caching); decode is memory-bound: each decode step reads the weights and the batch's KV cache, on each of the
-  DP replicas (TP GPUs each, 85 % bandwidth efficiency, ×(1 + 0.1·log2 TP) for TP all-reduces);
+  DP replicas (TP GPUs each, 85 % bandwidth efficiency, ×(1 + 0.1·log2 TP) for TP all-reduces), plus ~3 ms of
+  scheduling and sampling per step whatever the model size;
 - training: 6·P FLOPs per token forward + backward, +2·P with gradient checkpointing, +2·P for a reference model,
   at 40 % MFU (ZeRO-3 ×1.1, optimizer offload ×1.3, parameter offload ×2.0);
 - weight sync (server mode): bf16 weights broadcast to the server at 20 GB/s within a node, 10 GB/s across nodes;
@@ -43,6 +44,7 @@ DECODE_BW_EFFICIENCY = 0.85
 SYNC_BYTES_PER_S_NODE = 20e9
 SYNC_BYTES_PER_S_NET = 10e9
 COLOCATE_SWITCH_S = 1.0
+DECODE_STEP_OVERHEAD_S = 0.003  # vLLM scheduling, sampling and kernel launches per decode step, any model size
 
 
 @dataclass(frozen=True)
@@ -199,14 +201,14 @@ def generation_time(
     read = (model.weight_bytes_bf16 + batch * avg_ctx * model.kv_bytes_per_token_bf16) / tp
     step_mem = read / bw
     step_compute = 2 * model.params * batch / (tp * flops * PREFILL_MFU)
-    decode = batches * work.completion_len * max(step_mem, step_compute) * tp_factor
+    decode = batches * work.completion_len * (max(step_mem, step_compute) * tp_factor + DECODE_STEP_OVERHEAD_S)
     why = (
         f"prefill 2·{model.params / 1e9:.2f}B·{prompts:.0f} prompts·{work.prompt_len} tok / ({replicas}×{tp} GPU · "
         f"{gpu.bf16_tflops:.0f} TFLOP/s · {PREFILL_MFU:.0%}) = {prefill:.2f} s; decode {batches} batch(es) × "
-        f"{work.completion_len} steps × {max(step_mem, step_compute) * 1e3:.1f} ms "
-        f"({'memory' if step_mem >= step_compute else 'compute'}-bound, batch {batch})"
+        f"{work.completion_len} steps × ({max(step_mem, step_compute) * 1e3:.1f} ms "
+        f"{'memory' if step_mem >= step_compute else 'compute'}-bound at batch {batch}"
         + (f" × TP {tp_factor:.2f}" if tp > 1 else "")
-        + f" = {decode:.1f} s"
+        + f" + {DECODE_STEP_OVERHEAD_S * 1e3:.0f} ms overhead) = {decode:.1f} s"
     )
     return prefill + decode, why
 

@@ -16,6 +16,7 @@ from typing import Any
 from grpo_launch.errors import PlanError
 from grpo_launch.estimate import (
     HEADROOM,
+    VLLM_OVERHEAD_BYTES,
     StepTime,
     TrainMemory,
     Workload,
@@ -147,12 +148,10 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
     scored: list[tuple[float, str, Plan]] = []
     valid = model.valid_tp_sizes(len(topology.hosts[0].gpus) - 1) if model else ()
     choices = [("colocate", 1), *(("server", t) for t in valid)]
-    last_error: PlanError | None = None
     for mode, tp in choices:
         try:
             candidate = _make_plan(topology, recipe, model, (mode, tp if mode == "server" else None))
-        except PlanError as exc:
-            last_error = last_error or exc  # the first: colocate, the most training GPUs
+        except PlanError:
             continue
         if candidate.estimate is None:
             return _make_plan(topology, recipe, model, None)
@@ -161,8 +160,8 @@ def make_plan(topology: Topology, recipe: Recipe, model: ModelShape | None = Non
         prompts = candidate.layout.completions_per_optimizer_step / candidate.layout.num_generations
         scored.append((candidate.estimate.step.total_s / prompts, label, candidate))
     if not scored:
-        assert last_error is not None
-        raise last_error
+        # No candidate fits by the estimate: plan as without the search, for its plain error (or warnings).
+        return _make_plan(topology, recipe, model, None)
     scored.sort(key=lambda x: x[0])
     best_s, best_label, best = scored[0]
     others = ", ".join(f"{label} {t:.2f} s" for t, label, _ in scored[1:])
@@ -362,6 +361,8 @@ def _plan_server(
     hosts = topology.hosts
     per_host = len(hosts[0].gpus)
     mem = topology.min_gpu_memory_bytes
+    if forced_tp and not _fits_tp(model, mem, forced_tp):
+        raise PlanError(f"split candidate TP {forced_tp}: the weights take over half of each server GPU")
     tp_fixed = forced_tp or _requested_tp(recipe, notices)
     valid = model.valid_tp_sizes(per_host) if model else tuple(range(1, per_host + 1))
     if tp_fixed is not None:
@@ -700,12 +701,19 @@ def _size_vllm(
     share = vllm.gpu_memory_utilization if vllm.mode == "colocate" else None
     sized = vllm_memory(model, vllm.tensor_parallel_size, mem, work, share=share)
     if sized is None:
-        warnings.append(
-            f"vLLM: {model.weight_bytes_bf16 / vllm.tensor_parallel_size / GIB:.1f} GiB of weights per GPU leave no "
-            f"room for the KV cache of one {work.seq_len}-token sequence at gpu_memory_utilization "
-            f"{share or 0.9:.2f}: raise it or the tensor-parallel size"
+        weights = model.weight_bytes_bf16 / vllm.tensor_parallel_size
+        need = (weights + VLLM_OVERHEAD_BYTES + model.kv_bytes_per_token_bf16 * work.seq_len) / mem + 0.02
+        fixes = [
+            "more GPUs (a larger tensor-parallel size spreads the weights)",
+            "launch.vllm=off (generate with transformers in the trainers; slow)",
+        ]
+        if vllm.mode == "colocate" and need < 0.9:
+            fixes.insert(0, f"launch.vllm_gpu_memory_utilization={need:.2f} (leaves less for training)")
+        raise PlanError(
+            f"vLLM ({vllm.mode}) does not fit: {weights / GIB:.1f} GiB of weights per GPU leave no room for the KV "
+            f"cache of one {work.seq_len}-token sequence at gpu_memory_utilization {share or 0.9:.2f}",
+            problems=fixes,
         )
-        return vllm
     decisions.append(Decision("vllm_max_num_seqs", sized.max_num_seqs, sized.lines()[0]))
     return dataclasses.replace(
         vllm,

@@ -298,6 +298,21 @@ def plan_to_dict(plan: Plan, run_dir: str, *, python: str = "python3") -> dict[s
             "prompts_per_generation": plan.layout.prompts_per_generation,
             "completions_per_optimizer_step": plan.layout.completions_per_optimizer_step,
         },
+        "estimate": (
+            {
+                "generation_s": plan.estimate.step.generation_s,
+                "training_s": plan.estimate.step.training_s,
+                "sync_s": plan.estimate.step.sync_s,
+                "step_s": plan.estimate.step.total_s,
+                "bottleneck": plan.estimate.step.bottleneck,
+                "train_memory_gib": plan.estimate.train_memory_gib,
+                "vllm_memory_gib": plan.estimate.vllm_memory_gib,
+                "gpu_memory_gib": plan.estimate.gpu_memory_gib,
+                "explain": list(plan.estimate.explain),
+            }
+            if plan.estimate
+            else None
+        ),
         "decisions": [asdict(d) for d in plan.decisions],
         "notices": list(plan.notices),
         "warnings": list(plan.warnings),

@@ -106,6 +106,27 @@ def plan_report(plan: Plan, run_dir: str, written: Iterable[str] = (), *, python
     s.add_row("output_dir", str(plan.trainer_values.get("output_dir")))
     parts.append(s)
 
+    est = plan.estimate
+    if est is not None:
+        e = Table(
+            title="Estimate per optimizer step (grpo-launch plan --explain shows the arithmetic)",
+            title_justify="left",
+            show_header=False,
+        )
+        e.add_column("key")
+        e.add_column("value")
+        step = est.step
+        e.add_row("generation", f"{step.generation_s:.1f} s")
+        e.add_row("training", f"{step.training_s:.1f} s")
+        if step.sync_s:
+            e.add_row("weight sync / vLLM switch", f"{step.sync_s:.1f} s")
+        e.add_row("step", f"{step.total_s:.1f} s (bottleneck: {step.bottleneck})")
+        if est.train_memory_gib is not None:
+            e.add_row("memory per training GPU", f"{est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB")
+        if est.vllm_memory_gib is not None:
+            e.add_row("vLLM memory per GPU", f"{est.vllm_memory_gib:.1f} GiB")
+        parts.append(e)
+
     if plan.decisions:
         d = Table(title="Why", title_justify="left", show_header=False)
         d.add_column("what")

@@ -115,18 +115,36 @@ def make_callbacks(control_dir: str | None, is_main: bool) -> tuple[list, Any]:
     from transformers import TrainerCallback
 
     class StepLog(TrainerCallback):
-        """One line per optimizer step on the main process, so logs show progress and resumes plainly."""
+        """One line per optimizer step on the main process: wall time, and how much of it went to generating
+        (and scoring) completions, to compare with ``grpo-launch plan``'s estimate. Generation happens in the
+        first micro-step of a generation round, so a step's split can include the round's whole generation."""
 
         def __init__(self) -> None:
             self.t0 = time.monotonic()
+            self.generation_s = 0.0
+
+        def timed(self, fn):
+            def wrapper(*a, **kw):
+                t = time.monotonic()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    self.generation_s += time.monotonic() - t
+
+            return wrapper
 
         def on_step_begin(self, args, state, control, **kwargs):
             self.t0 = time.monotonic()
 
         def on_step_end(self, args, state, control, **kwargs):
+            dt = time.monotonic() - self.t0
+            gen, self.generation_s = self.generation_s, 0.0
             if is_main:
-                dt = time.monotonic() - self.t0
-                print(f"[grpo-launch] step {state.global_step}/{state.max_steps} done in {dt:.2f} s", flush=True)
+                print(
+                    f"[grpo-launch] step {state.global_step}/{state.max_steps} done in {dt:.2f} s "
+                    f"(generation {gen:.2f} s, training {max(0.0, dt - gen):.2f} s)",
+                    flush=True,
+                )
 
     class StopOnRequest(TrainerCallback):
         """Save a checkpoint and stop at the end of the step in which ``CONTROL_DIR/stop-requested`` appears.
@@ -151,7 +169,8 @@ def make_callbacks(control_dir: str | None, is_main: bool) -> tuple[list, Any]:
             return control
 
     stop = StopOnRequest(control_dir) if control_dir else None
-    return [StepLog(), *([stop] if stop else [])], stop
+    step_log = StepLog()
+    return [step_log, *([stop] if stop else [])], stop
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         peft_config=get_peft_config(model_args),
         callbacks=callbacks,
     )
+    step_log = callbacks[0]
+    if hasattr(trainer, "_generate_and_score_completions"):
+        trainer._generate_and_score_completions = step_log.timed(  # type: ignore[method-assign]
+            trainer._generate_and_score_completions
+        )
     acc = trainer.accelerator
     stage = acc.state.deepspeed_plugin.zero_stage if acc.state.deepspeed_plugin else None
     print(

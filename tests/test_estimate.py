@@ -1,0 +1,154 @@
+"""Memory and step-time estimates, and the choices made from them, against published configurations and the
+user reports in ../shared/cases/seed-cases.md. Numbers are estimates: the tests check orders and decisions that
+published runs settle (fits / OOM / bottleneck), not exact seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from grpo_launch.errors import PlanError
+from grpo_launch.estimate import HEADROOM, Workload, generation_time, train_memory, vllm_memory
+from grpo_launch.hardware import GIB, find_gpu_spec, find_model_shape
+from grpo_launch.plan import make_plan
+from grpo_launch.recipe import build_recipe
+from grpo_launch.topology import parse_gpu_spec
+
+QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
+WORK = Workload(
+    prompt_len=512, completion_len=1024, completions=64, num_generations=8, per_device=4, gradient_checkpointing=False
+)
+
+
+def plan(values: dict, spec: str):
+    return make_plan(parse_gpu_spec(spec), build_recipe(values), find_model_shape(values["model_name_or_path"]))
+
+
+def test_memory_orders_every_saving():
+    m = find_model_shape(QWEN7)
+    ddp = train_memory(m, 8, "ddp", "none", WORK).total
+    z2 = train_memory(m, 8, "zero2", "none", WORK).total
+    z3 = train_memory(m, 8, "zero3", "none", WORK).total
+    off = train_memory(m, 8, "zero3", "optimizer", WORK).total
+    off_all = train_memory(m, 8, "zero3", "optimizer+params", WORK).total
+    assert ddp > z2 > z3 > off > off_all
+    ck = train_memory(m, 8, "zero2", "none", dataclasses.replace(WORK, gradient_checkpointing=True)).total
+    assert ck < z2
+    lora = train_memory(m, 1, "ddp", "none", dataclasses.replace(WORK, lora=True)).total
+    assert lora < train_memory(m, 1, "ddp", "none", WORK).total / 3
+    # Model states of full fine-tuning under DDP: 16 bytes per parameter (7.6B → ~113 GiB).
+    states = train_memory(m, 1, "ddp", "none", WORK)
+    assert (states.weights + states.gradients + states.optimizer) / GIB == pytest.approx(16 * 7.62e9 / GIB, rel=1e-6)
+
+
+def test_seed_case_4_generation_is_the_bottleneck_of_long_completions():
+    """Seed case 4 (open-r1, 25-minute steps): 4096-token completions × 16 generations make generation the
+    bottleneck; parameter offload is not chosen when it is not needed, and forcing it makes the step slower."""
+    values = {
+        "model_name_or_path": QWEN7,
+        "num_generations": 16,
+        "per_device_train_batch_size": 1,
+        "max_prompt_length": 512,
+        "max_completion_length": 4096,
+    }
+    chosen = plan(values, "4xH100-80GB")
+    assert chosen.estimate.step.bottleneck == "generation"
+    assert chosen.train.offload != "optimizer+params"
+    forced = plan(
+        {**values, "launch": {"backend": "zero3", "offload": "optimizer+params", "vllm": "server"}}, "4xH100-80GB"
+    )
+    per_prompt = lambda p: p.estimate.step.total_s / (p.layout.completions_per_optimizer_step / 16)  # noqa: E731
+    assert per_prompt(forced) > per_prompt(chosen)
+    shorter = plan({**values, "max_completion_length": 1024}, "4xH100-80GB")
+    assert per_prompt(shorter) < per_prompt(chosen) / 2
+
+
+def test_trl_docs_72b_on_four_training_nodes_and_one_vllm_node():
+    """TRL's GRPO docs run Qwen2.5-72B on 5 nodes of 8 × H100: 4 train, 1 serves vLLM with TP 8."""
+    p = plan(
+        {
+            "model_name_or_path": "Qwen/Qwen2.5-72B-Instruct",
+            "num_generations": 8,
+            "per_device_train_batch_size": 1,
+            "max_prompt_length": 512,
+            "max_completion_length": 1024,
+            "gradient_checkpointing": True,
+        },
+        "5x8xH100-80GB",
+    )
+    assert p.vllm.mode == "server" and p.vllm.tensor_parallel_size == 8 and p.vllm.host == "node4"
+    assert p.train.num_processes == 32 and p.train.backend == "zero3"
+    assert p.estimate.train_memory_gib <= HEADROOM * 80
+
+
+def test_open_r1_small_model_on_one_node_needs_no_offload():
+    """open-r1 trains Qwen2.5-1.5B GRPO on one 8 × H100 node with ZeRO-2 and no offload."""
+    p = plan(
+        {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "num_generations": 16, "max_completion_length": 1024},
+        "8xH100-80GB",
+    )
+    assert p.train.offload == "none" and p.train.backend in ("ddp", "zero2")
+    assert p.estimate.train_memory_gib < 80
+
+
+def test_full_7b_on_one_24gb_gpu_is_refused_with_the_nearest_fixes():
+    """A known OOM: full-parameter GRPO of a 7B model on one 24 GB GPU (16 B/param of model states alone)."""
+    with pytest.raises(PlanError) as e:
+        plan({"model_name_or_path": QWEN7, "num_generations": 4, "per_device_train_batch_size": 4}, "1xA10G")
+    text = e.value.render()
+    assert "does not fit on 1 training GPU(s) of 22 GiB" in text
+    assert "more GPUs" in text
+
+
+def test_seed_case_3_memory_pressure_turns_on_checkpointing_and_offload_only_when_needed():
+    """Seed case 3: raising the batch on 4 GPUs hit OOM until gradient checkpointing and offload were on."""
+    small = plan(
+        {
+            "model_name_or_path": QWEN7,
+            "num_generations": 4,
+            "per_device_train_batch_size": 4,
+            "max_completion_length": 256,
+            "launch": {"vllm": "server"},
+        },
+        "8xH100-80GB",
+    )
+    big = plan(
+        {"model_name_or_path": QWEN7, "num_generations": 4, "per_device_train_batch_size": 4,
+         "max_completion_length": 2048, "launch": {"vllm": "server"}},
+        "4xA100-40GB",
+    )  # fmt: skip
+    assert small.train.gradient_checkpointing is False and small.train.offload == "none"
+    assert big.train.gradient_checkpointing is True and big.train.offload != "none"
+    assert big.trainer_values["gradient_checkpointing"] is True
+
+
+def test_vllm_sizing_covers_the_round_and_respects_the_kv_cache():
+    m = find_model_shape(QWEN7)
+    sized = vllm_memory(m, 1, 80 * GIB, WORK, share=None)
+    assert sized.max_num_seqs == 64 and sized.max_model_len == 1536
+    tight = vllm_memory(m, 1, 24 * GIB, dataclasses.replace(WORK, completions=4096, completion_len=8192), share=None)
+    assert tight is not None and tight.max_num_seqs < 4096
+    assert (tight.weights_per_gpu + tight.max_num_seqs * tight.kv_per_seq) <= 0.9 * 24 * GIB
+    assert vllm_memory(find_model_shape("Qwen/Qwen2.5-72B-Instruct"), 1, 80 * GIB, WORK, share=None) is None
+
+
+def test_generation_time_grows_with_completion_length_and_shrinks_with_tp():
+    m, gpu = find_model_shape(QWEN7), find_gpu_spec("H100")
+    short, _ = generation_time(m, gpu, 1, 1, 64, WORK)
+    long, why = generation_time(m, gpu, 1, 1, 64, dataclasses.replace(WORK, completion_len=4096))
+    assert long > 3 * short and "memory-bound" in why
+    tp2, _ = generation_time(m, gpu, 2, 1, 64, WORK)
+    assert tp2 < short
+
+
+def test_plan_shows_the_estimate_and_explains_it(capsys, tmp_path):
+    from grpo_launch.cli import main
+
+    from .conftest import ROOT
+
+    recipe = str(ROOT / "recipes" / "qwen1.5b.yaml")
+    assert main(["plan", recipe, "--gpus", "4xL20-48GB", "--no-write", "--explain"], environ={}) == 0
+    out = capsys.readouterr().out
+    assert "Estimate per optimizer step" in out and "bottleneck" in out and "memory per training GPU" in out
+    assert "training: " in out and "TFLOP/s" in out and "split=" in out
