@@ -19,17 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, ensure_tiny_assets
+from .conftest import ROOT, ensure_tiny_assets, require_root_tool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if shutil.which("slurmctld") is None or os.geteuid() != 0:
-        if os.environ.get("GRPO_LAUNCH_REQUIRE_SLURM") == "1":
-            pytest.fail("slurm-wlm is required (GRPO_LAUNCH_REQUIRE_SLURM=1) but slurmctld is missing or not root")
-        pytest.skip("slurm-wlm not installed or not root: run scripts/install_system_packages.sh")
+    require_root_tool(shutil.which("slurmctld") is not None, "GRPO_LAUNCH_REQUIRE_SLURM", "slurm-wlm")
     ensure_tiny_assets()
     d = tmp_path_factory.mktemp("slurm")
     script = ROOT / "scripts" / "slurm_cluster.sh"

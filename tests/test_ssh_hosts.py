@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, ensure_tiny_assets
+from .conftest import ROOT, ensure_tiny_assets, require_root_tool
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 SECRET = "hf_secret_value_that_must_not_leak_123"
@@ -26,10 +26,8 @@ SECRET = "hf_secret_value_that_must_not_leak_123"
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
-    if (shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists()) or os.geteuid() != 0:
-        if os.environ.get("GRPO_LAUNCH_REQUIRE_SSHD") == "1":
-            pytest.fail("openssh-server is required (GRPO_LAUNCH_REQUIRE_SSHD=1) but sshd is missing or not root")
-        pytest.skip("openssh-server not installed or not root: run scripts/install_system_packages.sh")
+    present = shutil.which("sshd") is not None or Path("/usr/sbin/sshd").exists()
+    require_root_tool(present, "GRPO_LAUNCH_REQUIRE_SSHD", "openssh-server (sshd)")
     ensure_tiny_assets()
     d = tmp_path_factory.mktemp("hosts")
     script = ROOT / "scripts" / "ssh_hosts.sh"
