@@ -161,18 +161,27 @@ def probe_topology(args: argparse.Namespace, environ: Mapping[str, str], recipe:
     return local
 
 
-def _plan(args: argparse.Namespace, environ: Mapping[str, str]):  # -> (Plan, run_dir)
+def _load(args: argparse.Namespace) -> tuple[Recipe, str]:
+    """The recipe with its overrides, and the absolute run directory it will use."""
     import dataclasses
 
-    from grpo_launch.plan import default_run_dir, make_plan
-    from grpo_launch.probe import resolve_model_shape
+    from grpo_launch.plan import default_run_dir
 
     overrides = list(args.overrides)
-    if args.network_interface:
+    if getattr(args, "network_interface", None):
         overrides.append(f"launch.network_interface={args.network_interface}")
     recipe = load_recipe(args.recipe, overrides)
     run_dir = os.path.abspath(args.run_dir or default_run_dir(recipe))
-    recipe = dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, run_dir=run_dir))
+    return dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, run_dir=run_dir)), run_dir
+
+
+def _plan(args: argparse.Namespace, environ: Mapping[str, str]):  # -> (Plan, run_dir)
+    import dataclasses
+
+    from grpo_launch.plan import make_plan
+    from grpo_launch.probe import resolve_model_shape
+
+    recipe, run_dir = _load(args)
     topology = probe_topology(args, environ, recipe)
     model, warning = resolve_model_shape(recipe.get("model_name_or_path"))
     plan = make_plan(topology, recipe, model)
@@ -275,18 +284,14 @@ def _requested_topology(args: argparse.Namespace, environ: Mapping[str, str]) ->
 
 
 def cmd_sbatch(args: argparse.Namespace, environ: Mapping[str, str], extra: Sequence[str]) -> int:
-    import dataclasses
-
     from grpo_launch.execute import preflight, submit_batch_script
-    from grpo_launch.plan import default_run_dir, make_plan
+    from grpo_launch.plan import make_plan
     from grpo_launch.probe import resolve_model_shape
     from grpo_launch.render import render_files
     from grpo_launch.rundir import write_run_files
     from grpo_launch.slurm import SbatchRequest, render_sbatch_script
 
-    recipe = load_recipe(args.recipe, args.overrides)
-    run_dir = os.path.abspath(args.run_dir or default_run_dir(recipe))
-    recipe = dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, run_dir=run_dir))
+    recipe, run_dir = _load(args)
     topology = _requested_topology(args, environ)
     model, _ = resolve_model_shape(recipe.get("model_name_or_path"))
     plan = make_plan(topology, recipe, model)  # refuse before submitting what cannot run

@@ -143,7 +143,7 @@ def place(
                 python=python,
                 workdir=os.getcwd(),
                 stdin_env=names,
-                gpu_positions=None if plan.train.device == "cpu" and spec.name != "vllm" else _positions(spec),
+                gpu_positions=_positions(spec),
             )
             for spec in specs
         ]

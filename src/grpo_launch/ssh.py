@@ -37,7 +37,6 @@ PASSED_ENV: tuple[str, ...] = (
     "TMPDIR",
     "VLLM_*",
 )
-PGID_ANNOUNCE = "[grpo-launch-task] pgid="
 
 
 @dataclass(frozen=True)

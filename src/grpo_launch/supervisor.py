@@ -24,7 +24,7 @@ from typing import IO
 
 from grpo_launch.errors import LaunchError
 from grpo_launch.render import ProcessSpec
-from grpo_launch.ssh import PGID_ANNOUNCE
+from grpo_launch.task import PGID_ANNOUNCE
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
 POLL_S = 0.2

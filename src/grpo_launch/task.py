@@ -17,6 +17,8 @@ import json
 import os
 import sys
 
+PGID_ANNOUNCE = "[grpo-launch-task] pgid="  # the launcher's supervisor reads the remote group from this line
+
 
 def select_gpus(inherited: str | None, positions: str) -> str:
     """The CUDA_VISIBLE_DEVICES value for ``positions`` of the ``inherited`` list."""
@@ -69,7 +71,7 @@ def main(argv: list[str]) -> int:
         elif opt == "--announce-pgid":
             if os.getpid() != os.getpgid(0):
                 os.setsid()
-            print(f"[grpo-launch-task] pgid={os.getpgid(0)}", flush=True)
+            print(f"{PGID_ANNOUNCE}{os.getpgid(0)}", flush=True)
             i += 1
         else:
             raise SystemExit(f"grpo_launch.task: unknown option {opt!r}")

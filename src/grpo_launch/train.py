@@ -107,8 +107,8 @@ def prepare_dataset(ds, script: Mapping[str, Any], tokenizer, is_main: bool):
     return ds
 
 
-def make_callbacks(control_dir: str | None, is_main: bool) -> tuple[list, Any]:
-    """(callbacks, the stop-on-request callback or None). Imports transformers: call inside the trainer only."""
+def make_callbacks(control_dir: str | None, is_main: bool) -> tuple[Any, Any]:
+    """(the step log, the stop-on-request callback or None). Imports transformers: call inside the trainer only."""
     import time
 
     import torch
@@ -168,9 +168,7 @@ def make_callbacks(control_dir: str | None, is_main: bool) -> tuple[list, Any]:
                 self.stopped_at = state.global_step
             return control
 
-    stop = StopOnRequest(control_dir) if control_dir else None
-    step_log = StepLog()
-    return [step_log, *([stop] if stop else [])], stop
+    return StepLog(), (StopOnRequest(control_dir) if control_dir else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     rewards: list[Any] = [load_reward(n, reward_cfg) for n in names]
 
     control_dir = os.environ.get(CONTROL_DIR_ENV)
-    callbacks, stop = make_callbacks(control_dir, is_main)
+    step_log, stop = make_callbacks(control_dir, is_main)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=rewards,
@@ -245,9 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
-        callbacks=callbacks,
+        callbacks=[step_log, *([stop] if stop else [])],
     )
-    step_log = callbacks[0]
     if hasattr(trainer, "_generate_and_score_completions"):
         trainer._generate_and_score_completions = step_log.timed(  # type: ignore[method-assign]
             trainer._generate_and_score_completions
