@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from grpo_launch.catalog import find_model_shape
 from grpo_launch.errors import PlanError
-from grpo_launch.hardware import find_model_shape
-from grpo_launch.plan import TRAINING_SETTINGS, _make_plan, make_plan
+from grpo_launch.planning import make_plan, plan_split
+from grpo_launch.planning.resources import TRAINING_SETTINGS
 from grpo_launch.recipe import build_recipe
 from grpo_launch.topology import parse_gpu_spec
 
@@ -44,19 +45,19 @@ def per_prompt(plan) -> float:
 
 
 def candidates(topology, model):
+    """Every split the search considers: colocate, and a server of each TP size."""
     per_host = len(topology.hosts[0].gpus)
-    return [("colocate", None), *(("server", t) for t in model.valid_tp_sizes(per_host - 1))]
+    return [("colocate", 1), *(("server", t) for t in model.valid_tp_sizes(per_host - 1))]
 
 
 def exhaustive(topology, values, model):
     best = None
     for forced in candidates(topology, model):
         for backend, offload, ckpt in TRAINING_SETTINGS:
-            recipe = build_recipe(
-                {**values, "gradient_checkpointing": ckpt, "launch": {"backend": backend, "offload": offload}}
-            )
+            launch = {"backend": str(backend), "offload": str(offload)}
+            recipe = build_recipe({**values, "gradient_checkpointing": ckpt, "launch": launch})
             try:
-                plan = _make_plan(topology, recipe, model, forced)
+                plan = plan_split(topology, recipe, model, *forced)
             except PlanError:
                 continue
             if plan.estimate is None:
@@ -87,7 +88,7 @@ def main() -> None:
             best = exhaustive(topology, values, model)
             c = per_prompt(chosen)
             try:
-                fixed_plan = _make_plan(topology, build_recipe(values), model, ("server", 1))
+                fixed_plan = plan_split(topology, build_recipe(values), model, "server", 1)
                 fixed = per_prompt(fixed_plan)
             except PlanError:
                 fixed = float("nan")

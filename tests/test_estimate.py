@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
+from grpo_launch.catalog import GIB, find_gpu_spec, find_model_shape
 from grpo_launch.errors import PlanError
-from grpo_launch.estimate import HEADROOM, Workload, generation_time, train_memory, vllm_memory
-from grpo_launch.hardware import GIB, find_gpu_spec, find_model_shape
-from grpo_launch.plan import make_plan
+from grpo_launch.planning import make_plan
+from grpo_launch.planning.costmodel import HEADROOM, Workload, generation_time, train_memory, vllm_memory
 from grpo_launch.recipe import build_recipe
 from grpo_launch.topology import parse_gpu_spec
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_launch.errors import PlanError
-from grpo_launch.layout import LayoutRequest, solve_layout
+from grpo_launch.planning.layout import LayoutRequest, solve_layout
 
 from .trl_oracle import grpo_config
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_launch.catalog import find_model_shape
 from grpo_launch.errors import PlanError
-from grpo_launch.hardware import find_model_shape
-from grpo_launch.plan import make_plan
+from grpo_launch.planning import make_plan
 from grpo_launch.recipe import build_recipe, load_recipe
 from grpo_launch.topology import parse_gpu_spec
 

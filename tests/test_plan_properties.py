@@ -7,14 +7,12 @@ suggested alternative, applied, must plan.
 
 from __future__ import annotations
 
-import re
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from grpo_launch.catalog import MODEL_SHAPES
 from grpo_launch.errors import PlanError
-from grpo_launch.hardware import MODEL_SHAPES
-from grpo_launch.plan import make_plan
+from grpo_launch.planning import make_plan
 from grpo_launch.recipe import build_recipe
 from grpo_launch.topology import parse_gpu_spec
 
@@ -57,15 +55,16 @@ def recipes(draw):
     return values, launch, shape
 
 
-def _apply_first_alternative(values: dict, launch: dict, hint: str) -> bool:
-    m = re.search(r"1\. set (\w+)=(\d+)", hint)
-    if m:
-        values[m.group(1)] = int(m.group(2))
-        return True
-    if "1. use colocated vLLM" in hint:
-        launch["vllm"] = "colocate"
-        return True
-    return False
+def _apply_first_fix(values: dict, launch: dict, fixes) -> bool:
+    """Apply the nearest typed fix (its first choice) to the recipe."""
+    if not fixes or not fixes[0].assignments():
+        return False
+    for key, value in fixes[0].assignments():
+        if key.startswith("launch."):
+            launch[key.removeprefix("launch.")] = value
+        else:
+            values[key] = value
+    return True
 
 
 def _check(plan):
@@ -96,9 +95,9 @@ def test_every_plan_is_accepted_by_trl(topology, recipe_parts):
         try:
             plan = make_plan(topology, build_recipe({**values, "launch": launch}), shape)
         except PlanError as exc:
-            if "batch layout" not in exc.message or not exc.hint:
+            if "batch layout" not in exc.message or not exc.fixes:
                 return  # refused for memory/TP reasons: a PlanError is all that is asked
-            assert _apply_first_alternative(values, launch, exc.hint), f"no applicable alternative: {exc}"
+            assert _apply_first_fix(values, launch, exc.fixes), f"no applicable alternative: {exc}"
             continue
         _check(plan)
         return

@@ -7,8 +7,9 @@ import json
 import pytest
 import yaml
 
-from grpo_launch.hardware import find_model_shape
-from grpo_launch.plan import make_plan
+from grpo_launch.catalog import find_model_shape
+from grpo_launch.commands import vllm_server as render_vllm_command
+from grpo_launch.planning import make_plan
 from grpo_launch.recipe import build_recipe, load_recipe
 from grpo_launch.render import (
     ACCELERATE_CONFIG,
@@ -16,7 +17,6 @@ from grpo_launch.render import (
     PLAN_JSON,
     TRAINER_RECIPE,
     render_files,
-    render_vllm_command,
 )
 from grpo_launch.rundir import write_run_files
 from grpo_launch.topology import parse_gpu_spec
@@ -26,9 +26,9 @@ from .conftest import ROOT
 QWEN = "Qwen/Qwen2.5-1.5B-Instruct"
 
 
-def _plan(spec: str, **launch):
+def _plan(spec: str, run_dir: str = "/RUN", **launch):
     recipe = build_recipe({"model_name_or_path": QWEN, "num_generations": 8, "launch": launch})
-    return make_plan(parse_gpu_spec(spec), recipe, find_model_shape(QWEN))
+    return make_plan(parse_gpu_spec(spec), recipe, find_model_shape(QWEN), run_dir=str(run_dir))
 
 
 def _fill_hf_auto(ds: dict, *, micro: int, accum: int, world: int) -> dict:
@@ -62,8 +62,8 @@ def _fill_hf_auto(ds: dict, *, micro: int, accum: int, world: int) -> dict:
 def test_accelerate_config_loads_with_accelerate(tmp_path, spec, launch, distributed_type):
     from accelerate.commands.config.config_args import load_config_from_file
 
-    plan = _plan(spec, **launch)
-    files = render_files(plan, str(tmp_path))
+    plan = _plan(spec, tmp_path, **launch)
+    files = render_files(plan)
     write_run_files(tmp_path, files)
     cfg = load_config_from_file(str(tmp_path / ACCELERATE_CONFIG))
     assert cfg.distributed_type.value == distributed_type
@@ -82,7 +82,7 @@ def test_deepspeed_config_parses_with_deepspeed(tmp_path, backend, offload, stag
     from deepspeed.runtime.config import DeepSpeedConfig
 
     plan = _plan("8xH100-80GB", backend=backend, offload=offload)
-    ds = json.loads(render_files(plan, str(tmp_path))[DEEPSPEED_CONFIG])
+    ds = json.loads(render_files(plan)[DEEPSPEED_CONFIG])
     lay = plan.layout
     # Parsed in this one process, so DeepSpeed checks the batch arithmetic against a world size of 1.
     parsed = DeepSpeedConfig(
@@ -100,7 +100,7 @@ def test_vllm_server_command_for_trl_116():
     spec = render_vllm_command(plan)
     argv = list(spec.argv)
     assert argv[:3] == ["vllm", "serve", QWEN]
-    assert spec.env["CUDA_VISIBLE_DEVICES"] == "3" and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert spec.launch_env["CUDA_VISIBLE_DEVICES"] == "3" and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
     assert argv[argv.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
     assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"
     assert argv[argv.index("--max-logprobs") + 1] == "-1"
@@ -116,9 +116,12 @@ def test_api_server_command_gets_model_flag():
 
 def test_trainer_recipe_and_plan_json(tmp_path):
     plan = make_plan(
-        parse_gpu_spec("4xL20-48GB"), load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"), find_model_shape(QWEN)
+        parse_gpu_spec("4xL20-48GB"),
+        load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"),
+        find_model_shape(QWEN),
+        run_dir=str(tmp_path),
     )
-    files = render_files(plan, str(tmp_path))
+    files = render_files(plan)
     trainer = yaml.safe_load(files[TRAINER_RECIPE])
     assert trainer["gradient_accumulation_steps"] == 8 and trainer["steps_per_generation"] == 8
     assert trainer["vllm_server_base_url"] == "http://127.0.0.1:8000"
@@ -132,8 +135,28 @@ def test_trainer_recipe_and_plan_json(tmp_path):
 def test_golden_accelerate_config_4xL20(tmp_path):
     """Golden file: the accelerate config for the seed case (update tests/golden/ deliberately)."""
     plan = make_plan(
-        parse_gpu_spec("4xL20-48GB"), load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"), find_model_shape(QWEN)
+        parse_gpu_spec("4xL20-48GB"),
+        load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"),
+        find_model_shape(QWEN),
+        run_dir="/RUN",
     )
-    text = render_files(plan, "/RUN")[ACCELERATE_CONFIG]
+    text = render_files(plan)[ACCELERATE_CONFIG]
     golden = ROOT / "tests" / "golden" / "qwen1.5b-4xL20.accelerate_config.yaml"
     assert text == golden.read_text()
+
+
+def test_every_path_follows_the_plans_run_dir(tmp_path):
+    """One source of truth: a plan moved to another run dir writes its configs, the trainers' control dir and the
+    default output_dir there (the SIGUSR2 checkpoint-and-stop reads the control dir)."""
+    import dataclasses
+
+    from grpo_launch.commands import trainers
+    from grpo_launch.control import CONTROL_DIR_ENV
+
+    plan = make_plan(parse_gpu_spec("cpu"), build_recipe({"model_name_or_path": QWEN, "launch": {"vllm": "off"}}))
+    moved = dataclasses.replace(plan, run_dir=str(tmp_path / "elsewhere"))
+    spec = trainers(moved)[0]
+    assert spec.env[CONTROL_DIR_ENV] == f"{tmp_path}/elsewhere/control"
+    assert f"{tmp_path}/elsewhere/trainer_recipe.yaml" in spec.argv
+    assert yaml.safe_load(render_files(moved)[TRAINER_RECIPE])["output_dir"] == f"{tmp_path}/elsewhere/output"
+    assert json.loads(render_files(moved)[PLAN_JSON])["run_dir"] == f"{tmp_path}/elsewhere"

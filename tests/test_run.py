@@ -157,3 +157,57 @@ def test_dry_run_prints_commands_and_starts_nothing(tmp_path):
     assert proc.returncode == 0
     assert "ACCELERATE_USE_CPU=true" in proc.stdout and "--num_processes 2" in proc.stdout
     assert not (tmp_path / "run" / "logs").exists()
+
+
+RELOCATED_DRIVER = """
+import dataclasses, json, os, signal, sys
+from grpo_launch.backends.base import RunContext
+from grpo_launch.backends.local import LocalBackend
+from grpo_launch.planning import make_plan
+from grpo_launch.recipe import load_recipe
+from grpo_launch.run import run_plan
+from grpo_launch.topology import parse_gpu_spec
+
+recipe_path, default_dir, other_dir, *overrides = sys.argv[1:]
+recipe = load_recipe(recipe_path, [*overrides, f"launch.run_dir={default_dir}"])
+plan = make_plan(parse_gpu_spec("cpu", cpu_processes=recipe.launch.num_processes), recipe, python=sys.executable)
+assert plan.run_dir == default_dir
+moved = dataclasses.replace(plan, run_dir=other_dir)
+asked = []
+
+def emit(line):
+    print(line, flush=True)
+    if "[grpo-launch] step 2/" in line and not asked:
+        asked.append(True)
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+result = run_plan(moved, LocalBackend(), RunContext(sys.executable, os.getcwd(), dict(os.environ), emit))
+print("RESULT " + json.dumps({"state": str(result.state), "step": result.stopped_at_step}), flush=True)
+"""
+
+
+def test_sigusr2_checkpoints_and_stops_in_a_relocated_run_dir(tmp_path):
+    """A plan rendered into a run dir other than its default (a caller other than the CLI): SIGUSR2 still reaches
+    the trainers through that dir's control files, they save a checkpoint there and stop; the default dir is
+    never touched."""
+    default, other = tmp_path / "default", tmp_path / "other"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-c", RELOCATED_DRIVER, RECIPE, str(default), str(other)),
+            *tiny_overrides(tmp_path),
+            *("max_steps=200", "save_steps=1000"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["state"] == "stopped-for-checkpoint", out[-3000:]
+    step = result["step"]
+    assert 2 <= step < 200
+    assert (other / "output" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+    assert (other / "control" / "stopped-at-step").read_text().strip() == str(step)
+    assert not default.exists()

@@ -11,17 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from grpo_launch.backends.slurm.allocation import expand_counts, parse_job_gres, parse_node_addresses, srun_spec
+from grpo_launch.backends.slurm.sbatch import SbatchRequest, parse_job_id, render_sbatch_script
 from grpo_launch.errors import ConfigError
-from grpo_launch.render import ProcessSpec
-from grpo_launch.slurm import (
-    SbatchRequest,
-    expand_counts,
-    parse_job_gres,
-    parse_job_id,
-    parse_node_addresses,
-    render_sbatch_script,
-    srun_spec,
-)
+from grpo_launch.spec import ProcessSpec
 from grpo_launch.task import select_gpus
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -120,17 +113,15 @@ def test_parsers():
     assert parse_job_id("1234\n") == "1234" and parse_job_id("77;cluster2") == "77"
     assert expand_counts("72(x2),36") == [72, 72, 36]
     text = "     Nodes=n[1-2] CPU_IDs=0-1 Mem=0 GRES=gpu:4(IDX:0-3)\n     Nodes=n3 CPU_IDs=0 Mem=0 GRES=\n"
-    from grpo_launch.probe import expand_nodelist
+    from grpo_launch.backends.slurm.allocation import expand_nodelist
 
     assert parse_job_gres(text, expand_nodelist) == {"n1": 4, "n2": 4, "n3": 0}
     assert parse_node_addresses("NodeName=n1 Arch=x NodeAddr=127.0.0.1 NodeHostName=localhost") == {"n1": "127.0.0.1"}
 
 
 def test_srun_step_narrows_gpus_by_position():
-    spec = ProcessSpec(
-        name="vllm", argv=("vllm", "serve", "m"), env={"CUDA_VISIBLE_DEVICES": "6,7", "A": "1"}, host="gpu02"
-    )
-    step = srun_spec(spec, python="/venv/bin/python", gpus_on_node=8, cpus_on_node=64, gpu_positions=["6", "7"])
+    spec = ProcessSpec(name="vllm", argv=("vllm", "serve", "m"), env={"A": "1"}, host="gpu02", gpus=("6", "7"))
+    step = srun_spec(spec, python="/venv/bin/python", gpus_on_node=8, cpus_on_node=64)
     assert step.argv[: step.argv.index("--")] == (
         "srun",
         "--nodes=1",

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 
-from grpo_launch.render import ProcessSpec
-from grpo_launch.ssh import SshOptions, check_command, passed_env_names, remote_command, ssh_spec
+from grpo_launch.backends.ssh import (
+    SshOptions,
+    check_command,
+    kill_command,
+    passed_env_names,
+    remote_command,
+    ssh_spec,
+)
+from grpo_launch.spec import ProcessSpec
 
 
 def test_ssh_options():
@@ -43,14 +51,17 @@ def test_remote_command_runs_the_argv_unchanged_with_env_and_no_secret(tmp_path)
 
 
 def test_ssh_spec_signals_the_announced_group_on_its_host():
-    spec = ProcessSpec(name="train@h2", argv=("python", "-m", "x"), host="h2")
-    wrapped = ssh_spec(
-        spec, SshOptions(port=22), python="/v/python", workdir="/w", stdin_env=("HF_TOKEN",), gpu_positions=["1"]
-    )
+    spec = ProcessSpec(name="train@h2", argv=("python", "-m", "x"), host="h2", gpus=("1",))
+    wrapped = ssh_spec(spec, SshOptions(port=22), python="/v/python", workdir="/w", stdin_env=("HF_TOKEN",))
     assert wrapped.argv[:-1] == (*SshOptions(port=22).argv("h2"), "--")
     assert shlex.split(wrapped.argv[-1])[:3] == ["cd", "/w", "&&"]
     assert "--gpus 1" in wrapped.argv[-1] and "--env-stdin" in wrapped.argv[-1]
-    assert wrapped.signal_argv == (*SshOptions(port=22).argv("h2"), "--", "kill -{sig} -- -{pgid}")
+    assert wrapped.remote_group and wrapped.gpus is None  # the remote shim selects the GPUs there
+    assert kill_command(SshOptions(port=22), "h2", 4242, signal.SIGTERM) == [
+        *SshOptions(port=22).argv("h2"),
+        "--",
+        "kill -TERM -- -4242",
+    ]
     assert wrapped.stdin_env == ("HF_TOKEN",) and wrapped.shell().endswith("# on stdin: HF_TOKEN")
 
 

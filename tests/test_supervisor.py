@@ -3,6 +3,7 @@ server-mode run needs CUDA for TRL's NCCL weight sync), each spawning a grandchi
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -11,10 +12,8 @@ import time
 
 import pytest
 
-from grpo_launch.errors import LaunchError
-from grpo_launch.execute import run_processes
-from grpo_launch.render import ProcessSpec
-from grpo_launch.supervisor import root_cause
+from grpo_launch.spec import ProcessSpec, RunState
+from grpo_launch.supervisor import root_cause, supervise
 
 from .conftest import ROOT
 from .helpers import alive, free_port, pids_in, write_scripts
@@ -31,7 +30,7 @@ def _specs(tmp_path, server_mode: str, trainer_mode: str):
 
 def _run(tmp_path, srv, trn, url, *, timeout=20.0, grace=5.0, lines=None):
     out = lines if lines is not None else []
-    return run_processes(
+    return supervise(
         srv,
         [trn],
         health_url=url,
@@ -55,7 +54,8 @@ def _all_gone(pids, within=5.0) -> bool:
 def test_trainer_success_stops_server(tmp_path):
     srv, trn, url, pids = _specs(tmp_path, "ok", "ok")
     lines: list[str] = []
-    assert _run(tmp_path, srv, trn, url, lines=lines) == 0
+    result = _run(tmp_path, srv, trn, url, lines=lines)
+    assert result.state == RunState.SUCCEEDED and result.exit_code == 0
     assert any("vLLM server healthy" in line for line in lines)
     assert any(line.startswith("[train] trainer started") for line in lines)
     assert len(pids_in(pids)) == 4 and _all_gone(pids_in(pids))
@@ -65,26 +65,26 @@ def test_trainer_success_stops_server(tmp_path):
 
 def test_trainer_failure_stops_server_and_names_root_cause(tmp_path):
     srv, trn, url, pids = _specs(tmp_path, "ok", "fail")
-    with pytest.raises(LaunchError) as e:
-        _run(tmp_path, srv, trn, url)
-    text = str(e.value)
-    assert "train failed (exit code 3)" in text and "root cause: ValueError: boom in the trainer" in text
+    result = _run(tmp_path, srv, trn, url)
+    assert result.state == RunState.FAILED and result.exit_code == 1 and result.failed_process == "train"
+    assert "train failed (exit code 3)" in result.message
+    assert "root cause: ValueError: boom in the trainer" in result.detail
     assert _all_gone(pids_in(pids))
 
 
 def test_server_death_stops_trainer_within_10s(tmp_path):
     srv, trn, url, pids = _specs(tmp_path, "die-after-1s", "sleep")
     t0 = time.monotonic()
-    with pytest.raises(LaunchError, match="vllm"):
-        _run(tmp_path, srv, trn, url)
+    result = _run(tmp_path, srv, trn, url)
+    assert result.state == RunState.FAILED and result.failed_process == "vllm"
     assert time.monotonic() - t0 < 10
     assert _all_gone(pids_in(pids))
 
 
 def test_server_never_healthy_times_out(tmp_path):
     srv, trn, url, pids = _specs(tmp_path, "never-healthy", "sleep")
-    with pytest.raises(LaunchError, match=r"not healthy .* within 2 s"):
-        _run(tmp_path, srv, trn, url, timeout=2)
+    result = _run(tmp_path, srv, trn, url, timeout=2)
+    assert result.state == RunState.FAILED and re.search(r"not healthy .* within 2 s", result.message)
     assert _all_gone(pids_in(pids))
 
 
@@ -96,15 +96,15 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
         import sys, threading, os, signal, time
         sys.path.insert(0, {str(ROOT / "src")!r})
         from pathlib import Path
-        from grpo_launch.execute import run_processes
-        from grpo_launch.render import ProcessSpec
+        from grpo_launch.supervisor import supervise
+        from grpo_launch.spec import ProcessSpec
         srv = ProcessSpec("vllm", {tuple(srv.argv)!r})
         trn = ProcessSpec("train", {tuple(trn.argv)!r})
         threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
         t0 = time.monotonic()
-        code = run_processes(srv, [trn], health_url={url!r}, health_timeout_s=20,
-                             log_dir=Path({str(tmp_path / "logs")!r}), grace_s=1.5, environ=dict(os.environ),
-                             emit=print)
+        code = supervise(srv, [trn], health_url={url!r}, health_timeout_s=20,
+                         log_dir=Path({str(tmp_path / "logs")!r}), grace_s=1.5, environ=dict(os.environ),
+                         emit=print).exit_code
         print("EXIT", code, "TOOK", round(time.monotonic() - t0, 1), flush=True)
         sys.exit(code)
         """

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import textwrap
 import time
 
 import pytest
 
-from grpo_launch.errors import LaunchError
-from grpo_launch.execute import run_processes
-from grpo_launch.plan import make_plan
+from grpo_launch.commands import vllm_server as render_vllm_command
+from grpo_launch.planning import make_plan
 from grpo_launch.probe import resolve_model_shape
 from grpo_launch.recipe import build_recipe
-from grpo_launch.render import ProcessSpec, render_vllm_command
+from grpo_launch.spec import ProcessSpec, RunState
+from grpo_launch.supervisor import supervise
 from grpo_launch.topology import parse_gpu_spec
 
 from .conftest import ROOT, ensure_tiny_assets
@@ -70,7 +71,7 @@ def _server_plan(tmp_path, port, model=None):
 
 
 def _supervise(tmp_path, server, client, port, emit):
-    return run_processes(
+    return supervise(
         server,
         [client],
         health_url=f"http://127.0.0.1:{port}/health",
@@ -97,8 +98,8 @@ def test_real_vllm_server_generates_for_trl_client(tmp_path):
     client = ProcessSpec("train", (str(VLLM_PY), str(tmp_path / "client.py"), f"http://127.0.0.1:{port}", str(result)))
     lines: list[str] = []
     t0 = time.monotonic()
-    code = _supervise(tmp_path, server, client, port, lines.append)
-    assert code == 0, "\n".join(lines[-40:])
+    outcome = _supervise(tmp_path, server, client, port, lines.append)
+    assert outcome.exit_code == 0, "\n".join(lines[-40:]) + f"\n{outcome}"
     data = json.loads(result.read_text())
     assert data["world_size"] == 1
     assert len(data["completions"]) == 4 and all(0 < len(c) <= 8 for c in data["completions"])
@@ -112,6 +113,7 @@ def test_server_that_dies_at_start_is_reported(tmp_path):
     port = free_port()
     bad = render_vllm_command(_server_plan(tmp_path, port, model=tmp_path / "nope"))
     waiter = ProcessSpec("train", ("sleep", "600"))
-    with pytest.raises(LaunchError, match=r"vllm exited .* before the vLLM server was healthy"):
-        _supervise(tmp_path, bad, waiter, port, lambda _line: None)
+    outcome = _supervise(tmp_path, bad, waiter, port, lambda _line: None)
+    assert outcome.state == RunState.FAILED and outcome.failed_process == "vllm"
+    assert re.search(r"vllm exited .* before the vLLM server was healthy", outcome.message)
     assert _leftovers(port) == []

@@ -1,8 +1,57 @@
-"""The one error hierarchy. The CLI turns these into a message and an exit code; nothing else exits."""
+"""The one error hierarchy, and typed fixes. The CLI turns errors into a message and an exit code; nothing else
+exits."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A change that makes a refused plan valid: set ``setting`` to ``value`` (and the ``also`` settings).
+
+    ``setting`` is a recipe key (``num_generations``, ``launch.offload``), or with ``in_recipe=False`` a change
+    outside the recipe ("gpus": more of them); ``value`` may be a tuple of equally good choices.
+    ``rank`` orders fixes by what they change (the batch before the algorithm before the hardware); ``cost`` orders
+    fixes of one rank by how far they move from the request.
+    """
+
+    setting: str
+    value: Any
+    reason: str = ""
+    rank: int = 0
+    cost: float = 0.0
+    also: tuple[tuple[str, Any], ...] = ()
+    in_recipe: bool = True
+
+    @property
+    def choices(self) -> tuple[Any, ...]:
+        return self.value if isinstance(self.value, tuple) else (self.value,)
+
+    def assignments(self) -> tuple[tuple[str, Any], ...]:
+        """(key, value) pairs to apply, with the first of several equal choices."""
+        return ((self.setting, self.choices[0]), *self.also) if self.in_recipe else ()
+
+    def overrides(self) -> list[str]:
+        """The fix as ``key=value`` command-line overrides (empty for a change outside the recipe)."""
+        import json
+
+        return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in self.assignments()]
+
+    def __str__(self) -> str:
+        if not self.in_recipe:
+            return self.reason
+        text = f"set {self.setting}={' or '.join(map(str, self.choices))}"
+        text += "".join(f" with {k}={v}" for k, v in self.also)
+        return text + (f" ({self.reason})" if self.reason else "")
+
+
+def rank_fixes(fixes: Iterable[Fix]) -> tuple[Fix, ...]:
+    """Distinct fixes, nearest first."""
+    unique = {str(f): f for f in fixes}
+    return tuple(sorted(unique.values(), key=lambda f: (f.rank, f.cost)))
 
 
 class GrpoLaunchError(Exception):
@@ -10,19 +59,30 @@ class GrpoLaunchError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, problems: Iterable[str] = (), hint: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        problems: Iterable[str] = (),
+        hint: str | None = None,
+        fixes: Iterable[Fix] = (),
+    ) -> None:
         self.message = message
         self.problems = tuple(problems)
         self.hint = hint
+        self.fixes = rank_fixes(fixes)
         super().__init__(message)
 
     def __str__(self) -> str:
         return self.render()
 
     def render(self) -> str:
-        """The full user-facing text: the message, every problem, then the hint."""
+        """The full user-facing text: the message, every problem, the fixes (nearest first), then the hint."""
         lines = [self.message]
         lines += [f"  - {p}" for p in self.problems]
+        if self.fixes:
+            lines.append("Nearest valid alternatives:")
+            lines += [f"  {i}. {f}" for i, f in enumerate(self.fixes[:6], 1)]
         if self.hint:
             lines.append(self.hint)
         return "\n".join(lines)
@@ -47,6 +107,14 @@ class PlanError(GrpoLaunchError):
 
 
 class LaunchError(GrpoLaunchError):
-    """Starting or supervising the processes failed."""
+    """Starting the processes failed, or what they need is missing."""
 
     exit_code = 1
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""

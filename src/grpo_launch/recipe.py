@@ -8,7 +8,6 @@ Every problem found is reported in one :class:`ConfigError`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,8 +17,20 @@ from typing import Any
 
 import yaml
 
-from grpo_launch import trl_schema
-from grpo_launch.errors import ConfigError
+from grpo_launch.errors import ConfigError, did_you_mean
+from grpo_launch.recipe_keys import OPEN_R1_UNUSED, PLANNED_KEYS, POSITIVE_INT_KEYS, RECIPE_KEYS
+
+__all__ = [
+    "AUTO",
+    "LOCAL_DATA_SUFFIXES",
+    "LaunchSettings",
+    "Recipe",
+    "build_recipe",
+    "did_you_mean",
+    "load_recipe",
+    "parse_override",
+    "yaml_load",
+]
 
 AUTO = "auto"
 # dataset_name values with these suffixes are local files, loaded with the datasets builder named here.
@@ -55,89 +66,6 @@ _Loader.add_implicit_resolver(
 
 def yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
-
-
-# Keys grpo-launch's training entry (python -m grpo_launch.train) reads itself, beyond TRL's script arguments.
-TRAIN_ENTRY_KEYS: dict[str, str] = {
-    "max_prompt_length": "int?",  # removed from GRPOConfig in TRL 0.26; the train entry truncates prompts
-    "dataset_prompt_column": "str",
-    "dataset_answer_column": "str?",
-    "system_prompt": "str?",
-    "chat_template": "str?",
-    "reward_kwargs": "dict?",
-}
-
-# open-r1's own GRPOConfig / script-argument extras. Accepted so an open-r1 recipe runs unmodified; the ones the
-# train entry does not use are listed in a notice rather than dropped silently.
-OPEN_R1_KEYS: dict[str, str] = {
-    "benchmarks": "list",
-    "callbacks": "list",
-    "hub_model_revision": "str?",
-    "overwrite_hub_revision": "bool",
-    "push_to_hub_revision": "bool",
-    "wandb_entity": "str?",
-    "wandb_project": "str?",
-    "wandb_run_group": "str?",
-    "cosine_min_value_wrong": "float",
-    "cosine_max_value_wrong": "float",
-    "cosine_min_value_correct": "float",
-    "cosine_max_value_correct": "float",
-    "cosine_max_len": "int",
-    "repetition_n_grams": "int",
-    "repetition_max_penalty": "float",
-    "code_language": "str",
-    "code_eval_test_batch_size": "int",
-    "parallel_code_exec_per_proc": "int",
-    "e2b_router_url": "str?",
-    "morph_router_url": "str?",
-    "code_provider": "str?",
-    "ioi_provider": "str?",
-}
-OPEN_R1_UNUSED = frozenset(
-    {"benchmarks", "callbacks", "hub_model_revision", "overwrite_hub_revision", "push_to_hub_revision"}
-    | {k for k in OPEN_R1_KEYS if k.startswith(("code_", "parallel_code", "e2b_", "morph_", "ioi_"))}
-)
-
-RECIPE_KEYS: dict[str, str] = {
-    **trl_schema.GRPO_CONFIG,
-    **trl_schema.MODEL_CONFIG,
-    **trl_schema.SCRIPT_ARGUMENTS,
-    **TRAIN_ENTRY_KEYS,
-    **OPEN_R1_KEYS,
-}
-
-# Values that must be positive integers when given (the planner fills them when absent or "auto").
-POSITIVE_INT_KEYS = frozenset(
-    {
-        "per_device_train_batch_size",
-        "per_device_eval_batch_size",
-        "gradient_accumulation_steps",
-        "steps_per_generation",
-        "generation_batch_size",
-        "num_generations",
-        "num_generations_eval",
-        "max_completion_length",
-        "max_prompt_length",
-        "vllm_tensor_parallel_size",
-        "vllm_max_model_length",
-        "num_iterations",
-    }
-)
-# Keys the planner may choose; "auto" is accepted for them.
-PLANNED_KEYS = frozenset(
-    {
-        "per_device_train_batch_size",
-        "per_device_eval_batch_size",
-        "gradient_accumulation_steps",
-        "steps_per_generation",
-        "num_generations",
-        "vllm_tensor_parallel_size",
-        "vllm_mode",
-        "use_vllm",
-        "vllm_gpu_memory_utilization",
-        "gradient_checkpointing",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -401,12 +329,6 @@ def _check_value(key: str, value: Any) -> str | None:
     if key == "vllm_mode" and value not in ("server", "colocate"):
         return f"vllm_mode must be 'server' or 'colocate', got {value!r}"
     return None
-
-
-def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _build_launch(raw: Mapping[str, Any], problems: list[str]) -> LaunchSettings:

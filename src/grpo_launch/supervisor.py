@@ -3,6 +3,9 @@
 Each child starts in its own session (process group), so signalling the group reaches grandchildren too (vLLM's
 EngineCore and workers, torchrun's ranks). Shutdown: the signal to every group, one monotonic grace deadline,
 then SIGKILL to every group that is left — also groups whose leader already exited.
+
+:func:`supervise` runs a server and trainers to the end and returns a :class:`RunResult`; it never raises for a
+failed child or a signal, and it prints nothing itself (``emit`` does).
 """
 
 from __future__ import annotations
@@ -23,11 +26,23 @@ from pathlib import Path
 from typing import IO
 
 from grpo_launch.errors import LaunchError
-from grpo_launch.render import ProcessSpec
+from grpo_launch.spec import ProcessSpec, RunResult, RunState
 from grpo_launch.task import PGID_ANNOUNCE
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
 POLL_S = 0.2
+
+
+class ChildFailed(LaunchError):
+    """A supervised process failed (or never became healthy); ``child`` is the one to blame."""
+
+    def __init__(self, message: str, child: Child, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.child = child
+
+
+# Signals a process group on a remote host: (process spec, remote pgid, signal number).
+RemoteSignaller = Callable[[ProcessSpec, int, int], None]
 
 
 class Interrupted(Exception):
@@ -108,12 +123,14 @@ class Supervisor:
         grace_s: float = 30.0,
         environ: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        signal_remote: RemoteSignaller | None = None,
     ) -> None:
         self.log_dir = log_dir
         self.emit = emit
         self.grace_s = grace_s
         self.environ = dict(os.environ if environ is None else environ)
         self.cwd = cwd
+        self.signal_remote = signal_remote
         self.children: list[Child] = []
         self._emit_lock = threading.Lock()
 
@@ -122,7 +139,7 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = self.log_dir / f"{spec.name.replace('@', '-')}-{stamp}.log"
-        env = {**self.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        env = {**self.environ, **spec.launch_env, "PYTHONUNBUFFERED": "1"}
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
@@ -175,9 +192,10 @@ class Supervisor:
         while True:
             for c in (child, *also_watch):
                 if c.proc.poll() is not None:
-                    raise LaunchError(
+                    raise ChildFailed(
                         f"{c.spec.name} exited ({describe_exit(c.proc.returncode)}) before the vLLM server was "
                         f"healthy; log: {c.log_path}",
+                        c,
                         hint=c.tail(),
                     )
             try:
@@ -188,8 +206,9 @@ class Supervisor:
                 pass
             if time.monotonic() > deadline:
                 where = f" on {child.spec.host}" if child.spec.host else ""
-                raise LaunchError(
+                raise ChildFailed(
                     f"the vLLM server{where} was not healthy at {url} within {timeout_s:.0f} s; log: {child.log_path}",
+                    child,
                     hint="Raise launch.vllm_health_timeout_s if the model is large. If the log shows the server "
                     "up, this node cannot reach it: check the address, firewall and launch.vllm_host (the bind "
                     "address). The server log:\n" + child.tail(),
@@ -197,7 +216,7 @@ class Supervisor:
             time.sleep(POLL_S)
 
     def wait_all(self, main: Sequence[Child]) -> int:
-        """Until the ``main`` children (trainers) all exit 0 → 0; any child failing first → LaunchError."""
+        """Until the ``main`` children (trainers) all exit 0 → 0; any child failing first → ChildFailed."""
         while True:
             for c in self.children:
                 code = c.proc.poll()
@@ -206,12 +225,13 @@ class Supervisor:
                 if c in main and code == 0:
                     continue
                 if c not in main:
-                    raise LaunchError(
+                    raise ChildFailed(
                         f"{c.spec.name} stopped unexpectedly ({describe_exit(code)}) while training ran; "
                         f"log: {c.log_path}",
+                        c,
                         hint=c.tail(),
                     )
-                raise LaunchError(f"{c.spec.name} failed ({describe_exit(code)}); log: {c.log_path}", hint=c.tail())
+                raise ChildFailed(f"{c.spec.name} failed ({describe_exit(code)}); log: {c.log_path}", c, hint=c.tail())
             if all(c.proc.poll() == 0 for c in main):
                 return 0
             time.sleep(POLL_S)
@@ -223,7 +243,7 @@ class Supervisor:
         A remote child's group is signalled on its host (its ssh client exits once the remote tree is gone); the
         local ssh client is killed only after that, because killing it does not stop the remote processes.
         """
-        remote = [c for c in self.children if c.spec.signal_argv]
+        remote = [c for c in self.children if c.spec.remote_group]
         self._signal_remote([c for c in remote if c.remote_pgid], sig)
         for c in self.children:
             if c not in remote:
@@ -251,14 +271,15 @@ class Supervisor:
 
     def _signal_remote(self, children: Sequence[Child], sig: int) -> None:
         """Signal each child's remote process group on its host, all hosts at once (bounded by a timeout)."""
+        if not children or self.signal_remote is None:
+            return
+        signaller = self.signal_remote
 
         def send(c: Child) -> None:
-            assert c.spec.signal_argv is not None
-            name = signal.Signals(sig).name.removeprefix("SIG")
-            argv = [a.replace("{sig}", name).replace("{pgid}", str(c.remote_pgid)) for a in c.spec.signal_argv]
+            assert c.remote_pgid is not None
             try:
-                subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, env=self.environ)
-            except (OSError, subprocess.TimeoutExpired) as exc:
+                signaller(c.spec, c.remote_pgid, sig)
+            except (OSError, LaunchError, subprocess.TimeoutExpired) as exc:
                 self.emit(f"[grpo-launch] could not signal {c.spec.name} on {c.spec.host}: {exc}")
 
         threads = [threading.Thread(target=send, args=(c,), daemon=True) for c in children]
@@ -290,6 +311,66 @@ class signal_guard:
             return
         raise Interrupted(signum)
 
+    def ignore(self) -> None:
+        """Ignore the forwarded signals until the scope ends: teardown must finish, and a second Ctrl-C must not
+        leave children running."""
+        if self._old:
+            for sig in FORWARDED_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
+
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
+
+
+def supervise(
+    server: ProcessSpec | None,
+    trainers: Sequence[ProcessSpec],
+    *,
+    health_url: str | None,
+    health_timeout_s: float,
+    log_dir: Path,
+    grace_s: float,
+    environ: Mapping[str, str],
+    emit: Callable[[str], None],
+    on_checkpoint_request: Callable[[], None] | None = None,
+    signal_remote: RemoteSignaller | None = None,
+) -> RunResult:
+    """Start the server (if any) and the trainers, supervise until the trainers finish, tear everything down.
+
+    SUCCEEDED when every trainer exits 0; FAILED naming the first failure; INTERRUPTED (128+N) after signal N.
+    SIGUSR2 calls ``on_checkpoint_request`` (without one it is like SIGTERM).
+    """
+    sup = Supervisor(log_dir, emit=emit, grace_s=grace_s, environ=environ, signal_remote=signal_remote)
+
+    def checkpoint(signum: int) -> None:
+        if on_checkpoint_request is None:
+            raise Interrupted(signum)
+        on_checkpoint_request()
+        emit("[grpo-launch] SIGUSR2: the trainers save a checkpoint at the end of this step and stop")
+
+    with signal_guard(soft={signal.SIGUSR2: checkpoint}) as guard:
+        try:
+            srv = sup.start(server) if server else None
+            # The trainers load their model while the server starts; TRL's client waits for /health before the
+            # first generation, and we watch the same deadline here to fail early with the server's log.
+            train_children = [sup.start(t) for t in trainers]
+            if srv is not None and health_url:
+                took = sup.wait_healthy(srv, health_url, health_timeout_s, train_children)
+                emit(f"[grpo-launch] vLLM server healthy after {took:.1f} s")
+            sup.wait_all(train_children)
+            emit(f"[grpo-launch] training finished; logs in {log_dir}")
+            result = RunResult(RunState.SUCCEEDED, 0)
+        except Interrupted as sig:
+            emit(f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s)")
+            guard.ignore()
+            sup.stop_all(sig.signum)
+            result = RunResult(RunState.INTERRUPTED, 128 + sig.signum, message=f"interrupted by {sig}")
+        except ChildFailed as exc:
+            result = RunResult.failure(exc, exc.child.spec.name, str(exc.child.log_path))
+        except LaunchError as exc:
+            result = RunResult.failure(exc, None, None)
+        finally:
+            guard.ignore()
+            sup.stop_all()
+    return result

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from grpo_launch.catalog import GIB, find_gpu_spec
 from grpo_launch.errors import ProbeError
-from grpo_launch.hardware import GIB, find_gpu_spec
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_launch.errors import PlanError
+from grpo_launch.errors import Fix, PlanError
+from grpo_launch.trl_schema import DEFAULTS
 
-TRL_DEFAULTS = {
-    "per_device_train_batch_size": 8,
-    "gradient_accumulation_steps": 1,
-    "num_generations": 8,
-    "per_device_eval_batch_size": 8,
+# TRL's defaults for the layout keys (generated from TRL's GRPOConfig).
+TRL_DEFAULTS: dict[str, int] = {
+    k: int(DEFAULTS[k])
+    for k in (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "num_generations",
+        "per_device_eval_batch_size",
+    )
 }
 MAX_AUTO = 256  # search bound for chosen sizes
 
@@ -108,16 +113,6 @@ def _nearest(target: int, ok: Any, lo: int = 1, hi: int = MAX_AUTO) -> int | Non
     return None
 
 
-@dataclass(frozen=True)
-class Alternative:
-    change: str
-    cost: float  # relative size of the change; smaller is nearer
-    order: int  # rank first by what changes: accumulation < per-device batch < generations < GPUs; then by cost
-
-    def __str__(self) -> str:
-        return self.change
-
-
 def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -> tuple[Layout, list[str]]:
     """Choose a valid layout for ``n`` trainer processes; returns it and the reasons for each choice.
 
@@ -132,7 +127,7 @@ def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -
         )
     why: list[str] = []
     problems: list[str] = []
-    alternatives: list[Alternative] = []
+    alternatives: list[Fix] = []
 
     k = req.num_generations or TRL_DEFAULTS["num_generations"]
     g = req.grad_accum or TRL_DEFAULTS["gradient_accumulation_steps"]
@@ -197,19 +192,16 @@ def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -
                     f"{'num_generations_eval' if req.num_generations_eval else 'num_generations'} ({ke})"
                 )
                 up = _nearest(pe, lambda v: v % unit_e == 0) or unit_e
-                alternatives.append(Alternative(f"set per_device_eval_batch_size={up}", abs(math.log(up / pe)), 1))
+                alternatives.append(Fix("per_device_eval_batch_size", up, rank=1, cost=abs(math.log(up / pe))))
                 d = _divisor_near(pe * n, ke)
                 if d is not None:
-                    alternatives.append(Alternative(f"set num_generations_eval={d}", 1.0 + abs(math.log(d / ke)), 2))
+                    alternatives.append(Fix("num_generations_eval", d, rank=2, cost=1.0 + abs(math.log(d / ke))))
 
     if problems:
-        ranked = sorted({a.change: a for a in alternatives}.values(), key=lambda a: (a.order, a.cost))
         raise PlanError(
             f"no valid batch layout for {n} training process{'es' if n > 1 else ''}:",
             problems=problems,
-            hint=("Nearest valid alternatives:\n" + "\n".join(f"  {i}. {a}" for i, a in enumerate(ranked[:6], 1)))
-            if ranked
-            else None,
+            fixes=alternatives,
         )
     assert p is not None and s is not None and gbs is not None
     layout = Layout(
@@ -226,9 +218,16 @@ def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -
     return layout, why
 
 
+def _divisors(value: int) -> list[int]:
+    """Every divisor of ``value``, by trial division up to its square root."""
+    small = [d for d in range(1, math.isqrt(value) + 1) if value % d == 0]
+    return sorted({*small, *(value // d for d in small)})
+
+
 def _divisor_near(value: int, target: int) -> int | None:
-    """The divisor of ``value`` (at least 2) nearest to ``target``, or None."""
-    return _nearest(target, lambda d: value % d == 0, lo=2, hi=max(2, value))
+    """The divisor of ``value`` (at least 2) nearest to ``target`` (the smaller on a tie), or None."""
+    candidates = [d for d in _divisors(value) if d >= 2]
+    return min(candidates, key=lambda d: (abs(d - target), d)) if candidates else None
 
 
 def _with_generation_batch(n: int, req: LayoutRequest, k: int) -> tuple[int | None, str | None]:
@@ -246,7 +245,7 @@ def _with_generation_batch(n: int, req: LayoutRequest, k: int) -> tuple[int | No
     return p, None
 
 
-def _alternatives_gbs(n: int, req: LayoutRequest, k: int, colocate_n: int | None) -> list[Alternative]:
+def _alternatives_gbs(n: int, req: LayoutRequest, k: int, colocate_n: int | None) -> list[Fix]:
     gbs = req.generation_batch_size
     assert gbs is not None
     p = req.per_device or 1
@@ -254,29 +253,31 @@ def _alternatives_gbs(n: int, req: LayoutRequest, k: int, colocate_n: int | None
     out = []
     lower = (gbs // unit) * unit
     for v in {lower, lower + unit} - {0}:
-        out.append(Alternative(f"set generation_batch_size={v}", abs(math.log(v / gbs)), 0))
+        out.append(Fix("generation_batch_size", v, rank=0, cost=abs(math.log(v / gbs))))
     if req.num_generations is not None or gbs % k:
         d = _divisor_near(gbs, k)
         if d is not None and gbs % (p * n) == 0:
-            out.append(Alternative(f"set num_generations={d}", abs(math.log(d / k)) + 0.5, 2))
+            out.append(Fix("num_generations", d, rank=2, cost=abs(math.log(d / k)) + 0.5))
     return out
 
 
-def _alternatives_spg(n: int, p: int, s: int, k: int, req: LayoutRequest, colocate_n: int | None) -> list[Alternative]:
-    out: list[Alternative] = []
+def _alternatives_spg(n: int, p: int, s: int, k: int, req: LayoutRequest, colocate_n: int | None) -> list[Fix]:
+    out: list[Fix] = []
     s_unit = k // math.gcd(p * n, k)
     for v in {max(s_unit, (s // s_unit) * s_unit), (s // s_unit + 1) * s_unit}:
-        out.append(Alternative(f"set steps_per_generation={v}", abs(math.log(v / s)), 0))
+        out.append(Fix("steps_per_generation", v, rank=0, cost=abs(math.log(v / s))))
     if req.per_device is not None:
         pv = _nearest(p, lambda v: (v * n * s) % k == 0)
         if pv:
-            out.append(Alternative(f"set per_device_train_batch_size={pv}", abs(math.log(pv / p)), 1))
+            out.append(Fix("per_device_train_batch_size", pv, rank=1, cost=abs(math.log(pv / p))))
     total = p * n * s
-    divisors = [d for d in range(2, total + 1) if total % d == 0]
+    divisors = [d for d in _divisors(total) if d >= 2]
     near = sorted(divisors, key=lambda d: (abs(d - k), d))[:2]
     if near:
         cost = min(abs(math.log(d / k)) for d in near) + 0.5  # changing the algorithm costs more than the batch
-        out.append(Alternative(f"set num_generations={' or '.join(map(str, sorted(near)))}", cost, 2))
+        out.append(Fix("num_generations", tuple(sorted(near)), rank=2, cost=cost))
     if colocate_n and colocate_n != n and (p * colocate_n * s) % k == 0:
-        out.append(Alternative(f"use colocated vLLM (launch.vllm=colocate): {colocate_n} training processes", 1.0, 3))
+        out.append(
+            Fix("launch.vllm", "colocate", f"use colocated vLLM: {colocate_n} training processes", rank=3, cost=1.0)
+        )
     return out

@@ -1,6 +1,4 @@
-"""Slurm, pure parts: the sbatch script renderer, parsers for Slurm's outputs, and the srun wrapper that places one
-process on one node of the current allocation. The I/O (sbatch, scontrol) lives in :mod:`grpo_launch.probe` and
-:mod:`grpo_launch.cli`.
+"""``grpo-launch sbatch``: the batch script (a pure renderer) and its submission.
 
 Why the script looks the way it does:
 
@@ -18,12 +16,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from grpo_launch import __version__
-from grpo_launch.errors import ConfigError, ProbeError
-from grpo_launch.render import ProcessSpec
+from grpo_launch.errors import ConfigError, LaunchError, ProbeError
 
 PREEMPT_SIGNAL = "USR2"
 PREEMPT_WARNING_S = 90
@@ -161,79 +158,37 @@ def parse_job_id(sbatch_stdout: str) -> str:
     return job
 
 
-# ------------------------------------------------------------------------------------------------ allocation
+def submit_batch_script(path: str, *, cwd: str) -> str:
+    """``sbatch --parsable PATH`` → the job id."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["sbatch", "--parsable", path], capture_output=True, text=True, cwd=cwd, timeout=120)
+    except FileNotFoundError:
+        raise LaunchError(
+            "sbatch not found: this machine is not a Slurm submit host",
+            hint=f"Run on a login node, or submit the written script there: sbatch {path}",
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise LaunchError("sbatch did not answer within 120 s", hint="Is slurmctld reachable? Try `sinfo`.") from None
+    if done.returncode != 0:
+        raise LaunchError(
+            f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}",
+            hint=f"The script is {path}; fix the option sbatch names (partition, account, time, GPUs per node).",
+        )
+    return parse_job_id(done.stdout)
 
 
-def expand_counts(value: str) -> list[int]:
-    """Slurm's per-node counts: ``"72(x2),36"`` → ``[72, 72, 36]``."""
-    out: list[int] = []
-    for part in value.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
-        if not m:
-            raise ProbeError(f"cannot read Slurm's per-node count {value!r}")
-        out += [int(m.group(1))] * int(m.group(2) or 1)
-    return out
+def requeue_slurm_job(job_id: str) -> None:
+    import subprocess
 
-
-def parse_job_gres(text: str, expand: Callable[[str], list[str]]) -> dict[str, int]:
-    """GPUs per node from ``scontrol show job -d``'s ``Nodes=n[1-2] CPU_IDs=… GRES=gpu:4(IDX:0-3)`` lines."""
-    out: dict[str, int] = {}
-    for m in re.finditer(r"^\s*Nodes=(\S+)\s.*?(?:GRES=(\S*))?\s*$", text, re.MULTILINE):
-        count = 0
-        for item in (m.group(2) or "").split(","):
-            g = re.match(r"^gpu(?::[\w.-]+)*?:(\d+)", item)
-            if g:
-                count += int(g.group(1))
-        for node in expand(m.group(1)):
-            out[node] = count
-    return out
-
-
-def parse_node_addresses(text: str) -> dict[str, str]:
-    """NodeName → NodeAddr from ``scontrol show node -o`` (one node per line)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
-        addr = re.search(r"(?:^|\s)NodeAddr=(\S+)", line)
-        if name:
-            out[name.group(1)] = addr.group(1) if addr else name.group(1)
-    return out
-
-
-# ------------------------------------------------------------------------------------------------ steps
-
-
-def srun_spec(
-    spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node: int | None, gpu_positions: Sequence[str]
-) -> ProcessSpec:
-    """``spec`` as one Slurm step on its node.
-
-    The step asks for all of the node's GPUs and CPUs and overlaps with the node's other step (vLLM next to the
-    trainers); :mod:`grpo_launch.task` then narrows CUDA_VISIBLE_DEVICES to the planned positions of the list Slurm
-    gives the step (Slurm numbers job GPUs its own way: with device cgroups 0..k-1, without them the node's
-    indices). ``--kill-on-bad-exit`` ends the step when its task fails.
-    """
-    assert spec.host, "srun_spec needs a host"
-    argv = [
-        "srun",
-        "--nodes=1",
-        "--ntasks=1",
-        f"--nodelist={spec.host}",
-        "--overlap",
-        "--kill-on-bad-exit=1",
-        "--export=ALL",
-        f"--job-name={spec.name}",
-    ]
-    if cpus_on_node:
-        argv.append(f"--cpus-per-task={cpus_on_node}")
-    if gpus_on_node:
-        argv.append(f"--gres=gpu:{gpus_on_node}")
-    env = {k: v for k, v in spec.env.items() if k != "CUDA_VISIBLE_DEVICES"}
-    task = [python, "-m", "grpo_launch.task"]
-    if gpus_on_node:
-        task += ["--gpus", ",".join(gpu_positions)]
-    elif "CUDA_VISIBLE_DEVICES" in spec.env:
-        task += ["--gpus", spec.env["CUDA_VISIBLE_DEVICES"]]
-    return ProcessSpec(
-        name=spec.name, argv=(*argv, *task, "--", *spec.argv), env=env, host=spec.host, log_file=spec.log_file
-    )
+    try:
+        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LaunchError(f"cannot requeue Slurm job {job_id}: {exc}") from None
+    if done.returncode != 0:
+        raise LaunchError(
+            f"cannot requeue Slurm job {job_id}: {done.stderr.strip() or done.stdout.strip()}",
+            hint="The checkpoint is saved: resubmit the same script (sbatch RUN_DIR/job.sbatch) to resume. "
+            "Jobs must be submitted with --requeue (grpo-launch sbatch does) and JobRequeue allowed.",
+        )

@@ -100,7 +100,7 @@ def check_reward_names(names: list[str]) -> list[str]:
                 continue
             problems.append(f"reward {name!r} is not a valid import path (use package.module:function)")
             continue
-        from grpo_launch.recipe import did_you_mean
+        from grpo_launch.errors import did_you_mean
 
         problems.append(
             f"unknown reward {name!r}{did_you_mean(key, REGISTRY)}; "
@@ -114,6 +114,9 @@ def load_reward(name: str, config: Mapping[str, Any]) -> RewardFunc:
     key = ALIASES.get(name, name)
     if key in REGISTRY:
         return REGISTRY[key](config)
+    problems = check_reward_names([name])
+    if problems:
+        raise ValueError(problems[0])
     module_name, _, func_name = name.partition(":") if ":" in name else name.rpartition(".")
     try:
         module = importlib.import_module(module_name)

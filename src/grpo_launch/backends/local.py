@@ -1,0 +1,82 @@
+"""The local backend: every process on this machine, each in its own process group."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
+
+from grpo_launch.backends.base import BaseBackend, Capability, RunContext
+from grpo_launch.enums import VllmMode
+from grpo_launch.errors import LaunchError
+from grpo_launch.spec import ProcessSpec
+from grpo_launch.topology import Topology
+from grpo_launch.trl_schema import DEFAULTS as TRL_DEFAULTS
+
+if TYPE_CHECKING:
+    from grpo_launch.planning.types import Plan
+
+
+VLLM_GROUP_PORT_DEFAULT = int(TRL_DEFAULTS["vllm_group_port"])
+
+
+def port_free(port: int, host: str = "0.0.0.0") -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports(plan: Plan) -> None:
+    """The server, weight-sync and rendezvous ports are free here."""
+    busy = []
+    if plan.vllm.mode == VllmMode.SERVER:
+        if not port_free(plan.vllm.port):
+            busy.append(f"vLLM server port {plan.vllm.port} is in use: set launch.vllm_port to a free port")
+        group = int(plan.trainer_values.get("vllm_group_port") or VLLM_GROUP_PORT_DEFAULT)
+        if not port_free(group):
+            busy.append(
+                f"weight-sync port {group} (vllm_group_port) is in use on the trainer head: set vllm_group_port"
+            )
+    if plan.train.num_processes > 1 and not port_free(plan.train.main_process_port):
+        busy.append(f"trainer rendezvous port {plan.train.main_process_port} is in use: set launch.main_process_port")
+    if busy:
+        raise LaunchError(
+            "ports needed by the run are taken:",
+            problems=busy,
+            hint="Another run may still be going: check with `ss -ltnp`.",
+        )
+
+
+class LocalBackend(BaseBackend):
+    name: ClassVar[str] = "local"
+    capabilities: ClassVar[Capability] = Capability.NONE
+
+    @classmethod
+    def detect(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+        return True  # the fallback
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> LocalBackend:
+        return cls()
+
+    def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
+        return local
+
+    def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
+        if plan.train.num_machines > 1 or spec.host:
+            raise LaunchError(
+                f"this plan spans {len(plan.topology.hosts)} machines (from --gpus); grpo-launch starts processes on "
+                "other machines from a hostfile (--hostfile) or inside a Slurm job",
+                hint="Use --hostfile FILE, submit with `grpo-launch sbatch RECIPE --nodes N`, or plan for this "
+                "machine only (omit --gpus).",
+            )
+        return spec
+
+    def preflight(self, plan: Plan, ctx: RunContext) -> None:
+        check_ports(plan)

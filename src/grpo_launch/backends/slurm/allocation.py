@@ -1,0 +1,163 @@
+"""The inside of a Slurm job, pure parts plus the probe: the allocation's nodes, addresses and GPUs (from the
+variables and ``scontrol``), and the srun step that places one process on one node."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+
+from grpo_launch.backends.slurm.env import SLURM_VARIABLES, run_scontrol, slurm_values
+from grpo_launch.errors import ProbeError
+from grpo_launch.probe import local_gpu_model
+from grpo_launch.spec import ProcessSpec
+from grpo_launch.topology import Gpu, Host, Topology
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """``"n[1-3],gpu07"`` → ``["n1", "n2", "n3", "gpu07"]``; quotes the bad input on error."""
+    import hostlist  # python-hostlist: pure Python, cheap to import
+
+    try:
+        hosts = list(hostlist.expand_hostlist(nodelist))
+    except hostlist.BadHostlist as exc:
+        raise ProbeError(f"cannot expand Slurm node list {nodelist!r}: {exc}") from None
+    if not hosts:
+        raise ProbeError(f"Slurm node list {nodelist!r} is empty")
+    return hosts
+
+
+def _gpus_per_node(values: Mapping[str, str]) -> int:
+    for key in ("gpus_on_node", "gpus_per_node"):
+        if key in values:
+            # SLURM_GPUS_PER_NODE may carry a type ("h100:8") or per-node counts ("8(x2)").
+            m = re.match(r"^(?:[\w-]+:)?(\d+)", values[key])
+            if not m:
+                raise ProbeError(f"cannot read {SLURM_VARIABLES[key]}={values[key]!r}")
+            return int(m.group(1))
+    if "job_gpus" in values:
+        return len([g for g in values["job_gpus"].split(",") if g])
+    return 0
+
+
+def expand_counts(value: str) -> list[int]:
+    """Slurm's per-node counts: ``"72(x2),36"`` → ``[72, 72, 36]``."""
+    out: list[int] = []
+    for part in value.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise ProbeError(f"cannot read Slurm's per-node count {value!r}")
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+
+def parse_job_gres(text: str, expand: Callable[[str], list[str]]) -> dict[str, int]:
+    """GPUs per node from ``scontrol show job -d``'s ``Nodes=n[1-2] CPU_IDs=… GRES=gpu:4(IDX:0-3)`` lines."""
+    out: dict[str, int] = {}
+    for m in re.finditer(r"^\s*Nodes=(\S+)\s.*?(?:GRES=(\S*))?\s*$", text, re.MULTILINE):
+        count = 0
+        for item in (m.group(2) or "").split(","):
+            g = re.match(r"^gpu(?::[\w.-]+)*?:(\d+)", item)
+            if g:
+                count += int(g.group(1))
+        for node in expand(m.group(1)):
+            out[node] = count
+    return out
+
+
+def parse_node_addresses(text: str) -> dict[str, str]:
+    """NodeName → NodeAddr from ``scontrol show node -o`` (one node per line)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
+        addr = re.search(r"(?:^|\s)NodeAddr=(\S+)", line)
+        if name:
+            out[name.group(1)] = addr.group(1) if addr else name.group(1)
+    return out
+
+
+def probe_slurm(
+    environ: Mapping[str, str],
+    *,
+    local: Topology | None = None,
+    scontrol: Callable[[Sequence[str]], str | None] = run_scontrol,
+) -> Topology:
+    """The current Slurm allocation: its nodes, their addresses (NodeAddr), CPUs and GPUs per node.
+
+    GPUs per node come from ``scontrol show job -d`` (every node) or else the variables of this node; nodes with
+    different GPU counts are an error. GPU model and memory come from this node's NVML (nodes assumed alike).
+    """
+    values = slurm_values(environ)
+    if "job_id" not in values or "nodelist" not in values:
+        raise ProbeError(
+            "not inside a Slurm allocation (SLURM_JOB_ID / SLURM_JOB_NODELIST are not set)",
+            hint="Submit with `grpo-launch sbatch RECIPE --nodes N`, or run inside `salloc`/`sbatch`.",
+        )
+    hosts = expand_nodelist(values["nodelist"])
+    per_node = _gpus_per_node(values)
+    counts = {h: per_node for h in hosts}
+    job = scontrol(["show", "job", "-d", values["job_id"]])
+    if job:
+        gres = parse_job_gres(job, expand_nodelist)
+        if gres and set(gres) >= set(hosts):
+            counts = {h: gres[h] for h in hosts}
+    if len(set(counts.values())) > 1:
+        raise ProbeError(
+            "the allocation's nodes have different GPU counts: " + ", ".join(f"{h}={n}" for h, n in counts.items()),
+            hint="accelerate runs the same number of processes on every node: request whole, alike nodes "
+            "(grpo-launch sbatch --gpus-per-node G, or sbatch --gpus-per-node=G --exclusive).",
+        )
+    cpus: list[int | None] = [None] * len(hosts)
+    if "cpus_per_node" in values:
+        expanded = expand_counts(values["cpus_per_node"])
+        if len(expanded) == len(hosts):
+            cpus = list(expanded)
+    nodes = scontrol(["show", "node", "-o", ",".join(hosts)])
+    addresses = parse_node_addresses(nodes) if nodes else {}
+    name, mem = local_gpu_model(local)
+    warnings = []
+    if counts[hosts[0]] and mem is None:
+        warnings.append("GPU model unknown on this node (no NVML); memory not checked")
+    return Topology(
+        tuple(
+            Host(
+                name=h,
+                gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(counts[h])),
+                address=addresses.get(h),
+                cpus=c,
+            )
+            for h, c in zip(hosts, cpus, strict=True)
+        ),
+        "slurm",
+        tuple(warnings),
+    )
+
+
+def srun_spec(spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node: int | None) -> ProcessSpec:
+    """``spec`` as one Slurm step on its node.
+
+    The step asks for all of the node's GPUs and CPUs and overlaps with the node's other step (vLLM next to the
+    trainers); :mod:`grpo_launch.task` then narrows CUDA_VISIBLE_DEVICES to the planned positions of the list Slurm
+    gives the step (Slurm numbers job GPUs its own way: with device cgroups 0..k-1, without them the node's
+    indices). ``--kill-on-bad-exit`` ends the step when its task fails.
+    """
+    assert spec.host, "srun_spec needs a host"
+    argv = [
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={spec.host}",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        f"--job-name={spec.name}",
+    ]
+    if cpus_on_node:
+        argv.append(f"--cpus-per-task={cpus_on_node}")
+    if gpus_on_node:
+        argv.append(f"--gres=gpu:{gpus_on_node}")
+    task = [python, "-m", "grpo_launch.task"]
+    if spec.gpus is not None:
+        task += ["--gpus", ",".join(spec.gpus)]
+    return ProcessSpec(
+        name=spec.name, argv=(*argv, *task, "--", *spec.argv), env=dict(spec.env), host=spec.host, role=spec.role
+    )

@@ -1,0 +1,332 @@
+"""The ssh backend: hostfile runs. Each process runs on its host as ``ssh HOST -- 'cd WORKDIR && exec PYTHON -m
+grpo_launch.task --announce-pgid --env-stdin --gpus P -- env K=V … COMMAND'``:
+
+- the shim starts a new session and prints its process-group id, so teardown can signal the whole remote tree
+  (``ssh HOST kill -TERM -- -PGID``): a killed ssh client does not stop a remote process that has no tty;
+- variables from :data:`PASSED_ENV` travel on ssh's stdin, never on a command line or in a file (HF_TOKEN, …);
+- the planned GPU positions select from the host's own CUDA_VISIBLE_DEVICES.
+
+Before anything starts, every host is checked in parallel: ssh in batch mode, the same grpo-launch and Python,
+the working directory and the recipe's local paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from grpo_launch.backends.base import BaseBackend, Capability, RunContext, check_addresses
+from grpo_launch.errors import LaunchError, ProbeError
+from grpo_launch.probe import local_gpu_model, looks_local
+from grpo_launch.spec import ProcessSpec
+from grpo_launch.topology import Gpu, Host, Topology
+
+if TYPE_CHECKING:
+    from grpo_launch.planning.types import Plan
+
+# Variables passed from the launcher's environment to every remote process (through stdin). Exact names, or
+# prefixes ending in ``*``. Anything else stays local; add more with launch.train_env / launch.vllm_env.
+PASSED_ENV: tuple[str, ...] = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HUB_ENABLE_HF_TRANSFER",
+    "WANDB_*",
+    "NCCL_*",
+    "GLOO_*",
+    "TORCH_*",
+    "PYTHONPATH",
+    "TMPDIR",
+    "VLLM_*",
+)
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    port: int | None = None
+    identity: str | None = None
+    config: str | None = None  # ssh -F FILE
+    options: tuple[str, ...] = ()  # -o KEY=VALUE
+    connect_timeout_s: int = 10
+
+    def argv(self, host: str) -> list[str]:
+        """``ssh … HOST`` in batch mode (never a password prompt) with a connect timeout."""
+        argv = ["ssh"]
+        if self.config:
+            argv += ["-F", self.config]
+        argv += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout_s}", "-o", "LogLevel=ERROR"]
+        if self.port:
+            argv += ["-p", str(self.port)]
+        if self.identity:
+            argv += ["-i", self.identity, "-o", "IdentitiesOnly=yes"]
+        for o in self.options:
+            argv += ["-o", o]
+        return [*argv, host]
+
+
+def passed_env_names(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The names of :data:`PASSED_ENV` set in ``environ``, sorted."""
+    import fnmatch
+
+    return tuple(sorted(k for k in environ if any(fnmatch.fnmatchcase(k, p) for p in PASSED_ENV)))
+
+
+def remote_command(
+    spec: ProcessSpec, *, python: str, workdir: str, gpu_positions: Sequence[str] | None, stdin_env: bool
+) -> str:
+    """The shell line run on the remote host for ``spec``."""
+    task = [python, "-m", "grpo_launch.task", "--announce-pgid"]
+    if stdin_env:
+        task.append("--env-stdin")
+    if gpu_positions is not None:
+        task += ["--gpus", ",".join(gpu_positions)]
+    env = [f"{k}={v}" for k, v in spec.env.items()]
+    command = [*task, "--", *(["env", *env] if env else []), *spec.argv]
+    return f"cd {shlex.quote(workdir)} && exec {shlex.join(command)}"
+
+
+def ssh_spec(spec: ProcessSpec, ssh: SshOptions, *, python: str, workdir: str, stdin_env: Sequence[str]) -> ProcessSpec:
+    """``spec`` run on ``spec.host`` through ssh; ``stdin_env`` names the variables sent on stdin. Its planned GPUs
+    become positions in the host's own CUDA_VISIBLE_DEVICES (:mod:`grpo_launch.task`)."""
+    assert spec.host, "ssh_spec needs a host"
+    line = remote_command(spec, python=python, workdir=workdir, gpu_positions=spec.gpus, stdin_env=bool(stdin_env))
+    return ProcessSpec(
+        name=spec.name,
+        argv=(*ssh.argv(spec.host), "--", line),
+        host=spec.host,
+        role=spec.role,
+        stdin_env=tuple(stdin_env),
+        remote_group=True,
+    )
+
+
+def kill_command(ssh: SshOptions, host: str, pgid: int, sig: int) -> list[str]:
+    """``ssh HOST -- kill -SIG -- -PGID``: signal a whole remote process group."""
+    return [*ssh.argv(host), "--", f"kill -{signal.Signals(sig).name.removeprefix('SIG')} -- -{int(pgid)}"]
+
+
+def check_command(python: str, workdir: str, paths: Sequence[str]) -> str:
+    """A remote shell line that prints grpo-launch's version and which of ``paths`` are missing (JSON)."""
+    code = (
+        "import json, os, sys\n"
+        "try:\n"
+        "    import grpo_launch\n"
+        "    version = grpo_launch.__version__\n"
+        "except Exception as exc:\n"
+        "    version = None\n"
+        f"missing = [p for p in {list(paths)!r} if not os.path.exists(p)]\n"
+        "print(json.dumps({'version': version, 'missing': missing, 'host': os.uname().nodename}))\n"
+    )
+    q = shlex.quote
+    return (
+        f"cd {q(workdir)} 2>/dev/null || {{ echo {q('no directory ' + workdir)}; exit 3; }}; "
+        f"test -x {q(python)} || {{ echo {q('no python at ' + python)}; exit 4; }}; "
+        f"exec {q(python)} -c {q(code)}"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ hostfile
+
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+
+
+def parse_hostfile(text: str, *, source: str = "hostfile") -> list[tuple[str, int]]:
+    """DeepSpeed's hostfile format: ``host slots=N`` per line; ``#`` comments and blank lines ignored."""
+    out: list[tuple[str, int]] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        body = line.split("#", 1)[0].strip()
+        if not body:
+            continue
+        where = f"{source}:{lineno}"
+        parts = body.split()
+        host = parts[0]
+        if not (_HOSTNAME.match(host) or _IPV4.match(host)):
+            raise ProbeError(f"{where}: {host!r} is not a valid host name", hint="Each line: HOST slots=N")
+        slots = None
+        for p in parts[1:]:
+            key, sep, val = p.partition("=")
+            if key != "slots" or not sep:
+                raise ProbeError(f"{where}: cannot read {p!r}", hint="Each line: HOST slots=N (e.g. node1 slots=8)")
+            if not val.isdigit() or int(val) < 1:
+                raise ProbeError(f"{where}: slots must be a positive integer, got {val!r}")
+            slots = int(val)
+        if slots is None:
+            raise ProbeError(f"{where}: {host!r} has no slots=N", hint="Each line: HOST slots=N (e.g. node1 slots=8)")
+        if host in seen:
+            raise ProbeError(f"{where}: host {host!r} is listed twice (first on line {seen[host]})")
+        seen[host] = lineno
+        out.append((host, slots))
+    if not out:
+        raise ProbeError(f"{source} lists no hosts", hint="Each line: HOST slots=N")
+    return out
+
+
+def probe_hostfile(path: str | Path, *, local: Topology | None = None, cpu: bool = False) -> Topology:
+    """Hosts from a hostfile; slots are GPUs (or, with ``cpu``, training processes on CPU hosts)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ProbeError(f"cannot read hostfile {str(p)!r}: {exc.strerror}") from None
+    entries = parse_hostfile(text, source=str(p))
+    name, mem = local_gpu_model(local)
+    if cpu:
+        return Topology(tuple(Host(name=h, cpus=n) for h, n in entries), "hostfile")
+    hosts = tuple(
+        Host(name=h, gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(n)))
+        for h, n in entries
+    )
+    return Topology(hosts, "hostfile")
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+
+def _absolute_command(spec: ProcessSpec) -> ProcessSpec:
+    """A bare command name (``vllm``) as the absolute path found here: a remote non-interactive shell has a minimal
+    PATH, and the hosts share this environment's paths."""
+
+    import shutil
+
+    first = spec.argv[0]
+    found = shutil.which(first) if "/" not in first else None
+    return replace(spec, argv=(found, *spec.argv[1:])) if found else spec
+
+
+def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
+    """Before anything starts: every host answers ssh in batch mode and has this grpo-launch, Python, working
+    directory and the recipe's local paths. One error naming every host and what is wrong."""
+    import concurrent.futures
+    import json
+    import subprocess
+
+    from grpo_launch import __version__
+
+    python, environ = ctx.python, ctx.environ
+    values = plan.trainer_values
+    paths = [
+        str(Path(str(values[k])).expanduser().absolute())
+        for k in ("model_name_or_path", "dataset_name")
+        if values.get(k) and looks_local(str(values[k]))
+    ]
+    line = check_command(python, ctx.workdir, paths)
+    hosts = [h.name for h in plan.topology.hosts]
+
+    def probe(host: str) -> str | None:
+        argv = [*ssh.argv(host), "--", line]
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=ssh.connect_timeout_s + 30,
+                stdin=subprocess.DEVNULL,
+                env=dict(environ),
+            )
+        except subprocess.TimeoutExpired:
+            return f"{host}: no answer within {ssh.connect_timeout_s + 30} s"
+        except FileNotFoundError:
+            return "ssh is not installed on this machine"
+        if done.returncode == 255:
+            return f"{host}: unreachable over ssh ({(done.stderr.strip().splitlines() or ['no message'])[-1]})"
+        if done.returncode in (3, 4):
+            return f"{host}: {done.stdout.strip()}"
+        try:
+            info = json.loads(done.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return f"{host}: the environment check failed: {(done.stderr or done.stdout).strip()[-300:]}"
+        if info["version"] is None:
+            return f"{host}: {python} cannot import grpo_launch (install grpo-launch in that environment)"
+        if info["version"] != __version__:
+            return f"{host}: grpo-launch {info['version']} there, {__version__} here"
+        if info["missing"]:
+            return f"{host}: missing {', '.join(info['missing'])}"
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        problems = [p for p in pool.map(probe, hosts) if p]
+    if problems:
+        raise LaunchError(
+            "the hosts are not ready; nothing was started:",
+            problems=problems,
+            hint="Every host needs passwordless ssh (batch mode) and the same paths as this one: the Python "
+            f"environment ({python}), the working directory and the model/data (a shared file system). ssh options: "
+            "--ssh-port, --ssh-identity, --ssh-config, --ssh-option.",
+        )
+
+
+# ------------------------------------------------------------------------------------------------ backend
+
+
+class SshBackend(BaseBackend):
+    name: ClassVar[str] = "ssh"
+    capabilities: ClassVar[Capability] = Capability.MULTI_HOST
+
+    def __init__(self, hostfile: str, options: SshOptions) -> None:
+        self.hostfile = hostfile
+        self.options = options
+
+    @classmethod
+    def detect(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+        return bool(getattr(args, "hostfile", None))
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser, *, run: bool) -> None:
+        parser.add_argument("--hostfile", metavar="FILE", help="DeepSpeed-style hostfile (HOST slots=N per line)")
+        if not run:
+            return
+        group = parser.add_argument_group("hostfile runs (ssh)")
+        group.add_argument("--ssh-port", type=int, metavar="PORT", help="ssh port of the hosts")
+        group.add_argument("--ssh-identity", metavar="FILE", help="private key for ssh (ssh -i)")
+        group.add_argument("--ssh-config", metavar="FILE", help="ssh client config file (ssh -F)")
+        group.add_argument(
+            "--ssh-option", action="append", default=[], metavar="KEY=VALUE", help="extra ssh -o option (repeatable)"
+        )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> SshBackend:
+        options = SshOptions(
+            port=getattr(args, "ssh_port", None),
+            identity=getattr(args, "ssh_identity", None),
+            config=getattr(args, "ssh_config", None),
+            options=tuple(getattr(args, "ssh_option", None) or ()),
+        )
+        return cls(args.hostfile, options)
+
+    def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
+        return probe_hostfile(self.hostfile, local=local, cpu=local.is_cpu)
+
+    def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
+        spec = _absolute_command(replace(spec, host=spec.host or plan.topology.hosts[0].name))
+        return ssh_spec(
+            spec, self.options, python=ctx.python, workdir=ctx.workdir, stdin_env=passed_env_names(ctx.environ)
+        )
+
+    def preflight(self, plan: Plan, ctx: RunContext) -> None:
+        check_addresses(plan)
+        check_hosts(plan, self.options, ctx)
+
+    def signal_remote(self, spec: ProcessSpec, pgid: int, sig: int, ctx: RunContext) -> None:
+        import subprocess
+
+        assert spec.host
+        subprocess.run(
+            kill_command(self.options, spec.host, pgid, sig),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+            env=dict(ctx.environ),
+        )

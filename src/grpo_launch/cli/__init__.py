@@ -1,0 +1,108 @@
+"""Command line: parse, dispatch to one module per verb, and the one error boundary. Every GrpoLaunchError
+becomes one message and a code, and every RunResult an exit code; nothing below the CLI exits.
+
+Exit codes: 0 success; 2 bad input or impossible plan; 1 failed run; 128+N after signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+
+from grpo_launch import __version__
+from grpo_launch.errors import GrpoLaunchError
+
+VERBS = ("run", "plan", "inspect", "sbatch")
+
+
+def _verb(name: str) -> ModuleType:
+    """A verb's module: ``register(sub, formatter, epilog)`` and ``command(args, ctx)``."""
+    return importlib.import_module(f"grpo_launch.cli.{name}")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that verb's subparser (the others' modules are then not imported)."""
+    from grpo_launch.cli.common import EPILOG
+
+    parser = argparse.ArgumentParser(
+        prog="grpo-launch",
+        description="Plan and launch GRPO training with TRL: split GPUs between vLLM and trainers, choose a batch "
+        "layout TRL accepts, write accelerate/DeepSpeed configs, start and supervise everything.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"grpo-launch {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")
+    for name in VERBS if only is None else (only,):
+        _verb(name).register(sub, argparse.RawDescriptionHelpFormatter, EPILOG)
+    return parser
+
+
+def _normalise_argv(argv: Sequence[str]) -> list[str]:
+    """``grpo-launch RECIPE …`` means ``grpo-launch run RECIPE …``."""
+    args = list(argv)
+    for i, a in enumerate(args):
+        if a == "--debug":
+            continue
+        if a in VERBS or a.startswith("-"):
+            return args
+        return [*args[:i], "run", *args[i:]]
+    return args
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    from grpo_launch.backends.base import RunContext
+    from grpo_launch.spec import RunResult, RunState
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    environ = os.environ if environ is None else environ
+    normalised = _normalise_argv(argv)
+    verb = next((a for a in normalised if not a.startswith("-")), None)
+    parser = build_parser(verb if verb in VERBS else None)
+    extra: list[str] = []
+    if normalised and normalised[0] == "sbatch" and "--" in normalised:
+        cut = normalised.index("--")
+        normalised, extra = normalised[:cut], normalised[cut + 1 :]
+    # Overrides may follow options (`RECIPE --nodes 2 max_steps=5`): argparse leaves those unparsed.
+    args, unknown = parser.parse_known_args(normalised)
+    strays = [u for u in unknown if u.startswith("-") or "=" not in u or not hasattr(args, "overrides")]
+    if strays:
+        parser.error(f"unrecognized arguments: {' '.join(strays)}")
+    if unknown:
+        args.overrides = [*args.overrides, *unknown]
+    args.extra = extra
+    if args.verb is None:
+        parser.print_help()
+        return 2
+    ctx = RunContext.current(environ, _print)
+    try:
+        outcome = _verb(args.verb).command(args, ctx)
+    except GrpoLaunchError as exc:
+        if args.debug:
+            raise
+        print(f"grpo-launch: error: {exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("grpo-launch: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+    if isinstance(outcome, RunResult):
+        if outcome.state == RunState.FAILED:
+            detail = f"\n{outcome.detail}" if outcome.detail else ""
+            print(f"grpo-launch: error: {outcome.message}{detail}", file=sys.stderr)
+        return outcome.exit_code
+    return int(outcome)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

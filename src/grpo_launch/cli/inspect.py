@@ -1,0 +1,27 @@
+"""``grpo-launch inspect``: the GPUs and hosts grpo-launch sees."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+from grpo_launch.backends import RunContext
+from grpo_launch.cli.common import add_topology_args, topology
+
+
+def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
+    p = sub.add_parser("inspect", help="show the GPUs / hosts grpo-launch sees")
+    add_topology_args(p, run=False)
+    p.add_argument("--json", action="store_true", help="print as JSON")
+
+
+def command(args: argparse.Namespace, ctx: RunContext) -> int:
+    topo, _ = topology(args, ctx, None)
+    if args.json:
+        ctx.emit(json.dumps(asdict(topo), indent=2))
+        return 0
+    from grpo_launch.cli.report import print_sections, topology_sections
+
+    print_sections(topology_sections(topo))
+    return 0

@@ -1,0 +1,28 @@
+"""``grpo-launch run RECIPE`` (the default verb): plan, write the configs, start the vLLM server and the trainers,
+supervise them to the end."""
+
+from __future__ import annotations
+
+import argparse
+
+from grpo_launch.backends import RunContext
+from grpo_launch.cli.common import add_planning_args, plan_for
+from grpo_launch.spec import RunResult
+
+
+def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
+    p = sub.add_parser(
+        "run",
+        help="plan, write configs, start the vLLM server and trainers (the default verb)",
+        epilog=epilog,
+        formatter_class=formatter,
+    )
+    add_planning_args(p, run=True)
+    p.add_argument("--dry-run", action="store_true", help="print the commands that would run (per host); start nothing")
+
+
+def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
+    from grpo_launch.run import run_plan
+
+    plan, backend = plan_for(args, ctx)
+    return run_plan(plan, backend, ctx, dry_run=args.dry_run)

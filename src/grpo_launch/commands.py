@@ -1,0 +1,132 @@
+"""Plan → the processes to start (pure): the vLLM server for TRL's server mode and one ``accelerate launch`` per
+training host. Backends place them on their hosts (:mod:`grpo_launch.backends`)."""
+
+from __future__ import annotations
+
+from grpo_launch.control import CONTROL_DIR_ENV, control_dir
+from grpo_launch.enums import Device, Role, VllmMode
+from grpo_launch.planning.types import Plan, TrainHost
+from grpo_launch.spec import ProcessSpec
+
+ACCELERATE_CONFIG = "accelerate_config.yaml"
+DEEPSPEED_CONFIG = "deepspeed.json"
+TRAINER_RECIPE = "trainer_recipe.yaml"
+PLAN_JSON = "plan.json"
+NCCL_WEIGHT_TRANSFER = '{"backend": "nccl"}'
+
+
+def vllm_server(plan: Plan) -> ProcessSpec | None:
+    """The vLLM server for TRL 1.16's server mode, or None when the plan has no server.
+
+    TRL's weight sync needs vLLM's dev endpoints (VLLM_SERVER_DEV_MODE=1), NCCL weight transfer, processed
+    logprobs and unlimited logprobs. ``vllm serve`` takes the model as its first argument; any other server
+    command (e.g. ``python -m vllm.entrypoints.openai.api_server``) gets ``--model``.
+    """
+    v = plan.vllm
+    if v.mode != VllmMode.SERVER:
+        return None
+    launch = plan.recipe.launch
+    model = str(plan.trainer_values["model_name_or_path"])
+    cmd = list(launch.vllm_command)
+    argv = [*cmd, model] if cmd[-1] == "serve" else [*cmd, "--model", model]
+    revision = plan.trainer_values.get("model_revision")
+    if revision and revision != "main":
+        argv += ["--revision", str(revision)]
+    argv += [
+        "--host",
+        v.bind_host,
+        "--port",
+        str(v.port),
+        "--tensor-parallel-size",
+        str(v.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        f"{v.gpu_memory_utilization}",
+    ]
+    if v.max_model_len:
+        argv += ["--max-model-len", str(v.max_model_len)]
+    if v.max_num_seqs:
+        argv += ["--max-num-seqs", str(v.max_num_seqs)]
+    argv += [
+        "--weight-transfer-config",
+        NCCL_WEIGHT_TRANSFER,
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-logprobs",
+        "-1",
+        *launch.vllm_extra_args,
+    ]
+    env = {"VLLM_SERVER_DEV_MODE": "1", **network_env(plan), **launch.vllm_env}
+    return ProcessSpec(
+        name="vllm", argv=tuple(argv), env=env, host=_host(plan, v.host), role=Role.VLLM, gpus=tuple(v.gpus)
+    )
+
+
+def _host(plan: Plan, name: str | None) -> str | None:
+    """Hosts are named only when the plan spans several (a one-host plan runs here)."""
+    return name if len(plan.topology.hosts) > 1 else None
+
+
+def train_env(plan: Plan, host: TrainHost) -> dict[str, str]:
+    """The environment a host's `accelerate launch` adds (its GPUs travel as ProcessSpec.gpus)."""
+    env: dict[str, str] = {}
+    if plan.train.device == Device.CPU and not plan.train.backend.is_deepspeed:
+        # Not `--cpu`/`use_cpu: true` in the config: those quietly run one process. (DeepSpeed on CPU needs
+        # neither: its CPU accelerator takes over; see planning.trainer_values.)
+        env["ACCELERATE_USE_CPU"] = "true"
+    if plan.train.device == Device.CPU:
+        cpus = next((h.cpus for h in plan.topology.hosts if h.name == host.name), None)
+        if cpus:
+            env["OMP_NUM_THREADS"] = str(max(1, cpus // host.processes))
+    # The trainers watch this directory for a checkpoint-and-stop request (SIGUSR2 to grpo-launch; Slurm preemption).
+    env[CONTROL_DIR_ENV] = str(control_dir(plan.run_dir))
+    env.update(network_env(plan))
+    env.update(plan.recipe.launch.train_env)
+    return env
+
+
+def network_env(plan: Plan) -> dict[str, str]:
+    """The interface torch (gloo) and NCCL bind to, when the hosts have several (launch.network_interface)."""
+    iface = plan.recipe.launch.network_interface
+    return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface} if iface else {}
+
+
+def trainers(plan: Plan) -> tuple[ProcessSpec, ...]:
+    """One `accelerate launch` per training host, each with its own machine_rank."""
+    train, run_dir = plan.train, plan.run_dir
+    specs = []
+    for h in train.hosts:
+        argv = [
+            plan.python,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            f"{run_dir}/{ACCELERATE_CONFIG}",
+            "--num_processes",
+            str(train.num_processes),
+            "--num_machines",
+            str(train.num_machines),
+            "--machine_rank",
+            str(h.machine_rank),
+        ]
+        if train.num_machines > 1:
+            argv += ["--main_process_ip", train.main_process_ip]
+        argv += ["--main_process_port", str(train.main_process_port)]
+        argv += ["--module", "grpo_launch.train", "--recipe", f"{run_dir}/{TRAINER_RECIPE}"]
+        name = "train" if train.num_machines == 1 else f"train@{h.name}"
+        specs.append(
+            ProcessSpec(
+                name=name,
+                argv=tuple(argv),
+                env=train_env(plan, h),
+                host=_host(plan, h.name),
+                role=Role.TRAIN,
+                gpus=tuple(h.gpus),  # () on CPU: never let a CPU plan touch a GPU
+            )
+        )
+    return tuple(specs)
+
+
+def all_processes(plan: Plan) -> tuple[ProcessSpec, ...]:
+    """The server (if any) first, then the trainers."""
+    server = vllm_server(plan)
+    return (*([server] if server else []), *trainers(plan))

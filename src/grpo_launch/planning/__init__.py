@@ -1,0 +1,185 @@
+"""make_plan(topology, recipe, model) → Plan. Pure: no torch/trl import, no environment reads, no files.
+
+The steps, each in its own module: placement (vLLM mode, server TP and GPUs, which GPUs train), layout (TRL's
+batch rules), resources (backend, offload, checkpointing, vLLM sizing, the estimate) and the trainer values; the
+cost model holds every memory and time term. When the GPU split is free, every split is planned as a Candidate and
+the shortest predicted time per prompt group wins; the candidates stay in the plan for ``--explain``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpo_launch.catalog import ModelShape, find_gpu_spec
+from grpo_launch.enums import Device, VllmMode
+from grpo_launch.errors import PlanError
+from grpo_launch.planning import placement, resources
+from grpo_launch.planning.layout import LayoutRequest, solve_layout
+from grpo_launch.planning.trainer_values import trainer_values
+from grpo_launch.planning.types import Candidate, Decision, Plan, Trace, TrainPlan, VllmPlan
+from grpo_launch.recipe import Recipe
+from grpo_launch.topology import Topology
+
+__all__ = ["DEFAULT_RUN_ROOT", "Plan", "default_run_dir", "make_plan", "plan_split"]
+
+DEFAULT_RUN_ROOT = "grpo_runs"
+
+
+def default_run_dir(recipe: Recipe) -> str:
+    return recipe.launch.run_dir or f"{DEFAULT_RUN_ROOT}/{recipe.name}"
+
+
+def make_plan(
+    topology: Topology,
+    recipe: Recipe,
+    model: ModelShape | None = None,
+    *,
+    run_dir: str | None = None,
+    python: str = "python3",
+) -> Plan:
+    """Plan a GRPO run of ``recipe`` on ``topology``. Raises :class:`PlanError` listing every problem.
+
+    ``run_dir`` (default: launch.run_dir or grpo_runs/NAME) and ``python`` (the interpreter on the hosts) are the
+    runtime settings the renderers take from the plan.
+    """
+    plan = _search(topology, recipe, model) if _split_is_free(topology, recipe, model) else None
+    if plan is None:
+        plan = _plan_one(topology, recipe, model, None)
+    return dataclasses.replace(plan, run_dir=run_dir or default_run_dir(recipe), python=python)
+
+
+def plan_split(topology: Topology, recipe: Recipe, model: ModelShape | None, mode: VllmMode, tp: int) -> Plan:
+    """One split candidate of the search, planned on its own (what the search compares; benchmarks use it)."""
+    return _plan_one(topology, recipe, model, (VllmMode(mode), tp))
+
+
+def _split_is_free(topology: Topology, recipe: Recipe, model: ModelShape | None) -> bool:
+    launch = recipe.launch
+    return (
+        len(topology.hosts) == 1
+        and not topology.is_cpu
+        and topology.num_gpus > 1
+        and model is not None
+        and find_gpu_spec(topology.gpu_name) is not None
+        and topology.min_gpu_memory_bytes is not None
+        and placement.auto_mode(recipe)
+        and launch.vllm_gpus is None
+        and launch.vllm_tensor_parallel_size is None
+        and not recipe.is_set("vllm_tensor_parallel_size")
+    )
+
+
+def _search(topology: Topology, recipe: Recipe, model: ModelShape | None) -> Plan | None:
+    """Plan colocate and every server size (TP 1, 2, 4, …); the shortest predicted time per prompt group wins.
+    None when no candidate plans with an estimate (the caller then plans without the search, for its error)."""
+    assert model is not None
+    choices = [(VllmMode.COLOCATE, 1), *((VllmMode.SERVER, t) for t in model.valid_tp_sizes(topology.num_gpus - 1))]
+    scored: list[tuple[Candidate, Plan]] = []
+    rejected: list[Candidate] = []
+    for mode, tp in choices:
+        label = f"server TP {tp}" if mode == VllmMode.SERVER else "colocate"
+        try:
+            plan = _plan_one(topology, recipe, model, (mode, tp))
+        except PlanError as exc:
+            rejected.append(Candidate(label, mode, tp, rejected=exc.message))
+            continue
+        if plan.estimate is None:
+            return None
+        # Splits give different optimizer steps (more trainers, more completions per step): compare per prompt.
+        prompts = plan.layout.completions_per_optimizer_step / plan.layout.num_generations
+        scored.append((Candidate(label, mode, tp, step=plan.estimate.step, prompts_per_step=prompts), plan))
+    if not scored:
+        return None
+    scored.sort(key=lambda cp: cp[0].per_prompt_s or 0.0)
+    best, plan = scored[0]
+    others = ", ".join(f"{c.label} {c.per_prompt_s:.2f} s" for c, _ in scored[1:])
+    why = f"shortest predicted time per prompt group: {best.label} {best.per_prompt_s:.2f} s" + (
+        f" (vs {others})" if others else ""
+    )
+    candidates = (dataclasses.replace(best, chosen=True), *(c for c, _ in scored[1:]), *rejected)
+    return dataclasses.replace(
+        plan, decisions=(Decision("split", best.label, why), *plan.decisions), candidates=candidates
+    )
+
+
+def _plan_one(
+    topology: Topology, recipe: Recipe, model: ModelShape | None, forced: tuple[VllmMode, int] | None
+) -> Plan:
+    trace = Trace(notices=list(recipe.notices), warnings=list(topology.warnings))
+    values = recipe.values
+    if values.get("use_cpu") is True and not topology.is_cpu:
+        topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
+        trace.decide("device", Device.CPU, "use_cpu: true in the recipe: the GPUs are left unused")
+    mode = forced[0] if forced else placement.choose_mode(topology, recipe, trace)
+    vllm = None
+    if topology.is_cpu:
+        vllm, train_hosts = VllmPlan(VllmMode.OFF), placement.cpu_train_hosts(topology, recipe, trace)
+    else:
+        if len(set(topology.gpus_per_host)) > 1:
+            raise PlanError(
+                "hosts have different GPU counts: " + ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts),
+                hint="accelerate runs the same number of processes on every machine: give every host the same "
+                "number of GPUs (hostfile slots / --gpus-per-node).",
+            )
+        if mode == VllmMode.SERVER:
+            try:
+                vllm, train_hosts = placement.plan_server(
+                    topology, recipe, model, trace, forced_tp=forced[1] if forced else None
+                )
+            except placement.NoGpuLeftForTraining as exc:
+                if forced or not placement.auto_mode(recipe):
+                    raise
+                trace.decide("vllm", VllmMode.COLOCATE, f"a server would not leave a GPU to train: {exc.message}")
+                mode = VllmMode.COLOCATE
+        if vllm is None:
+            train_hosts = placement.whole_gpu_train_hosts(topology)
+            vllm = (
+                placement.plan_colocate(topology, recipe, model, train_hosts, trace)
+                if mode == VllmMode.COLOCATE
+                else VllmPlan(VllmMode.OFF)
+            )
+
+    n = sum(h.processes for h in train_hosts)
+    colocate_n = topology.num_gpus if mode == VllmMode.SERVER else None
+    layout, layout_why = solve_layout(n, LayoutRequest.from_values(values), colocate_n=colocate_n)
+    for why in layout_why:
+        trace.decide("layout", None, why)
+    if vllm.mode == VllmMode.COLOCATE and n % vllm.tensor_parallel_size:
+        raise PlanError(
+            f"colocated vLLM with tensor_parallel_size={vllm.tensor_parallel_size} needs the "
+            f"{n} training processes to be a multiple of it",
+            hint=f"Set vllm_tensor_parallel_size to a divisor of {n}.",
+        )
+
+    work = resources.workload(recipe, layout)
+    training = resources.choose_training(topology, recipe, model, n, vllm, work, trace)
+    vllm = resources.size_vllm(topology, model, vllm, work, trace)
+    device = Device.CPU if topology.is_cpu else Device.CUDA
+    train = TrainPlan(
+        device=device,
+        hosts=train_hosts,
+        backend=training.backend,
+        offload=training.offload,
+        main_process_port=recipe.launch.main_process_port,
+        mixed_precision="no" if device == Device.CPU or values.get("bf16") is False else "bf16",
+        gradient_checkpointing=training.gradient_checkpointing,
+    )
+    if training.gradient_checkpointing is not None:
+        work = dataclasses.replace(work, gradient_checkpointing=training.gradient_checkpointing)
+    estimate = resources.estimate_plan(topology, model, vllm, train, work, training.memory)
+    values_out = trainer_values(recipe, layout, vllm, train, trace)
+    return Plan(
+        recipe=recipe,
+        topology=topology,
+        model=model,
+        vllm=vllm,
+        train=train,
+        layout=layout,
+        run_dir=default_run_dir(recipe),
+        trainer_values=values_out,
+        roles=placement.gpu_roles(topology, vllm, train_hosts),
+        decisions=tuple(trace.decisions),
+        notices=tuple(trace.notices),
+        warnings=tuple(trace.warnings),
+        estimate=estimate,
+    )

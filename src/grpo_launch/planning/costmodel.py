@@ -1,0 +1,307 @@
+"""The cost model: every memory and time term of a GRPO step, and every constant it uses, in one table with a
+source per constant. Pure arithmetic, no I/O.
+
+Memory per training GPU (bf16 weights and gradients, fp32 Adam state, mixed precision):
+
+- model states: DDP 16 B/param; ZeRO-2 2 + 14/n; ZeRO-3 16/n; optimizer offload moves the 12 B of Adam state
+  (and the fp32 master) to CPU, parameter offload also the weights (ZeRO-3 only); LoRA trains a small adapter:
+  only the frozen bf16 base remains (2 B/param, /n under ZeRO-3);
+- a reference model (beta > 0): another 2 B/param (/n under ZeRO-3);
+- activations for per_device × (prompt + completion) tokens: ≈ 34·h bytes per token per layer without gradient
+  checkpointing, 2·h per token per layer with it plus one layer recomputed; the logits of the completion tokens in
+  bf16 and their fp32 log-softmax;
+- CUDA context, NCCL buffers and allocator fragmentation: a fixed amount plus a fraction.
+
+vLLM: weights/TP per GPU plus the KV cache of the concurrent sequences (2·layers·kv_heads·head_dim·2 B per token,
+split over TP), plus a fixed amount for activations and CUDA graphs.
+
+Step time (one optimizer step; TRL 1.16 runs generation and training one after the other):
+
+- generation: prefill is compute-bound (2·P FLOPs per prompt token, one prompt per group thanks to prefix
+  caching); decode is memory-bound: each decode step reads the weights and the batch's KV cache, on each of the
+  DP replicas (TP GPUs each, at a bandwidth efficiency, slowed by TP all-reduces), plus a fixed scheduling and
+  sampling cost per step whatever the model size;
+- training: 6·P FLOPs per token forward + backward, +2·P with gradient checkpointing, +2·P for a reference model,
+  at a fixed MFU, with multipliers for ZeRO-3 and offload;
+- weight sync (server mode): bf16 weights broadcast to the server; colocate: vLLM sleep/wake and weight moves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from grpo_launch.catalog import GIB, GpuSpec, ModelShape
+from grpo_launch.enums import DistBackend, Offload
+from grpo_launch.trl_schema import DEFAULTS as TRL_DEFAULTS
+
+
+@dataclass(frozen=True)
+class Constant:
+    value: float
+    unit: str
+    source: str
+
+
+# Every number the model uses. The sources say where each comes from; the cost-model issue calibrates them.
+CONSTANTS: dict[str, Constant] = {
+    "adam_state_bytes": Constant(12.0, "B/param", "fp32 master weights + two fp32 Adam moments (ZeRO paper, §3)"),
+    "overhead_bytes": Constant(2 * GIB, "B", "CUDA context + NCCL buffers, typical of a PyTorch process on H100"),
+    "overhead_fraction": Constant(0.05, "of the total", "allocator fragmentation allowance (rule of thumb)"),
+    "headroom": Constant(0.90, "of GPU memory", "planning margin: use at most 90 % of a training GPU"),
+    "activation_bytes_per_token_layer_per_hidden": Constant(
+        34.0, "B/(token·layer·h)", "Korthikanti et al. 2022, GPT layer with flash attention (no 5as/h term)"
+    ),
+    "checkpoint_bytes_per_token_layer_per_hidden": Constant(
+        2.0, "B/(token·layer·h)", "one bf16 hidden state kept per layer under gradient checkpointing"
+    ),
+    "logit_bytes": Constant(6.0, "B/(token·vocab)", "bf16 logits + fp32 log-softmax of the completion tokens"),
+    "vllm_server_utilization": Constant(0.90, "of GPU memory", "vLLM's default --gpu-memory-utilization"),
+    "vllm_overhead_bytes": Constant(1.5 * GIB, "B", "vLLM activations + CUDA graphs outside the KV cache"),
+    "vllm_weights_share": Constant(0.5, "of a vLLM GPU", "leave at least half of a server GPU for the KV cache"),
+    "vllm_utilization_margin": Constant(0.02, "of GPU memory", "slack on a sized colocate share"),
+    "vllm_max_num_seqs": Constant(1024, "sequences", "upper bound on the planned --max-num-seqs"),
+    "train_mfu": Constant(0.40, "of peak bf16", "typical dense-transformer training MFU (Megatron/DeepSpeed reports)"),
+    "prefill_mfu": Constant(0.50, "of peak bf16", "vLLM prefill is compute-bound at large batch"),
+    "decode_bw_efficiency": Constant(0.85, "of peak HBM bandwidth", "memory-bound decode kernels"),
+    "decode_step_overhead_s": Constant(0.003, "s/decode step", "vLLM scheduling, sampling and kernel launches"),
+    "tp_allreduce_factor": Constant(0.1, "per doubling of TP", "decode slowdown from TP all-reduces"),
+    "zero3_slowdown": Constant(1.1, "×", "ZeRO-3 parameter gathers"),
+    "optimizer_offload_slowdown": Constant(1.3, "×", "CPU Adam + PCIe transfers"),
+    "param_offload_slowdown": Constant(2.0, "×", "parameters streamed over PCIe every step"),
+    "sync_bytes_per_s_node": Constant(20e9, "B/s", "NCCL broadcast within a node"),
+    "sync_bytes_per_s_net": Constant(10e9, "B/s", "NCCL broadcast across nodes"),
+    "colocate_switch_s": Constant(1.0, "s", "vLLM sleep/wake fixed cost"),
+    "pcie_bytes_per_s": Constant(25e9, "B/s", "PCIe 4.0 x16 effective host↔device bandwidth"),
+    "default_prompt_len": Constant(512, "tokens", "assumed when the recipe has no max_prompt_length"),
+}
+
+
+def _c(name: str) -> float:
+    return CONSTANTS[name].value
+
+
+ADAM_STATE_BYTES = _c("adam_state_bytes")
+OVERHEAD_BYTES = _c("overhead_bytes")
+OVERHEAD_FRACTION = _c("overhead_fraction")
+HEADROOM = _c("headroom")
+VLLM_SERVER_UTILIZATION = _c("vllm_server_utilization")
+VLLM_OVERHEAD_BYTES = _c("vllm_overhead_bytes")
+VLLM_WEIGHTS_SHARE = _c("vllm_weights_share")
+VLLM_UTILIZATION_MARGIN = _c("vllm_utilization_margin")
+TRAIN_MFU = _c("train_mfu")
+PREFILL_MFU = _c("prefill_mfu")
+DECODE_BW_EFFICIENCY = _c("decode_bw_efficiency")
+DECODE_STEP_OVERHEAD_S = _c("decode_step_overhead_s")
+DEFAULT_PROMPT_LEN = int(_c("default_prompt_len"))
+# TRL's own defaults (generated from TRL: grpo_launch.trl_schema).
+TRL_COMPLETION_LEN = int(TRL_DEFAULTS["max_completion_length"])
+TRL_COLOCATE_UTILIZATION = float(TRL_DEFAULTS["vllm_gpu_memory_utilization"])
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one optimizer step processes."""
+
+    prompt_len: int
+    completion_len: int
+    completions: int  # completions per optimizer step (all processes, all accumulation steps)
+    num_generations: int
+    per_device: int
+    gradient_checkpointing: bool
+    lora: bool = False
+    reference_model: bool = False  # beta > 0
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.completion_len
+
+
+@dataclass(frozen=True)
+class TrainMemory:
+    weights: float
+    gradients: float
+    optimizer: float
+    reference: float
+    activations: float
+    logits: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.gradients + self.optimizer + self.reference + self.activations + self.logits) * (
+            1 + OVERHEAD_FRACTION
+        ) + self.overhead
+
+    def lines(self) -> list[str]:
+        parts = [
+            ("weights", self.weights),
+            ("gradients", self.gradients),
+            ("optimizer", self.optimizer),
+            ("reference model", self.reference),
+            ("activations", self.activations),
+            ("logits", self.logits),
+        ]
+        body = " + ".join(f"{name} {v / GIB:.1f}" for name, v in parts if v)
+        extra = f"×{1 + OVERHEAD_FRACTION:.2f} + {self.overhead / GIB:.1f} GiB CUDA/NCCL"
+        return [f"{body} GiB, {extra} = {self.total / GIB:.1f} GiB"]
+
+
+def train_memory(model: ModelShape, n: int, backend: str, offload: str, work: Workload) -> TrainMemory:
+    """Memory per training GPU for ``n`` training processes."""
+    backend, offload = DistBackend(backend), Offload(offload)
+    p = model.params
+    shard = n if backend == DistBackend.ZERO3 else 1
+    if work.lora:
+        weights, grads, optim = 2 * p / shard, 0.0, 0.0
+    else:
+        weights = 2 * p / shard
+        grads = 2 * p / (n if backend.is_deepspeed else 1)
+        optim = ADAM_STATE_BYTES * p / (n if backend.shards_optimizer else 1)
+        if backend == DistBackend.FSDP:
+            weights, grads = 2 * p / n, 2 * p / n
+        if offload.optimizer:
+            optim = 0.0
+        if offload.params and backend == DistBackend.ZERO3:
+            weights = 0.0
+    reference = (2 * p / shard) if work.reference_model else 0.0
+    tokens = work.per_device * work.seq_len
+    h, layers = model.hidden, model.layers
+    full = _c("activation_bytes_per_token_layer_per_hidden")
+    if work.gradient_checkpointing:
+        activations = _c("checkpoint_bytes_per_token_layer_per_hidden") * h * tokens * layers + full * h * tokens
+    else:
+        activations = full * h * tokens * layers
+    logits = work.per_device * work.completion_len * model.vocab * _c("logit_bytes")
+    return TrainMemory(weights, grads, optim, reference, activations, logits, OVERHEAD_BYTES)
+
+
+# ------------------------------------------------------------------------------------------------ vLLM
+
+
+@dataclass(frozen=True)
+class VllmMemory:
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_seqs: int
+    weights_per_gpu: float
+    kv_per_seq: float  # bytes per sequence of max_model_len, per GPU
+
+    def lines(self) -> list[str]:
+        return [
+            f"weights {self.weights_per_gpu / GIB:.1f} GiB/GPU + KV {self.kv_per_seq / GIB * 1024:.0f} MiB/sequence "
+            f"× {self.max_num_seqs} sequences + {VLLM_OVERHEAD_BYTES / GIB:.1f} GiB → "
+            f"gpu_memory_utilization {self.gpu_memory_utilization:.2f}"
+        ]
+
+
+def vllm_memory(
+    model: ModelShape, tp: int, gpu_bytes: float, work: Workload, *, share: float | None, replicas: int = 1
+) -> VllmMemory | None:
+    """vLLM sizing on GPUs of ``gpu_bytes``: with ``share`` (colocate) the fraction it may use, else vLLM's default.
+
+    ``max_num_seqs`` covers the sequences one replica decodes at once (its part of a generation round), capped by
+    what the KV cache holds; None when not even one sequence fits.
+    """
+    max_len = work.seq_len
+    weights = model.weight_bytes_bf16 / tp
+    kv_seq = model.kv_bytes_per_token_bf16 * max_len / tp
+    limit = (share if share is not None else VLLM_SERVER_UTILIZATION) * gpu_bytes
+    room = limit - weights - VLLM_OVERHEAD_BYTES
+    capacity = int(room // kv_seq) if kv_seq > 0 else 0
+    if capacity < 1:
+        return None
+    wanted = max(1, math.ceil(work.completions / replicas))
+    seqs = max(1, min(capacity, wanted, int(_c("vllm_max_num_seqs"))))
+    if share is None:
+        util = VLLM_SERVER_UTILIZATION
+    else:
+        util = min(share, (weights + VLLM_OVERHEAD_BYTES + seqs * kv_seq) / gpu_bytes + VLLM_UTILIZATION_MARGIN)
+    return VllmMemory(round(util, 2), max_len, seqs, weights, kv_seq)
+
+
+def vllm_share_needed(model: ModelShape, tp: int, gpu_bytes: float, seq_len: int) -> float:
+    """The gpu_memory_utilization that holds the weights and one sequence's KV cache (for a refusal's fix)."""
+    weights = model.weight_bytes_bf16 / tp
+    return (weights + VLLM_OVERHEAD_BYTES + model.kv_bytes_per_token_bf16 * seq_len) / gpu_bytes + (
+        VLLM_UTILIZATION_MARGIN
+    )
+
+
+def fits_server_gpu(model: ModelShape | None, gpu_bytes: int | None, tp: int) -> bool:
+    """The weights take at most the allowed share of each server GPU at tensor-parallel size ``tp``."""
+    if model is None or gpu_bytes is None:
+        return True
+    return model.weight_bytes_bf16 / tp <= VLLM_WEIGHTS_SHARE * gpu_bytes
+
+
+# ------------------------------------------------------------------------------------------------ time
+
+
+def generation_time(
+    model: ModelShape, gpu: GpuSpec, tp: int, replicas: int, max_num_seqs: int, work: Workload
+) -> tuple[float, str]:
+    """Seconds to generate one optimizer step's completions on ``replicas`` × TP ``tp`` GPUs, and the arithmetic."""
+    flops = gpu.bf16_tflops * 1e12
+    bw = gpu.bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY
+    tp_factor = 1 + _c("tp_allreduce_factor") * math.log2(tp) if tp > 1 else 1.0
+    prompts = work.completions / max(1, work.num_generations)
+    prefill = 2 * model.params * prompts * work.prompt_len / (replicas * tp * flops * PREFILL_MFU)
+    per_replica = math.ceil(work.completions / replicas)
+    batches = math.ceil(per_replica / max(1, max_num_seqs))
+    batch = min(per_replica, max_num_seqs)
+    avg_ctx = work.prompt_len + work.completion_len / 2
+    read = (model.weight_bytes_bf16 + batch * avg_ctx * model.kv_bytes_per_token_bf16) / tp
+    step_mem = read / bw
+    step_compute = 2 * model.params * batch / (tp * flops * PREFILL_MFU)
+    decode = batches * work.completion_len * (max(step_mem, step_compute) * tp_factor + DECODE_STEP_OVERHEAD_S)
+    why = (
+        f"prefill 2·{model.params / 1e9:.2f}B·{prompts:.0f} prompts·{work.prompt_len} tok / ({replicas}×{tp} GPU · "
+        f"{gpu.bf16_tflops:.0f} TFLOP/s · {PREFILL_MFU:.0%}) = {prefill:.2f} s; decode {batches} batch(es) × "
+        f"{work.completion_len} steps × ({max(step_mem, step_compute) * 1e3:.1f} ms "
+        f"{'memory' if step_mem >= step_compute else 'compute'}-bound at batch {batch}"
+        + (f" × TP {tp_factor:.2f}" if tp > 1 else "")
+        + f" + {DECODE_STEP_OVERHEAD_S * 1e3:.0f} ms overhead) = {decode:.1f} s"
+    )
+    return prefill + decode, why
+
+
+def transformers_generation_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:
+    """Generation without vLLM: the trainers decode with transformers at about half the bandwidth efficiency."""
+    per_token = 2 * model.weight_bytes_bf16 / (gpu.bandwidth_tbs * 1e12 * 0.5)
+    return work.completion_len * per_token * math.ceil(work.completions / max(1, n * work.per_device))
+
+
+def training_time(
+    model: ModelShape, gpu: GpuSpec, n: int, backend: str, offload: str, work: Workload
+) -> tuple[float, str]:
+    """Seconds of forward + backward over one optimizer step's tokens on ``n`` training GPUs, and the arithmetic."""
+    backend, offload = DistBackend(backend), Offload(offload)
+    tokens = work.completions * work.seq_len
+    per_token = 6.0 + (2.0 if work.gradient_checkpointing else 0.0) + (2.0 if work.reference_model else 0.0)
+    if work.lora:
+        per_token -= 2.0  # no weight gradients for the frozen base
+    factor = 1.0
+    if backend == DistBackend.ZERO3:
+        factor *= _c("zero3_slowdown")
+    if offload == Offload.OPTIMIZER:
+        factor *= _c("optimizer_offload_slowdown")
+    elif offload == Offload.OPTIMIZER_PARAMS:
+        factor *= _c("param_offload_slowdown")
+    seconds = per_token * model.params * tokens * factor / (n * gpu.bf16_tflops * 1e12 * TRAIN_MFU)
+    why = (
+        f"{per_token:.0f}·{model.params / 1e9:.2f}B·{tokens:,} tok"
+        + (f" ×{factor:.2f} ({backend}, offload {offload})" if factor != 1.0 else "")
+        + f" / ({n} GPU · {gpu.bf16_tflops:.0f} TFLOP/s · {TRAIN_MFU:.0%} MFU) = {seconds:.1f} s"
+    )
+    return seconds, why
+
+
+def sync_time(model: ModelShape, *, across_nodes: bool) -> float:
+    rate = _c("sync_bytes_per_s_net") if across_nodes else _c("sync_bytes_per_s_node")
+    return model.weight_bytes_bf16 / rate
+
+
+def colocate_switch_time(model: ModelShape, n: int) -> float:
+    """vLLM sleep/wake per step: a fixed cost plus moving the weights off and back over PCIe."""
+    return _c("colocate_switch_s") + 2 * model.weight_bytes_bf16 / n / _c("pcie_bytes_per_s")

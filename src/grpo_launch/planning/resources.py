@@ -1,0 +1,262 @@
+"""Resources: the training settings (backend, offload, gradient checkpointing) from the memory estimate, vLLM
+sizing, the memory fixes offered when nothing fits, and the plan's step-time estimate. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpo_launch.catalog import GIB, ModelShape, find_gpu_spec
+from grpo_launch.enums import DistBackend, Offload, VllmMode
+from grpo_launch.errors import Fix, PlanError
+from grpo_launch.planning.costmodel import (
+    DEFAULT_PROMPT_LEN,
+    HEADROOM,
+    TRL_COMPLETION_LEN,
+    VLLM_SERVER_UTILIZATION,
+    TrainMemory,
+    Workload,
+    colocate_switch_time,
+    generation_time,
+    sync_time,
+    train_memory,
+    training_time,
+    transformers_generation_time,
+    vllm_memory,
+    vllm_share_needed,
+)
+from grpo_launch.planning.layout import Layout
+from grpo_launch.planning.types import Estimate, StepTime, Trace, TrainPlan, VllmPlan
+from grpo_launch.recipe import Recipe
+from grpo_launch.topology import Topology
+
+Setting = tuple[DistBackend, Offload, bool]  # (backend, offload, gradient checkpointing)
+
+# Cheapest first: no offload before offload, ZeRO-2 before ZeRO-3, checkpointing (a third more compute) only when
+# needed.
+TRAINING_SETTINGS: tuple[Setting, ...] = (
+    (DistBackend.DDP, Offload.NONE, False),
+    (DistBackend.ZERO2, Offload.NONE, False),
+    (DistBackend.DDP, Offload.NONE, True),
+    (DistBackend.ZERO2, Offload.NONE, True),
+    (DistBackend.ZERO3, Offload.NONE, False),
+    (DistBackend.ZERO3, Offload.NONE, True),
+    (DistBackend.ZERO2, Offload.OPTIMIZER, True),
+    (DistBackend.ZERO3, Offload.OPTIMIZER, True),
+    (DistBackend.ZERO3, Offload.OPTIMIZER_PARAMS, True),
+)
+
+
+def workload(recipe: Recipe, layout: Layout) -> Workload:
+    """One optimizer step's work, from the recipe (TRL's defaults where unset) and the layout."""
+    ckpt = recipe.get("gradient_checkpointing")
+    return Workload(
+        prompt_len=int(recipe.get("max_prompt_length") or DEFAULT_PROMPT_LEN),
+        completion_len=int(recipe.get("max_completion_length") or TRL_COMPLETION_LEN),
+        completions=layout.completions_per_optimizer_step,
+        num_generations=layout.num_generations,
+        per_device=layout.per_device_train_batch_size,
+        gradient_checkpointing=True if ckpt is None else bool(ckpt),
+        lora=bool(recipe.get("use_peft")),
+        reference_model=float(recipe.get("beta") or 0.0) > 0.0,
+    )
+
+
+def _label(setting: Setting) -> str:
+    b, o, c = setting
+    return str(b) + ("" if o == Offload.NONE else f" + offload {o}") + (" + gradient checkpointing" if c else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """The chosen training settings; ``gradient_checkpointing`` None leaves it to the recipe."""
+
+    backend: DistBackend
+    offload: Offload
+    gradient_checkpointing: bool | None
+    memory: TrainMemory | None
+
+
+def choose_training(
+    topology: Topology, recipe: Recipe, model: ModelShape | None, n: int, vllm: VllmPlan, work: Workload, trace: Trace
+) -> Training:
+    """The cheapest training setting whose memory per GPU fits, or a PlanError with the nearest fixes."""
+    backend, offload = recipe.launch.backend, recipe.launch.offload
+    if topology.is_cpu:
+        if backend == "fsdp":
+            raise PlanError("FSDP is not supported on CPU here", hint="Use launch.backend=ddp, zero2 or zero3.")
+        chosen = DistBackend.DDP if backend == "auto" else DistBackend(backend)
+        trace.decide("backend", chosen, "set in the recipe" if backend != "auto" else "CPU: plain DDP (gloo)")
+        return Training(chosen, Offload.NONE if offload == "auto" else Offload(offload), None, None)
+    mem = topology.min_gpu_memory_bytes
+    if model is None or mem is None:
+        chosen = DistBackend.ZERO2 if backend == "auto" else DistBackend(backend)
+        why = "set in the recipe" if backend != "auto" else "model size or GPU memory unknown: ZeRO-2 is a safe default"
+        trace.decide("backend", chosen, why)
+        return Training(chosen, Offload.NONE if offload == "auto" else Offload(offload), None, None)
+    share = (vllm.gpu_memory_utilization or 0.0) if vllm.mode == VllmMode.COLOCATE else 0.0
+    budget = HEADROOM * mem - share * mem
+    ckpt_set = recipe.get("gradient_checkpointing")
+    candidates = [
+        (b, o, c)
+        for b, o, c in TRAINING_SETTINGS
+        if (backend == "auto" or b == backend)
+        and (offload == "auto" or o == offload)
+        and (ckpt_set is None or c == bool(ckpt_set))
+        and not (n == 1 and b == DistBackend.ZERO2 and o == Offload.NONE)
+    ]
+    if not candidates:  # e.g. fsdp, or a combination the table lacks: the recipe's own choice
+        candidates = [
+            (
+                DistBackend.ZERO3 if backend == "auto" else DistBackend(backend),
+                Offload.NONE if offload == "auto" else Offload(offload),
+                bool(ckpt_set),
+            )
+        ]
+    for setting in candidates:
+        b, o, c = setting
+        need = train_memory(model, n, b, o, dataclasses.replace(work, gradient_checkpointing=c))
+        if need.total <= budget:
+            set_by = [x for x, v in (("backend", backend), ("offload", offload)) if v != "auto"]
+            trace.decide(
+                "backend",
+                _label(setting),
+                (f"{', '.join(set_by)} set in the recipe; " if set_by else "cheapest that fits: ")
+                + f"{need.total / GIB:.1f} GiB per training GPU ≤ {budget / GIB:.1f} GiB "
+                f"({HEADROOM:.0%} of {mem / GIB:.0f} GiB"
+                + (f" minus the colocated vLLM's {share:.0%}" if share else "")
+                + ")",
+            )
+            return Training(b, o, c, need)
+    last = candidates[-1]
+    need = train_memory(model, n, last[0], last[1], dataclasses.replace(work, gradient_checkpointing=last[2]))
+    raise PlanError(
+        f"{model.name} does not fit on {n} training GPU(s) of {mem / GIB:.0f} GiB: even {_label(last)} needs "
+        f"{need.total / GIB:.1f} GiB per GPU (budget {budget / GIB:.1f} GiB)",
+        fixes=memory_fixes(model, n, mem, budget, last, work, recipe),
+        hint="Each fix listed would fit by the estimate (grpo-launch plan --explain).",
+    )
+
+
+def memory_fixes(
+    model: ModelShape, n: int, mem: int, budget: float, setting: Setting, work: Workload, recipe: Recipe
+) -> list[Fix]:
+    """Single changes that would make the training side fit, nearest first."""
+    b, o, _ = setting
+    fixes: list[Fix] = []
+
+    def total(nn: int, bb: DistBackend, oo: Offload, w: Workload) -> float:
+        return train_memory(model, nn, bb, oo, w).total
+
+    w_ck = dataclasses.replace(work, gradient_checkpointing=True)
+    if recipe.launch.offload != "auto" and total(n, DistBackend.ZERO3, Offload.OPTIMIZER_PARAMS, w_ck) <= budget:
+        fixes.append(Fix("launch.offload", "optimizer+params", "offload", rank=0, also=(("launch.backend", "zero3"),)))
+    for more in (2, 4, 8, 16, 32, 64):
+        if total(n * more, DistBackend.ZERO3, Offload.OPTIMIZER, w_ck) <= budget:
+            fixes.append(
+                Fix(
+                    "gpus",
+                    n * more,
+                    f"more GPUs: {n * more} training GPUs (ZeRO-3 + optimizer offload)",
+                    rank=3,
+                    in_recipe=False,
+                )
+            )
+            break
+    if not work.lora and total(n, b, o, dataclasses.replace(w_ck, lora=True)) <= budget:
+        fixes.append(Fix("use_peft", True, "LoRA: only the frozen bf16 base stays on the GPU", rank=1))
+    for length in (work.completion_len // 2, work.completion_len // 4, work.completion_len // 8):
+        if length >= 16 and total(n, b, o, dataclasses.replace(w_ck, completion_len=length)) <= budget:
+            fixes.append(Fix("max_completion_length", length, "shorter completions", rank=2))
+            break
+    if work.per_device > 1 and total(n, b, o, dataclasses.replace(w_ck, per_device=1)) <= budget:
+        fixes.append(Fix("per_device_train_batch_size", 1, "fewer completions per forward pass", rank=1, cost=0.5))
+    if not fixes:
+        fixes.append(
+            Fix("gpus", None, f"GPUs with more memory than {mem / GIB:.0f} GiB, or a smaller model", 4, in_recipe=False)
+        )
+    return fixes
+
+
+def size_vllm(topology: Topology, model: ModelShape | None, vllm: VllmPlan, work: Workload, trace: Trace) -> VllmPlan:
+    """max_num_seqs (and the colocated memory share) from the KV cache the concurrent sequences need."""
+    mem = topology.min_gpu_memory_bytes
+    if vllm.mode == VllmMode.OFF or model is None or mem is None:
+        return vllm
+    share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
+    sized = vllm_memory(model, vllm.tensor_parallel_size, mem, work, share=share)
+    if sized is None:
+        weights = model.weight_bytes_bf16 / vllm.tensor_parallel_size
+        need = vllm_share_needed(model, vllm.tensor_parallel_size, mem, work.seq_len)
+        fixes = [
+            Fix("gpus", None, "more GPUs (a larger tensor-parallel size spreads the weights)", 3, in_recipe=False),
+            Fix("launch.vllm", "off", "generate with transformers in the trainers; slow", rank=4),
+        ]
+        if vllm.mode == VllmMode.COLOCATE and need < VLLM_SERVER_UTILIZATION:
+            fixes.append(Fix("launch.vllm_gpu_memory_utilization", round(need, 2), "leaves less for training", 0))
+        raise PlanError(
+            f"vLLM ({vllm.mode}) does not fit: {weights / GIB:.1f} GiB of weights per GPU leave no room for the KV "
+            f"cache of one {work.seq_len}-token sequence at gpu_memory_utilization "
+            f"{share or VLLM_SERVER_UTILIZATION:.2f}",
+            fixes=fixes,
+        )
+    trace.decide("vllm_max_num_seqs", sized.max_num_seqs, sized.lines()[0])
+    return dataclasses.replace(
+        vllm,
+        max_num_seqs=sized.max_num_seqs,
+        max_model_len=vllm.max_model_len or sized.max_model_len,
+    )
+
+
+def estimate_plan(
+    topology: Topology,
+    model: ModelShape | None,
+    vllm: VllmPlan,
+    train: TrainPlan,
+    work: Workload,
+    train_mem: TrainMemory | None,
+) -> Estimate | None:
+    """Predicted step time and memory, when the model and the GPU model are known."""
+    gpu = find_gpu_spec(topology.gpu_name) if not topology.is_cpu else None
+    mem = topology.min_gpu_memory_bytes
+    if model is None or gpu is None or mem is None:
+        return None
+    n = train.num_processes
+    explain: list[str] = [
+        f"workload per optimizer step: {work.completions} completions ({work.completions // work.num_generations} "
+        f"prompts × {work.num_generations}), {work.prompt_len} prompt + {work.completion_len} completion tokens",
+    ]
+    if train_mem is not None:
+        explain.append("memory per training GPU: " + train_mem.lines()[0])
+    vllm_gib = None
+    seqs = vllm.max_num_seqs or work.completions
+    tp = vllm.tensor_parallel_size
+    if vllm.mode == VllmMode.SERVER:
+        gen, gen_why = generation_time(model, gpu, tp, 1, seqs, work)
+        sync = sync_time(model, across_nodes=vllm.host not in {h.name for h in train.hosts})
+        vllm_gib = (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB
+        explain.append(f"generation on the server ({tp} GPU): {gen_why}")
+        explain.append(f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s")
+    elif vllm.mode == VllmMode.COLOCATE:
+        replicas = max(1, n // tp)
+        gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work)
+        sync = colocate_switch_time(model, n)
+        vllm_gib = (vllm.gpu_memory_utilization or 0.0) * mem / GIB
+        explain.append(f"generation colocated ({replicas} engine(s) × TP {tp}): {gen_why}")
+        explain.append(f"vLLM sleep/wake and weight load per step: {sync:.2f} s")
+    else:
+        gen, sync = transformers_generation_time(model, gpu, n, work), 0.0
+        explain.append(f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s")
+    train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work)
+    explain.append(f"training: {train_why}")
+    step = StepTime(gen, train_s, sync)
+    explain.append(
+        f"step ≈ {step.generation_s:.1f} s generation + {step.training_s:.1f} s training + {step.sync_s:.1f} s "
+        f"sync = {step.total_s:.1f} s; bottleneck: {step.bottleneck}"
+    )
+    return Estimate(
+        step=step,
+        train_memory_gib=train_mem.total / GIB if train_mem else None,
+        vllm_memory_gib=vllm_gib,
+        gpu_memory_gib=mem / GIB,
+        explain=tuple(explain),
+    )

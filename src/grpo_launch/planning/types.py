@@ -1,0 +1,203 @@
+"""The planner's data: the Plan and its parts, the Trace that records every choice, and split Candidates. Frozen
+dataclasses and str-valued enums (:mod:`grpo_launch.enums`), so a plan is plain data for render and plan.json."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_launch.catalog import ModelShape
+from grpo_launch.enums import Device, DistBackend, Offload, Role, VllmMode
+from grpo_launch.planning.layout import Layout
+from grpo_launch.recipe import Recipe
+from grpo_launch.topology import Topology
+
+__all__ = [
+    "Candidate",
+    "Decision",
+    "Device",
+    "DistBackend",
+    "Estimate",
+    "GpuRole",
+    "Offload",
+    "Plan",
+    "Role",
+    "StepTime",
+    "Trace",
+    "TrainHost",
+    "TrainPlan",
+    "VllmMode",
+    "VllmPlan",
+]
+
+OUTPUT_SUBDIR = "output"  # output_dir when the recipe sets none: RUN_DIR/output
+
+
+@dataclass(frozen=True)
+class Decision:
+    what: str
+    value: Any
+    why: str
+
+
+@dataclass
+class Trace:
+    """What the planner decided and why, what it changed in the recipe (notices) and what it doubts (warnings).
+    Passed to each planning step instead of three separate lists; frozen into the Plan at the end."""
+
+    decisions: list[Decision] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def decide(self, what: str, value: Any, why: str) -> None:
+        self.decisions.append(Decision(what, value, why))
+
+    def notice(self, text: str) -> None:
+        self.notices.append(text)
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
+@dataclass(frozen=True)
+class VllmPlan:
+    mode: VllmMode
+    host: str | None = None
+    address: str | None = None
+    gpus: tuple[str, ...] = ()  # visible ids on ``host`` (server mode)
+    tensor_parallel_size: int = 1
+    port: int = 8000
+    bind_host: str = "127.0.0.1"
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+
+    @property
+    def base_url(self) -> str | None:
+        return f"http://{self.address}:{self.port}" if self.mode == VllmMode.SERVER else None
+
+    @property
+    def health_url(self) -> str | None:
+        return f"{self.base_url}/health" if self.base_url else None
+
+
+@dataclass(frozen=True)
+class TrainHost:
+    name: str
+    address: str
+    machine_rank: int
+    gpus: tuple[str, ...]  # visible ids; () on CPU
+    processes: int
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    device: Device
+    hosts: tuple[TrainHost, ...]
+    backend: DistBackend
+    offload: Offload
+    main_process_port: int
+    mixed_precision: str  # bf16 | no
+    gradient_checkpointing: bool | None = None  # None: as the recipe says (TRL's default is on)
+
+    @property
+    def num_processes(self) -> int:
+        return sum(h.processes for h in self.hosts)
+
+    @property
+    def num_machines(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def main_process_ip(self) -> str:
+        return self.hosts[0].address
+
+
+@dataclass(frozen=True)
+class GpuRole:
+    host: str
+    gpu: str
+    name: str
+    memory_gib: float | None
+    role: str  # train | vllm | train+vllm | idle
+
+
+@dataclass(frozen=True)
+class StepTime:
+    generation_s: float
+    training_s: float
+    sync_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.generation_s + self.training_s + self.sync_s
+
+    @property
+    def bottleneck(self) -> str:
+        return "generation" if self.generation_s >= self.training_s else "training"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted memory and step time (:mod:`grpo_launch.planning.costmodel`), with the arithmetic behind them."""
+
+    step: StepTime
+    train_memory_gib: float | None
+    vllm_memory_gib: float | None
+    gpu_memory_gib: float
+    explain: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One split the search considered: vLLM colocated, or a server of ``tensor_parallel_size`` GPUs.
+
+    Splits give optimizer steps of different sizes, so they are compared per prompt group (``per_prompt_s``).
+    ``rejected`` says why a candidate could not be planned at all.
+    """
+
+    label: str
+    mode: VllmMode
+    tensor_parallel_size: int
+    step: StepTime | None = None
+    prompts_per_step: float = 0.0
+    rejected: str | None = None
+    chosen: bool = False
+
+    @property
+    def per_prompt_s(self) -> float | None:
+        if self.step is None or not self.prompts_per_step:
+            return None
+        return self.step.total_s / self.prompts_per_step
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided for one run. ``run_dir`` and ``python`` are the runtime settings the renderers need:
+    every path of the run (configs, logs, control dir, the default output_dir) derives from ``run_dir``."""
+
+    recipe: Recipe
+    topology: Topology
+    model: ModelShape | None
+    vllm: VllmPlan
+    train: TrainPlan
+    layout: Layout
+    run_dir: str
+    trainer_values: Mapping[str, Any]  # the recipe's TRL values as planned; output_dir only when the user set it
+    roles: tuple[GpuRole, ...]
+    decisions: tuple[Decision, ...] = ()
+    notices: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    estimate: Estimate | None = None
+    candidates: tuple[Candidate, ...] = ()
+    python: str = "python3"
+
+    @property
+    def output_dir(self) -> str:
+        return str(self.trainer_values.get("output_dir") or f"{self.run_dir}/{OUTPUT_SUBDIR}")
+
+    @property
+    def resolved_trainer_values(self) -> dict[str, Any]:
+        """The values the training entry reads: the planned values with output_dir filled in."""
+        return {**self.trainer_values, "output_dir": self.output_dir}

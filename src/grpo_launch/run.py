@@ -1,0 +1,103 @@
+"""run_plan(plan, backend, ctx) → RunResult: the common checks, the backend's placement and checks, the run
+directory's files, then supervision, then the backend's after-run step (e.g. a Slurm requeue)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+
+from grpo_launch import commands, control
+from grpo_launch.backends.base import Backend, RunContext
+from grpo_launch.enums import Role
+from grpo_launch.errors import ConfigError
+from grpo_launch.planning.types import Plan
+from grpo_launch.probe import looks_local
+from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
+from grpo_launch.render import render_files
+from grpo_launch.rundir import write_run_files
+from grpo_launch.spec import ProcessSpec, RunResult, RunState
+from grpo_launch.supervisor import supervise
+from grpo_launch.train.rewards import check_reward_names
+
+
+def preflight(plan: Plan) -> None:
+    """Everything about the recipe's inputs that can be checked before a process starts, reported together."""
+    values = plan.trainer_values
+    problems: list[str] = []
+    model = str(values.get("model_name_or_path") or "")
+    if not model:
+        problems.append("model_name_or_path is not set")
+    elif looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
+        problems.append(
+            f"model path {model!r} has no config.json (is the path right? relative paths start from {Path.cwd()})"
+        )
+    data = str(values.get("dataset_name") or "")
+    if not data:
+        problems.append("dataset_name is not set")
+    elif Path(data).suffix in LOCAL_DATA_SUFFIXES and not Path(data).expanduser().is_file():
+        problems.append(f"dataset file {data!r} not found")
+    elif looks_local(data) and not Path(data).expanduser().exists():
+        problems.append(f"dataset path {data!r} not found")
+    rewards = values.get("reward_funcs") or []
+    problems += check_reward_names([rewards] if isinstance(rewards, str) else list(rewards))
+    if problems:
+        raise ConfigError("cannot start the run:", problems=problems)
+
+
+def placed_processes(plan: Plan, backend: Backend, ctx: RunContext) -> tuple[ProcessSpec, ...]:
+    """The plan's processes, each placed on its host by the backend (pure)."""
+    return tuple(backend.place(spec, plan, ctx) for spec in commands.all_processes(plan))
+
+
+def run_plan(plan: Plan, backend: Backend, ctx: RunContext, *, dry_run: bool = False) -> RunResult:
+    """Run ``plan`` with ``backend``. Input problems raise (nothing has started then); once processes start, every
+    outcome is a RunResult.
+
+    SIGUSR2 asks the trainers to save a checkpoint and stop (STOPPED_FOR_CHECKPOINT); the backend may then requeue.
+    """
+    placed = placed_processes(plan, backend, ctx)
+    preflight(plan)
+    write_run_files(plan.run_dir, render_files(plan))
+    if dry_run:
+        ctx.emit(f"# run directory: {plan.run_dir}")
+        for spec in placed:
+            if spec.host:
+                ctx.emit(f"# on {spec.host}: {spec.name}")
+            ctx.emit(spec.shell())
+        return RunResult(RunState.SUCCEEDED, 0)
+    backend.preflight(plan, ctx)
+    control.reset(plan.run_dir)
+    if plan.train.backend.is_deepspeed:
+        for lock in stale_build_locks(ctx.environ):
+            ctx.emit(
+                f"[grpo-launch] warning: {lock} exists. Another run is building that torch extension, or a killed "
+                "build left the lock, and DeepSpeed then waits for it forever: if no other run is building, "
+                "delete it."
+            )
+    server = next((s for s in placed if s.role == Role.VLLM), None)
+    result = supervise(
+        server,
+        [s for s in placed if s.role == Role.TRAIN],
+        health_url=plan.vllm.health_url if server else None,
+        health_timeout_s=plan.recipe.launch.vllm_health_timeout_s,
+        log_dir=Path(plan.run_dir) / "logs",
+        grace_s=plan.recipe.launch.grace_period_s,
+        environ=ctx.environ,
+        emit=ctx.emit,
+        on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
+        signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
+    )
+    step = control.stopped_at(plan.run_dir)
+    if result.ok and step is not None:
+        ctx.emit(f"[grpo-launch] stopped after step {step} with a checkpoint; the next run resumes from it")
+        result = dataclasses.replace(result, state=RunState.STOPPED_FOR_CHECKPOINT, stopped_at_step=step)
+    return backend.after_run(plan, result, ctx)
+
+
+def stale_build_locks(environ: Mapping[str, str]) -> list[Path]:
+    """Lock files of torch's JIT extension builds (DeepSpeed compiles its ops on first use)."""
+    root = Path(
+        environ.get("TORCH_EXTENSIONS_DIR") or Path(environ.get("HOME", "~")).expanduser() / ".cache/torch_extensions"
+    )
+    return sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})

@@ -1,0 +1,132 @@
+"""Training entry: ``python -m grpo_launch.train --recipe trainer_recipe.yaml``, run under ``accelerate launch``.
+
+Loads the model, tokenizer, dataset and rewards from the resolved recipe and runs TRL's GRPOTrainer; resumes from
+the newest checkpoint in ``output_dir`` and saves the final model there. (Not ``trl grpo``: that validates the
+layout once in the launcher with world size 1.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from grpo_launch.control import CONTROL_DIR_ENV, STOPPED_MARKER
+from grpo_launch.recipe import yaml_load
+from grpo_launch.train.callbacks import make_callbacks
+from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset, split_values
+from grpo_launch.train.rewards import load_reward
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m grpo_launch.train", description=__doc__)
+    ap.add_argument("--recipe", required=True, help="resolved trainer recipe written by grpo-launch")
+    args = ap.parse_args(argv)
+    values = yaml_load(Path(args.recipe).read_text())
+    grpo_kwargs, model_kwargs, script = split_values(values)
+    for key, env in (
+        ("wandb_entity", "WANDB_ENTITY"),
+        ("wandb_project", "WANDB_PROJECT"),
+        ("wandb_run_group", "WANDB_RUN_GROUP"),
+    ):
+        if script.get(key):
+            os.environ.setdefault(env, str(script[key]))
+
+    from transformers import AutoModelForCausalLM
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config
+
+    config = GRPOConfig(**grpo_kwargs)
+    rank, world = config.process_index, config.world_size
+    print(
+        f"[grpo-launch] trainer process {rank}/{world} world_size={world} device={config.device} "
+        f"node_rank={os.environ.get('GROUP_RANK', '0')} local_rank={os.environ.get('LOCAL_RANK', '0')} "
+        f"node={os.environ.get('SLURMD_NODENAME') or os.uname().nodename} pid={os.getpid()}",
+        flush=True,
+    )
+    is_main = rank == 0
+
+    model_args = ModelConfig(**model_kwargs)
+    path = model_args.model_name_or_path
+    if not path:
+        raise ValueError("the recipe has no model_name_or_path")
+    tokenizer = load_tokenizer(path, model_args.model_revision)
+    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "auto"
+    model = AutoModelForCausalLM.from_pretrained(
+        path, revision=model_args.model_revision, dtype=dtype, attn_implementation=model_args.attn_implementation
+    )
+
+    dataset_name = script.get("dataset_name")
+    if not dataset_name:
+        raise ValueError("the recipe has no dataset_name")
+    train_split = script.get("dataset_train_split", "train")
+    train = load_dataset_split(
+        dataset_name,
+        script.get("dataset_config"),
+        train_split,
+        bool(script.get("dataset_streaming")),
+        train_split=train_split,
+    )
+    train = prepare_dataset(train, script, tokenizer, is_main)
+    eval_ds = None
+    if config.eval_strategy != "no":
+        eval_ds = load_dataset_split(
+            dataset_name,
+            script.get("dataset_config"),
+            script.get("dataset_test_split", "test"),
+            train_split=train_split,
+        )
+        eval_ds = prepare_dataset(eval_ds, script, tokenizer, is_main)
+
+    reward_cfg = {"max_completion_length": config.max_completion_length, **(script.get("reward_kwargs") or {})}
+    names = script.get("reward_funcs") or ["accuracy", "format"]
+    rewards: list[Any] = [load_reward(n, reward_cfg) for n in names]
+
+    control_dir = os.environ.get(CONTROL_DIR_ENV)
+    step_log, stop = make_callbacks(control_dir, is_main)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=rewards,
+        args=config,
+        train_dataset=train,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        callbacks=[step_log, *([stop] if stop else [])],
+    )
+    if hasattr(trainer, "_generate_and_score_completions"):
+        trainer._generate_and_score_completions = step_log.timed(  # type: ignore[method-assign]
+            trainer._generate_and_score_completions
+        )
+    acc = trainer.accelerator
+    stage = acc.state.deepspeed_plugin.zero_stage if acc.state.deepspeed_plugin else None
+    print(
+        f"[grpo-launch] rank {rank}: distributed_type={acc.distributed_type.value} zero_stage={stage} "
+        f"num_processes={acc.num_processes}",
+        flush=True,
+    )
+    output_dir = config.output_dir or "trainer_output"
+    checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if is_main:
+        print(f"[grpo-launch] {'resuming from ' + checkpoint if checkpoint else 'starting fresh'}", flush=True)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    if stop is not None and stop.stopped_at is not None:
+        if is_main and control_dir:
+            marker = Path(control_dir) / STOPPED_MARKER
+            marker.write_text(f"{stop.stopped_at}\n")
+            print(
+                f"[grpo-launch] stopped on request after step {stop.stopped_at}; checkpoint saved in "
+                f"{output_dir}/checkpoint-{stop.stopped_at}",
+                flush=True,
+            )
+        return 0
+    trainer.save_model(output_dir)
+    if is_main:
+        print(f"[grpo-launch] training done; model saved to {output_dir}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
