@@ -21,8 +21,9 @@ from grpo_launch.supervisor import supervise
 from grpo_launch.train.rewards import check_reward_names
 
 
-def preflight(plan: Plan) -> None:
-    """Everything about the recipe's inputs that can be checked before a process starts, reported together."""
+def preflight(plan: Plan, workdir: str) -> None:
+    """Everything about the recipe's inputs that can be checked before a process starts, reported together.
+    Relative paths are taken from ``workdir``, where the processes start."""
     values = plan.trainer_values
     problems: list[str] = []
     model = str(values.get("model_name_or_path") or "")
@@ -30,7 +31,7 @@ def preflight(plan: Plan) -> None:
         problems.append("model_name_or_path is not set")
     elif looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
         problems.append(
-            f"model path {model!r} has no config.json (is the path right? relative paths start from {Path.cwd()})"
+            f"model path {model!r} has no config.json (is the path right? relative paths start from {workdir})"
         )
     data = str(values.get("dataset_name") or "")
     if not data:
@@ -57,7 +58,7 @@ def run_plan(plan: Plan, backend: Backend, ctx: RunContext, *, dry_run: bool = F
     SIGUSR2 asks the trainers to save a checkpoint and stop (STOPPED_FOR_CHECKPOINT); the backend may then requeue.
     """
     placed = placed_processes(plan, backend, ctx)
-    preflight(plan)
+    preflight(plan, ctx.workdir)
     write_run_files(plan.run_dir, render_files(plan))
     if dry_run:
         ctx.emit(f"# run directory: {plan.run_dir}")

@@ -121,14 +121,14 @@ class Supervisor:
         *,
         emit: Callable[[str], None],
         grace_s: float = 30.0,
-        environ: Mapping[str, str] | None = None,
+        environ: Mapping[str, str],
         cwd: str | None = None,
         signal_remote: RemoteSignaller | None = None,
     ) -> None:
         self.log_dir = log_dir
         self.emit = emit
         self.grace_s = grace_s
-        self.environ = dict(os.environ if environ is None else environ)
+        self.environ = dict(environ)
         self.cwd = cwd
         self.signal_remote = signal_remote
         self.children: list[Child] = []

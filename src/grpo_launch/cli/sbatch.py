@@ -43,7 +43,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     model, _ = resolve_model_shape(recipe.get("model_name_or_path"))
     # Refuse before submitting what cannot run.
     plan = make_plan(topology, recipe, model, run_dir=recipe.launch.run_dir, python=ctx.python)
-    preflight(plan)
+    preflight(plan, ctx.workdir)
     submitter = submitter_cls()
     submission = submitter.request(recipe, plan, args, ctx)
     if args.dry_run:
