@@ -43,7 +43,12 @@ def test_one_gpu_colocates():
 
 def test_server_values_for_trl():
     plan = plan_for(
-        {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "vllm_gpu_memory_utilization": 0.7}, "8xH100-80GB"
+        {
+            "model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct",
+            "vllm_gpu_memory_utilization": 0.7,
+            "launch": {"vllm": "server"},
+        },
+        "8xH100-80GB",
     )
     tv = plan.trainer_values
     assert tv["vllm_mode"] == "server" and tv["vllm_server_base_url"] == "http://127.0.0.1:8000"
@@ -72,7 +77,7 @@ def test_small_model_on_two_nodes_shares_nodes():
 
 
 def test_tp_must_fit_heads():
-    with pytest.raises(PlanError, match=r"does not fit Qwen2.5-1.5B's 12 attention heads"):
+    with pytest.raises(PlanError, match=r"vLLM cannot shard Qwen2.5-1.5B over 3 GPUs: 3 does not divide its 2 KV"):
         plan_for({"model_name_or_path": "q", "launch": {"vllm_tensor_parallel_size": 3}}, "8xH100-80GB")
 
 

@@ -93,17 +93,35 @@ class ModelShape:
         head_dim = self.head_dim or self.hidden // self.heads
         return 2.0 * 2 * self.layers * self.kv_heads * head_dim
 
-    def valid_tp_sizes(self, limit: int) -> tuple[int, ...]:
-        """Tensor-parallel sizes vLLM accepts for this model, up to ``limit``.
+    def tp_problems(self, tp: int) -> list[str]:
+        """Why vLLM cannot shard this model over ``tp`` GPUs (empty when it can).
 
-        TP must divide the attention heads; KV heads are split when TP divides them and replicated when TP is a
-        multiple of them (vLLM rejects anything else).
+        vLLM splits the attention heads, the KV heads (split when TP divides them, replicated when TP is a multiple
+        of them), the MLP intermediate size and the vocabulary padded to a multiple of 64; anything that does not
+        divide is an assertion while the model is built.
         """
-        return tuple(
-            t
-            for t in range(1, max(1, limit) + 1)
-            if self.heads % t == 0 and (self.kv_heads % t == 0 or t % self.kv_heads == 0)
-        )
+        out = []
+        if self.heads % tp:
+            out.append(f"{self.heads} attention heads")
+        if self.kv_heads % tp and tp % self.kv_heads:
+            out.append(f"{self.kv_heads} KV heads (TP must divide them or be a multiple of them)")
+        if self.intermediate and self.intermediate % tp:
+            out.append(f"MLP intermediate size {self.intermediate}")
+        if self.vocab and padded_vocab(self.vocab) % tp:
+            out.append(f"vocabulary {self.vocab} (padded to {padded_vocab(self.vocab)})")
+        return out
+
+    def valid_tp_sizes(self, limit: int) -> tuple[int, ...]:
+        """Tensor-parallel sizes vLLM can shard this model over, up to ``limit``."""
+        return tuple(t for t in range(1, max(1, min(limit, self.heads)) + 1) if not self.tp_problems(t))
+
+
+VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (vllm/model_executor/layers/vocab_parallel_embedding.py)
+
+
+def padded_vocab(vocab: int) -> int:
+    """The vocabulary size vLLM shards: rounded up to a multiple of 64."""
+    return -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
 
 
 def _m(

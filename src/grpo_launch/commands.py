@@ -13,6 +13,17 @@ DEEPSPEED_CONFIG = "deepspeed.json"
 TRAINER_RECIPE = "trainer_recipe.yaml"
 PLAN_JSON = "plan.json"
 NCCL_WEIGHT_TRANSFER = '{"backend": "nccl"}'
+SCALE_OUT_SINCE = (0, 30)  # TRL adds --enable-scale-out for vLLM >= 0.30 (trl/scripts/vllm_serve.py)
+TRL_VLLM_RANGE = ((0, 22), (0, 31))  # TRL 1.16's vllm extra
+
+
+def version_tuple(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a version string such as ``0.31.0+cpu``; None when unreadable."""
+    parts = (version or "").split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()))
+    except (IndexError, ValueError):
+        return None
 
 
 def vllm_server(plan: Plan) -> ProcessSpec | None:
@@ -46,6 +57,14 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         argv += ["--max-model-len", str(v.max_model_len)]
     if v.max_num_seqs:
         argv += ["--max-num-seqs", str(v.max_num_seqs)]
+    # As TRL's own build_command: its model implementation (GRPOConfig.vllm_model_impl), remote code when the
+    # recipe trusts it, and the scale-out endpoints on vLLM >= 0.30 (an unknown version is taken as the newest TRL
+    # supports; the run's preflight reads the real one).
+    argv += ["--model-impl", str(plan.trainer_values.get("vllm_model_impl") or "vllm")]
+    if plan.trainer_values.get("trust_remote_code"):
+        argv.append("--trust-remote-code")
+    if (version_tuple(plan.vllm_version) or TRL_VLLM_RANGE[1]) >= SCALE_OUT_SINCE:
+        argv.append("--enable-scale-out")
     argv += [
         "--weight-transfer-config",
         NCCL_WEIGHT_TRANSFER,

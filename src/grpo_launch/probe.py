@@ -186,3 +186,66 @@ def resolve_model_shape(model: str | None) -> tuple[ModelShape | None, str | Non
         f"model {model!r} is not in the built-in table and has no local config.json: "
         "tensor-parallel size and memory are not checked"
     )
+
+
+# ------------------------------------------------------------------------------------------------ vLLM version
+
+# Prints the vLLM version an interpreter would import, without importing vLLM (seconds): its _version.py, read.
+VLLM_VERSION_CODE = (
+    "import importlib.util, pathlib, re\n"
+    "spec = importlib.util.find_spec('vllm')\n"
+    "text = ''\n"
+    "if spec and spec.origin:\n"
+    "    f = pathlib.Path(spec.origin).with_name('_version.py')\n"
+    "    text = f.read_text() if f.is_file() else ''\n"
+    'm = re.search(r"__version__\\s*=\\s*(?:version\\s*=\\s*)?[\'\\"]([^\'\\"]+)", text)\n'
+    "print(m.group(1) if m else ('unknown' if spec else 'missing'))\n"
+)
+
+
+def vllm_version_here() -> str | None:
+    """The vLLM version this interpreter would import, or None (not installed or unreadable)."""
+    scope: dict[str, object] = {}
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(VLLM_VERSION_CODE, scope)
+    found = out.getvalue().strip()
+    return None if found in ("missing", "unknown") else found
+
+
+def vllm_version_of(python: str) -> str:
+    """The vLLM version ``python`` would import: a version, "missing", "unknown", or "error: …"."""
+    import subprocess
+
+    try:
+        done = subprocess.run([python, "-c", VLLM_VERSION_CODE], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"error: {exc}"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return f"error: {(done.stderr.strip().splitlines() or ['no output'])[-1]}"
+    return lines[-1]
+
+
+def interpreter_of(command: str) -> str | None:
+    """The Python that runs ``command`` (a python itself, or a console script's shebang), or None."""
+    import shutil
+
+    path = command if "/" in command else shutil.which(command)
+    if not path:
+        return None
+    if Path(path).name.startswith("python"):
+        return path
+    try:
+        first = Path(path).read_bytes()[:512].split(b"\n", 1)[0].decode(errors="replace")
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    parts = first[2:].split()
+    if parts and Path(parts[0]).name == "env" and len(parts) > 1:
+        return shutil.which(parts[1])
+    return parts[0] if parts and "python" in Path(parts[0]).name else None

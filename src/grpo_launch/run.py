@@ -9,10 +9,11 @@ from pathlib import Path
 
 from grpo_launch import commands, control
 from grpo_launch.backends.base import Backend, RunContext
-from grpo_launch.enums import Role
-from grpo_launch.errors import ConfigError
+from grpo_launch.commands import TRL_VLLM_RANGE, version_tuple
+from grpo_launch.enums import Role, VllmMode
+from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.planning.types import Plan
-from grpo_launch.probe import looks_local
+from grpo_launch.probe import interpreter_of, looks_local, vllm_version_of
 from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
 from grpo_launch.render import render_files
 from grpo_launch.rundir import write_run_files
@@ -46,6 +47,47 @@ def preflight(plan: Plan, workdir: str) -> None:
         raise ConfigError("cannot start the run:", problems=problems)
 
 
+def check_vllm(plan: Plan) -> str | None:
+    """The trainers import vLLM in both modes (TRL's client and the NCCL weight transfer, whose wire format changes
+    between versions), so vLLM must be importable in the trainers' Python, within TRL 1.16's range, and (server
+    mode) the same version as the server's. Returns the server's version; raises one error with every problem."""
+    if plan.vllm.mode == VllmMode.OFF:
+        return None
+    low, high = TRL_VLLM_RANGE
+    problems = []
+    trainer = vllm_version_of(plan.python)
+    versions = {f"the trainers' Python ({plan.python})": trainer}
+    if plan.vllm.mode == VllmMode.SERVER:
+        command = plan.recipe.launch.vllm_command
+        python = interpreter_of(command[0])
+        if python is None:
+            problems.append(f"cannot find the Python behind the server command {command[0]!r} (launch.vllm_command)")
+        else:
+            versions[f"the server's Python ({python})"] = vllm_version_of(python)
+    for where, version in versions.items():
+        v = version_tuple(version)
+        if version == "missing":
+            problems.append(f"vLLM is not installed in {where}")
+        elif v is None:
+            problems.append(f"cannot read the vLLM version in {where}: {version}")
+        elif not low <= v <= high:
+            problems.append(f"vLLM {version} in {where} is outside TRL 1.16's range 0.22–0.31")
+    found = {version_tuple(v) for v in versions.values()}
+    if not problems and len(found) > 1:
+        problems.append(
+            "the trainers and the server run different vLLM versions: "
+            + ", ".join(f"{v} in {w}" for w, v in versions.items())
+        )
+    if problems:
+        raise LaunchError(
+            "vLLM is not ready for this run:",
+            problems=problems,
+            hint="Install the same vLLM (0.22–0.31) where the trainers run and where the server runs: "
+            "pip install 'grpo-launch[train,vllm]', or point launch.vllm_command at the trainers' environment.",
+        )
+    return list(versions.values())[-1]  # the server's in server mode, else the trainers'
+
+
 def placed_processes(plan: Plan, backend: Backend, ctx: RunContext) -> tuple[ProcessSpec, ...]:
     """The plan's processes, each placed on its host by the backend (pure)."""
     return tuple(backend.place(spec, plan, ctx) for spec in commands.all_processes(plan))
@@ -57,8 +99,10 @@ def run_plan(plan: Plan, backend: Backend, ctx: RunContext, *, dry_run: bool = F
 
     SIGUSR2 asks the trainers to save a checkpoint and stop (STOPPED_FOR_CHECKPOINT); the backend may then requeue.
     """
-    placed = placed_processes(plan, backend, ctx)
     preflight(plan, ctx.workdir)
+    if not dry_run:
+        plan = dataclasses.replace(plan, vllm_version=check_vllm(plan) or plan.vllm_version)
+    placed = placed_processes(plan, backend, ctx)
     write_run_files(plan.run_dir, render_files(plan))
     if dry_run:
         ctx.emit(f"# run directory: {plan.run_dir}")

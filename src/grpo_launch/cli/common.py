@@ -78,12 +78,14 @@ def topology(args: argparse.Namespace, ctx: RunContext, recipe: Recipe | None) -
 
 def plan_for(args: argparse.Namespace, ctx: RunContext) -> tuple[Plan, Backend]:
     """Load, probe and plan: the plan carries the run directory and this interpreter."""
-    from grpo_launch.probe import resolve_model_shape
+    from grpo_launch.probe import resolve_model_shape, vllm_version_here
 
     recipe = load(args, ctx)
     topo, backend = topology(args, ctx, recipe)
     model, warning = resolve_model_shape(recipe.get("model_name_or_path"))
     plan = make_plan(topo, recipe, model, run_dir=recipe.launch.run_dir, python=ctx.python)
+    if plan.vllm.mode != "off":
+        plan = dataclasses.replace(plan, vllm_version=vllm_version_here())
     if warning:
         plan = dataclasses.replace(plan, warnings=(*plan.warnings, warning))
     return plan, backend

@@ -9,6 +9,8 @@ the shortest predicted time per prompt group wins; the candidates stay in the pl
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from grpo_launch.catalog import ModelShape, find_gpu_spec
 from grpo_launch.enums import Device, VllmMode
@@ -46,6 +48,15 @@ def make_plan(
     if plan is None:
         plan = _plan_one(topology, recipe, model, None)
     return dataclasses.replace(plan, run_dir=run_dir or default_run_dir(recipe), python=python)
+
+
+def _mixed_precision(device: Device, values: Mapping[str, Any]) -> str:
+    """accelerate's mixed_precision: fp16 when the recipe asks for it, bf16 unless it turns bf16 off, none on CPU."""
+    if device == Device.CPU:
+        return "no"
+    if values.get("fp16") is True:
+        return "fp16"
+    return "no" if values.get("bf16") is False else "bf16"
 
 
 def plan_split(topology: Topology, recipe: Recipe, model: ModelShape | None, mode: VllmMode, tp: int) -> Plan:
@@ -161,7 +172,7 @@ def _plan_one(
         backend=training.backend,
         offload=training.offload,
         main_process_port=recipe.launch.main_process_port,
-        mixed_precision="no" if device == Device.CPU or values.get("bf16") is False else "bf16",
+        mixed_precision=_mixed_precision(device, values),
         gradient_checkpointing=training.gradient_checkpointing,
     )
     if training.gradient_checkpointing is not None:

@@ -111,6 +111,7 @@ class Workload:
     gradient_checkpointing: bool
     lora: bool = False
     reference_model: bool = False  # beta > 0
+    generation_batch: int = 0  # completions per generation round (TRL sends them in one request); 0: completions
 
     @property
     def seq_len(self) -> int:
@@ -211,7 +212,7 @@ def vllm_memory(
     capacity = int(room // kv_seq) if kv_seq > 0 else 0
     if capacity < 1:
         return None
-    wanted = max(1, math.ceil(work.completions / replicas))
+    wanted = max(1, math.ceil((work.generation_batch or work.completions) / replicas))
     seqs = max(1, min(capacity, wanted, int(_c("vllm_max_num_seqs"))))
     if share is None:
         util = VLLM_SERVER_UTILIZATION
@@ -302,6 +303,9 @@ def sync_time(model: ModelShape, *, across_nodes: bool) -> float:
     return model.weight_bytes_bf16 / rate
 
 
-def colocate_switch_time(model: ModelShape, n: int) -> float:
-    """vLLM sleep/wake per step: a fixed cost plus moving the weights off and back over PCIe."""
+def colocate_switch_time(model: ModelShape, n: int, *, sleep_mode: bool) -> float:
+    """Colocated vLLM per step: with sleep mode, a fixed sleep/wake cost plus moving the weights off and back over
+    PCIe; without it nothing moves (vLLM keeps its memory share while the trainers run)."""
+    if not sleep_mode:
+        return 0.0
     return _c("colocate_switch_s") + 2 * model.weight_bytes_bf16 / n / _c("pcie_bytes_per_s")

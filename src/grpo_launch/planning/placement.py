@@ -7,6 +7,7 @@ from grpo_launch.catalog import GIB, ModelShape
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.planning.costmodel import (
+    DEFAULT_PROMPT_LEN,
     TRL_COLOCATE_UTILIZATION,
     TRL_COMPLETION_LEN,
     VLLM_SERVER_UTILIZATION,
@@ -113,10 +114,10 @@ def plan_server(
             problems.append(
                 f"tensor-parallel size {tp_fixed} exceeds the {per_host} GPUs of one host (TP stays in a node)"
             )
-        if model and tp_fixed not in model.valid_tp_sizes(tp_fixed):
+        if model and model.tp_problems(tp_fixed):
             problems.append(
-                f"tensor-parallel size {tp_fixed} does not fit {model.name}'s {model.heads} attention heads / "
-                f"{model.kv_heads} KV heads (it must divide the heads, and divide or be a multiple of the KV heads)"
+                f"vLLM cannot shard {model.name} over {tp_fixed} GPUs: {tp_fixed} does not divide its "
+                + ", ".join(model.tp_problems(tp_fixed))
             )
         if problems:
             raise PlanError(
@@ -174,10 +175,10 @@ def plan_server(
     elif model and tp == tp_min:
         why_tp = (
             f"smallest size whose bf16 weights ({model.weight_bytes_bf16 / GIB:.1f} GiB) take ≤ "
-            f"{VLLM_WEIGHTS_SHARE:.0%} of a GPU, dividing {model.heads} heads"
+            f"{VLLM_WEIGHTS_SHARE:.0%} of a GPU, sharding heads, MLP and vocabulary evenly"
         )
     else:
-        why_tp = f"a whole host serves: the largest size dividing {model.heads} heads" if model else "model unknown"
+        why_tp = f"a whole host serves: the largest size that shards {model.name}" if model else "model unknown"
     trace.decide("vllm_tensor_parallel_size", tp, why_tp)
     trace.decide("server_gpus", f"{server_host.name}:{','.join(server_gpus)}", where)
 
@@ -200,19 +201,49 @@ def plan_server(
         bind_host=launch.vllm_host or ("0.0.0.0" if multi else "127.0.0.1"),
         gpu_memory_utilization=util or VLLM_SERVER_UTILIZATION,
         max_model_len=max_model_len(recipe),
+        max_prompt_length=prompt_bound(recipe),
     )
     return vllm, train_hosts
 
 
-def max_model_len(recipe: Recipe) -> int | None:
+def completion_len(recipe: Recipe) -> int:
+    return int(recipe.get("max_completion_length") or TRL_COMPLETION_LEN)
+
+
+def explicit_max_model_len(recipe: Recipe) -> int | None:
+    """A vLLM max length the recipe sets (launch.vllm_max_model_len or TRL's vllm_max_model_length)."""
     if recipe.launch.vllm_max_model_len:
         return recipe.launch.vllm_max_model_len
     if recipe.is_set("vllm_max_model_length"):
         return int(recipe.values["vllm_max_model_length"])
-    prompt = recipe.get("max_prompt_length")
-    if prompt:
-        return int(prompt) + int(recipe.get("max_completion_length", TRL_COMPLETION_LEN))
     return None
+
+
+def prompt_bound(recipe: Recipe) -> int:
+    """The longest prompt the run accepts, in tokens (the trainers drop longer ones before generating).
+
+    vLLM rejects a prompt longer than max_model_len − max_tokens (HTTP 400, which ends TRL's run), and without a
+    max_model_len it reserves the model's whole context. So a vLLM run always gets both bounds: the recipe's
+    max_prompt_length; else what its vLLM max length leaves after the completion; else the default the estimates
+    assume.
+    """
+    if recipe.get("max_prompt_length"):
+        return int(recipe.get("max_prompt_length"))
+    explicit = explicit_max_model_len(recipe)
+    if explicit is not None:
+        left = explicit - completion_len(recipe)
+        if left < 1:
+            raise PlanError(
+                f"a vLLM max length of {explicit} tokens leaves no room for a prompt before the "
+                f"{completion_len(recipe)}-token completion",
+                hint="Raise vllm_max_model_length (launch.vllm_max_model_len) or lower max_completion_length.",
+            )
+        return left
+    return DEFAULT_PROMPT_LEN
+
+
+def max_model_len(recipe: Recipe) -> int:
+    return explicit_max_model_len(recipe) or prompt_bound(recipe) + completion_len(recipe)
 
 
 def plan_colocate(
@@ -233,6 +264,12 @@ def plan_colocate(
                 f"colocated vLLM tensor_parallel_size={tp} exceeds the {per_host} GPUs of a host",
                 hint="Use a smaller vllm_tensor_parallel_size.",
             )
+        if model and model.tp_problems(tp):
+            raise PlanError(
+                f"vLLM cannot shard {model.name} over {tp} GPUs: {tp} does not divide its "
+                + ", ".join(model.tp_problems(tp)),
+                hint=f"Valid sizes here: {', '.join(map(str, model.valid_tp_sizes(per_host)))}.",
+            )
         why = "set in the recipe"
     else:
         # Each colocated engine gets `util` of a GPU; its weights should take at most the allowed share of that.
@@ -249,11 +286,21 @@ def plan_colocate(
             )
     trace.decide("vllm_tensor_parallel_size", tp, f"colocate: {why}")
     trace.decide("vllm_gpu_memory_utilization", util, "vLLM shares each training GPU (colocate)")
+    sleep = bool(recipe.get("vllm_enable_sleep_mode"))
+    trace.decide(
+        "vllm_enable_sleep_mode",
+        sleep,
+        "set in the recipe: vLLM frees its memory while the trainers train (a wake-up each step)"
+        if sleep
+        else "TRL's default: vLLM keeps its share while the trainers train, and the training budget leaves it",
+    )
     return VllmPlan(
         mode=VllmMode.COLOCATE,
         tensor_parallel_size=tp,
         gpu_memory_utilization=util,
         max_model_len=max_model_len(recipe),
+        max_prompt_length=prompt_bound(recipe),
+        sleep_mode=sleep,
     )
 
 

@@ -9,7 +9,6 @@ from grpo_launch.catalog import GIB, ModelShape, find_gpu_spec
 from grpo_launch.enums import DistBackend, Offload, VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.planning.costmodel import (
-    DEFAULT_PROMPT_LEN,
     HEADROOM,
     TRL_COMPLETION_LEN,
     VLLM_SERVER_UTILIZATION,
@@ -25,6 +24,7 @@ from grpo_launch.planning.costmodel import (
     vllm_share_needed,
 )
 from grpo_launch.planning.layout import Layout
+from grpo_launch.planning.placement import prompt_bound
 from grpo_launch.planning.types import Estimate, StepTime, Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.topology import Topology
@@ -50,7 +50,7 @@ def workload(recipe: Recipe, layout: Layout) -> Workload:
     """One optimizer step's work, from the recipe (TRL's defaults where unset) and the layout."""
     ckpt = recipe.get("gradient_checkpointing")
     return Workload(
-        prompt_len=int(recipe.get("max_prompt_length") or DEFAULT_PROMPT_LEN),
+        prompt_len=prompt_bound(recipe),
         completion_len=int(recipe.get("max_completion_length") or TRL_COMPLETION_LEN),
         completions=layout.completions_per_optimizer_step,
         num_generations=layout.num_generations,
@@ -58,6 +58,7 @@ def workload(recipe: Recipe, layout: Layout) -> Workload:
         gradient_checkpointing=True if ckpt is None else bool(ckpt),
         lora=bool(recipe.get("use_peft")),
         reference_model=float(recipe.get("beta") or 0.0) > 0.0,
+        generation_batch=layout.generation_batch_size,
     )
 
 
@@ -239,10 +240,11 @@ def estimate_plan(
     elif vllm.mode == VllmMode.COLOCATE:
         replicas = max(1, n // tp)
         gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work)
-        sync = colocate_switch_time(model, n)
+        sync = colocate_switch_time(model, n, sleep_mode=vllm.sleep_mode)
         vllm_gib = (vllm.gpu_memory_utilization or 0.0) * mem / GIB
         explain.append(f"generation colocated ({replicas} engine(s) × TP {tp}): {gen_why}")
-        explain.append(f"vLLM sleep/wake and weight load per step: {sync:.2f} s")
+        if vllm.sleep_mode:
+            explain.append(f"vLLM sleep/wake and weight load per step: {sync:.2f} s")
     else:
         gen, sync = transformers_generation_time(model, gpu, n, work), 0.0
         explain.append(f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s")

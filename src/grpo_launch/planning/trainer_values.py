@@ -17,12 +17,41 @@ _SERVER_ONLY_IN_PLAN = (
     "vllm_server_port",
 )
 _OFF_DROPPED = ("vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size")
+_SERVER_REPLACED = ("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout")
+_HALF = ("bfloat16", "float16", "bf16", "fp16", "half", "auto")
+
+
+def _master_weights(out: dict[str, Any], train: TrainPlan, trace: Trace) -> None:
+    """The optimizer must update fp32 weights. DeepSpeed ZeRO keeps an fp32 master copy of half-precision weights;
+    DDP and FSDP update the weights as loaded, and AdamW on bf16 weights rounds small updates away (at lr 3e-6 almost
+    nothing changes). So under DDP and FSDP the model loads in float32 and the forward runs under bf16/fp16 autocast
+    (accelerate's mixed_precision). TRL's own default dtype is float32 too; open-r1's recipes ask for bfloat16
+    because they run under ZeRO."""
+    dtype = out.get("dtype")
+    if train.backend.is_deepspeed or dtype is None or str(dtype) not in _HALF:
+        return
+    out["dtype"] = "float32"
+    why = "fp32 on CPU" if train.device == Device.CPU else f"{train.mixed_precision} autocast"
+    trace.decide(
+        "dtype",
+        "float32",
+        f"the recipe loads {dtype}, but {train.backend} keeps no fp32 master copy: weights load in float32 "
+        f"({why}), so the optimizer's small updates are not rounded away",
+    )
 
 
 def trainer_values(recipe: Recipe, layout: Layout, vllm: VllmPlan, train: TrainPlan, trace: Trace) -> dict[str, Any]:
     """What the training entry reads. ``output_dir`` stays out unless the recipe sets it: the Plan derives the
     default from its run directory, so a plan moved to another run dir writes there."""
     out = {k: v for k, v in recipe.values.items() if v != "auto"}
+    if vllm.mode != VllmMode.OFF and vllm.max_prompt_length is not None:
+        if not recipe.get("max_prompt_length"):
+            trace.notice(
+                f"max_prompt_length={vllm.max_prompt_length}: prompts longer than this are dropped before "
+                f"generation (vLLM's max length is {vllm.max_model_len}; it rejects longer requests). Set "
+                "max_prompt_length to choose."
+            )
+        out["max_prompt_length"] = vllm.max_prompt_length
     for key in ("generation_batch_size", "steps_per_generation"):
         out.pop(key, None)
     out.update(layout.trl_values())
@@ -31,6 +60,12 @@ def trainer_values(recipe: Recipe, layout: Layout, vllm: VllmPlan, train: TrainP
         for key in _OFF_DROPPED:
             out.pop(key, None)
     elif vllm.mode == VllmMode.SERVER:
+        replaced = [k for k in _SERVER_REPLACED if k in out]
+        if replaced:
+            trace.notice(
+                f"{', '.join(replaced)}: replaced by the planned server ({vllm.base_url}, health timeout "
+                f"launch.vllm_health_timeout_s={recipe.launch.vllm_health_timeout_s:g} s)"
+            )
         out.update(
             use_vllm=True,
             vllm_mode="server",
@@ -45,6 +80,9 @@ def trainer_values(recipe: Recipe, layout: Layout, vllm: VllmPlan, train: TrainP
             vllm_mode="colocate",
             vllm_tensor_parallel_size=vllm.tensor_parallel_size,
             vllm_gpu_memory_utilization=vllm.gpu_memory_utilization,
+            # Unset, vLLM reserves the model's whole context (131072 for Llama-3.1) and may not start.
+            vllm_max_model_length=vllm.max_model_len,
+            vllm_enable_sleep_mode=vllm.sleep_mode,
         )
     if train.device == Device.CPU:
         if out.get("bf16") or out.get("fp16"):
@@ -59,6 +97,7 @@ def trainer_values(recipe: Recipe, layout: Layout, vllm: VllmPlan, train: TrainP
             out["use_cpu"] = True
     if train.gradient_checkpointing is not None and train.device == Device.CUDA:
         out["gradient_checkpointing"] = train.gradient_checkpointing
+    _master_weights(out, train, trace)
     if out.get("output_dir") is None:
         out.pop("output_dir", None)
     return out

@@ -72,6 +72,8 @@ class VllmPlan:
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
     max_num_seqs: int | None = None
+    max_prompt_length: int | None = None  # prompts longer than this are dropped by the trainers
+    sleep_mode: bool = False  # colocate: vLLM sleeps while the trainers train (vllm_enable_sleep_mode)
 
     @property
     def base_url(self) -> str | None:
@@ -192,6 +194,7 @@ class Plan:
     estimate: Estimate | None = None
     candidates: tuple[Candidate, ...] = ()
     python: str = "python3"
+    vllm_version: str | None = None  # of the server's vLLM, when known (some flags depend on it)
 
     @property
     def output_dir(self) -> str:

@@ -1,8 +1,14 @@
 """Training entry: ``python -m grpo_launch.train --recipe trainer_recipe.yaml``, run under ``accelerate launch``.
 
-Loads the model, tokenizer, dataset and rewards from the resolved recipe and runs TRL's GRPOTrainer; resumes from
-the newest checkpoint in ``output_dir`` and saves the final model there. (Not ``trl grpo``: that validates the
-layout once in the launcher with world size 1.)
+Loads the tokenizer, dataset and rewards from the resolved recipe and runs TRL's GRPOTrainer; resumes from the
+newest checkpoint in ``output_dir`` and saves the final model there. (Not ``trl grpo``: that validates the layout
+once in the launcher with world size 1.)
+
+The model is loaded as TRL's own ``trl grpo`` script loads it: GRPOTrainer gets the model path with
+``model_init_kwargs`` (revision, trust_remote_code, attn_implementation, dtype, then the recipe's own
+model_init_kwargs), the quantization config (load_in_4bit / load_in_8bit) and the PEFT config; a
+``reward_model_name_or_path`` becomes the first reward. The one deliberate difference is planned, not made here:
+under DDP and FSDP the planner writes ``dtype: float32`` (see grpo_launch.planning.trainer_values).
 """
 
 from __future__ import annotations
@@ -20,6 +26,19 @@ from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_d
 from grpo_launch.train.rewards import load_reward
 
 
+def model_init_kwargs(config: Any, model_args: Any) -> dict[str, Any]:
+    """GRPOConfig.model_init_kwargs as TRL's ``trl grpo`` script builds them (trl/scripts/grpo.py)."""
+    kwargs: dict[str, Any] = dict(
+        revision=model_args.model_revision,
+        trust_remote_code=config.trust_remote_code,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    if config.model_init_kwargs is not None:
+        kwargs.update(config.model_init_kwargs)
+    return kwargs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m grpo_launch.train", description=__doc__)
     ap.add_argument("--recipe", required=True, help="resolved trainer recipe written by grpo-launch")
@@ -34,9 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         if script.get(key):
             os.environ.setdefault(env, str(script[key]))
 
-    from transformers import AutoModelForCausalLM
     from transformers.trainer_utils import get_last_checkpoint
-    from trl import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config
+    from trl import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
 
     config = GRPOConfig(**grpo_kwargs)
     rank, world = config.process_index, config.world_size
@@ -52,11 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     path = model_args.model_name_or_path
     if not path:
         raise ValueError("the recipe has no model_name_or_path")
-    tokenizer = load_tokenizer(path, model_args.model_revision)
-    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "auto"
-    model = AutoModelForCausalLM.from_pretrained(
-        path, revision=model_args.model_revision, dtype=dtype, attn_implementation=model_args.attn_implementation
-    )
+    tokenizer = load_tokenizer(path, model_args.model_revision, trust_remote_code=config.trust_remote_code)
+    config.model_init_kwargs = model_init_kwargs(config, model_args)
+    template_kwargs = config.chat_template_kwargs if isinstance(config.chat_template_kwargs, dict) else None
 
     dataset_name = script.get("dataset_name")
     if not dataset_name:
@@ -69,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         bool(script.get("dataset_streaming")),
         train_split=train_split,
     )
-    train = prepare_dataset(train, script, tokenizer, is_main)
+    train = prepare_dataset(train, script, tokenizer, is_main, template_kwargs)
     eval_ds = None
     if config.eval_strategy != "no":
         eval_ds = load_dataset_split(
@@ -78,21 +94,24 @@ def main(argv: list[str] | None = None) -> int:
             script.get("dataset_test_split", "test"),
             train_split=train_split,
         )
-        eval_ds = prepare_dataset(eval_ds, script, tokenizer, is_main)
+        eval_ds = prepare_dataset(eval_ds, script, tokenizer, is_main, template_kwargs)
 
     reward_cfg = {"max_completion_length": config.max_completion_length, **(script.get("reward_kwargs") or {})}
     names = script.get("reward_funcs") or ["accuracy", "format"]
     rewards: list[Any] = [load_reward(n, reward_cfg) for n in names]
+    if script.get("reward_model_name_or_path"):
+        rewards.insert(0, script["reward_model_name_or_path"])  # as trl grpo: GRPOTrainer loads the reward model
 
     control_dir = os.environ.get(CONTROL_DIR_ENV)
     step_log, stop = make_callbacks(control_dir, is_main)
     trainer = GRPOTrainer(
-        model=model,
+        model=path,
         reward_funcs=rewards,
         args=config,
         train_dataset=train,
         eval_dataset=eval_ds,
         processing_class=tokenizer,
+        quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
         callbacks=[step_log, *([stop] if stop else [])],
     )

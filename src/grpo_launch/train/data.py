@@ -23,7 +23,7 @@ def split_values(values: Mapping[str, Any]) -> tuple[dict, dict, dict]:
     return grpo, model, script
 
 
-def load_tokenizer(path: str, revision: str | None = None):
+def load_tokenizer(path: str, revision: str | None = None, *, trust_remote_code: bool = False):
     """The tokenizer, left-padded. A tokenizer saved as PreTrainedTokenizerFast is loaded as that class:
     AutoTokenizer would pick the model type's tokenizer (e.g. Qwen2Tokenizer) and a different pre-tokenizer."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -35,7 +35,7 @@ def load_tokenizer(path: str, revision: str | None = None):
         "TokenizersBackend",
     ):
         cls = PreTrainedTokenizerFast
-    tok = cls.from_pretrained(path, revision=revision)
+    tok = cls.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -111,7 +111,23 @@ def load_dataset_split(name: str, config: str | None, split: str, streaming: boo
     return load_dataset(name, name=config, split=split, streaming=streaming)
 
 
-def prepare_dataset(ds, script: Mapping[str, Any], tokenizer, is_main: bool):
+def prompt_token_count(tokenizer, row: Mapping[str, Any], chat_template_kwargs: Mapping[str, Any] | None) -> int:
+    """The prompt's length in tokens as TRL's GRPOTrainer renders it: the chat template with the generation prompt,
+    the row's tools and the recipe's chat_template_kwargs (e.g. enable_thinking)."""
+    ids = tokenizer.apply_chat_template(
+        row["prompt"],
+        add_generation_prompt=True,
+        tokenize=True,
+        **({"tools": row["tools"]} if row.get("tools") else {}),
+        **dict(chat_template_kwargs or {}),
+    )
+    ids = ids["input_ids"] if isinstance(ids, Mapping) else ids
+    return len(ids)
+
+
+def prepare_dataset(
+    ds, script: Mapping[str, Any], tokenizer, is_main: bool, chat_template_kwargs: Mapping[str, Any] | None = None
+):
     """Make TRL's ``prompt`` column (conversational, with the system prompt) and the ``answer`` column; drop
     prompts longer than max_prompt_length (TRL 0.26 removed that option; truncating chat prompts would cut off
     their template, so they are filtered and counted)."""
@@ -140,9 +156,7 @@ def prepare_dataset(ds, script: Mapping[str, Any], tokenizer, is_main: bool):
         before = len(ds)
 
         def short_enough(row: dict) -> bool:
-            ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, Mapping) else ids
-            return len(ids) <= limit
+            return prompt_token_count(tokenizer, row, chat_template_kwargs) <= limit
 
         ds = ds.filter(short_enough)
         dropped = before - len(ds)

@@ -1,0 +1,154 @@
+"""One test per defect the audit against the libraries' own code found (the GPU path has never run here; the
+libraries' code is the oracle). Each of these failed on the plans grpo-launch made before the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from grpo_launch.catalog import find_model_shape, padded_vocab
+from grpo_launch.commands import trainers, vllm_server
+from grpo_launch.errors import PlanError
+from grpo_launch.planning import make_plan
+from grpo_launch.recipe import build_recipe, load_recipe
+from grpo_launch.render import TRAINER_RECIPE, render_accelerate_config, render_files
+from grpo_launch.topology import parse_gpu_spec
+
+from .conftest import ROOT
+
+QWEN15 = "Qwen/Qwen2.5-1.5B-Instruct"
+LLAMA8 = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def plan(values: dict, spec: str, **kw):
+    model = find_model_shape(values.get("model_name_or_path", QWEN15))
+    return make_plan(parse_gpu_spec(spec), build_recipe({"model_name_or_path": QWEN15, **values}), model, **kw)
+
+
+def argv_value(argv, flag):
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def test_colocate_passes_the_vllm_max_length():
+    """1. Unset, vLLM reserves Llama-3.1's whole 131072-token context: 16 GiB of KV cache on 1 × H100."""
+    p = plan({"model_name_or_path": LLAMA8, "max_prompt_length": 512, "max_completion_length": 1024}, "1xH100-80GB")
+    assert p.vllm.mode == "colocate"
+    assert p.trainer_values["vllm_max_model_length"] == 1536
+
+
+def test_without_max_prompt_length_prompts_are_bounded_and_filtered():
+    """2. vLLM rejects a prompt longer than max_model_len − max_tokens with HTTP 400 and TRL ends the run: the
+    server's length and the trainers' prompt filter always agree."""
+    p = plan({"max_completion_length": 1024, "launch": {"vllm": "server"}}, "4xL20-48GB")
+    argv = list(vllm_server(p).argv)
+    assert int(argv_value(argv, "--max-model-len")) == p.trainer_values["max_prompt_length"] + 1024
+    assert any("max_prompt_length=512" in n and "dropped" in n for n in p.notices)
+    explicit = plan({"vllm_max_model_length": 4096, "max_completion_length": 1024}, "1xH100-80GB")
+    assert explicit.trainer_values["max_prompt_length"] == 3072
+    with pytest.raises(PlanError, match="leaves no room for a prompt"):
+        plan({"vllm_max_model_length": 1000, "max_completion_length": 1024}, "1xH100-80GB")
+
+
+def test_prompt_filter_uses_the_chat_template_kwargs():
+    """2. TRL tokenizes prompts with chat_template_kwargs; the filter must count the same tokens."""
+    from grpo_launch.train.data import prompt_token_count
+
+    class Tok:
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize, **kw):
+            assert add_generation_prompt and tokenize
+            return list(range(10 + (5 if kw.get("enable_thinking") else 0) + len(kw.get("tools") or [])))
+
+    row = {"prompt": [{"role": "user", "content": "hi"}]}
+    assert prompt_token_count(Tok(), row, {}) == 10
+    assert prompt_token_count(Tok(), row, {"enable_thinking": True}) == 15
+    assert prompt_token_count(Tok(), {**row, "tools": ["a", "b"]}, {}) == 12
+
+
+@pytest.mark.parametrize("tp", [3, 6])
+def test_tp_shards_the_whole_model(tp):
+    """3. vLLM divides the MLP intermediate size and the padded vocabulary too: TP 6 for Qwen2.5-1.5B (8960, 151936)
+    asserts while the model is built."""
+    m = find_model_shape(QWEN15)
+    assert tp not in m.valid_tp_sizes(8)
+    assert padded_vocab(151936) % 4 == 0 and 8960 % 4 == 0 and 4 in m.valid_tp_sizes(8)
+    for spec in ("3x8xH100-80GB", "8xH100-80GB", "2x8xA100-40GB"):
+        p = plan({"launch": {"vllm": "server"}}, spec)
+        assert not m.tp_problems(p.vllm.tensor_parallel_size)
+
+
+def test_trust_remote_code_reaches_the_server_and_the_trainers(tmp_path):
+    """4. Neither side honoured trust_remote_code (a GRPOConfig key in TRL 1.16, read by its model loading)."""
+    p = plan({"trust_remote_code": True, "launch": {"vllm": "server"}}, "4xL20-48GB", run_dir=str(tmp_path))
+    assert "--trust-remote-code" in vllm_server(p).argv
+    assert yaml.safe_load(render_files(p)[TRAINER_RECIPE])["trust_remote_code"] is True
+
+
+def test_main_recipe_trains_fp32_master_weights_under_ddp():
+    """5. recipes/qwen1.5b.yaml loads bfloat16 (as open-r1's ZeRO recipes do); on 8 × H100 the planner picks DDP,
+    which keeps no fp32 master copy: pure-bf16 AdamW at lr 3e-6 rounds the updates away. Under DDP the weights load
+    in float32 with bf16 autocast; under ZeRO the recipe's bf16 stays (DeepSpeed keeps fp32 master weights)."""
+    recipe = load_recipe(ROOT / "recipes" / "qwen1.5b.yaml")
+    p = make_plan(parse_gpu_spec("8xH100-80GB"), recipe, find_model_shape(QWEN15))
+    assert p.train.backend == "ddp"
+    assert p.trainer_values["dtype"] == "float32" and p.train.mixed_precision == "bf16"
+    assert any(d.what == "dtype" and "master" in d.why for d in p.decisions)
+    z = make_plan(
+        parse_gpu_spec("8xH100-80GB"),
+        dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, backend="zero2")),
+        find_model_shape(QWEN15),
+    )
+    assert z.trainer_values["dtype"] == "bfloat16"
+
+
+def test_fp16_recipe_gets_fp16_mixed_precision():
+    """9. fp16 recipes got mixed_precision bf16 in the accelerate file."""
+    p = plan({"fp16": True, "bf16": False, "launch": {"backend": "ddp"}}, "4xL20-48GB")
+    assert p.train.mixed_precision == "fp16" and render_accelerate_config(p)["mixed_precision"] == "fp16"
+
+
+def test_fsdp_saves_a_full_state_dict():
+    """8. With SHARDED_STATE_DICT, Trainer.save_model writes nothing loadable; TRL's own FSDP2 config uses
+    FULL_STATE_DICT."""
+    p = plan({"launch": {"backend": "fsdp"}}, "2x8xH100-80GB")
+    assert render_accelerate_config(p)["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+
+
+def test_server_flags_as_trl_builds_them():
+    """9. --model-impl (GRPOConfig.vllm_model_impl, TRL's default "vllm"), --enable-scale-out on vLLM >= 0.30."""
+    p = plan({"vllm_model_impl": "transformers", "launch": {"vllm": "server"}}, "4xL20-48GB")
+    argv = list(vllm_server(p).argv)
+    assert argv_value(argv, "--model-impl") == "transformers" and "--enable-scale-out" in argv
+    old = dataclasses.replace(p, vllm_version="0.28.1")
+    assert "--enable-scale-out" not in vllm_server(old).argv
+    assert argv_value(list(vllm_server(plan({"launch": {"vllm": "server"}}, "4xL20-48GB")).argv), "--model-impl") == (
+        "vllm"
+    )
+
+
+def test_max_num_seqs_covers_the_whole_generation_batch():
+    """9. TRL sends a whole generation batch (steps_per_generation optimizer steps) in one request."""
+    p = plan({"per_device_train_batch_size": 2, "steps_per_generation": 4, "launch": {"vllm": "server"}}, "4xL20-48GB")
+    assert p.layout.generation_batch_size == 24
+    assert p.vllm.max_num_seqs == 24 > p.layout.completions_per_optimizer_step
+
+
+def test_replaced_server_settings_are_announced():
+    """9. A recipe's vllm_server_timeout / host / port were replaced without a notice."""
+    p = plan({"vllm_server_timeout": 60, "vllm_server_port": 9000, "launch": {"vllm": "server"}}, "4xL20-48GB")
+    assert any("vllm_server_port" in n and "vllm_server_timeout" in n for n in p.notices)
+
+
+def test_colocate_decides_sleep_mode_and_writes_it():
+    """9. The colocate estimate assumed sleep mode, which was never set: now it is decided, written, and its
+    sleep/wake time is charged only when it is on."""
+    off = plan({}, "1xH100-80GB")
+    on = plan({"vllm_enable_sleep_mode": True}, "1xH100-80GB")
+    assert off.trainer_values["vllm_enable_sleep_mode"] is False and on.trainer_values["vllm_enable_sleep_mode"]
+    assert on.estimate.step.sync_s > off.estimate.step.sync_s == 0.0
+
+
+def test_trainer_processes_get_their_gpus_as_data():
+    p = plan({"launch": {"vllm": "server"}}, "4xL20-48GB")
+    assert trainers(p)[0].gpus == ("0", "1", "2") and vllm_server(p).gpus == ("3",)
