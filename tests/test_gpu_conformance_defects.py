@@ -4,6 +4,7 @@ libraries' code is the oracle). Each of these failed on the plans grpo-launch ma
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 import yaml
@@ -152,3 +153,42 @@ def test_colocate_decides_sleep_mode_and_writes_it():
 def test_trainer_processes_get_their_gpus_as_data():
     p = plan({"launch": {"vllm": "server"}}, "4xL20-48GB")
     assert trainers(p)[0].gpus == ("0", "1", "2") and vllm_server(p).gpus == ("3",)
+
+
+def _fake_python(path, version: str):
+    path.write_text(f"#!/bin/sh\necho {version}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_vllm_must_be_importable_in_the_trainers_at_the_servers_version(tmp_path):
+    """6. TRL imports vLLM in the trainers in both modes (client, NCCL weight transfer): it must be there, in TRL's
+    range, and the server's version. The check reads each environment's vllm/_version.py (see probe.py); here the
+    interpreters are stand-ins that answer as that code would."""
+    from grpo_launch.errors import LaunchError
+    from grpo_launch.run import check_vllm
+
+    def server_plan(trainer: str, server: str, mode: str = "server"):
+        launch = {"vllm": mode, "vllm_command": [_fake_python(tmp_path / "python3-server", server), "-m", "vllm"]}
+        return dataclasses.replace(
+            plan({"launch": launch}, "4xL20-48GB"), python=_fake_python(tmp_path / "python3-trainer", trainer)
+        )
+
+    assert check_vllm(server_plan("0.31.0", "0.31.0")) == "0.31.0"
+    with pytest.raises(LaunchError, match="vLLM is not installed in the trainers' Python"):
+        check_vllm(server_plan("missing", "0.31.0"))
+    with pytest.raises(LaunchError, match="different vLLM versions"):
+        check_vllm(server_plan("0.30.1", "0.31.0"))
+    with pytest.raises(LaunchError, match=r"outside TRL 1\.16's range"):
+        check_vllm(server_plan("0.21.0", "0.21.0"))
+    assert check_vllm(server_plan("0.31.0", "missing", mode="colocate")) == "0.31.0"  # no server to compare
+
+
+def test_vllm_version_is_read_from_a_real_environment():
+    """The same check against the real environments: .venv has no vLLM, .venv-vllm has 0.31."""
+    from grpo_launch.probe import vllm_version_of
+
+    assert vllm_version_of(sys.executable) == "missing"
+    venv_vllm = ROOT / ".venv-vllm" / "bin" / "python"
+    if venv_vllm.exists():
+        assert vllm_version_of(str(venv_vllm)).startswith("0.31")

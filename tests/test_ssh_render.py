@@ -76,3 +76,39 @@ def test_host_check_reports_missing_python_directory_and_paths(tmp_path):
     assert no_python.returncode == 4 and "no python at /nonexistent/python" in no_python.stdout
     no_dir = run(check_command(sys.executable, "/nonexistent dir/it's", []))
     assert no_dir.returncode == 3 and "no directory /nonexistent dir/it's" in no_dir.stdout
+
+
+def test_host_check_reports_a_busy_port_on_that_host(tmp_path):
+    """The weight-sync and rendezvous ports are checked on the trainer head itself (not on the launcher)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        line = check_command(sys.executable, str(tmp_path), [], [taken])
+        info = json.loads(subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60).stdout)
+    assert info["busy"] == [taken]
+
+
+def test_ports_checked_per_host_and_the_weight_sync_address():
+    """On several hosts the trainer head hosts TRL's weight-sync group: its port is checked there, and
+    VLLM_HOST_IP (what TRL advertises to the server) is the head's address, not its default route."""
+    from grpo_launch.backends.ssh import host_ports
+    from grpo_launch.catalog import find_model_shape
+    from grpo_launch.commands import trainers
+    from grpo_launch.planning import make_plan
+    from grpo_launch.recipe import build_recipe
+    from grpo_launch.topology import Gpu, Host, Topology
+
+    gpus = tuple(Gpu(str(i), "H100-80GB", 80 * 2**30) for i in range(8))
+    topo = Topology((Host("a", gpus, "10.0.0.1"), Host("b", gpus, "10.0.0.2")), "hostfile")
+    model = "Qwen/Qwen2.5-7B-Instruct"
+    plan = make_plan(
+        topo, build_recipe({"model_name_or_path": model, "vllm_group_port": 51999}), find_model_shape(model)
+    )
+    assert plan.vllm.mode == "server"
+    ports = host_ports(plan)
+    assert set(ports["a"]) == {29500, 51999} and plan.vllm.port in ports[plan.vllm.host]
+    head, *rest = trainers(plan)
+    assert head.env["VLLM_HOST_IP"] == "10.0.0.1" and all("VLLM_HOST_IP" not in t.env for t in rest)

@@ -51,6 +51,7 @@ def _server_plan(tmp_path, port, model=None):
         "model_name_or_path": str(model or tiny / "model"),
         "max_prompt_length": 64,
         "max_completion_length": 16,
+        "trust_remote_code": True,
         "launch": {
             "vllm": "server",
             "vllm_port": port,
@@ -93,6 +94,8 @@ def test_real_vllm_server_generates_for_trl_client(tmp_path):
     plan = _server_plan(tmp_path, port)
     server = render_vllm_command(plan)
     assert server is not None and "--weight-transfer-config" in server.argv
+    # The flags TRL's build_command adds: the server must start with them.
+    assert {"--trust-remote-code", "--model-impl", "--enable-scale-out"} <= set(server.argv)
     result = tmp_path / "result.json"
     (tmp_path / "client.py").write_text(CLIENT)
     client = ProcessSpec("train", (str(VLLM_PY), str(tmp_path / "client.py"), f"http://127.0.0.1:{port}", str(result)))

@@ -98,6 +98,10 @@ def train_env(plan: Plan, host: TrainHost) -> dict[str, str]:
             env["OMP_NUM_THREADS"] = str(max(1, cpus // host.processes))
     # The trainers watch this directory for a checkpoint-and-stop request (SIGUSR2 to grpo-launch; Slurm preemption).
     env[CONTROL_DIR_ENV] = str(control_dir(plan.run_dir))
+    if host.machine_rank == 0 and plan.vllm.mode == VllmMode.SERVER and len(plan.topology.hosts) > 1:
+        # TRL's rank 0 advertises vLLM's get_ip() for the weight-sync group: VLLM_HOST_IP, else the default-route
+        # address, which on a multi-homed node need not be the network the server reaches.
+        env["VLLM_HOST_IP"] = host.address
     env.update(network_env(plan))
     env.update(plan.recipe.launch.train_env)
     return env

@@ -114,17 +114,26 @@ def kill_command(ssh: SshOptions, host: str, pgid: int, sig: int) -> list[str]:
     return [*ssh.argv(host), "--", f"kill -{signal.Signals(sig).name.removeprefix('SIG')} -- -{int(pgid)}"]
 
 
-def check_command(python: str, workdir: str, paths: Sequence[str]) -> str:
-    """A remote shell line that prints grpo-launch's version and which of ``paths`` are missing (JSON)."""
+def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequence[int] = ()) -> str:
+    """A remote shell line that prints grpo-launch's version, which of ``paths`` are missing and which of ``ports``
+    are taken on that host (JSON)."""
     code = (
-        "import json, os, sys\n"
+        "import json, os, socket, sys\n"
         "try:\n"
         "    import grpo_launch\n"
         "    version = grpo_launch.__version__\n"
         "except Exception as exc:\n"
         "    version = None\n"
         f"missing = [p for p in {list(paths)!r} if not os.path.exists(p)]\n"
-        "print(json.dumps({'version': version, 'missing': missing, 'host': os.uname().nodename}))\n"
+        "busy = []\n"
+        f"for port in {[int(p) for p in ports]!r}:\n"
+        "    with socket.socket() as s:\n"
+        "        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "        try:\n"
+        "            s.bind(('0.0.0.0', port))\n"
+        "        except OSError:\n"
+        "            busy.append(port)\n"
+        "print(json.dumps({'version': version, 'missing': missing, 'busy': busy, 'host': os.uname().nodename}))\n"
     )
     q = shlex.quote
     return (
@@ -206,6 +215,20 @@ def _absolute_command(spec: ProcessSpec) -> ProcessSpec:
     return replace(spec, argv=(found, *spec.argv[1:])) if found else spec
 
 
+def host_ports(plan: Plan) -> dict[str, dict[int, str]]:
+    """The ports each host must have free: the rendezvous and vLLM weight-sync ports on the trainer head (TRL's
+    rank 0 hosts the weight-sync group there, not on the launcher), the server's port on its host."""
+    from grpo_launch.backends.local import VLLM_GROUP_PORT_DEFAULT
+
+    head = plan.train.hosts[0].name
+    out: dict[str, dict[int, str]] = {head: {plan.train.main_process_port: "set launch.main_process_port"}}
+    if plan.vllm.base_url and plan.vllm.host:
+        group = int(plan.trainer_values.get("vllm_group_port") or VLLM_GROUP_PORT_DEFAULT)
+        out[head][group] = "weight sync: set vllm_group_port"
+        out.setdefault(plan.vllm.host, {})[plan.vllm.port] = "vLLM server: set launch.vllm_port"
+    return out
+
+
 def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
     """Before anything starts: every host answers ssh in batch mode and has this grpo-launch, Python, working
     directory and the recipe's local paths. One error naming every host and what is wrong."""
@@ -222,11 +245,11 @@ def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
         for k in ("model_name_or_path", "dataset_name")
         if values.get(k) and looks_local(str(values[k]))
     ]
-    line = check_command(python, ctx.workdir, paths)
     hosts = [h.name for h in plan.topology.hosts]
+    ports = host_ports(plan)
 
     def probe(host: str) -> str | None:
-        argv = [*ssh.argv(host), "--", line]
+        argv = [*ssh.argv(host), "--", check_command(python, ctx.workdir, paths, sorted(ports.get(host, {})))]
         try:
             done = subprocess.run(
                 argv,
@@ -254,6 +277,8 @@ def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
             return f"{host}: grpo-launch {info['version']} there, {__version__} here"
         if info["missing"]:
             return f"{host}: missing {', '.join(info['missing'])}"
+        if info.get("busy"):
+            return f"{host}: " + "; ".join(f"port {p} ({ports[host][p]}) is in use" for p in info["busy"])
         return None
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
