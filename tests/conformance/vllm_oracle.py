@@ -10,6 +10,11 @@ stdin: a JSON list of cases, each ``{"id": str, "argv": [...], "trl": {...}}``:
 - ``trl``: keyword arguments of ``trl.scripts.vllm_serve.ScriptArguments`` (optional key).
 - ``trl_extra_args``: optional list, forwarded as ``build_command``'s ``extra_args``.
 - ``fields``: optional list of further ``AsyncEngineArgs`` attribute names to report in ``parsed``.
+- ``parse_trl``: optional; when true, TRL's command is parsed the same way (``trl_parsed``, ``trl_parse_error``).
+- ``shard``: optional ``{"tp", "heads", "kv_heads", "intermediate", "vocab"}``: the divisions vLLM's parallel
+  layers make while a model is built (``QKVParallelLinear``, ``MergedColumnParallelLinear``,
+  ``VocabParallelEmbedding``), done with vLLM's own ``divide`` and ``pad_vocab_size``; ``shard_error`` says which
+  one fails.
 
 stdout: a JSON list, one object per case, in input order::
 
@@ -62,8 +67,10 @@ warnings.simplefilter("ignore")
 
 import vllm.engine.arg_utils as arg_utils  # noqa: E402
 from trl.scripts.vllm_serve import ScriptArguments, build_command  # noqa: E402
+from vllm.distributed.utils import divide  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: E402
+from vllm.model_executor.layers.vocab_parallel_embedding import pad_vocab_size  # noqa: E402
 from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 
 ENGINE_FIELDS = (
@@ -147,12 +154,35 @@ def trl_command(kwargs: dict[str, Any], extra_args: list[str] | None) -> tuple[l
     return command[command.index("serve") + 1 :], None
 
 
+def shard_error(tp: int, heads: int, kv_heads: int, intermediate: int, vocab: int) -> str | None:
+    """The first division vLLM's layers would assert on, at tensor-parallel size ``tp`` (None: all divide)."""
+    steps = [
+        ("attention heads", lambda: divide(heads, tp)),
+        # QKVParallelLinear: KV heads are split when TP is smaller, replicated (TP / KV heads) when not.
+        ("KV heads", lambda: divide(tp, kv_heads) if tp >= kv_heads else divide(kv_heads, tp)),
+        ("MLP intermediate size", lambda: divide(intermediate, tp)),
+        ("padded vocabulary", lambda: divide(pad_vocab_size(vocab), tp)),
+    ]
+    for what, step in steps:
+        try:
+            step()
+        except (AssertionError, ValueError, ZeroDivisionError) as exc:
+            return f"{what}: {exc}"
+    return None
+
+
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"id": case.get("id"), "parsed": None, "error": None, "trl_argv": None, "trl_error": None}
+    if case.get("shard") is not None:
+        result["shard_error"] = shard_error(**case["shard"])
     if case.get("argv") is not None:
         result["parsed"], result["error"] = parse_serve([str(a) for a in case["argv"]], list(case.get("fields") or []))
     if case.get("trl") is not None:
         result["trl_argv"], result["trl_error"] = trl_command(case["trl"], case.get("trl_extra_args"))
+        if case.get("parse_trl") and result["trl_argv"] is not None:
+            result["trl_parsed"], result["trl_parse_error"] = parse_serve(
+                result["trl_argv"], list(case.get("fields") or [])
+            )
     return result
 
 

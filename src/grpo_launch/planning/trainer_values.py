@@ -30,6 +30,10 @@ def _master_weights(out: dict[str, Any], train: TrainPlan, trace: Trace) -> None
     dtype = out.get("dtype")
     if train.backend.is_deepspeed or dtype is None or str(dtype) not in _HALF:
         return
+    if out.get("use_peft"):
+        # LoRA trains only the adapters, which PEFT keeps in float32 (autocast_adapter_dtype); the frozen base may
+        # stay in half precision.
+        return
     out["dtype"] = "float32"
     why = "fp32 on CPU" if train.device == Device.CPU else f"{train.mixed_precision} autocast"
     trace.decide(

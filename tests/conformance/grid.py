@@ -1,0 +1,81 @@
+"""The conformance grid: recipes × topologies that together cover dense models of several sizes, bf16 and fp16,
+DDP, ZeRO-2/3, offload, FSDP, colocate and server, one to five nodes, trust_remote_code, LoRA, another model
+implementation and evaluation. Every entry is planned and rendered the way `grpo-launch plan` does; the tests push
+what is rendered through the libraries that consume it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_launch.catalog import find_model_shape
+from grpo_launch.planning import make_plan
+from grpo_launch.planning.types import Plan
+from grpo_launch.recipe import load_recipe
+from grpo_launch.render import render_files
+from grpo_launch.rundir import write_run_files
+from grpo_launch.topology import parse_gpu_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN15, QWEN7, LLAMA70 = ("recipes/qwen1.5b.yaml", "recipes/qwen7b-math.yaml", "recipes/llama70b.yaml")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    recipe: str
+    gpus: str
+    overrides: tuple[str, ...] = ()
+
+
+GRID: tuple[Case, ...] = (
+    # The shipped recipes on the topologies people have.
+    Case("qwen1.5b-1xH100", QWEN15, "1xH100-80GB"),
+    Case("qwen1.5b-2xH100", QWEN15, "2xH100-80GB"),
+    Case("qwen1.5b-4xL20", QWEN15, "4xL20-48GB"),
+    Case("qwen1.5b-8xH100", QWEN15, "8xH100-80GB"),
+    Case("qwen1.5b-8xA100-40", QWEN15, "8xA100-40GB"),
+    Case("qwen1.5b-2x8xH100", QWEN15, "2x8xH100-80GB"),
+    Case("qwen1.5b-3x8xH100", QWEN15, "3x8xH100-80GB"),
+    Case("qwen7b-4xH100", QWEN7, "4xH100-80GB"),
+    Case("qwen7b-8xH100", QWEN7, "8xH100-80GB"),
+    Case("qwen7b-2x8xH100", QWEN7, "2x8xH100-80GB"),
+    Case("qwen7b-4xA100-40", QWEN7, "4xA100-40GB"),
+    Case("llama70b-4x8xH100", LLAMA70, "4x8xH100-80GB"),
+    Case("llama70b-5x8xH100", LLAMA70, "5x8xH100-80GB"),
+    Case("llama70b-8xH200", LLAMA70, "8xH200"),
+    # Backends and offload, forced.
+    Case("ddp-server", QWEN15, "4xH100-80GB", ("launch.backend=ddp", "launch.vllm=server")),
+    Case("zero2-server", QWEN15, "8xH100-80GB", ("launch.backend=zero2", "launch.vllm=server")),
+    Case("zero3-server", QWEN7, "8xH100-80GB", ("launch.backend=zero3", "launch.vllm=server")),
+    Case("zero2-offload", QWEN7, "4xL20-48GB", ("launch.backend=zero2", "launch.offload=optimizer")),
+    Case("zero3-offload-all", QWEN7, "4xL20-48GB", ("launch.backend=zero3", "launch.offload=optimizer+params")),
+    Case("fsdp-1node", QWEN7, "8xH100-80GB", ("launch.backend=fsdp", "launch.vllm=server")),
+    Case("fsdp-2nodes", QWEN7, "2x8xH100-80GB", ("launch.backend=fsdp",)),
+    Case("zero3-3nodes", QWEN7, "3x8xH100-80GB", ("launch.backend=zero3",)),
+    # Generation modes.
+    Case("colocate-4xH100", QWEN15, "4xH100-80GB", ("launch.vllm=colocate",)),
+    Case("colocate-tp2", QWEN7, "4xH100-80GB", ("launch.vllm=colocate", "vllm_tensor_parallel_size=2")),
+    Case("colocate-sleep", QWEN15, "2xH100-80GB", ("launch.vllm=colocate", "vllm_enable_sleep_mode=true")),
+    Case("server-tp4", QWEN7, "8xH100-80GB", ("launch.vllm=server", "launch.vllm_tensor_parallel_size=4")),
+    Case("no-vllm", QWEN15, "4xH100-80GB", ("launch.vllm=off",)),
+    # Precision, remote code, LoRA, model implementation, evaluation, lengths.
+    Case("fp16-ddp", QWEN15, "4xL20-48GB", ("bf16=false", "fp16=true", "dtype=float16", "launch.backend=ddp")),
+    Case("fp16-zero2", QWEN15, "4xL20-48GB", ("bf16=false", "fp16=true", "dtype=float16", "launch.backend=zero2")),
+    Case("trust-remote-code", QWEN15, "4xL20-48GB", ("trust_remote_code=true",)),
+    Case("lora", QWEN7, "2xH100-80GB", ("use_peft=true", "lora_r=16", "lora_target_modules=[q_proj,v_proj]")),
+    Case("model-impl-transformers", QWEN15, "4xH100-80GB", ("vllm_model_impl=transformers",)),
+    Case("eval-on", QWEN15, "4xL20-48GB", ("do_eval=true", "eval_strategy=steps", "eval_steps=50")),
+    Case("no-prompt-length", QWEN15, "4xL20-48GB", ("max_prompt_length=null",)),
+    Case("explicit-max-len", QWEN15, "1xH100-80GB", ("max_prompt_length=null", "vllm_max_model_length=4096")),
+    Case("long-completions", QWEN7, "8xH100-80GB", ("max_completion_length=4096", "num_generations=16")),
+)
+
+
+def plan_case(case: Case, run_dir: Path) -> Plan:
+    """Plan and render ``case`` into ``run_dir`` (its files are what the libraries read)."""
+    recipe = load_recipe(ROOT / case.recipe, list(case.overrides))
+    model = find_model_shape(str(recipe.get("model_name_or_path")))
+    plan = make_plan(parse_gpu_spec(case.gpus), recipe, model, run_dir=str(run_dir), python="python3")
+    write_run_files(plan.run_dir, render_files(plan))
+    return plan

