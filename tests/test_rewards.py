@@ -96,8 +96,14 @@ def test_length_reward_prefers_token_ids():
     assert length([], ["x" * 100, "x" * 100], completion_ids=[[1, 2], list(range(12))]) == pytest.approx([0.8, 0.0])
 
 
+def test_digits_reward_is_the_share_of_digits():
+    """The demo's reward: it must vary between completions (GRPO learns nothing from equal rewards)."""
+    got = load_reward("digits", {})(prompts=[""] * 4, completions=["12 ab", "abcd", "", [{"content": "7"}]])
+    assert got == [0.4, 0.0, 0.0, 1.0]
+
+
 def test_registry_names_and_length_config():
-    assert set(REGISTRY) == {"accuracy", "format", "tag_count", "length"}
+    assert set(REGISTRY) == {"accuracy", "format", "tag_count", "length", "digits"}
     assert load_reward("accuracy", {}) is accuracy_reward
     assert load_reward("format", {}) is format_reward
     assert load_reward("tag_count", {}) is tag_count_reward
@@ -140,7 +146,7 @@ def test_check_reward_names_accepts_builtins_and_import_paths():
 def test_check_reward_names_unknown_with_suggestion():
     (problem,) = check_reward_names(["acuracy"])
     assert problem.startswith("unknown reward 'acuracy' (did you mean 'accuracy'?); built-in: ")
-    assert "accuracy, format, tag_count, length" in problem
+    assert "accuracy, format, tag_count, digits, length" in problem
 
 
 def test_check_reward_names_unknown_without_suggestion():

@@ -82,8 +82,10 @@ def render_accelerate_config(plan: Plan) -> dict[str, Any]:
     if train.num_machines > 1:
         cfg["main_process_ip"] = train.main_process_ip
         cfg["main_process_port"] = train.main_process_port
-    # On CPU the processes get ACCELERATE_USE_CPU=true instead: `use_cpu: true` (like --cpu) would quietly run
-    # one process whatever num_processes says.
+    # Not `use_cpu: true` here: like --cpu it quietly runs one process whatever num_processes says. CPU runs of
+    # several processes get ACCELERATE_USE_CPU=true (kept by accelerate's multi-GPU launcher); a single process goes
+    # through accelerate's simple launcher, which overwrites that variable from this file, and is kept on the CPU
+    # by the trainer's own use_cpu: true.
     cfg["use_cpu"] = False
     return cfg
 

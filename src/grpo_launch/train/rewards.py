@@ -55,6 +55,16 @@ def accuracy_reward(prompts: list, completions: list, answer: list | None = None
     return out
 
 
+def digits_reward(prompts: list, completions: list, **_: Any) -> list[float]:
+    """The share of the completion's characters that are digits. A signal a random tiny model can climb within a
+    CPU demo (it learns to answer with numbers); not a reward for real training."""
+    out = []
+    for c in completions:
+        text = _text(c)
+        out.append(sum(ch.isdigit() for ch in text) / len(text) if text else 0.0)
+    return out
+
+
 def make_length_reward(max_completion_length: int) -> RewardFunc:
     def length_reward(prompts: list, completions: list, completion_ids: list | None = None, **_: Any) -> list[float]:
         """1 − length / max_completion_length: prefers concise completions (tokens when known, else characters)."""
@@ -71,6 +81,7 @@ REGISTRY: dict[str, Callable[[Mapping[str, Any]], RewardFunc]] = {
     "accuracy": lambda cfg: accuracy_reward,
     "format": lambda cfg: format_reward,
     "tag_count": lambda cfg: tag_count_reward,
+    "digits": lambda cfg: digits_reward,
     "length": lambda cfg: make_length_reward(int(cfg.get("max_completion_length") or 512)),
 }
 # open-r1 / TRL spellings of the same functions.
