@@ -72,6 +72,7 @@ def test_host_check_reports_missing_python_directory_and_paths(tmp_path):
     ok = run(check_command(sys.executable, str(tmp_path), [str(tmp_path), str(tmp_path / "no-model")]))
     info = json.loads(ok.stdout)
     assert info["version"] and info["missing"] == [str(tmp_path / "no-model")]
+    assert info["vllm"] == "missing"  # this venv has none; the check compares it with the local one
     no_python = run(check_command("/nonexistent/python", str(tmp_path), []))
     assert no_python.returncode == 4 and "no python at /nonexistent/python" in no_python.stdout
     no_dir = run(check_command(sys.executable, "/nonexistent dir/it's", []))

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from grpo_launch.catalog import ModelShape, find_model_shape, shape_from_config
 from grpo_launch.errors import ProbeError
@@ -190,29 +191,29 @@ def resolve_model_shape(model: str | None) -> tuple[ModelShape | None, str | Non
 
 # ------------------------------------------------------------------------------------------------ vLLM version
 
-# Prints the vLLM version an interpreter would import, without importing vLLM (seconds): its _version.py, read.
-VLLM_VERSION_CODE = (
-    "import importlib.util, pathlib, re\n"
-    "spec = importlib.util.find_spec('vllm')\n"
-    "text = ''\n"
-    "if spec and spec.origin:\n"
-    "    f = pathlib.Path(spec.origin).with_name('_version.py')\n"
-    "    text = f.read_text() if f.is_file() else ''\n"
-    'm = re.search(r"__version__\\s*=\\s*(?:version\\s*=\\s*)?[\'\\"]([^\'\\"]+)", text)\n'
-    "print(m.group(1) if m else ('unknown' if spec else 'missing'))\n"
-)
+# Defines vllm_version(): the vLLM version an interpreter would import, without importing vLLM (seconds): its
+# _version.py, read. Run here, in a trainer's Python, and on every ssh host.
+VLLM_VERSION_FUNCTION = """\
+def vllm_version():
+    import importlib.util, pathlib
+    spec = importlib.util.find_spec('vllm')
+    text = ''
+    if spec and spec.origin:
+        f = pathlib.Path(spec.origin).with_name('_version.py')
+        text = f.read_text() if f.is_file() else ''
+    for line in text.splitlines():
+        if line.startswith('__version__') and '=' in line:
+            return line.split('=')[-1].strip().strip(chr(34) + chr(39))
+    return 'unknown' if spec else 'missing'
+"""
+VLLM_VERSION_CODE = VLLM_VERSION_FUNCTION + "print(vllm_version())\n"
 
 
 def vllm_version_here() -> str | None:
     """The vLLM version this interpreter would import, or None (not installed or unreadable)."""
-    scope: dict[str, object] = {}
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(VLLM_VERSION_CODE, scope)
-    found = out.getvalue().strip()
+    scope: dict[str, Any] = {}
+    exec(VLLM_VERSION_FUNCTION, scope)
+    found = str(scope["vllm_version"]())
     return None if found in ("missing", "unknown") else found
 
 

@@ -15,6 +15,8 @@ stdin: a JSON list of cases, each ``{"id": str, "argv": [...], "trl": {...}}``:
   layers make while a model is built (``QKVParallelLinear``, ``MergedColumnParallelLinear``,
   ``VocabParallelEmbedding``), done with vLLM's own ``divide`` and ``pad_vocab_size``; ``shard_error`` says which
   one fails.
+- ``kv``: optional ``{"config": {...config.json...}, "tp": int}``: the KV-cache bytes one token takes on one GPU
+  (``kv_bytes_per_token_per_gpu``, ``kv_error``), see "KV cache" below.
 
 stdout: a JSON list, one object per case, in input order::
 
@@ -23,6 +25,9 @@ stdout: a JSON list, one object per case, in input order::
      "error": str | null,                    # what `vllm serve` would have said (argparse's stderr, or the exception)
      "trl_argv": [...] | null,               # build_command(...) after "serve"; null when trl is absent or failed
      "trl_error": str | null}
+
+plus ``shard_error`` for a ``shard`` case, ``trl_parsed``/``trl_parse_error`` for ``parse_trl``, and
+``kv_bytes_per_token_per_gpu`` (int | null) / ``kv_error`` (str | null) for a ``kv`` case.
 
 ``argv`` goes through what ``vllm serve`` itself does before it builds an engine
 (``vllm.entrypoints.cli.main.main``): vLLM's ``FlexibleArgumentParser`` with the ``serve`` subcommand
@@ -35,6 +40,40 @@ One deviation, on purpose: the environment is forced offline (``HF_HUB_OFFLINE=1
 ``EngineArgs.__post_init__`` would replace a hub id by its local snapshot path (and raise when it is not cached).
 A real, online ``vllm serve`` keeps the hub id, so ``get_model_path`` is replaced by the identity while the engine
 args are built; the hub stays offline throughout.
+
+KV cache (``kv``): the config dict is written as ``config.json`` into a temporary directory (nothing else is
+needed: no tokenizer, no weights) and ``vllm.config.ModelConfig(model=dir, dtype="bfloat16",
+skip_tokenizer_init=True)`` is built from it (once per distinct config), with ``ParallelConfig(tensor_parallel_size=
+tp)`` (pipeline parallel size 1). The per-token, per-layer size is then what vLLM itself computes for "one token of
+one attention layer" (``attn_page_size_1_token`` in ``vllm/platforms/interface.py``, the KV/Mamba page unification),
+with ``kv_cache_dtype="auto"``:
+
+- dtype: ``vllm.utils.torch_utils.kv_cache_dtype_str_to_dtype("auto", model_config)`` (the model dtype, bf16);
+- ``model_config.use_mla`` false: ``vllm.v1.kv_cache_interface.FullAttentionSpec(block_size=1,
+  num_kv_heads=model_config.get_num_kv_heads(parallel_config), head_size=model_config.get_head_size(), dtype=...,
+  kv_quant_mode=get_kv_quant_mode("auto")).page_size_bytes`` -- K and V, ``max(1, kv_heads // tp)`` heads,
+  ``head_dim`` from the config when it has one;
+- ``model_config.use_mla`` true (DeepSeek-V2/V3 style, ``kv_lora_rank``): ``MLAAttentionSpec(...)`` with the same
+  arguments plus ``cache_dtype_str="auto"``: one latent of ``kv_lora_rank + qk_rope_head_dim`` per token and layer,
+  ``get_num_kv_heads`` = 1 (the latent is replicated on every TP rank, not split). MTP layers
+  (``num_nextn_predict_layers``) are not counted: they exist only with speculative decoding;
+- times ``model_config.get_num_layers_by_block_type(parallel_config, "attention")`` (pure transformers: all
+  layers; hybrid/no-op models: vLLM's own count of attention layers). A checkpoint whose layers differ
+  (``model_arch_config.per_layer_overrides``) is summed layer by layer with ``get_num_kv_heads(parallel_config,
+  model_arch_config[i])`` and that layer's ``head_size``, over ``get_layers_start_end_indices``.
+
+Not included: the attention backend's ``customize_spec`` (it only repacks quantized KV caches -- per-token-head
+scales, NVFP4 -- and returns the spec unchanged for "auto"); the padding of attention pages to the Mamba page size
+that hybrid models get; sliding-window layers are counted like full-attention ones (same bytes per token, though
+vLLM's hybrid allocator bounds what they hold). A config vLLM cannot build a ModelConfig for gives ``kv_error``
+(vLLM's exception; an unknown ``model_type`` costs vLLM's own 2 s retry in ``get_config``).
+
+One substitution, for run time: on a cache miss vLLM's model registry inspects the model class
+(``_LazyRegisteredModel.inspect_model_cls``) in a fresh Python subprocess (``registry._run_in_subprocess``, there
+only to avoid initialising CUDA in the parent), ~12 s per architecture on a 2-core box, since the child imports
+vLLM afresh. Here the same ``_ModelInfo.from_model_cls(load_model_cls())`` runs in this process (no CUDA on the
+machine this runs on); the result is identical (checked: same modelinfos JSON) and is still written to vLLM's
+modelinfos cache as vLLM does.
 """
 
 from __future__ import annotations
@@ -54,11 +93,14 @@ _ANSWER = os.fdopen(os.dup(1), "w", encoding="utf-8")
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 
+import atexit  # noqa: E402
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import enum  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 import warnings  # noqa: E402
 from typing import Any  # noqa: E402
 from unittest import mock  # noqa: E402
@@ -72,6 +114,8 @@ from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: E402
 from vllm.model_executor.layers.vocab_parallel_embedding import pad_vocab_size  # noqa: E402
 from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
+
+# vllm.config.ModelConfig & co. are imported on the first ``kv`` case (kv_bytes_per_token).
 
 ENGINE_FIELDS = (
     "model",
@@ -171,10 +215,103 @@ def shard_error(tp: int, heads: int, kv_heads: int, intermediate: int, vocab: in
     return None
 
 
+_KV_ROOT: str | None = None
+_KV_MODEL_CONFIGS: dict[str, Any] = {}  # canonical config JSON -> ModelConfig, or the error string
+
+
+def _in_process(fn):
+    """Stands in for vllm.model_executor.models.registry._run_in_subprocess (see the module docstring)."""
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # what the subprocess (registry._run) does before calling fn
+    return fn()
+
+
+def _kv_model_config(config: dict[str, Any]) -> Any:
+    """vLLM's ModelConfig for a config.json dict, built once per distinct dict; an error string if vLLM refuses."""
+    global _KV_ROOT
+    key = json.dumps(config, sort_keys=True)
+    if key in _KV_MODEL_CONFIGS:
+        return _KV_MODEL_CONFIGS[key]
+    import vllm.model_executor.models.registry as registry
+    from vllm.config import ModelConfig
+
+    if _KV_ROOT is None:
+        _KV_ROOT = tempfile.mkdtemp(prefix="vllm-oracle-kv-")
+        atexit.register(shutil.rmtree, _KV_ROOT, True)
+    # Kept until exit: vLLM may re-read config.json from the model path later (e.g. _get_qk_rope_head_dim).
+    model_dir = tempfile.mkdtemp(dir=_KV_ROOT)
+    with open(os.path.join(model_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    try:  # (stdout already goes to stderr, see the top of this file)
+        with mock.patch.object(registry, "_run_in_subprocess", _in_process):
+            value: Any = ModelConfig(model=model_dir, dtype="bfloat16", skip_tokenizer_init=True)
+    except Exception as exc:  # the oracle reports whatever vLLM raises
+        value = f"{type(exc).__name__}: {exc}"
+    _KV_MODEL_CONFIGS[key] = value
+    return value
+
+
+def kv_bytes_per_token(config: dict[str, Any], tp: int) -> tuple[int | None, str | None]:
+    """KV-cache bytes one token occupies on one GPU at TP ``tp``, over all attention layers (see docstring)."""
+    model_config = _kv_model_config(config)
+    if isinstance(model_config, str):
+        return None, model_config
+    try:
+        from vllm.config import ParallelConfig
+        from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, get_kv_quant_mode
+
+        cache_dtype = "auto"
+        parallel_config = ParallelConfig(tensor_parallel_size=tp)
+        dtype = kv_cache_dtype_str_to_dtype(cache_dtype, model_config)
+        kv_quant_mode = get_kv_quant_mode(cache_dtype)
+
+        def page_1_token(num_kv_heads: int, head_size: int) -> int:
+            # vllm/platforms/interface.py, attn_page_size_1_token
+            if model_config.use_mla:
+                spec = MLAAttentionSpec(
+                    block_size=1,
+                    num_kv_heads=num_kv_heads,
+                    head_size=head_size,
+                    dtype=dtype,
+                    cache_dtype_str=cache_dtype,
+                    kv_quant_mode=kv_quant_mode,
+                )
+            else:
+                spec = FullAttentionSpec(
+                    block_size=1,
+                    num_kv_heads=num_kv_heads,
+                    head_size=head_size,
+                    dtype=dtype,
+                    kv_quant_mode=kv_quant_mode,
+                )
+            return spec.page_size_bytes
+
+        arch = model_config.model_arch_config
+        if arch.per_layer_overrides is None:
+            per_layer = page_1_token(model_config.get_num_kv_heads(parallel_config), model_config.get_head_size())
+            return per_layer * model_config.get_num_layers_by_block_type(parallel_config, "attention"), None
+        if model_config.is_hybrid or model_config.has_noops or model_config.is_attention_free:
+            return None, "per-layer (heterogeneous) config of a hybrid/no-op model: not modelled by this oracle"
+        start, end = model_config.get_layers_start_end_indices(parallel_config)
+        total = sum(
+            page_1_token(model_config.get_num_kv_heads(parallel_config, arch[i]), arch[i].head_size)
+            for i in range(start, end)
+        )
+        return total, None
+    except Exception as exc:  # the oracle reports whatever vLLM raises
+        return None, f"{type(exc).__name__}: {exc}"
+
+
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"id": case.get("id"), "parsed": None, "error": None, "trl_argv": None, "trl_error": None}
     if case.get("shard") is not None:
         result["shard_error"] = shard_error(**case["shard"])
+    if case.get("kv") is not None:
+        result["kv_bytes_per_token_per_gpu"], result["kv_error"] = kv_bytes_per_token(
+            case["kv"]["config"], int(case["kv"]["tp"])
+        )
     if case.get("argv") is not None:
         result["parsed"], result["error"] = parse_serve([str(a) for a in case["argv"]], list(case.get("fields") or []))
     if case.get("trl") is not None:

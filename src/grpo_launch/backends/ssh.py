@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BaseBackend, Capability, RunContext, check_addresses
 from grpo_launch.errors import LaunchError, ProbeError
-from grpo_launch.probe import local_gpu_model, looks_local
+from grpo_launch.probe import VLLM_VERSION_FUNCTION, local_gpu_model, looks_local
 from grpo_launch.spec import ProcessSpec
 from grpo_launch.topology import Gpu, Host, Topology
 
@@ -133,7 +133,9 @@ def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequen
         "            s.bind(('0.0.0.0', port))\n"
         "        except OSError:\n"
         "            busy.append(port)\n"
-        "print(json.dumps({'version': version, 'missing': missing, 'busy': busy, 'host': os.uname().nodename}))\n"
+        + VLLM_VERSION_FUNCTION
+        + "print(json.dumps({'version': version, 'missing': missing, 'busy': busy, 'vllm': vllm_version(), "
+        "'host': os.uname().nodename}))\n"
     )
     q = shlex.quote
     return (
@@ -279,6 +281,9 @@ def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
             return f"{host}: missing {', '.join(info['missing'])}"
         if info.get("busy"):
             return f"{host}: " + "; ".join(f"port {p} ({ports[host][p]}) is in use" for p in info["busy"])
+        if plan.vllm.mode != "off" and plan.vllm_version and info.get("vllm") != plan.vllm_version:
+            # TRL imports vLLM in every trainer (client, NCCL weight transfer): the same version everywhere.
+            return f"{host}: vLLM {info.get('vllm')} there, {plan.vllm_version} here"
         return None
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
