@@ -90,8 +90,20 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token_bf16(self) -> float:
+        """K and V of one token over all layers, all KV heads, in bf16."""
+        return self.kv_bytes_per_token_per_gpu(1)
+
+    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
+        """What one token's KV cache takes on each GPU at tensor-parallel size ``tp``, as vLLM lays it out: the KV
+        heads are split over TP, and replicated once TP exceeds them (``max(1, kv_heads // tp)`` per GPU)."""
         head_dim = self.head_dim or self.hidden // self.heads
-        return 2.0 * 2 * self.layers * self.kv_heads * head_dim
+        return 2.0 * 2 * self.layers * max(1, self.kv_heads // tp) * head_dim
+
+    @property
+    def largest_layer_params(self) -> float:
+        """The largest single module: the (untied or tied) embedding, or one MLP projection. ZeRO-3 and FSDP
+        gather it whole (DeepSpeed's estimate_zero3_model_states_mem_needs counts 4 bytes per parameter of it)."""
+        return float(max(self.vocab * self.hidden, self.hidden * (self.intermediate or 4 * self.hidden)))
 
     def tp_problems(self, tp: int) -> list[str]:
         """Why vLLM cannot shard this model over ``tp`` GPUs (empty when it can).

@@ -79,3 +79,35 @@ def plan_case(case: Case, run_dir: Path) -> Plan:
     plan = make_plan(parse_gpu_spec(case.gpus), recipe, model, run_dir=str(run_dir), python="python3")
     write_run_files(plan.run_dir, render_files(plan))
     return plan
+
+
+def hf_config(shape) -> dict:
+    """A Hugging Face config.json for a built-in model shape (its family's model_type and architecture), so the
+    libraries can build the model's layout themselves: vLLM its KV cache, transformers a meta-device model."""
+    name = shape.name.lower()
+    if name.startswith("qwen3"):
+        family, arch = "qwen3", "Qwen3ForCausalLM"
+    elif "llama" in name:
+        family, arch = "llama", "LlamaForCausalLM"
+    elif name.startswith("mistral"):
+        family, arch = "mistral", "MistralForCausalLM"
+    else:
+        family, arch = "qwen2", "Qwen2ForCausalLM"
+    # Published configs: the small Qwen2.5 / Qwen3 / Llama-3.2 models tie their embeddings.
+    tied = shape.params < 5e9 and not name.startswith(("mistral", "deepseek"))
+    config = {
+        "model_type": family,
+        "architectures": [arch],
+        "hidden_size": shape.hidden,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "intermediate_size": shape.intermediate,
+        "vocab_size": shape.vocab,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": tied,
+        "torch_dtype": "bfloat16",
+    }
+    if shape.head_dim:
+        config["head_dim"] = shape.head_dim
+    return config

@@ -46,6 +46,9 @@ class Constant:
 # Every number the model uses. The sources say where each comes from; the cost-model issue calibrates them.
 CONSTANTS: dict[str, Constant] = {
     "adam_state_bytes": Constant(12.0, "B/param", "fp32 master weights + two fp32 Adam moments (ZeRO paper, §3)"),
+    "deepspeed_host_buffer_factor": Constant(
+        1.5, "×", "additional_buffer_factor of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs"
+    ),
     "overhead_bytes": Constant(2 * GIB, "B", "CUDA context + NCCL buffers, typical of a PyTorch process on H100"),
     "overhead_fraction": Constant(0.05, "of the total", "allocator fragmentation allowance (rule of thumb)"),
     "headroom": Constant(0.90, "of GPU memory", "planning margin: use at most 90 % of a training GPU"),
@@ -56,7 +59,9 @@ CONSTANTS: dict[str, Constant] = {
         2.0, "B/(token·layer·h)", "one bf16 hidden state kept per layer under gradient checkpointing"
     ),
     "logit_bytes": Constant(6.0, "B/(token·vocab)", "bf16 logits + fp32 log-softmax of the completion tokens"),
-    "vllm_server_utilization": Constant(0.90, "of GPU memory", "vLLM's default --gpu-memory-utilization"),
+    "vllm_server_utilization": Constant(
+        0.90, "of GPU memory", "TRL's vllm-serve default --gpu-memory-utilization (vLLM 0.31's own is 0.92)"
+    ),
     "vllm_overhead_bytes": Constant(1.5 * GIB, "B", "vLLM activations + CUDA graphs outside the KV cache"),
     "vllm_weights_share": Constant(0.5, "of a vLLM GPU", "leave at least half of a server GPU for the KV cache"),
     "vllm_utilization_margin": Constant(0.02, "of GPU memory", "slack on a sized colocate share"),
@@ -148,23 +153,51 @@ class TrainMemory:
         return [f"{body} GiB, {extra} = {self.total / GIB:.1f} GiB"]
 
 
+def model_states(model: ModelShape, n: int, backend: str, offload: str, *, lora: bool = False) -> tuple[float, ...]:
+    """(weights, gradients, optimizer) bytes per training GPU, term by term as DeepSpeed's own estimators count them
+    (``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``; the 18 bytes per
+    parameter are 2 bf16 gradients + 4 fp32 gradients + 4 fp32 master weights + 8 Adam moments):
+
+    - ZeRO-2: bf16 weights 2P whole, gradients 6P/n, optimizer 12P/n; optimizer offload keeps only the 2P.
+    - ZeRO-3: bf16 weight shards 2P/n plus the largest layer gathered whole (4L), gradients 4P/n, optimizer 12P/n;
+      optimizer offload keeps 4L + 2P/n, parameter offload 4L.
+    - DDP: float32 weights, gradients and Adam moments (4 + 4 + 8 = 16P): the planner loads float32 under DDP, so
+      there is no separate master copy.
+    - FSDP2: the same 16P in float32, sharded (/n), plus the gathered largest layer (4L); parameter offload keeps 4L.
+    - LoRA: the frozen bf16 base (2P, /n under ZeRO-3); the adapters are negligible.
+    """
+    b, o = DistBackend(backend), Offload(offload)
+    p, big = model.params, 4 * model.largest_layer_params
+    if lora:
+        return (2 * p / (n if b == DistBackend.ZERO3 else 1), 0.0, 0.0)
+    if b == DistBackend.ZERO2:
+        return (2 * p, 0.0, 0.0) if o.optimizer else (2 * p, 6 * p / n, ADAM_STATE_BYTES * p / n)
+    if b == DistBackend.ZERO3:
+        if o.params:
+            return (big, 0.0, 0.0)
+        return (big + 2 * p / n, 0.0, 0.0) if o.optimizer else (big + 2 * p / n, 4 * p / n, ADAM_STATE_BYTES * p / n)
+    if b == DistBackend.FSDP:
+        return (big, 0.0, 0.0) if o.params else (big + 4 * p / n, 4 * p / n, 8 * p / n)
+    return (4 * p, 4 * p, 8 * p)
+
+
+def host_memory_per_node(model: ModelShape, gpus_per_node: int, nodes: int, backend: str, offload: str) -> float:
+    """Host RAM per node that offload needs, as DeepSpeed's estimators count it (with their 1.5 buffer factor)."""
+    b, o = DistBackend(backend), Offload(offload)
+    p, buffer = model.params, _c("deepspeed_host_buffer_factor")
+    if b == DistBackend.ZERO2 and o.optimizer:
+        return p * max(4 * gpus_per_node * nodes, 16) * buffer
+    if b == DistBackend.ZERO3 and o.optimizer:  # zero_init (zero3_init_flag: true, as rendered)
+        return p * (18 if o.params else 16) / nodes * buffer
+    return 0.0
+
+
 def train_memory(model: ModelShape, n: int, backend: str, offload: str, work: Workload) -> TrainMemory:
     """Memory per training GPU for ``n`` training processes."""
     backend, offload = DistBackend(backend), Offload(offload)
     p = model.params
     shard = n if backend == DistBackend.ZERO3 else 1
-    if work.lora:
-        weights, grads, optim = 2 * p / shard, 0.0, 0.0
-    else:
-        weights = 2 * p / shard
-        grads = 2 * p / (n if backend.is_deepspeed else 1)
-        optim = ADAM_STATE_BYTES * p / (n if backend.shards_optimizer else 1)
-        if backend == DistBackend.FSDP:
-            weights, grads = 2 * p / n, 2 * p / n
-        if offload.optimizer:
-            optim = 0.0
-        if offload.params and backend == DistBackend.ZERO3:
-            weights = 0.0
+    weights, grads, optim = model_states(model, n, backend, offload, lora=work.lora)
     reference = (2 * p / shard) if work.reference_model else 0.0
     tokens = work.per_device * work.seq_len
     h, layers = model.hidden, model.layers
@@ -206,7 +239,7 @@ def vllm_memory(
     """
     max_len = work.seq_len
     weights = model.weight_bytes_bf16 / tp
-    kv_seq = model.kv_bytes_per_token_bf16 * max_len / tp
+    kv_seq = model.kv_bytes_per_token_per_gpu(tp) * max_len
     limit = (share if share is not None else VLLM_SERVER_UTILIZATION) * gpu_bytes
     room = limit - weights - VLLM_OVERHEAD_BYTES
     capacity = int(room // kv_seq) if kv_seq > 0 else 0
@@ -224,7 +257,7 @@ def vllm_memory(
 def vllm_share_needed(model: ModelShape, tp: int, gpu_bytes: float, seq_len: int) -> float:
     """The gpu_memory_utilization that holds the weights and one sequence's KV cache (for a refusal's fix)."""
     weights = model.weight_bytes_bf16 / tp
-    return (weights + VLLM_OVERHEAD_BYTES + model.kv_bytes_per_token_bf16 * seq_len) / gpu_bytes + (
+    return (weights + VLLM_OVERHEAD_BYTES + model.kv_bytes_per_token_per_gpu(tp) * seq_len) / gpu_bytes + (
         VLLM_UTILIZATION_MARGIN
     )
 
@@ -252,7 +285,7 @@ def generation_time(
     batches = math.ceil(per_replica / max(1, max_num_seqs))
     batch = min(per_replica, max_num_seqs)
     avg_ctx = work.prompt_len + work.completion_len / 2
-    read = (model.weight_bytes_bf16 + batch * avg_ctx * model.kv_bytes_per_token_bf16) / tp
+    read = model.weight_bytes_bf16 / tp + batch * avg_ctx * model.kv_bytes_per_token_per_gpu(tp)
     step_mem = read / bw
     step_compute = 2 * model.params * batch / (tp * flops * PREFILL_MFU)
     decode = batches * work.completion_len * (max(step_mem, step_compute) * tp_factor + DECODE_STEP_OVERHEAD_S)
