@@ -159,3 +159,54 @@ def test_plan_shows_the_estimate_and_explains_it(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "Estimate per optimizer step" in out and "bottleneck" in out and "memory per training GPU" in out
     assert "training: " in out and "TFLOP/s" in out and "split=" in out
+
+
+def _with_host_ram(spec: str, gib: float):
+    import dataclasses as dc
+
+    topo = parse_gpu_spec(spec)
+    return dc.replace(topo, hosts=tuple(dc.replace(h, memory_bytes=int(gib * GIB)) for h in topo.hosts))
+
+
+def test_offload_must_fit_the_hosts_ram():
+    """ZeRO-3 with full offload moves the model states to host RAM: 18 B/param × DeepSpeed's 1.5 buffer for a 7B
+    model (≈ 190 GiB per node). A plan that needs more than the node has is refused with fixes; the need is shown."""
+    values = {"model_name_or_path": QWEN7, "num_generations": 4, "per_device_train_batch_size": 4}
+    recipe = build_recipe({**values, "launch": {"vllm": "off"}})
+    model = find_model_shape(QWEN7)
+    with pytest.raises(PlanError) as e:
+        make_plan(_with_host_ram("1xA10G", 64), recipe, model)
+    assert "host RAM per node" in e.value.render() and "more nodes" in e.value.render()
+    ok = make_plan(_with_host_ram("1xA10G", 512), recipe, model)
+    assert ok.train.offload == "optimizer+params"
+    assert ok.estimate.host_memory_per_node_gib == pytest.approx(18 * model.params * 1.5 / GIB, rel=0.01)
+    assert any("host RAM" in d.why for d in ok.decisions if d.what == "backend")
+
+
+def test_plan_json_has_the_estimate_as_data(tmp_path):
+    import json
+
+    from grpo_launch.render import PLAN_JSON, render_files
+
+    p = make_plan(
+        parse_gpu_spec("4xL20-48GB"),
+        build_recipe({"model_name_or_path": QWEN7, "launch": {"offload": "optimizer"}}),
+        find_model_shape(QWEN7),
+        run_dir=str(tmp_path),
+    )
+    est = json.loads(render_files(p)[PLAN_JSON])["estimate"]
+    mem = est["memory_per_training_gpu_gib"]
+    assert mem["total"] == pytest.approx(p.estimate.train_memory_gib)
+    assert {"weights", "gradients", "optimizer", "activations", "logits", "overhead"} <= set(mem)
+    assert est["time_s"]["step"] == pytest.approx(p.estimate.step.total_s) and est["host_memory_per_node_gib"] > 0
+    assert est["vllm_memory_per_gpu_gib"]["kv_bytes_per_token_per_gpu"] == 28672
+
+
+def test_host_memory_is_read_from_meminfo_and_slurm():
+    from grpo_launch.backends.slurm.allocation import parse_node_memory
+    from grpo_launch.probe import parse_meminfo
+
+    assert parse_meminfo("MemTotal:       24574472 kB\nMemFree: 1 kB\n") == 24574472 * 1024
+    assert parse_meminfo("garbage") is None
+    line = "NodeName=n1 Arch=x86_64 CPUTot=2 RealMemory=2000 NodeAddr=127.0.0.1"
+    assert parse_node_memory(line) == {"n1": 2000 * 1024 * 1024}

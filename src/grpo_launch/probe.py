@@ -139,21 +139,39 @@ def probe_local(
 
     name = hostname or socket.gethostname()
     cpus = os.cpu_count()
+    ram = host_memory_bytes()
     raw = environ.get("CUDA_VISIBLE_DEVICES")
     tokens = parse_cuda_visible_devices(raw)
     if tokens == ():
-        return Topology(hosts=(Host(name=name, cpus=cpus),), source="cuda_visible_devices")
+        return Topology(hosts=(Host(name=name, cpus=cpus, memory_bytes=ram),), source="cuda_visible_devices")
     devices, warning = _nvml_or_warning(read)
     if devices is None:
         if tokens:
             gpus = tuple(Gpu(visible_id=t) for t in tokens)
             warn = f"{warning}; using CUDA_VISIBLE_DEVICES={raw} with unknown GPU model and memory"
-            return Topology((Host(name=name, gpus=gpus, cpus=cpus),), "cuda_visible_devices", (warn,))
+            return Topology((Host(name=name, gpus=gpus, cpus=cpus, memory_bytes=ram),), "cuda_visible_devices", (warn,))
         warn = f"{warning}; planning for CPU (use --gpus to plan for GPUs, e.g. --gpus 8xH100-80GB)"
-        return Topology((Host(name=name, cpus=cpus),), "cpu", (warn,))
+        return Topology((Host(name=name, cpus=cpus, memory_bytes=ram),), "cpu", (warn,))
     gpus = _local_gpus(devices, tokens, raw)
     source = "nvml" if tokens is None else "nvml+cuda_visible_devices"
-    return Topology((Host(name=name, gpus=gpus, cpus=cpus),), source if gpus else "cpu")
+    return Topology((Host(name=name, gpus=gpus, cpus=cpus, memory_bytes=ram),), source if gpus else "cpu")
+
+
+def parse_meminfo(text: str) -> int | None:
+    """MemTotal of ``/proc/meminfo`` in bytes, or None."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "MemTotal:" and parts[1].isascii() and parts[1].isdigit():
+            return int(parts[1]) * 1024
+    return None
+
+
+def host_memory_bytes(path: str = "/proc/meminfo") -> int | None:
+    """This machine's RAM, or None where /proc/meminfo cannot be read."""
+    try:
+        return parse_meminfo(Path(path).read_text())
+    except OSError:
+        return None
 
 
 def local_gpu_model(local: Topology | None) -> tuple[str, int | None]:

@@ -174,21 +174,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "prompts_per_generation": plan.layout.prompts_per_generation,
             "completions_per_optimizer_step": plan.layout.completions_per_optimizer_step,
         },
-        "estimate": (
-            {
-                "generation_s": plan.estimate.step.generation_s,
-                "training_s": plan.estimate.step.training_s,
-                "sync_s": plan.estimate.step.sync_s,
-                "step_s": plan.estimate.step.total_s,
-                "bottleneck": plan.estimate.step.bottleneck,
-                "train_memory_gib": plan.estimate.train_memory_gib,
-                "vllm_memory_gib": plan.estimate.vllm_memory_gib,
-                "gpu_memory_gib": plan.estimate.gpu_memory_gib,
-                "explain": list(plan.estimate.explain),
-            }
-            if plan.estimate
-            else None
-        ),
+        "estimate": estimate_to_dict(plan),
         "candidates": [
             {
                 "label": c.label,
@@ -206,6 +192,45 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "warnings": list(plan.warnings),
         "trainer_values": plan.resolved_trainer_values,
     }
+
+
+def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
+    """The estimate as data: memory terms per training GPU, per vLLM GPU and per node, and the step's times."""
+    est = plan.estimate
+    if est is None:
+        return None
+    gib = 1024**3
+    out: dict[str, Any] = {
+        "time_s": {
+            "generation": est.step.generation_s,
+            "training": est.step.training_s,
+            "sync": est.step.sync_s,
+            "step": est.step.total_s,
+        },
+        "bottleneck": est.step.bottleneck,
+        "gpu_memory_gib": est.gpu_memory_gib,
+        "host_memory_per_node_gib": est.host_memory_per_node_gib,
+        "memory_per_training_gpu_gib": None,
+        "vllm_memory_per_gpu_gib": None,
+        "explain": list(est.explain),
+    }
+    if est.train_memory is not None:
+        m = est.train_memory
+        terms = ("weights", "gradients", "optimizer", "reference", "activations", "logits", "overhead")
+        out["memory_per_training_gpu_gib"] = {t: getattr(m, t) / gib for t in terms} | {"total": m.total / gib}
+    if est.vllm_memory is not None:
+        v = est.vllm_memory
+        kv = v.max_num_seqs * v.kv_per_seq
+        out["vllm_memory_per_gpu_gib"] = {
+            "weights": v.weights_per_gpu / gib,
+            "kv_cache": kv / gib,
+            "overhead": (v.gpu_memory_utilization * est.gpu_memory_gib * gib - v.weights_per_gpu - kv) / gib,
+            "total": v.gpu_memory_utilization * est.gpu_memory_gib,
+            "kv_bytes_per_token_per_gpu": plan.model.kv_bytes_per_token_per_gpu(plan.vllm.tensor_parallel_size)
+            if plan.model
+            else None,
+        }
+    return out
 
 
 def render_files(plan: Plan) -> dict[str, str]:

@@ -33,6 +33,7 @@ class Host:
     gpus: tuple[Gpu, ...] = ()
     address: str | None = None  # reachable address (IP or resolvable name); None → the name
     cpus: int | None = None
+    memory_bytes: int | None = None  # host RAM, when known (offload needs it)
 
     @property
     def addr(self) -> str:
@@ -63,6 +64,12 @@ class Topology:
     def gpu_name(self) -> str:
         names = {g.name for h in self.hosts for g in h.gpus}
         return names.pop() if len(names) == 1 else ("mixed" if names else "cpu")
+
+    @property
+    def min_host_memory_bytes(self) -> int | None:
+        """The smallest host RAM of the hosts, when every host's is known."""
+        mems = [h.memory_bytes for h in self.hosts]
+        return None if not mems or None in mems else min(m for m in mems if m is not None)
 
     @property
     def min_gpu_memory_bytes(self) -> int | None:

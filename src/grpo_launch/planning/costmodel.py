@@ -52,6 +52,9 @@ CONSTANTS: dict[str, Constant] = {
     "overhead_bytes": Constant(2 * GIB, "B", "CUDA context + NCCL buffers, typical of a PyTorch process on H100"),
     "overhead_fraction": Constant(0.05, "of the total", "allocator fragmentation allowance (rule of thumb)"),
     "headroom": Constant(0.90, "of GPU memory", "planning margin: use at most 90 % of a training GPU"),
+    "host_headroom": Constant(
+        0.80, "of host RAM", "leave a fifth of a node's RAM to the OS, dataloaders and page cache"
+    ),
     "activation_bytes_per_token_layer_per_hidden": Constant(
         34.0, "B/(token·layer·h)", "Korthikanti et al. 2022, GPT layer with flash attention (no 5as/h term)"
     ),
@@ -90,6 +93,7 @@ ADAM_STATE_BYTES = _c("adam_state_bytes")
 OVERHEAD_BYTES = _c("overhead_bytes")
 OVERHEAD_FRACTION = _c("overhead_fraction")
 HEADROOM = _c("headroom")
+HOST_HEADROOM = _c("host_headroom")
 VLLM_SERVER_UTILIZATION = _c("vllm_server_utilization")
 VLLM_OVERHEAD_BYTES = _c("vllm_overhead_bytes")
 VLLM_WEIGHTS_SHARE = _c("vllm_weights_share")

@@ -10,12 +10,14 @@ from grpo_launch.enums import DistBackend, Offload, VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.planning.costmodel import (
     HEADROOM,
+    HOST_HEADROOM,
     TRL_COMPLETION_LEN,
     VLLM_SERVER_UTILIZATION,
     TrainMemory,
     Workload,
     colocate_switch_time,
     generation_time,
+    host_memory_per_node,
     sync_time,
     train_memory,
     training_time,
@@ -75,12 +77,22 @@ class Training:
     offload: Offload
     gradient_checkpointing: bool | None
     memory: TrainMemory | None
+    host_memory: float = 0.0  # bytes of host RAM per node that offload needs
 
 
 def choose_training(
-    topology: Topology, recipe: Recipe, model: ModelShape | None, n: int, vllm: VllmPlan, work: Workload, trace: Trace
+    topology: Topology,
+    recipe: Recipe,
+    model: ModelShape | None,
+    n: int,
+    vllm: VllmPlan,
+    work: Workload,
+    trace: Trace,
+    *,
+    nodes: int = 1,
 ) -> Training:
-    """The cheapest training setting whose memory per GPU fits, or a PlanError with the nearest fixes."""
+    """The cheapest training setting whose memory per GPU fits, and whose offload fits the hosts' RAM when that is
+    known (local /proc/meminfo, Slurm's RealMemory); else a PlanError with the nearest fixes."""
     backend, offload = recipe.launch.backend, recipe.launch.offload
     if topology.is_cpu:
         if backend == "fsdp":
@@ -113,9 +125,15 @@ def choose_training(
                 bool(ckpt_set),
             )
         ]
+    host_ram = topology.min_host_memory_bytes
+    host_short: tuple[Setting, float] | None = None
     for setting in candidates:
         b, o, c = setting
         need = train_memory(model, n, b, o, dataclasses.replace(work, gradient_checkpointing=c))
+        host = host_memory_per_node(model, max(1, n // nodes), nodes, b, o)
+        if need.total <= budget and host_ram is not None and host > HOST_HEADROOM * host_ram:
+            host_short = host_short or (setting, host)
+            continue
         if need.total <= budget:
             set_by = [x for x, v in (("backend", backend), ("offload", offload)) if v != "auto"]
             trace.decide(
@@ -125,9 +143,23 @@ def choose_training(
                 + f"{need.total / GIB:.1f} GiB per training GPU ≤ {budget / GIB:.1f} GiB "
                 f"({HEADROOM:.0%} of {mem / GIB:.0f} GiB"
                 + (f" minus the colocated vLLM's {share:.0%}" if share else "")
-                + ")",
+                + ")"
+                + (f"; offload needs {host / GIB:.0f} GiB of host RAM per node" if host else ""),
             )
-            return Training(b, o, c, need)
+            return Training(b, o, c, need, host)
+    if host_short is not None:
+        setting, host = host_short
+        raise PlanError(
+            f"{model.name} fits the GPUs only with {_label(setting)}, and that offload needs {host / GIB:.0f} GiB of "
+            f"host RAM per node (DeepSpeed's estimate); the hosts have {(host_ram or 0) / GIB:.0f} GiB",
+            fixes=[
+                Fix("gpus", None, "more nodes: ZeRO-3's offloaded states shard over them", 1, in_recipe=False),
+                Fix("use_peft", True, "LoRA: no optimizer state to offload", rank=1),
+                Fix(
+                    "gpus", None, f"hosts with at least {host / HOST_HEADROOM / GIB:.0f} GiB of RAM", 3, in_recipe=False
+                ),
+            ],
+        )
     last = candidates[-1]
     need = train_memory(model, n, last[0], last[1], dataclasses.replace(work, gradient_checkpointing=last[2]))
     raise PlanError(
@@ -209,19 +241,14 @@ def size_vllm(topology: Topology, model: ModelShape | None, vllm: VllmPlan, work
 
 
 def estimate_plan(
-    topology: Topology,
-    model: ModelShape | None,
-    vllm: VllmPlan,
-    train: TrainPlan,
-    work: Workload,
-    train_mem: TrainMemory | None,
+    topology: Topology, model: ModelShape | None, vllm: VllmPlan, train: TrainPlan, work: Workload, training: Training
 ) -> Estimate | None:
     """Predicted step time and memory, when the model and the GPU model are known."""
     gpu = find_gpu_spec(topology.gpu_name) if not topology.is_cpu else None
     mem = topology.min_gpu_memory_bytes
     if model is None or gpu is None or mem is None:
         return None
-    n = train.num_processes
+    n, train_mem = train.num_processes, training.memory
     explain: list[str] = [
         f"workload per optimizer step: {work.completions} completions ({work.completions // work.num_generations} "
         f"prompts × {work.num_generations}), {work.prompt_len} prompt + {work.completion_len} completion tokens",
@@ -255,10 +282,19 @@ def estimate_plan(
         f"step ≈ {step.generation_s:.1f} s generation + {step.training_s:.1f} s training + {step.sync_s:.1f} s "
         f"sync = {step.total_s:.1f} s; bottleneck: {step.bottleneck}"
     )
+    sizing = None
+    if vllm.mode != VllmMode.OFF:
+        share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
+        sizing = vllm_memory(model, vllm.tensor_parallel_size, mem, work, share=share)
+    if training.host_memory:
+        explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
     return Estimate(
         step=step,
         train_memory_gib=train_mem.total / GIB if train_mem else None,
         vllm_memory_gib=vllm_gib,
         gpu_memory_gib=mem / GIB,
         explain=tuple(explain),
+        train_memory=train_mem,
+        vllm_memory=sizing,
+        host_memory_per_node_gib=training.host_memory / GIB,
     )

@@ -64,6 +64,17 @@ def parse_job_gres(text: str, expand: Callable[[str], list[str]]) -> dict[str, i
     return out
 
 
+def parse_node_memory(text: str) -> dict[str, int]:
+    """NodeName → RealMemory in bytes from ``scontrol show node -o`` (Slurm counts megabytes)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
+        mem = re.search(r"(?:^|\s)RealMemory=(\d+)", line)
+        if name and mem:
+            out[name.group(1)] = int(mem.group(1)) * 1024 * 1024
+    return out
+
+
 def parse_node_addresses(text: str) -> dict[str, str]:
     """NodeName → NodeAddr from ``scontrol show node -o`` (one node per line)."""
     out: dict[str, str] = {}
@@ -113,6 +124,7 @@ def probe_slurm(
             cpus = list(expanded)
     nodes = scontrol(["show", "node", "-o", ",".join(hosts)])
     addresses = parse_node_addresses(nodes) if nodes else {}
+    memory = parse_node_memory(nodes) if nodes else {}
     name, mem = local_gpu_model(local)
     warnings = []
     if counts[hosts[0]] and mem is None:
@@ -123,6 +135,7 @@ def probe_slurm(
                 name=h,
                 gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(counts[h])),
                 address=addresses.get(h),
+                memory_bytes=memory.get(h),
                 cpus=c,
             )
             for h, c in zip(hosts, cpus, strict=True)
