@@ -140,11 +140,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"{output_dir}/checkpoint-{stop.stopped_at}",
                 flush=True,
             )
-        return 0
-    trainer.save_model(output_dir)
-    if is_main:
-        print(f"[grpo-launch] training done; model saved to {output_dir}", flush=True)
+    else:
+        trainer.save_model(output_dir)
+        if is_main:
+            print(f"[grpo-launch] training done; model saved to {output_dir}", flush=True)
+    _close_process_group(trainer)
     return 0
+
+
+def _close_process_group(trainer: Any) -> None:
+    """Every rank waits for the others, then the process group closes before the interpreter exits. Left to
+    interpreter shutdown, a rank that finishes first tears the group down under a peer still in its last
+    collective, and the peer aborts ("terminate called without an active exception", SIGABRT) after a good run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        trainer.accelerator.wait_for_everyone()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
