@@ -58,6 +58,12 @@ def test_tiny_grpo(tmp_path, processes):
     assert len(steps) == 3 and all("rewards/format_reward/mean" in s and "reward" in s for s in steps)
     assert (tmp_path / "run" / "output" / "model.safetensors").is_file()
     assert list((tmp_path / "run" / "logs").glob("train-*.log"))
+    # RUN_DIR/metrics.jsonl: one line per optimizer step, every rank's peak memory, the tokens so far.
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(len(m["peak_memory_bytes"]) == processes and min(m["peak_memory_bytes"]) > 10 * 2**20 for m in metrics)
+    tokens = [m["num_tokens"] for m in metrics]
+    assert tokens == sorted(tokens) and tokens[0] > 0 and all(m["generation_s"] > 0 for m in metrics)
 
 
 def test_deepspeed_zero2_two_processes(tmp_path):

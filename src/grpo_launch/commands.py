@@ -3,7 +3,7 @@ training host. Backends place them on their hosts (:mod:`grpo_launch.backends`).
 
 from __future__ import annotations
 
-from grpo_launch.control import CONTROL_DIR_ENV, control_dir
+from grpo_launch.control import CONTROL_DIR_ENV, METRICS_ENV, METRICS_FILE, control_dir
 from grpo_launch.enums import Device, Role, VllmMode
 from grpo_launch.planning.types import Plan, TrainHost
 from grpo_launch.spec import ProcessSpec
@@ -98,6 +98,7 @@ def train_env(plan: Plan, host: TrainHost) -> dict[str, str]:
             env["OMP_NUM_THREADS"] = str(max(1, cpus // host.processes))
     # The trainers watch this directory for a checkpoint-and-stop request (SIGUSR2 to grpo-launch; Slurm preemption).
     env[CONTROL_DIR_ENV] = str(control_dir(plan.run_dir))
+    env[METRICS_ENV] = f"{plan.run_dir}/{METRICS_FILE}"
     if host.machine_rank == 0 and plan.vllm.mode == VllmMode.SERVER and len(plan.topology.hosts) > 1:
         # TRL's rank 0 advertises vLLM's get_ip() for the weight-sync group: VLLM_HOST_IP, else the default-route
         # address, which on a multi-homed node need not be the network the server reaches.

@@ -11,6 +11,8 @@ from pathlib import Path
 
 CONTROL_DIR = "control"
 CONTROL_DIR_ENV = "GRPO_LAUNCH_CONTROL_DIR"
+METRICS_ENV = "GRPO_LAUNCH_METRICS"  # the trainers append one JSON line per optimizer step to this file
+METRICS_FILE = "metrics.jsonl"
 STOP_REQUEST = "stop-requested"
 STOPPED_MARKER = "stopped-at-step"
 

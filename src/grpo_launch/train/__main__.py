@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.control import CONTROL_DIR_ENV, STOPPED_MARKER
+from grpo_launch.control import CONTROL_DIR_ENV, METRICS_ENV, STOPPED_MARKER
 from grpo_launch.recipe import yaml_load
 from grpo_launch.train.callbacks import make_callbacks
 from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset, split_values
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         rewards.insert(0, script["reward_model_name_or_path"])  # as trl grpo: GRPOTrainer loads the reward model
 
     control_dir = os.environ.get(CONTROL_DIR_ENV)
-    step_log, stop = make_callbacks(control_dir, is_main)
+    step_log, stop = make_callbacks(control_dir, is_main, os.environ.get(METRICS_ENV))
     trainer = GRPOTrainer(
         model=path,
         reward_funcs=rewards,

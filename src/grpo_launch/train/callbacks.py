@@ -1,4 +1,5 @@
-"""Trainer callbacks for the training entry: the per-step timing log and checkpoint-and-stop on request.
+"""Trainer callbacks for the training entry: the per-step timing log (and RUN_DIR/metrics.jsonl) and
+checkpoint-and-stop on request.
 
 Importing this module is cheap; :func:`make_callbacks` imports torch and transformers when called.
 """
@@ -11,8 +12,24 @@ from typing import Any
 from grpo_launch.control import STOP_REQUEST
 
 
-def make_callbacks(control_dir: str | None, is_main: bool) -> tuple[Any, Any]:
-    """(the step log, the stop-on-request callback or None). Imports transformers: call inside the trainer only."""
+def peak_memory_bytes() -> tuple[int, str]:
+    """This process's peak memory: the CUDA allocator's peak on a GPU, the peak resident set on CPU."""
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated()), "cuda_max_allocated"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "rss_max"
+
+
+def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | None = None) -> tuple[Any, Any]:
+    """(the step log, the stop-on-request callback or None). Imports transformers: call inside the trainer only.
+
+    With ``metrics_path`` the main process appends one JSON line per optimizer step: its wall, generation and
+    training seconds, the tokens processed so far, and every rank's peak memory (gathered from all ranks) — what
+    `grpo-launch plan` predicted, measured."""
+    import json
     import time
 
     import torch
@@ -43,12 +60,35 @@ def make_callbacks(control_dir: str | None, is_main: bool) -> tuple[Any, Any]:
         def on_step_end(self, args, state, control, **kwargs):
             dt = time.monotonic() - self.t0
             gen, self.generation_s = self.generation_s, 0.0
+            peak, kind = peak_memory_bytes()
+            peaks = [peak]
+            if metrics_path and torch.distributed.is_available() and torch.distributed.is_initialized():
+                peaks = [0] * torch.distributed.get_world_size()
+                torch.distributed.all_gather_object(peaks, peak)  # every rank calls it: callbacks run on all
             if is_main:
                 print(
                     f"[grpo-launch] step {state.global_step}/{state.max_steps} done in {dt:.2f} s "
                     f"(generation {gen:.2f} s, training {max(0.0, dt - gen):.2f} s)",
                     flush=True,
                 )
+                if metrics_path:
+                    self.write_metrics(state, dt, gen, peaks, kind)
+
+        def write_metrics(self, state, dt: float, gen: float, peaks: list[int], kind: str) -> None:
+            assert metrics_path is not None
+            line = {
+                "step": state.global_step,
+                "max_steps": state.max_steps,
+                "time": time.time(),
+                "step_s": dt,
+                "generation_s": gen,
+                "training_s": max(0.0, dt - gen),
+                "num_tokens": int(state.num_input_tokens_seen),  # TRL counts prompt + completion tokens here
+                "peak_memory_bytes": peaks,
+                "memory_kind": kind,
+            }
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(line) + "\n")
 
     class StopOnRequest(TrainerCallback):
         """Save a checkpoint and stop at the end of the step in which ``CONTROL_DIR/stop-requested`` appears.
