@@ -239,3 +239,43 @@ def test_colocate_wins_on_eight_gpus_as_trl_measured(model, published):
 
     ratio = per_prompt(server) / per_prompt(chosen)
     assert 0.7 * published <= ratio <= 1.4 * published, ratio
+
+
+def test_time_and_cost_of_the_whole_run_before_launch(tmp_path):
+    """open-r1 #251: a run took about 9 h against about 3 h claimed. The plan says it up front: steps from
+    max_steps or epochs × rows ÷ prompts per step, hours at the predicted step, GPU-hours over every GPU held."""
+    base = {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "num_generations": 8}
+    p = plan({**base, "max_steps": 500, "launch": {"gpu_hour_price": 2.0}}, "8xH100-80GB")
+    t = p.estimate.total
+    assert t.steps == 500 and t.hours == pytest.approx(500 * p.estimate.step.total_s / 3600)
+    assert t.gpu_hours == pytest.approx(8 * t.hours) and t.price == pytest.approx(2.0 * t.gpu_hours)
+    q = plan({**base, "num_train_epochs": 2, "launch": {"dataset_rows": 1000}}, "8xH100-80GB")
+    prompts = q.layout.completions_per_optimizer_step / q.layout.num_generations
+    assert q.estimate.total.steps == -(-2 * 1000 // int(prompts)) and q.estimate.total.price is None
+    assert plan(base, "8xH100-80GB").estimate.total is None  # neither max_steps nor rows: unknown
+
+
+def test_rows_are_counted_from_a_local_file(tmp_path):
+    from grpo_launch.probe import count_rows
+
+    (tmp_path / "d.jsonl").write_text('{"a": 1}\n{"a": 2}\n\n{"a": 3}\n')
+    (tmp_path / "d.csv").write_text("prompt,answer\nx,1\ny,2\n")
+    assert count_rows("d.jsonl", str(tmp_path)) == 3 and count_rows("d.csv", str(tmp_path)) == 2
+    assert count_rows("org/hub-dataset", str(tmp_path)) is None
+
+
+def test_step_time_counts_trls_old_logprob_forward():
+    """TRL 1.16 runs an extra forward over the completions for the old log-probs whenever vLLM generates
+    (importance-sampling correction, on by default) or a generation serves several optimizer steps; it costs
+    2·P FLOPs per token, a third of the forward + backward."""
+    base = {"model_name_or_path": QWEN7, "num_generations": 8, "launch": {"vllm": "server"}}
+    on = plan(base, "8xH100-80GB")
+    off = plan({**base, "vllm_importance_sampling_correction": False}, "8xH100-80GB")
+    assert off.estimate.step.old_logprobs_s == 0.0
+    from grpo_launch.planning.costmodel import TRAIN_MFU
+
+    tokens = on.layout.completions_per_optimizer_step * (512 + 512)  # default prompt bound + TRL's completion length
+    flops = 2 * on.model.params * tokens
+    expected = flops / (on.train.num_processes * find_gpu_spec("H100").bf16_tflops * 1e12 * TRAIN_MFU)
+    assert on.estimate.step.old_logprobs_s == pytest.approx(expected, rel=1e-6)
+    assert on.estimate.step.total_s > off.estimate.step.total_s

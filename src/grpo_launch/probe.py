@@ -180,6 +180,20 @@ def local_gpu_model(local: Topology | None) -> tuple[str, int | None]:
     return (gpus[0].name, gpus[0].memory_bytes) if gpus else ("unknown", None)
 
 
+def count_rows(dataset: str, workdir: str) -> int | None:
+    """Rows of a local JSON Lines or CSV training file (for the time to train), without loading it; None for
+    anything else (a hub dataset: set launch.dataset_rows)."""
+    path = Path(workdir) / Path(dataset).expanduser() if dataset else None
+    if path is None or path.suffix not in (".jsonl", ".csv") or not path.is_file():
+        return None
+    try:
+        with path.open("rb") as f:
+            lines = sum(1 for line in f if line.strip())
+    except OSError:
+        return None
+    return max(0, lines - (1 if path.suffix == ".csv" else 0)) or None
+
+
 def looks_local(path: str) -> bool:
     """A model or dataset value that names a local path rather than a hub id."""
     return path.startswith(("/", "./", "../", "~", ".")) or Path(path).exists()

@@ -129,7 +129,9 @@ class LaunchSettings:
     vllm_tensor_parallel_size: int | None = field(default=None, metadata={"min": 1})
     vllm_port: int = field(default=8000, metadata={"min": 1, "max": 65535})
     vllm_host: str | None = field(default=None, metadata={"kind": "str"})
-    vllm_gpu_memory_utilization: float | None = field(default=None, metadata={"min": 0.05, "max": 0.99})
+    vllm_gpu_memory_utilization: float | None = field(
+        default=None, metadata={"min": 0.05, "max": 0.99, "kind": "float"}
+    )
     vllm_max_model_len: int | None = field(default=None, metadata={"min": 1})
     vllm_command: tuple[str, ...] = ("vllm", "serve")
     vllm_extra_args: tuple[str, ...] = ()
@@ -144,6 +146,11 @@ class LaunchSettings:
     train_env: Mapping[str, str] = field(default_factory=dict)
     # → GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for every process
     network_interface: str | None = field(default=None, metadata={"kind": "str"})
+    # Rows of the training set, for the time and cost to train (counted from a local file when unset).
+    dataset_rows: int | None = field(default=None, metadata={"min": 1})
+    gpu_hour_price: float | None = field(
+        default=None, metadata={"min": 0, "kind": "float"}
+    )  # price of one GPU-hour, any currency
 
 
 LAUNCH_FIELDS = {f.name: f for f in dataclasses.fields(LaunchSettings)}
@@ -370,7 +377,7 @@ def _convert_launch(key: str, value: Any, default: Any, meta: Mapping[str, Any])
         return None, {str(k): str(v) for k, v in value.items()}
     if meta.get("kind") == "str":
         return (None, str(value)) if isinstance(value, (str, int)) else (f"{name} must be a string", None)
-    if isinstance(default, float) or key == "vllm_gpu_memory_utilization":
+    if isinstance(default, float) or meta.get("kind") == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"{name} must be a number, got {value!r}", None
     elif isinstance(value, bool) or not isinstance(value, int):

@@ -203,6 +203,7 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
     out: dict[str, Any] = {
         "time_s": {
             "generation": est.step.generation_s,
+            "old_logprobs": est.step.old_logprobs_s,
             "training": est.step.training_s,
             "sync": est.step.sync_s,
             "step": est.step.total_s,
@@ -213,6 +214,7 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
         "memory_per_training_gpu_gib": None,
         "vllm_memory_per_gpu_gib": None,
         "explain": list(est.explain),
+        "total": asdict(est.total) if est.total else None,
     }
     if est.train_memory is not None:
         m = est.train_memory

@@ -47,6 +47,12 @@ def add_planning_args(p: argparse.ArgumentParser, *, run: bool) -> None:
     add_topology_args(p, run=run)
     p.add_argument("--run-dir", help="where to write the configs and logs (default: launch.run_dir or grpo_runs/NAME)")
     p.add_argument(
+        "--gpu-hour-price",
+        type=float,
+        metavar="PRICE",
+        help="price of one GPU-hour, to show the run's cost (same as launch.gpu_hour_price=PRICE)",
+    )
+    p.add_argument(
         "--network-interface",
         metavar="IFACE",
         help="network interface for torch/NCCL between hosts (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME; "
@@ -59,7 +65,15 @@ def load(args: argparse.Namespace, ctx: RunContext) -> Recipe:
     overrides = list(args.overrides)
     if getattr(args, "network_interface", None):
         overrides.append(f"launch.network_interface={args.network_interface}")
+    if getattr(args, "gpu_hour_price", None) is not None:
+        overrides.append(f"launch.gpu_hour_price={args.gpu_hour_price}")
     recipe = load_recipe(args.recipe, overrides)
+    if recipe.launch.dataset_rows is None:
+        from grpo_launch.probe import count_rows
+
+        rows = count_rows(str(recipe.get("dataset_name") or ""), ctx.workdir)
+        if rows:
+            recipe = dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, dataset_rows=rows))
     run_dir = os.path.join(ctx.workdir, args.run_dir or default_run_dir(recipe))
     return dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, run_dir=os.path.normpath(run_dir)))
 

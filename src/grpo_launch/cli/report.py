@@ -110,7 +110,10 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
     est = plan.estimate
     if est is not None:
         step = est.step
-        rows = [("generation", f"{step.generation_s:.1f} s"), ("training", f"{step.training_s:.1f} s")]
+        rows = [("generation", f"{step.generation_s:.1f} s")]
+        if step.old_logprobs_s:
+            rows.append(("old log-probs forward", f"{step.old_logprobs_s:.1f} s"))
+        rows.append(("training", f"{step.training_s:.1f} s"))
         if step.sync_s:
             rows.append(("weight sync / vLLM switch", f"{step.sync_s:.1f} s"))
         rows.append(("step", f"{step.total_s:.1f} s (bottleneck: {step.bottleneck})"))
@@ -118,6 +121,12 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
             rows.append(("memory per training GPU", f"{est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB"))
         if est.vllm_memory_gib is not None:
             rows.append(("vLLM memory per GPU", f"{est.vllm_memory_gib:.1f} GiB"))
+        if est.host_memory_per_node_gib:
+            rows.append(("host RAM per node (offload)", f"{est.host_memory_per_node_gib:.0f} GiB"))
+        if est.total is not None:
+            t = est.total
+            cost = f", {t.price:,.2f} at the given GPU-hour price" if t.price is not None else ""
+            rows.append(("whole run", f"{t.steps} steps ({t.source}): {t.hours:.1f} h, {t.gpu_hours:.0f} GPU-h{cost}"))
         out.append(Section("Estimate per optimizer step (grpo-launch plan --explain shows the arithmetic)", rows))
 
     if plan.decisions:

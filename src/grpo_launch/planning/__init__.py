@@ -177,7 +177,7 @@ def _plan_one(
     )
     if training.gradient_checkpointing is not None:
         work = dataclasses.replace(work, gradient_checkpointing=training.gradient_checkpointing)
-    estimate = resources.estimate_plan(topology, model, vllm, train, work, training)
+    estimate = resources.estimate_plan(topology, recipe, model, vllm, train, layout, work, training)
     values_out = trainer_values(recipe, layout, vllm, train, trace)
     return Plan(
         recipe=recipe,

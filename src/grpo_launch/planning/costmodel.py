@@ -106,6 +106,7 @@ DEFAULT_PROMPT_LEN = int(_c("default_prompt_len"))
 # TRL's own defaults (generated from TRL: grpo_launch.trl_schema).
 TRL_COMPLETION_LEN = int(TRL_DEFAULTS["max_completion_length"])
 TRL_COLOCATE_UTILIZATION = float(TRL_DEFAULTS["vllm_gpu_memory_utilization"])
+TRL_EPOCHS = float(TRL_DEFAULTS["num_train_epochs"])
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class Workload:
     lora: bool = False
     reference_model: bool = False  # beta > 0
     generation_batch: int = 0  # completions per generation round (TRL sends them in one request); 0: completions
+    old_logprobs: bool = False  # TRL's extra forward pass over the completions for the old log-probs
 
     @property
     def seq_len(self) -> int:
@@ -333,6 +335,15 @@ def training_time(
         + f" / ({n} GPU · {gpu.bf16_tflops:.0f} TFLOP/s · {TRAIN_MFU:.0%} MFU) = {seconds:.1f} s"
     )
     return seconds, why
+
+
+def old_logprobs_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:
+    """TRL's extra forward pass (2·P FLOPs per token) that computes the old log-probs before training, at the
+    training MFU; 0 when TRL skips it."""
+    if not work.old_logprobs:
+        return 0.0
+    tokens = work.completions * work.seq_len
+    return 2.0 * model.params * tokens / (n * gpu.bf16_tflops * 1e12 * TRAIN_MFU)
 
 
 def sync_time(model: ModelShape, *, across_nodes: bool) -> float:

@@ -4,6 +4,7 @@ sizing, the memory fixes offered when nothing fits, and the plan's step-time est
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from grpo_launch.catalog import GIB, ModelShape, find_gpu_spec
 from grpo_launch.enums import DistBackend, Offload, VllmMode
@@ -12,12 +13,14 @@ from grpo_launch.planning.costmodel import (
     HEADROOM,
     HOST_HEADROOM,
     TRL_COMPLETION_LEN,
+    TRL_EPOCHS,
     VLLM_SERVER_UTILIZATION,
     TrainMemory,
     Workload,
     colocate_switch_time,
     generation_time,
     host_memory_per_node,
+    old_logprobs_time,
     sync_time,
     train_memory,
     training_time,
@@ -27,7 +30,7 @@ from grpo_launch.planning.costmodel import (
 )
 from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.placement import prompt_bound
-from grpo_launch.planning.types import Estimate, StepTime, Trace, TrainPlan, VllmPlan
+from grpo_launch.planning.types import Estimate, StepTime, Total, Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.topology import Topology
 
@@ -61,7 +64,18 @@ def workload(recipe: Recipe, layout: Layout) -> Workload:
         lora=bool(recipe.get("use_peft")),
         reference_model=float(recipe.get("beta") or 0.0) > 0.0,
         generation_batch=layout.generation_batch_size,
+        old_logprobs=_old_logprobs(recipe, layout),
     )
+
+
+def _old_logprobs(recipe: Recipe, layout: Layout) -> bool:
+    """Whether TRL 1.16 runs the extra forward for the old log-probs (trl/trainer/grpo_trainer.py): with vLLM's
+    importance-sampling correction (on by default), or when a generation serves more than one optimizer step."""
+    iterations = int(recipe.get("num_iterations") or 1)
+    off_policy = layout.gradient_accumulation_steps % (layout.steps_per_generation * iterations) != 0
+    vllm = recipe.launch.vllm != "off" and recipe.values.get("use_vllm") is not False
+    correction = recipe.get("vllm_importance_sampling_correction")
+    return off_policy or (vllm and correction is not False)
 
 
 def _label(setting: Setting) -> str:
@@ -240,8 +254,34 @@ def size_vllm(topology: Topology, model: ModelShape | None, vllm: VllmPlan, work
     )
 
 
+def run_total(topology: Topology, recipe: Recipe, layout: Layout, step: StepTime) -> Total | None:
+    """Steps, hours, GPU-hours and price of the whole run, when the step count is known."""
+    max_steps = int(recipe.get("max_steps") or -1)
+    rows = recipe.launch.dataset_rows
+    if max_steps > 0:
+        steps, source = max_steps, f"max_steps={max_steps}"
+    elif rows:
+        epochs = float(recipe.get("num_train_epochs") or TRL_EPOCHS)
+        prompts = layout.completions_per_optimizer_step / layout.num_generations
+        steps = max(1, math.ceil(epochs * rows / prompts))
+        source = f"{epochs:g} epoch(s) × {rows} rows ÷ {prompts:g} prompts per step"
+    else:
+        return None
+    hours = steps * step.total_s / 3600
+    gpu_hours = hours * topology.num_gpus
+    price = recipe.launch.gpu_hour_price
+    return Total(steps, hours, gpu_hours, gpu_hours * price if price is not None else None, source)
+
+
 def estimate_plan(
-    topology: Topology, model: ModelShape | None, vllm: VllmPlan, train: TrainPlan, work: Workload, training: Training
+    topology: Topology,
+    recipe: Recipe,
+    model: ModelShape | None,
+    vllm: VllmPlan,
+    train: TrainPlan,
+    layout: Layout,
+    work: Workload,
+    training: Training,
 ) -> Estimate | None:
     """Predicted step time and memory, when the model and the GPU model are known."""
     gpu = find_gpu_spec(topology.gpu_name) if not topology.is_cpu else None
@@ -277,10 +317,14 @@ def estimate_plan(
         explain.append(f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s")
     train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work)
     explain.append(f"training: {train_why}")
-    step = StepTime(gen, train_s, sync)
+    old = old_logprobs_time(model, gpu, n, work) if vllm.mode != VllmMode.OFF or work.old_logprobs else 0.0
+    if old:
+        explain.append(f"old log-probs (TRL's extra forward, 2·P per token): {old:.1f} s")
+    step = StepTime(gen, train_s, sync, old)
     explain.append(
-        f"step ≈ {step.generation_s:.1f} s generation + {step.training_s:.1f} s training + {step.sync_s:.1f} s "
-        f"sync = {step.total_s:.1f} s; bottleneck: {step.bottleneck}"
+        f"step ≈ {step.generation_s:.1f} s generation + {step.old_logprobs_s:.1f} s old log-probs + "
+        f"{step.training_s:.1f} s training + {step.sync_s:.1f} s sync = {step.total_s:.1f} s; "
+        f"bottleneck: {step.bottleneck}"
     )
     sizing = None
     if vllm.mode != VllmMode.OFF:
@@ -289,6 +333,7 @@ def estimate_plan(
     if training.host_memory:
         explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
     return Estimate(
+        total=run_total(topology, recipe, layout, step),
         step=step,
         train_memory_gib=train_mem.total / GIB if train_mem else None,
         vllm_memory_gib=vllm_gib,

@@ -131,14 +131,27 @@ class StepTime:
     generation_s: float
     training_s: float
     sync_s: float
+    old_logprobs_s: float = 0.0  # TRL's forward pass for the old log-probs (importance sampling)
 
     @property
     def total_s(self) -> float:
-        return self.generation_s + self.training_s + self.sync_s
+        return self.generation_s + self.old_logprobs_s + self.training_s + self.sync_s
 
     @property
     def bottleneck(self) -> str:
         return "generation" if self.generation_s >= self.training_s else "training"
+
+
+@dataclass(frozen=True)
+class Total:
+    """The whole run, before launch: optimizer steps (max_steps, or epochs × rows ÷ prompts per step), hours at the
+    predicted step time, GPU-hours over every GPU the run holds, and the price when a GPU-hour price is given."""
+
+    steps: int
+    hours: float
+    gpu_hours: float
+    price: float | None
+    source: str  # where the step count came from
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,7 @@ class Estimate:
     vllm_memory_gib: float | None
     gpu_memory_gib: float
     explain: tuple[str, ...]
+    total: Total | None = None  # the whole run: steps, hours, GPU-hours, price
     train_memory: TrainMemory | None = None  # the terms behind train_memory_gib
     vllm_memory: VllmMemory | None = None  # the terms behind the vLLM share
     host_memory_per_node_gib: float = 0.0  # what offload needs on each node
