@@ -1,7 +1,7 @@
 """Benchmark the planner's choice of GPU split and training settings against an exhaustive search.
 
 For each model × cluster it compares the predicted time per prompt group (step time / prompts per step, by
-grpo_launch.estimate) of:
+grpo_launch.planning.costmodel) of:
   chosen      what `grpo-launch plan` picks (split search + cheapest memory setting that fits)
   exhaustive  the best over every split (colocate, server TP 1, 2, 4, …) × backend × offload × checkpointing that
               fits in memory

@@ -260,3 +260,14 @@ def test_load_tokenizer_tiny(tiny_assets):
     assert tok.padding_side == "left"
     assert tok.pad_token == "<|pad|>"
     assert tok.eos_token == "<|im_end|>"
+
+
+def test_prepare_dataset_filters_a_streaming_dataset_lazily(tokenizer):
+    """dataset_streaming: an IterableDataset has no length; long prompts are skipped as it streams (counting them
+    first used to raise TypeError at start-up)."""
+    from datasets import IterableDataset
+
+    rows = [{"prompt": "hi"}, {"prompt": "x " * 400}, {"prompt": "ok"}]
+    ds = IterableDataset.from_generator(lambda: iter(rows))
+    out = prepare_dataset(ds, {"max_prompt_length": 40}, tokenizer, is_main=False)
+    assert [r["prompt"][-1]["content"] for r in out] == ["hi", "ok"]

@@ -273,9 +273,17 @@ def interpreter_of(command: str) -> str | None:
     if Path(path).name.startswith("python"):
         return path
     try:
-        first = Path(path).read_bytes()[:512].split(b"\n", 1)[0].decode(errors="replace")
+        head = Path(path).read_bytes()[:1024].decode(errors="replace").splitlines()
     except OSError:
         return None
+    first = head[0] if head else ""
+    launcher = "'''exec' "
+    if first == "#!/bin/sh" and len(head) > 1 and head[1].startswith(launcher):
+        # pip's launcher when the interpreter's path is too long for a shebang: '''exec' /path/python "$0" "$@"
+        import shlex
+
+        words = shlex.split(head[1][len(launcher) :])
+        return words[0] if words else None
     if not first.startswith("#!"):
         return None
     parts = first[2:].split()

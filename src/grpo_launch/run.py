@@ -24,7 +24,7 @@ from grpo_launch.train.rewards import check_reward_names
 
 def preflight(plan: Plan, workdir: str) -> None:
     """Everything about the recipe's inputs that can be checked before a process starts, reported together.
-    Relative paths are taken from ``workdir``, where the processes start."""
+    ``workdir`` (where the processes start; the CLI runs there) names the base of relative paths in messages."""
     values = plan.trainer_values
     problems: list[str] = []
     model = str(values.get("model_name_or_path") or "")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BaseBackend, Capability, RunContext, check_addresses
+from grpo_launch.commands import version_tuple
 from grpo_launch.errors import LaunchError, ProbeError
 from grpo_launch.probe import VLLM_VERSION_FUNCTION, local_gpu_model, looks_local
 from grpo_launch.spec import ProcessSpec
@@ -281,7 +282,8 @@ def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
             return f"{host}: missing {', '.join(info['missing'])}"
         if info.get("busy"):
             return f"{host}: " + "; ".join(f"port {p} ({ports[host][p]}) is in use" for p in info["busy"])
-        if plan.vllm.mode != "off" and plan.vllm_version and info.get("vllm") != plan.vllm_version:
+        there, here = version_tuple(info.get("vllm")), version_tuple(plan.vllm_version)
+        if plan.vllm.mode != "off" and plan.vllm_version and there != here:
             # TRL imports vLLM in every trainer (client, NCCL weight transfer): the same version everywhere.
             return f"{host}: vLLM {info.get('vllm')} there, {plan.vllm_version} here"
         return None

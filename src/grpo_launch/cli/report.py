@@ -22,6 +22,7 @@ class Section:
     rows: Sequence[tuple[str, ...]] = ()
     header: tuple[str, ...] | None = None
     style: str = ""  # rich style of a text line: bold, cyan (notice), yellow (warning)
+    table: bool = True  # False: rows are printed as plain lines (commands stay copyable)
 
 
 def _ranges(ids: Sequence[str]) -> str:
@@ -136,7 +137,7 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
     out += [Section(f"warning: {w}", style="yellow") for w in plan.warnings]
     spec = vllm_server(plan)
     commands = ([("[vllm]", spec.shell())] if spec else []) + [(f"[{t.name}]", t.shell()) for t in trainers(plan)]
-    out.append(Section("Commands", commands))
+    out.append(Section("Commands", commands, table=False))
     files = list(written)
     if files:
         out.append(Section("Wrote: " + ", ".join(files)))
@@ -155,16 +156,22 @@ def explain_sections(plan: Plan) -> list[Section]:
     rows = []
     for c in plan.candidates:
         if c.step is None:
-            rows.append((c.label, "-", "-", "-", "-", "-", "-", f"not possible: {c.rejected}"))
+            rows.append((c.label, "-", "-", "-", "-", "-", "-", "-", f"not possible: {c.rejected}"))
             continue
         note = "chosen" if c.chosen else ""
         if not c.chosen and best is not None and best.per_prompt_s and c.per_prompt_s:
             note = f"{c.per_prompt_s / best.per_prompt_s:.2f}× slower"
         per_prompt = f"{c.per_prompt_s:.2f}" if c.per_prompt_s is not None else "-"
         s = c.step
-        times = (f"{s.generation_s:.1f}", f"{s.training_s:.1f}", f"{s.sync_s:.1f}", f"{s.total_s:.1f}")
+        times = (
+            f"{s.generation_s:.1f}",
+            f"{s.old_logprobs_s:.1f}",
+            f"{s.training_s:.1f}",
+            f"{s.sync_s:.1f}",
+            f"{s.total_s:.1f}",
+        )
         rows.append((c.label, *times, f"{c.prompts_per_step:g}", per_prompt, note))
-    header = ("split", "gen s", "train s", "sync s", "step s", "prompts", "s/prompt", "vs chosen")
+    header = ("split", "gen s", "old-logp s", "train s", "sync s", "step s", "prompts", "s/prompt", "vs chosen")
     out.append(Section("Split candidates (time per prompt group decides)", rows, header))
     return out
 
@@ -191,14 +198,16 @@ def _print_rich(sections: Iterable[Section]) -> None:
 
     console = Console(soft_wrap=True)
     for sec in sections:
-        if not sec.rows:
-            console.print(Text(sec.title, style=sec.style))
+        if not sec.rows or not sec.table:
+            console.print(Text(sec.title, style=sec.style or ("bold" if sec.rows else "")))
+            for row in sec.rows:  # plain lines: no markup ([vllm] is text), no box around a command
+                console.print(Text("  " + "  ".join(row)), soft_wrap=True)
             continue
         table = Table(title=sec.title, title_justify="left", show_header=bool(sec.header))
         for col in sec.header or ("",) * max(len(r) for r in sec.rows):
             table.add_column(col)
         for row in sec.rows:
-            table.add_row(*row)
+            table.add_row(*(Text(cell) for cell in row))  # values are text, never rich markup
         console.print(table)
 
 

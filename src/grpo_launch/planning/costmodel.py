@@ -3,10 +3,11 @@ source per constant. Pure arithmetic, no I/O.
 
 Memory per training GPU (bf16 weights and gradients, fp32 Adam state, mixed precision):
 
-- model states: DDP 16 B/param; ZeRO-2 2 + 14/n; ZeRO-3 16/n; optimizer offload moves the 12 B of Adam state
-  (and the fp32 master) to CPU, parameter offload also the weights (ZeRO-3 only); LoRA trains a small adapter:
-  only the frozen bf16 base remains (2 B/param, /n under ZeRO-3);
-- a reference model (beta > 0): another 2 B/param (/n under ZeRO-3);
+- model states (:func:`model_states`, as DeepSpeed's estimators count them): DDP 16 B/param in float32; ZeRO-2
+  2 + 18/n; ZeRO-3 4·largest layer + 18/n; optimizer offload keeps 2 (ZeRO-2) or 4L + 2/n (ZeRO-3), parameter
+  offload 4L; FSDP 4L + 16/n; LoRA only the frozen base (2 B/param, /n under ZeRO-3);
+- a reference model (beta > 0): the policy's weights again (4 B/param under DDP/FSDP, 2 under ZeRO; sharded under
+  ZeRO-3/FSDP);
 - activations for per_device × (prompt + completion) tokens: ≈ 34·h bytes per token per layer without gradient
   checkpointing, 2·h per token per layer with it plus one layer recomputed; the logits of the completion tokens in
   bf16 and their fp32 log-softmax;
@@ -202,9 +203,12 @@ def train_memory(model: ModelShape, n: int, backend: str, offload: str, work: Wo
     """Memory per training GPU for ``n`` training processes."""
     backend, offload = DistBackend(backend), Offload(offload)
     p = model.params
-    shard = n if backend == DistBackend.ZERO3 else 1
     weights, grads, optim = model_states(model, n, backend, offload, lora=work.lora)
-    reference = (2 * p / shard) if work.reference_model else 0.0
+    # The reference model loads like the policy: float32 under DDP/FSDP (see trainer_values), bf16 under ZeRO;
+    # sharded under ZeRO-3 and FSDP.
+    ref_bytes = 2 if backend.is_deepspeed else 4
+    reference = ref_bytes * p / (n if backend in (DistBackend.ZERO3, DistBackend.FSDP) else 1)
+    reference = reference if work.reference_model else 0.0
     tokens = work.per_device * work.seq_len
     h, layers = model.hidden, model.layers
     full = _c("activation_bytes_per_token_layer_per_hidden")
@@ -236,9 +240,17 @@ class VllmMemory:
 
 
 def vllm_memory(
-    model: ModelShape, tp: int, gpu_bytes: float, work: Workload, *, share: float | None, replicas: int = 1
+    model: ModelShape,
+    tp: int,
+    gpu_bytes: float,
+    work: Workload,
+    *,
+    share: float | None,
+    replicas: int = 1,
+    limit: float | None = None,
 ) -> VllmMemory | None:
-    """vLLM sizing on GPUs of ``gpu_bytes``: with ``share`` (colocate) the fraction it may use, else vLLM's default.
+    """vLLM sizing on GPUs of ``gpu_bytes``: with ``share`` (colocate) the fraction it may use and the utilization
+    sized to what it needs; else a server at ``limit`` (its --gpu-memory-utilization, default TRL's 0.9).
 
     ``max_num_seqs`` covers the sequences one replica decodes at once (its part of a generation round), capped by
     what the KV cache holds; None when not even one sequence fits.
@@ -246,15 +258,15 @@ def vllm_memory(
     max_len = work.seq_len
     weights = model.weight_bytes_bf16 / tp
     kv_seq = model.kv_bytes_per_token_per_gpu(tp) * max_len
-    limit = (share if share is not None else VLLM_SERVER_UTILIZATION) * gpu_bytes
-    room = limit - weights - VLLM_OVERHEAD_BYTES
+    server_util = limit if limit is not None else VLLM_SERVER_UTILIZATION
+    room = (share if share is not None else server_util) * gpu_bytes - weights - VLLM_OVERHEAD_BYTES
     capacity = int(room // kv_seq) if kv_seq > 0 else 0
     if capacity < 1:
         return None
     wanted = max(1, math.ceil((work.generation_batch or work.completions) / replicas))
     seqs = max(1, min(capacity, wanted, int(_c("vllm_max_num_seqs"))))
     if share is None:
-        util = VLLM_SERVER_UTILIZATION
+        util = server_util
     else:
         util = min(share, (weights + VLLM_OVERHEAD_BYTES + seqs * kv_seq) / gpu_bytes + VLLM_UTILIZATION_MARGIN)
     return VllmMemory(round(util, 2), max_len, seqs, weights, kv_seq)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from grpo_launch.catalog import GIB, ModelShape
 from grpo_launch.enums import VllmMode
-from grpo_launch.errors import PlanError
+from grpo_launch.errors import Fix, PlanError
 from grpo_launch.planning.costmodel import (
     DEFAULT_PROMPT_LEN,
     TRL_COLOCATE_UTILIZATION,
@@ -227,9 +227,21 @@ def prompt_bound(recipe: Recipe) -> int:
     max_prompt_length; else what its vLLM max length leaves after the completion; else the default the estimates
     assume.
     """
-    if recipe.get("max_prompt_length"):
-        return int(recipe.get("max_prompt_length"))
     explicit = explicit_max_model_len(recipe)
+    if recipe.get("max_prompt_length"):
+        prompt = int(recipe.get("max_prompt_length"))
+        if explicit is not None and prompt + completion_len(recipe) > explicit:
+            raise PlanError(
+                f"max_prompt_length={prompt} + max_completion_length={completion_len(recipe)} exceed the vLLM max "
+                f"length {explicit}: vLLM would reject the longest prompts (HTTP 400), which ends TRL's run",
+                fixes=[
+                    Fix("vllm_max_model_length", prompt + completion_len(recipe), "room for both", rank=0),
+                    Fix("max_prompt_length", explicit - completion_len(recipe), "drop longer prompts", rank=1)
+                    if explicit > completion_len(recipe)
+                    else Fix("max_completion_length", explicit // 2, "shorter completions", rank=1),
+                ],
+            )
+        return prompt
     if explicit is not None:
         left = explicit - completion_len(recipe)
         if left < 1:

@@ -108,6 +108,15 @@ def choose_training(
     """The cheapest training setting whose memory per GPU fits, and whose offload fits the hosts' RAM when that is
     known (local /proc/meminfo, Slurm's RealMemory); else a PlanError with the nearest fixes."""
     backend, offload = recipe.launch.backend, recipe.launch.offload
+    if backend == "fsdp" and offload == "optimizer":
+        raise PlanError(
+            "FSDP offloads parameters and optimizer state together (fsdp_offload_params); it has no "
+            "optimizer-only offload",
+            fixes=[
+                Fix("launch.offload", "optimizer+params", "FSDP's CPU offload", rank=0),
+                Fix("launch.backend", "zero2", "ZeRO-2 offloads the optimizer alone", rank=1),
+            ],
+        )
     if topology.is_cpu:
         if backend == "fsdp":
             raise PlanError("FSDP is not supported on CPU here", hint="Use launch.backend=ddp, zero2 or zero3.")
@@ -131,14 +140,11 @@ def choose_training(
         and (ckpt_set is None or c == bool(ckpt_set))
         and not (n == 1 and b == DistBackend.ZERO2 and o == Offload.NONE)
     ]
-    if not candidates:  # e.g. fsdp, or a combination the table lacks: the recipe's own choice
-        candidates = [
-            (
-                DistBackend.ZERO3 if backend == "auto" else DistBackend(backend),
-                Offload.NONE if offload == "auto" else Offload(offload),
-                bool(ckpt_set),
-            )
-        ]
+    if not candidates:  # FSDP, or a combination the table lacks: the recipe's own choice, cheapest first
+        b = DistBackend.ZERO3 if backend == "auto" else DistBackend(backend)
+        offloads = [Offload.NONE, Offload.OPTIMIZER_PARAMS] if offload == "auto" else [Offload(offload)]
+        ckpts = [False, True] if ckpt_set is None else [bool(ckpt_set)]
+        candidates = [(b, o, c) for o in offloads for c in ckpts]
     host_ram = topology.min_host_memory_bytes
     host_short: tuple[Setting, float] | None = None
     for setting in candidates:
@@ -229,8 +235,11 @@ def size_vllm(topology: Topology, model: ModelShape | None, vllm: VllmPlan, work
     mem = topology.min_gpu_memory_bytes
     if vllm.mode == VllmMode.OFF or model is None or mem is None:
         return vllm
+    # The memory vLLM may use: the colocated share, or the server's --gpu-memory-utilization (launch setting or
+    # vLLM's default); the server's value stays as planned, only the sequences are sized to it.
     share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
-    sized = vllm_memory(model, vllm.tensor_parallel_size, mem, work, share=share)
+    limit = vllm.gpu_memory_utilization if vllm.mode == VllmMode.SERVER else None
+    sized = vllm_memory(model, vllm.tensor_parallel_size, mem, work, share=share, limit=limit)
     if sized is None:
         weights = model.weight_bytes_bf16 / vllm.tensor_parallel_size
         need = vllm_share_needed(model, vllm.tensor_parallel_size, mem, work.seq_len)
@@ -238,12 +247,13 @@ def size_vllm(topology: Topology, model: ModelShape | None, vllm: VllmPlan, work
             Fix("gpus", None, "more GPUs (a larger tensor-parallel size spreads the weights)", 3, in_recipe=False),
             Fix("launch.vllm", "off", "generate with transformers in the trainers; slow", rank=4),
         ]
-        if vllm.mode == VllmMode.COLOCATE and need < VLLM_SERVER_UTILIZATION:
-            fixes.append(Fix("launch.vllm_gpu_memory_utilization", round(need, 2), "leaves less for training", 0))
+        if need < VLLM_SERVER_UTILIZATION and (vllm.mode == VllmMode.COLOCATE or (share or limit or 0) < need):
+            why = "leaves less for training" if vllm.mode == VllmMode.COLOCATE else "the weights need at least that"
+            fixes.append(Fix("launch.vllm_gpu_memory_utilization", round(need, 2), why, 0))
         raise PlanError(
             f"vLLM ({vllm.mode}) does not fit: {weights / GIB:.1f} GiB of weights per GPU leave no room for the KV "
             f"cache of one {work.seq_len}-token sequence at gpu_memory_utilization "
-            f"{share or VLLM_SERVER_UTILIZATION:.2f}",
+            f"{share or limit or VLLM_SERVER_UTILIZATION:.2f}",
             fixes=fixes,
         )
     trace.decide("vllm_max_num_seqs", sized.max_num_seqs, sized.lines()[0])
@@ -263,8 +273,10 @@ def run_total(topology: Topology, recipe: Recipe, layout: Layout, step: StepTime
     elif rows:
         epochs = float(recipe.get("num_train_epochs") or TRL_EPOCHS)
         prompts = layout.completions_per_optimizer_step / layout.num_generations
-        steps = max(1, math.ceil(epochs * rows / prompts))
-        source = f"{epochs:g} epoch(s) × {rows} rows ÷ {prompts:g} prompts per step"
+        iterations = int(recipe.get("num_iterations") or 1)  # TRL's sampler repeats each batch that often
+        steps = max(1, math.ceil(epochs * rows * iterations / prompts))
+        source = f"{epochs:g} epoch(s) × {rows} rows" + (f" × {iterations} iterations" if iterations > 1 else "")
+        source += f" ÷ {prompts:g} prompts per step"
     else:
         return None
     hours = steps * step.total_s / 3600
@@ -300,7 +312,8 @@ def estimate_plan(
     tp = vllm.tensor_parallel_size
     if vllm.mode == VllmMode.SERVER:
         gen, gen_why = generation_time(model, gpu, tp, 1, seqs, work)
-        sync = sync_time(model, across_nodes=vllm.host not in {h.name for h in train.hosts})
+        # Trainer rank 0 (the first training host) broadcasts the weights to the server.
+        sync = sync_time(model, across_nodes=vllm.host != train.hosts[0].name)
         vllm_gib = (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB
         explain.append(f"generation on the server ({tp} GPU): {gen_why}")
         explain.append(f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s")
@@ -329,7 +342,8 @@ def estimate_plan(
     sizing = None
     if vllm.mode != VllmMode.OFF:
         share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
-        sizing = vllm_memory(model, vllm.tensor_parallel_size, mem, work, share=share)
+        limit = vllm.gpu_memory_utilization if vllm.mode == VllmMode.SERVER else None
+        sizing = vllm_memory(model, vllm.tensor_parallel_size, mem, work, share=share, limit=limit)
     if training.host_memory:
         explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
     return Estimate(

@@ -8,6 +8,7 @@ from grpo_launch.enums import Device, VllmMode
 from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.types import Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
+from grpo_launch.recipe_keys import PLANNED_KEYS
 
 # Keys the planner owns in each vLLM mode: the recipe's values are replaced by the plan's.
 _SERVER_ONLY_IN_PLAN = (
@@ -47,7 +48,8 @@ def _master_weights(out: dict[str, Any], train: TrainPlan, trace: Trace) -> None
 def trainer_values(recipe: Recipe, layout: Layout, vllm: VllmPlan, train: TrainPlan, trace: Trace) -> dict[str, Any]:
     """What the training entry reads. ``output_dir`` stays out unless the recipe sets it: the Plan derives the
     default from its run directory, so a plan moved to another run dir writes there."""
-    out = {k: v for k, v in recipe.values.items() if v != "auto"}
+    # "auto" on a key the planner chooses means "choose"; elsewhere it is the value TRL takes (dtype: auto).
+    out = {k: v for k, v in recipe.values.items() if not (v == "auto" and k in PLANNED_KEYS)}
     if vllm.mode != VllmMode.OFF and vllm.max_prompt_length is not None:
         if not recipe.get("max_prompt_length"):
             trace.notice(

@@ -132,10 +132,11 @@ def prepare_dataset(
     prompts longer than max_prompt_length (TRL 0.26 removed that option; truncating chat prompts would cut off
     their template, so they are filtered and counted)."""
     column = script.get("dataset_prompt_column") or "prompt"
-    if column not in ds.column_names:
-        raise ValueError(f"dataset has no column {column!r} (columns: {ds.column_names}); set dataset_prompt_column")
+    names = ds.column_names  # None for a stream whose features are unknown until read: nothing to check up front
+    if names is not None and column not in names:
+        raise ValueError(f"dataset has no column {column!r} (columns: {names}); set dataset_prompt_column")
     answer_col = script.get("dataset_answer_column")
-    if answer_col and answer_col not in ds.column_names:
+    if names is not None and answer_col and answer_col not in names:
         raise ValueError(f"dataset has no answer column {answer_col!r} (columns: {ds.column_names})")
     system = script.get("system_prompt")
 
@@ -153,11 +154,15 @@ def prepare_dataset(
     ds = ds.map(to_prompt, remove_columns=[column] if column != "prompt" else [])
     limit = script.get("max_prompt_length")
     if limit:
-        before = len(ds)
 
         def short_enough(row: dict) -> bool:
             return prompt_token_count(tokenizer, row, chat_template_kwargs) <= limit
 
+        if not hasattr(ds, "__len__"):  # a streaming dataset: filtered lazily, nothing to count up front
+            if is_main:
+                print(f"[grpo-launch] max_prompt_length={limit}: longer prompts are skipped as they stream", flush=True)
+            return ds.filter(short_enough)
+        before = len(ds)
         ds = ds.filter(short_enough)
         dropped = before - len(ds)
         if is_main:
