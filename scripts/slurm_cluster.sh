@@ -57,6 +57,9 @@ SlurmctldPort=$CTLD_PORT
 SlurmdPort=17000
 AuthType=auth/none
 CredType=cred/none
+# A requeued job waits out the credential lifetime before it starts again (120 s by default); slurmd refuses to
+# relaunch it sooner ("Job credential revoked"). 10 s keeps the preemption test short.
+AuthInfo=cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 ProctrackType=proctrack/linuxproc
