@@ -88,11 +88,6 @@ class ModelShape:
     def weight_bytes_bf16(self) -> float:
         return 2.0 * self.params
 
-    @property
-    def kv_bytes_per_token_bf16(self) -> float:
-        """K and V of one token over all layers, all KV heads, in bf16."""
-        return self.kv_bytes_per_token_per_gpu(1)
-
     def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
         """What one token's KV cache takes on each GPU at tensor-parallel size ``tp``, as vLLM lays it out: the KV
         heads are split over TP, and replicated once TP exceeds them (``max(1, kv_heads // tp)`` per GPU)."""

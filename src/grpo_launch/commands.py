@@ -7,6 +7,7 @@ from grpo_launch.control import CONTROL_DIR_ENV, METRICS_ENV, METRICS_FILE, cont
 from grpo_launch.enums import Device, Role, VllmMode
 from grpo_launch.planning.types import Plan, TrainHost
 from grpo_launch.spec import ProcessSpec
+from grpo_launch.trl_schema import DEFAULTS as TRL_DEFAULTS
 
 ACCELERATE_CONFIG = "accelerate_config.yaml"
 DEEPSPEED_CONFIG = "deepspeed.json"
@@ -15,6 +16,11 @@ PLAN_JSON = "plan.json"
 NCCL_WEIGHT_TRANSFER = '{"backend": "nccl"}'
 SCALE_OUT_SINCE = (0, 30)  # TRL adds --enable-scale-out for vLLM >= 0.30 (trl/scripts/vllm_serve.py)
 TRL_VLLM_RANGE = ((0, 22), (0, 31))  # TRL 1.16's vllm extra
+
+
+def weight_sync_port(plan: Plan) -> int:
+    """The port TRL's trainer rank 0 hosts the NCCL weight-sync group on (vllm_group_port, TRL's default 51216)."""
+    return int(plan.trainer_values.get("vllm_group_port") or TRL_DEFAULTS["vllm_group_port"])
 
 
 def version_tuple(version: str | None) -> tuple[int, int] | None:

@@ -36,10 +36,6 @@ class DistBackend(StrEnum):
     def zero_stage(self) -> int | None:
         return {DistBackend.ZERO2: 2, DistBackend.ZERO3: 3}.get(self)
 
-    @property
-    def shards_optimizer(self) -> bool:
-        return self is not DistBackend.DDP
-
 
 class Offload(StrEnum):
     NONE = "none"

@@ -226,7 +226,8 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
         out["vllm_memory_per_gpu_gib"] = {
             "weights": v.weights_per_gpu / gib,
             "kv_cache": kv / gib,
-            "overhead": (v.gpu_memory_utilization * est.gpu_memory_gib * gib - v.weights_per_gpu - kv) / gib,
+            # the rest of the share: activations, CUDA graphs and KV blocks beyond the planned sequences
+            "overhead_and_spare": (v.gpu_memory_utilization * est.gpu_memory_gib * gib - v.weights_per_gpu - kv) / gib,
             "total": v.gpu_memory_utilization * est.gpu_memory_gib,
             "kv_bytes_per_token_per_gpu": plan.model.kv_bytes_per_token_per_gpu(plan.vllm.tensor_parallel_size)
             if plan.model

@@ -7,17 +7,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BaseBackend, Capability, RunContext
+from grpo_launch.commands import weight_sync_port
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import LaunchError
 from grpo_launch.spec import ProcessSpec
 from grpo_launch.topology import Topology
-from grpo_launch.trl_schema import DEFAULTS as TRL_DEFAULTS
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
-
-
-VLLM_GROUP_PORT_DEFAULT = int(TRL_DEFAULTS["vllm_group_port"])
 
 
 def port_free(port: int, host: str = "0.0.0.0") -> bool:
@@ -38,7 +35,7 @@ def check_ports(plan: Plan) -> None:
     if plan.vllm.mode == VllmMode.SERVER:
         if not port_free(plan.vllm.port):
             busy.append(f"vLLM server port {plan.vllm.port} is in use: set launch.vllm_port to a free port")
-        group = int(plan.trainer_values.get("vllm_group_port") or VLLM_GROUP_PORT_DEFAULT)
+        group = weight_sync_port(plan)
         if not port_free(group):
             busy.append(
                 f"weight-sync port {group} (vllm_group_port) is in use on the trainer head: set vllm_group_port"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BaseBackend, Capability, RunContext, check_addresses
-from grpo_launch.commands import version_tuple
+from grpo_launch.commands import version_tuple, weight_sync_port
 from grpo_launch.errors import LaunchError, ProbeError
 from grpo_launch.probe import VLLM_VERSION_FUNCTION, local_gpu_model, looks_local
 from grpo_launch.spec import ProcessSpec
@@ -221,12 +221,10 @@ def _absolute_command(spec: ProcessSpec) -> ProcessSpec:
 def host_ports(plan: Plan) -> dict[str, dict[int, str]]:
     """The ports each host must have free: the rendezvous and vLLM weight-sync ports on the trainer head (TRL's
     rank 0 hosts the weight-sync group there, not on the launcher), the server's port on its host."""
-    from grpo_launch.backends.local import VLLM_GROUP_PORT_DEFAULT
-
     head = plan.train.hosts[0].name
     out: dict[str, dict[int, str]] = {head: {plan.train.main_process_port: "set launch.main_process_port"}}
     if plan.vllm.base_url and plan.vllm.host:
-        group = int(plan.trainer_values.get("vllm_group_port") or VLLM_GROUP_PORT_DEFAULT)
+        group = weight_sync_port(plan)
         out[head][group] = "weight sync: set vllm_group_port"
         out.setdefault(plan.vllm.host, {})[plan.vllm.port] = "vLLM server: set launch.vllm_port"
     return out

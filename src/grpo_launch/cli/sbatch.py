@@ -40,7 +40,9 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     submitter_cls = _load_submitter("slurm")
     recipe = load(args, ctx)
     topology = submitter_cls.requested_topology(args, probe_local(ctx.environ))
-    model, _ = resolve_model_shape(recipe.get("model_name_or_path"))
+    model, warning = resolve_model_shape(recipe.get("model_name_or_path"))
+    if warning:
+        ctx.emit(f"warning: {warning}")
     # Refuse before submitting what cannot run.
     plan = make_plan(topology, recipe, model, run_dir=recipe.launch.run_dir, python=ctx.python)
     preflight(plan, ctx.workdir)

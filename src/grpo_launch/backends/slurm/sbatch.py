@@ -26,7 +26,6 @@ PREEMPT_SIGNAL = "USR2"
 PREEMPT_WARNING_S = 90
 # sbatch --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED.
 _TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|unlimited|INFINITE|infinite)$")
-_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
 @dataclass(frozen=True)
