@@ -5,6 +5,8 @@ what is rendered through the libraries that consume it."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from grpo_launch.rundir import write_run_files
 from grpo_launch.topology import parse_gpu_spec
 
 ROOT = Path(__file__).resolve().parents[2]
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 QWEN15, QWEN7, LLAMA70 = ("recipes/qwen1.5b.yaml", "recipes/qwen7b-math.yaml", "recipes/llama70b.yaml")
 
 
@@ -111,3 +114,16 @@ def hf_config(shape) -> dict:
     if shape.head_dim:
         config["head_dim"] = shape.head_dim
     return config
+
+
+def vllm_oracle(cases: list[dict]) -> dict[str, dict]:
+    """One run of tests/conformance/vllm_oracle.py (vLLM's and TRL's code, in .venv-vllm): verdicts by case id."""
+    done = subprocess.run(
+        [str(VLLM_PY), str(ROOT / "tests" / "conformance" / "vllm_oracle.py")],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {r["id"]: r for r in json.loads(done.stdout)}

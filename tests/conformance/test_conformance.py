@@ -15,7 +15,6 @@ validators and config builders are the oracle.
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -27,10 +26,9 @@ from grpo_launch.render import ACCELERATE_CONFIG, DEEPSPEED_CONFIG
 from grpo_launch.trl_schema import GRPO_CONFIG
 
 from ..trl_oracle import grpo_config
-from .grid import GRID, ROOT, plan_case
+from .grid import GRID, VLLM_PY, plan_case, vllm_oracle
 
 pytestmark = pytest.mark.conformance
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 PLANS = {case.id: plan_case(case, Path(tempfile.mkdtemp(prefix=f"conf-{case.id}-"))) for case in GRID}
 SERVER = [i for i, p in PLANS.items() if p.vllm.mode == "server"]
 WITH_VLLM = [i for i, p in PLANS.items() if p.vllm.mode != "off" and p.model is not None]
@@ -89,15 +87,7 @@ def vllm_verdicts() -> dict[str, dict]:
                 "vocab": m.vocab,
             }
         cases.append(item)
-    done = subprocess.run(
-        [str(VLLM_PY), str(Path(__file__).with_name("vllm_oracle.py"))],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {r["id"]: r for r in json.loads(done.stdout)}
+    return vllm_oracle(cases)
 
 
 @pytest.mark.parametrize("case_id", SERVER)

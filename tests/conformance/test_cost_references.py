@@ -13,18 +13,15 @@ the host side is the same formula with the same factor (costmodel.host_memory_pe
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
 
 import pytest
 
 from grpo_launch.catalog import MODEL_SHAPES, find_model_shape
 from grpo_launch.planning.costmodel import host_memory_per_node, model_states
 
-from .grid import ROOT, hf_config
+from .grid import VLLM_PY, hf_config, vllm_oracle
 
 pytestmark = pytest.mark.conformance
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 MODELS = ["Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B", "Llama-3.1-8B", "Qwen3-8B", "Qwen2.5-14B", "Qwen2.5-32B"]
 MODELS += ["Llama-3.1-70B", "Qwen2.5-72B"]
 # (backend, offload) → DeepSpeed estimator arguments
@@ -91,15 +88,7 @@ def vllm_kv() -> dict[str, dict]:
         for shape in MODEL_SHAPES
         for tp in (*shape.valid_tp_sizes(8), 16)
     ]
-    done = subprocess.run(
-        [str(VLLM_PY), str(ROOT / "tests" / "conformance" / "vllm_oracle.py")],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {r["id"]: r for r in json.loads(done.stdout)}
+    return vllm_oracle(cases)
 
 
 @pytest.mark.parametrize("shape", MODEL_SHAPES, ids=lambda s: s.name)

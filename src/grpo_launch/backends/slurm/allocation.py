@@ -64,26 +64,26 @@ def parse_job_gres(text: str, expand: Callable[[str], list[str]]) -> dict[str, i
     return out
 
 
-def parse_node_memory(text: str) -> dict[str, int]:
-    """NodeName → RealMemory in bytes from ``scontrol show node -o`` (Slurm counts megabytes)."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
-        mem = re.search(r"(?:^|\s)RealMemory=(\d+)", line)
-        if name and mem:
-            out[name.group(1)] = int(mem.group(1)) * 1024 * 1024
-    return out
-
-
-def parse_node_addresses(text: str) -> dict[str, str]:
-    """NodeName → NodeAddr from ``scontrol show node -o`` (one node per line)."""
+def _node_fields(text: str, key: str) -> dict[str, str]:
+    """NodeName → the value of ``key`` in ``scontrol show node -o`` (one node per line), where present."""
     out: dict[str, str] = {}
     for line in text.splitlines():
         name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
-        addr = re.search(r"(?:^|\s)NodeAddr=(\S+)", line)
-        if name:
-            out[name.group(1)] = addr.group(1) if addr else name.group(1)
+        value = re.search(rf"(?:^|\s){key}=(\S+)", line)
+        if name and value:
+            out[name.group(1)] = value.group(1)
     return out
+
+
+def parse_node_memory(text: str) -> dict[str, int]:
+    """NodeName → RealMemory in bytes (Slurm counts megabytes)."""
+    return {n: int(v) * 1024 * 1024 for n, v in _node_fields(text, "RealMemory").items() if v.isdigit()}
+
+
+def parse_node_addresses(text: str) -> dict[str, str]:
+    """NodeName → NodeAddr (the node's name where Slurm lists no address)."""
+    names = {n: n for n in _node_fields(text, "NodeName")}
+    return {**names, **_node_fields(text, "NodeAddr")}
 
 
 def probe_slurm(
