@@ -164,7 +164,7 @@ def _plan_one(
 
     work = resources.workload(recipe, layout)
     training = resources.choose_training(topology, recipe, model, n, vllm, work, trace, nodes=len(train_hosts))
-    vllm = resources.size_vllm(topology, model, vllm, work, trace)
+    vllm, sizing = resources.size_vllm(topology, model, vllm, work, trace)
     device = Device.CPU if topology.is_cpu else Device.CUDA
     train = TrainPlan(
         device=device,
@@ -177,7 +177,7 @@ def _plan_one(
     )
     if training.gradient_checkpointing is not None:
         work = dataclasses.replace(work, gradient_checkpointing=training.gradient_checkpointing)
-    estimate = resources.estimate_plan(topology, recipe, model, vllm, train, layout, work, training)
+    estimate = resources.estimate_plan(topology, recipe, model, vllm, train, layout, work, training, sizing)
     values_out = trainer_values(recipe, layout, vllm, train, trace)
     return Plan(
         recipe=recipe,

@@ -16,6 +16,7 @@ from grpo_launch.planning.costmodel import (
     TRL_EPOCHS,
     VLLM_SERVER_UTILIZATION,
     TrainMemory,
+    VllmMemory,
     Workload,
     colocate_switch_time,
     generation_time,
@@ -230,11 +231,14 @@ def memory_fixes(
     return fixes
 
 
-def size_vllm(topology: Topology, model: ModelShape | None, vllm: VllmPlan, work: Workload, trace: Trace) -> VllmPlan:
-    """max_num_seqs (and the colocated memory share) from the KV cache the concurrent sequences need."""
+def size_vllm(
+    topology: Topology, model: ModelShape | None, vllm: VllmPlan, work: Workload, trace: Trace
+) -> tuple[VllmPlan, VllmMemory | None]:
+    """max_num_seqs (and the colocated memory share) from the KV cache the concurrent sequences need; and the
+    sizing itself, which the estimate reports."""
     mem = topology.min_gpu_memory_bytes
     if vllm.mode == VllmMode.OFF or model is None or mem is None:
-        return vllm
+        return vllm, None
     # The memory vLLM may use: the colocated share, or the server's --gpu-memory-utilization (launch setting or
     # vLLM's default); the server's value stays as planned, only the sequences are sized to it.
     share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
@@ -257,11 +261,12 @@ def size_vllm(topology: Topology, model: ModelShape | None, vllm: VllmPlan, work
             fixes=fixes,
         )
     trace.decide("vllm_max_num_seqs", sized.max_num_seqs, sized.lines()[0])
-    return dataclasses.replace(
+    sized_plan = dataclasses.replace(
         vllm,
         max_num_seqs=sized.max_num_seqs,
         max_model_len=vllm.max_model_len or sized.max_model_len,
     )
+    return sized_plan, sized
 
 
 def run_total(topology: Topology, recipe: Recipe, layout: Layout, step: StepTime) -> Total | None:
@@ -294,6 +299,7 @@ def estimate_plan(
     layout: Layout,
     work: Workload,
     training: Training,
+    sizing: VllmMemory | None = None,
 ) -> Estimate | None:
     """Predicted step time and memory, when the model and the GPU model are known."""
     gpu = find_gpu_spec(topology.gpu_name) if not topology.is_cpu else None
@@ -339,11 +345,6 @@ def estimate_plan(
         f"{step.training_s:.1f} s training + {step.sync_s:.1f} s sync = {step.total_s:.1f} s; "
         f"bottleneck: {step.bottleneck}"
     )
-    sizing = None
-    if vllm.mode != VllmMode.OFF:
-        share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
-        limit = vllm.gpu_memory_utilization if vllm.mode == VllmMode.SERVER else None
-        sizing = vllm_memory(model, vllm.tensor_parallel_size, mem, work, share=share, limit=limit)
     if training.host_memory:
         explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
     return Estimate(
