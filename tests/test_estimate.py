@@ -197,7 +197,7 @@ def test_plan_json_has_the_estimate_as_data(tmp_path):
     est = json.loads(render_files(p)[PLAN_JSON])["estimate"]
     mem = est["memory_per_training_gpu_gib"]
     assert mem["total"] == pytest.approx(p.estimate.train_memory_gib)
-    assert {"weights", "gradients", "optimizer", "activations", "logits", "overhead"} <= set(mem)
+    assert {"weights", "gradients", "optimizer", "activations", "lm_head", "overhead"} <= set(mem)
     assert est["time_s"]["step"] == pytest.approx(p.estimate.step.total_s) and est["host_memory_per_node_gib"] > 0
     assert est["vllm_memory_per_gpu_gib"]["kv_bytes_per_token_per_gpu"] == 28672
 

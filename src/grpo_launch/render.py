@@ -218,7 +218,7 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
     }
     if est.train_memory is not None:
         m = est.train_memory
-        terms = ("weights", "gradients", "optimizer", "reference", "activations", "logits", "overhead")
+        terms = ("weights", "gradients", "optimizer", "reference", "activations", "lm_head", "autocast_weights", "overhead")
         out["memory_per_training_gpu_gib"] = {t: getattr(m, t) / gib for t in terms} | {"total": m.total / gib}
     if est.vllm_memory is not None:
         v = est.vllm_memory

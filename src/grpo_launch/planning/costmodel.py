@@ -8,9 +8,9 @@ Memory per training GPU (bf16 weights and gradients, fp32 Adam state, mixed prec
   offload 4L; FSDP 4L + 16/n; LoRA only the frozen base (2 B/param, /n under ZeRO-3);
 - a reference model (beta > 0): the policy's weights again (4 B/param under DDP/FSDP, 2 under ZeRO; sharded under
   ZeRO-3/FSDP);
-- activations for per_device × (prompt + completion) tokens: ≈ 34·h bytes per token per layer without gradient
-  checkpointing, 2·h per token per layer with it plus one layer recomputed; the logits of the completion tokens in
-  bf16 and their fp32 log-softmax;
+- activations of one micro-batch, counted from what the forward saves (:mod:`.activations`): every layer's saved
+  tensors, or the per-layer checkpoints plus one recomputed layer; TRL 1.16's fused LM head (tiles, never the full
+  logits) and its float32 weight gradient; under DDP the bf16 weight copies autocast keeps for the backward;
 - CUDA context, NCCL buffers and allocator fragmentation: a fixed amount plus a fraction.
 
 vLLM: weights/TP per GPU plus the KV cache of the concurrent sequences (2·layers·kv_heads·head_dim·2 B per token,
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from grpo_launch.catalog import GIB, GpuSpec, ModelShape
 from grpo_launch.enums import DistBackend, Offload
+from grpo_launch.planning.activations import Precision, activation_memory
 from grpo_launch.trl_schema import DEFAULTS as TRL_DEFAULTS
 
 
@@ -56,13 +57,9 @@ CONSTANTS: dict[str, Constant] = {
     "host_headroom": Constant(
         0.80, "of host RAM", "leave a fifth of a node's RAM to the OS, dataloaders and page cache"
     ),
-    "activation_bytes_per_token_layer_per_hidden": Constant(
-        34.0, "B/(token·layer·h)", "Korthikanti et al. 2022, GPT layer with flash attention (no 5as/h term)"
+    "autocast_weight_bytes": Constant(
+        2.0, "B/param", "bf16 copies of float32 weights that torch.autocast caches for the forward and backward"
     ),
-    "checkpoint_bytes_per_token_layer_per_hidden": Constant(
-        2.0, "B/(token·layer·h)", "one bf16 hidden state kept per layer under gradient checkpointing"
-    ),
-    "logit_bytes": Constant(6.0, "B/(token·vocab)", "bf16 logits + fp32 log-softmax of the completion tokens"),
     "vllm_server_utilization": Constant(
         0.90, "of GPU memory", "TRL's vllm-serve default --gpu-memory-utilization (vLLM 0.31's own is 0.92)"
     ),
@@ -136,15 +133,15 @@ class TrainMemory:
     gradients: float
     optimizer: float
     reference: float
-    activations: float
-    logits: float
+    activations: float  # saved for the backward (plus the recomputed layer when it outweighs the LM head)
+    lm_head: float  # TRL's fused LM head: saved inputs and backward workspace
+    autocast_weights: float  # bf16 weight copies under autocast (DDP)
     overhead: float
 
     @property
     def total(self) -> float:
-        return (self.weights + self.gradients + self.optimizer + self.reference + self.activations + self.logits) * (
-            1 + OVERHEAD_FRACTION
-        ) + self.overhead
+        terms = self.weights + self.gradients + self.optimizer + self.reference + self.activations + self.lm_head
+        return (terms + self.autocast_weights) * (1 + OVERHEAD_FRACTION) + self.overhead
 
     def lines(self) -> list[str]:
         parts = [
@@ -153,7 +150,8 @@ class TrainMemory:
             ("optimizer", self.optimizer),
             ("reference model", self.reference),
             ("activations", self.activations),
-            ("logits", self.logits),
+            ("LM head", self.lm_head),
+            ("autocast weights", self.autocast_weights),
         ]
         body = " + ".join(f"{name} {v / GIB:.1f}" for name, v in parts if v)
         extra = f"×{1 + OVERHEAD_FRACTION:.2f} + {self.overhead / GIB:.1f} GiB CUDA/NCCL"
@@ -209,15 +207,21 @@ def train_memory(model: ModelShape, n: int, backend: str, offload: str, work: Wo
     ref_bytes = 2 if backend.is_deepspeed else 4
     reference = ref_bytes * p / (n if backend in (DistBackend.ZERO3, DistBackend.FSDP) else 1)
     reference = reference if work.reference_model else 0.0
-    tokens = work.per_device * work.seq_len
-    h, layers = model.hidden, model.layers
-    full = _c("activation_bytes_per_token_layer_per_hidden")
-    if work.gradient_checkpointing:
-        activations = _c("checkpoint_bytes_per_token_layer_per_hidden") * h * tokens * layers + full * h * tokens
-    else:
-        activations = full * h * tokens * layers
-    logits = work.per_device * work.completion_len * model.vocab * _c("logit_bytes")
-    return TrainMemory(weights, grads, optim, reference, activations, logits, OVERHEAD_BYTES)
+    prec = precision(backend, lora=work.lora)
+    act = activation_memory(
+        model, work.per_device, work.seq_len, work.completion_len, work.gradient_checkpointing, prec, lora=work.lora
+    )
+    activations = act.saved + act.mask + max(0.0, act.recompute - act.lm_head)
+    lm_head = act.lm_head
+    autocast = _c("autocast_weight_bytes") * p if prec.autocast and backend == DistBackend.DDP else 0.0
+    return TrainMemory(weights, grads, optim, reference, activations, lm_head, autocast, OVERHEAD_BYTES)
+
+
+def precision(backend: str, *, lora: bool) -> Precision:
+    """Byte widths on a GPU: bf16 activations; float32 weights under DDP and FSDP (the trainer's master weights,
+    see trainer_values) unless LoRA freezes a bf16 base."""
+    fp32 = DistBackend(backend) in (DistBackend.DDP, DistBackend.FSDP) and not lora
+    return Precision(activation_bytes=2, param_bytes=4 if fp32 else 2, triton=True)
 
 
 # ------------------------------------------------------------------------------------------------ vLLM

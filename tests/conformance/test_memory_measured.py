@@ -1,0 +1,93 @@
+"""The activation-memory model (grpo_launch.planning.activations) against measured peaks of real forward +
+backward passes on CPU: small Qwen2-shaped models in float32 with TRL 1.16's fused LM head, at several batch ×
+length points, with and without gradient checkpointing, at two vocabulary sizes (8k and Qwen's 152k, where the
+embedding gradient and the LM head dominate). Measured over predicted must lie within 0.8–1.25.
+
+On CPU TRL folds the LM-head tiles with torch (its Triton kernels need a GPU), so the prediction uses the CPU
+precision (float32, no Triton); the layer terms are the same as on a GPU, at 4 bytes instead of 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_launch.catalog import ModelShape
+from grpo_launch.planning.activations import TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK, Precision, activation_memory
+
+pytestmark = pytest.mark.conformance
+
+SMALL = {"vocab": 8000, "h": 256, "i": 704, "layers": 8, "heads": 4, "kv_heads": 2}
+BIG_VOCAB = {"vocab": 151936, "h": 128, "i": 352, "layers": 4, "heads": 4, "kv_heads": 2}
+MID = {"vocab": 32000, "h": 256, "i": 704, "layers": 6, "heads": 4, "kv_heads": 2}
+POINTS = [
+    SMALL | {"batch": 4, "prompt": 128, "completion": 384, "ckpt": False},
+    SMALL | {"batch": 4, "prompt": 128, "completion": 384, "ckpt": True},
+    SMALL | {"batch": 1, "prompt": 256, "completion": 1024, "ckpt": False},
+    BIG_VOCAB | {"batch": 2, "prompt": 128, "completion": 384, "ckpt": False},
+    BIG_VOCAB | {"batch": 2, "prompt": 128, "completion": 384, "ckpt": True},
+    MID | {"batch": 8, "prompt": 64, "completion": 192, "ckpt": False},
+]
+CPU = Precision(activation_bytes=4, param_bytes=4, triton=False)
+
+
+@functools.cache
+def _measured() -> tuple[dict, ...]:
+    script = Path(__file__).with_name("measure_memory.py")
+    env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run(
+        [sys.executable, str(script), json.dumps(POINTS)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _shape(point: dict, params: int) -> ModelShape:
+    return ModelShape("measured", params, point["layers"], point["h"], point["heads"], point["kv_heads"],
+                      point["vocab"], point["i"])  # fmt: skip
+
+
+@pytest.mark.parametrize("index", range(len(POINTS)), ids=lambda i: "-".join(
+    f"{k}{POINTS[i][k]}" for k in ("vocab", "batch", "prompt", "completion", "ckpt")))  # fmt: skip
+def test_measured_peak_within_band(index):
+    point, measured = POINTS[index], _measured()[index]
+    predicted = activation_memory(
+        _shape(point, measured["params"]),
+        point["batch"],
+        point["prompt"] + point["completion"],
+        point["completion"],
+        point["ckpt"],
+        CPU,
+    ).peak
+    ratio = measured["peak_bytes"] / predicted
+    assert 0.8 <= ratio <= 1.25, (
+        f"measured {measured['peak_bytes'] / 2**20:.0f} MiB, predicted {predicted / 2**20:.0f} MiB"
+    )
+
+
+def test_checkpointing_saves_what_the_model_says():
+    """The drop from checkpointing (all layers' saved tensors → their inputs plus one recomputed layer) is the
+    layer term on its own; measured and predicted drops agree within the same band."""
+    m = _measured()
+    drop = m[0]["peak_bytes"] - m[1]["peak_bytes"]
+    point = POINTS[0]
+    shape = _shape(point, m[0]["params"])
+    args = (shape, point["batch"], point["prompt"] + point["completion"], point["completion"])
+    predicted = activation_memory(*args, False, CPU).peak - activation_memory(*args, True, CPU).peak
+    assert predicted > 0
+    assert 0.8 <= drop / predicted <= 1.25
+
+
+def test_lm_head_tiles_are_trls_own():
+    """The tile sizes the LM-head term uses are TRL's own constants."""
+    from trl.kernels import chunked_logprob
+    from trl.trainer import utils
+
+    assert chunked_logprob.TOKEN_CHUNK_SIZE == TRL_TOKEN_CHUNK
+    assert utils._CHUNKED_LOGPROB_CHUNK_SIZE == TRL_VOCAB_CHUNK
