@@ -17,7 +17,7 @@ MAX_LINES = 400
 STAGES: list[tuple[str, ...]] = [
     ("__version__", "enums", "errors", "trl_schema", "task", "control", "rundir"),
     ("spec", "catalog", "topology", "recipe_keys", "recipe"),
-    ("probe",),
+    ("probe", "measured"),
     ("planning",),
     ("commands", "render"),
     ("supervisor", "backends"),

@@ -11,7 +11,8 @@ import pytest
 from grpo_launch.catalog import GIB, find_gpu_spec, find_model_shape
 from grpo_launch.errors import PlanError
 from grpo_launch.planning import make_plan
-from grpo_launch.planning.costmodel import HEADROOM, Workload, generation_time, train_memory, vllm_memory
+from grpo_launch.planning.costmodel import HEADROOM, Workload, train_memory, vllm_memory
+from grpo_launch.planning.steptime import generation_time
 from grpo_launch.recipe import build_recipe
 from grpo_launch.topology import parse_gpu_spec
 
@@ -274,8 +275,9 @@ def test_step_time_counts_trls_old_logprob_forward():
     assert off.estimate.step.old_logprobs_s == 0.0
     from grpo_launch.planning.costmodel import TRAIN_MFU
 
+    mfu = TRAIN_MFU["H100"].value
     tokens = on.layout.completions_per_optimizer_step * (512 + 512)  # default prompt bound + TRL's completion length
     flops = 2 * on.model.params * tokens
-    expected = flops / (on.train.num_processes * find_gpu_spec("H100").bf16_tflops * 1e12 * TRAIN_MFU)
+    expected = flops / (on.train.num_processes * find_gpu_spec("H100").bf16_tflops * 1e12 * mfu)
     assert on.estimate.step.old_logprobs_s == pytest.approx(expected, rel=1e-6)
     assert on.estimate.step.total_s > off.estimate.step.total_s

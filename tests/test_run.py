@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from grpo_launch.errors import ConfigError
+from grpo_launch.measured import read_run
+from grpo_launch.planning.calibration import calibration_from
+
 from .conftest import ROOT, ensure_tiny_assets
 
 pytestmark = pytest.mark.slow
@@ -59,11 +63,20 @@ def test_tiny_grpo(tmp_path, processes):
     assert (tmp_path / "run" / "output" / "model.safetensors").is_file()
     assert list((tmp_path / "run" / "logs").glob("train-*.log"))
     # RUN_DIR/metrics.jsonl: one line per optimizer step, every rank's peak memory, the tokens so far.
-    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [m for m in lines if "step_s" in m]
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(len(m["peak_memory_bytes"]) == processes and min(m["peak_memory_bytes"]) > 10 * 2**20 for m in metrics)
     tokens = [m["num_tokens"] for m in metrics]
     assert tokens == sorted(tokens) and tokens[0] > 0 and all(m["generation_s"] > 0 for m in metrics)
+    # TRL's own logged metrics (logging_steps=1) as their own lines; read back as a run's measurements.
+    logs = [m["log"] for m in lines if "log" in m]
+    assert sum("completions/mean_length" in g for g in logs) == 3
+    measured = read_run(tmp_path / "run")
+    assert measured.steps == 3 and measured.last_step == 3 and measured.memory_kind == "rss_max"
+    assert 0 < measured.mean_completion_len <= 64 and measured.training_s > 0
+    with pytest.raises(ConfigError, match="no estimate"):  # a CPU plan predicts no time: nothing to calibrate
+        calibration_from(measured)
 
 
 def test_deepspeed_zero2_two_processes(tmp_path):

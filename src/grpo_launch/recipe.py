@@ -151,6 +151,8 @@ class LaunchSettings:
     gpu_hour_price: float | None = field(
         default=None, metadata={"min": 0, "kind": "float"}
     )  # price of one GPU-hour, any currency
+    # Mean completion length in tokens, for the step time (default: every completion runs to max_completion_length).
+    expected_completion_length: int | None = field(default=None, metadata={"min": 1})
 
 
 LAUNCH_FIELDS = {f.name: f for f in dataclasses.fields(LaunchSettings)}

@@ -22,6 +22,8 @@ from grpo_launch.commands import (
     vllm_server,
 )
 from grpo_launch.enums import DistBackend, Offload
+from grpo_launch.planning.costmodel import Workload
+from grpo_launch.planning.steptime import padded_tokens
 from grpo_launch.planning.types import Plan
 
 __all__ = [
@@ -194,6 +196,18 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
+def _workload_dict(work: Workload) -> dict[str, Any]:
+    """What the estimate assumed one optimizer step processes (read back by plan --calibrate-from)."""
+    return {
+        "completions": work.completions,
+        "prompt_len": work.prompt_len,
+        "max_completion_len": work.completion_len,
+        "mean_completion_len": work.mean_completion_len,
+        "per_device": work.per_device,
+        "training_tokens": padded_tokens(work),
+    }
+
+
 def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
     """The estimate as data: memory terms per training GPU, per vLLM GPU and per node, and the step's times."""
     est = plan.estimate
@@ -215,10 +229,21 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
         "vllm_memory_per_gpu_gib": None,
         "explain": list(est.explain),
         "total": asdict(est.total) if est.total else None,
+        "workload": _workload_dict(est.workload) if est.workload else None,
+        "calibration": asdict(est.workload.scale) if est.workload and est.workload.scale.source else None,
     }
     if est.train_memory is not None:
         m = est.train_memory
-        terms = ("weights", "gradients", "optimizer", "reference", "activations", "lm_head", "autocast_weights", "overhead")
+        terms = (
+            "weights",
+            "gradients",
+            "optimizer",
+            "reference",
+            "activations",
+            "lm_head",
+            "autocast_weights",
+            "overhead",
+        )
         out["memory_per_training_gpu_gib"] = {t: getattr(m, t) / gib for t in terms} | {"total": m.total / gib}
     if est.vllm_memory is not None:
         v = est.vllm_memory

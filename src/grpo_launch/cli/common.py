@@ -9,6 +9,7 @@ import os
 
 from grpo_launch.backends import Backend, RunContext, add_arguments, select
 from grpo_launch.planning import default_run_dir, make_plan
+from grpo_launch.planning.costmodel import Calibration
 from grpo_launch.planning.types import Plan
 from grpo_launch.recipe import Recipe, load_recipe
 from grpo_launch.topology import Topology
@@ -90,14 +91,14 @@ def topology(args: argparse.Namespace, ctx: RunContext, recipe: Recipe | None) -
     return backend.probe(ctx.environ, probe.probe_local(ctx.environ)), backend
 
 
-def plan_for(args: argparse.Namespace, ctx: RunContext) -> tuple[Plan, Backend]:
+def plan_for(args: argparse.Namespace, ctx: RunContext, calibration: Calibration | None = None) -> tuple[Plan, Backend]:
     """Load, probe and plan: the plan carries the run directory and this interpreter."""
     from grpo_launch.probe import resolve_model_shape, vllm_version_here
 
     recipe = load(args, ctx)
     topo, backend = topology(args, ctx, recipe)
     model, warning = resolve_model_shape(recipe.get("model_name_or_path"))
-    plan = make_plan(topo, recipe, model, run_dir=recipe.launch.run_dir, python=ctx.python)
+    plan = make_plan(topo, recipe, model, run_dir=recipe.launch.run_dir, python=ctx.python, calibration=calibration)
     if plan.vllm.mode != "off":
         plan = dataclasses.replace(plan, vllm_version=vllm_version_here())
     if warning:

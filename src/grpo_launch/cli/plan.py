@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from grpo_launch.backends import RunContext
 from grpo_launch.cli.common import add_planning_args, plan_for
+
+if TYPE_CHECKING:
+    from grpo_launch.planning.calibration import Comparison
+    from grpo_launch.planning.costmodel import Calibration
 
 
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
@@ -21,18 +26,37 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         action="store_true",
         help="show the memory and step-time arithmetic and the split candidates behind the estimate",
     )
+    p.add_argument(
+        "--calibrate-from",
+        metavar="RUN_DIR",
+        help="replan with a previous run's measurements (RUN_DIR/metrics.jsonl against its plan.json): its "
+        "generation and training speed, peak memory and mean completion length; prints predicted vs measured",
+    )
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     from grpo_launch.render import plan_to_dict, render_files
     from grpo_launch.rundir import write_run_files
 
-    plan, _ = plan_for(args, ctx)
+    calibration: Calibration | None = None
+    rows: list[Comparison] = []
+    if args.calibrate_from:
+        from grpo_launch.measured import read_run
+        from grpo_launch.planning.calibration import calibration_from
+
+        calibration, rows = calibration_from(read_run(args.calibrate_from))
+    plan, _ = plan_for(args, ctx, calibration)
     written = [] if args.no_write else [str(p) for p in write_run_files(plan.run_dir, render_files(plan))]
     if args.json:
-        ctx.emit(json.dumps(plan_to_dict(plan), indent=2, default=str))
-        return 0
-    from grpo_launch.cli.report import explain_sections, plan_sections, print_sections
+        data = plan_to_dict(plan)
+        if rows:
+            from grpo_launch.planning.calibration import comparison_to_dict
 
-    print_sections(plan_sections(plan, written) + (explain_sections(plan) if args.explain else []))
+            data["calibrated_from"] = {"run_dir": args.calibrate_from, "terms": comparison_to_dict(rows)}
+        ctx.emit(json.dumps(data, indent=2, default=str))
+        return 0
+    from grpo_launch.cli.report import calibration_section, explain_sections, plan_sections, print_sections
+
+    sections = plan_sections(plan, written) + (explain_sections(plan) if args.explain else [])
+    print_sections(sections + ([calibration_section(args.calibrate_from, rows)] if rows else []))
     return 0

@@ -8,10 +8,14 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 from grpo_launch.commands import trainers, vllm_server
 from grpo_launch.planning.types import Plan
 from grpo_launch.topology import Topology
+
+if TYPE_CHECKING:
+    from grpo_launch.planning.calibration import Comparison
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,20 @@ def explain_sections(plan: Plan) -> list[Section]:
     header = ("split", "gen s", "old-logp s", "train s", "sync s", "step s", "prompts", "s/prompt", "vs chosen")
     out.append(Section("Split candidates (time per prompt group decides)", rows, header))
     return out
+
+
+def calibration_section(run_dir: str, rows: Sequence[Comparison]) -> Section:
+    """Predicted (by the earlier run's plan) against measured, term by term, and what the new plan applies."""
+
+    def fmt(x: float | None, unit: str) -> str:
+        return "-" if x is None else (f"{x:.0f} {unit}" if unit == "tokens" else f"{x:.2f} {unit}")
+
+    table = [
+        (r.term, fmt(r.predicted, r.unit), fmt(r.measured, r.unit), f"{r.ratio:.2f}" if r.ratio else "-", r.note)
+        for r in rows
+    ]
+    header = ("term", "predicted", "measured", "measured/predicted", "applied")
+    return Section(f"Calibrated from {run_dir} (the estimate above uses these)", table, header)
 
 
 def plain_text(sections: Iterable[Section]) -> str:

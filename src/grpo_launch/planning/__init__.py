@@ -16,6 +16,7 @@ from grpo_launch.catalog import ModelShape, find_gpu_spec
 from grpo_launch.enums import Device, VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.planning import placement, resources
+from grpo_launch.planning.costmodel import Calibration
 from grpo_launch.planning.layout import LayoutRequest, solve_layout
 from grpo_launch.planning.trainer_values import trainer_values
 from grpo_launch.planning.types import Candidate, Decision, Plan, Trace, TrainPlan, VllmPlan
@@ -38,15 +39,17 @@ def make_plan(
     *,
     run_dir: str | None = None,
     python: str = "python3",
+    calibration: Calibration | None = None,
 ) -> Plan:
     """Plan a GRPO run of ``recipe`` on ``topology``. Raises :class:`PlanError` listing every problem.
 
     ``run_dir`` (default: launch.run_dir or grpo_runs/NAME) and ``python`` (the interpreter on the hosts) are the
-    runtime settings the renderers take from the plan.
+    runtime settings the renderers take from the plan; ``calibration`` scales the estimates by a previous run's
+    measurements (``plan --calibrate-from``).
     """
-    plan = _search(topology, recipe, model) if _split_is_free(topology, recipe, model) else None
+    plan = _search(topology, recipe, model, calibration) if _split_is_free(topology, recipe, model) else None
     if plan is None:
-        plan = _plan_one(topology, recipe, model, None)
+        plan = _plan_one(topology, recipe, model, None, calibration)
     return dataclasses.replace(plan, run_dir=run_dir or default_run_dir(recipe), python=python)
 
 
@@ -80,7 +83,9 @@ def _split_is_free(topology: Topology, recipe: Recipe, model: ModelShape | None)
     )
 
 
-def _search(topology: Topology, recipe: Recipe, model: ModelShape | None) -> Plan | None:
+def _search(
+    topology: Topology, recipe: Recipe, model: ModelShape | None, calibration: Calibration | None
+) -> Plan | None:
     """Plan colocate and every server size (TP 1, 2, 4, …); the shortest predicted time per prompt group wins.
     None when no candidate plans with an estimate (the caller then plans without the search, for its error)."""
     assert model is not None
@@ -90,7 +95,7 @@ def _search(topology: Topology, recipe: Recipe, model: ModelShape | None) -> Pla
     for mode, tp in choices:
         label = f"server TP {tp}" if mode == VllmMode.SERVER else "colocate"
         try:
-            plan = _plan_one(topology, recipe, model, (mode, tp))
+            plan = _plan_one(topology, recipe, model, (mode, tp), calibration)
         except PlanError as exc:
             rejected.append(Candidate(label, mode, tp, rejected=exc.message))
             continue
@@ -114,7 +119,11 @@ def _search(topology: Topology, recipe: Recipe, model: ModelShape | None) -> Pla
 
 
 def _plan_one(
-    topology: Topology, recipe: Recipe, model: ModelShape | None, forced: tuple[VllmMode, int] | None
+    topology: Topology,
+    recipe: Recipe,
+    model: ModelShape | None,
+    forced: tuple[VllmMode, int] | None,
+    calibration: Calibration | None = None,
 ) -> Plan:
     trace = Trace(notices=list(recipe.notices), warnings=list(topology.warnings))
     values = recipe.values
@@ -162,7 +171,7 @@ def _plan_one(
             hint=f"Set vllm_tensor_parallel_size to a divisor of {n}.",
         )
 
-    work = resources.workload(recipe, layout)
+    work = resources.workload(recipe, layout, calibration)
     training = resources.choose_training(topology, recipe, model, n, vllm, work, trace, nodes=len(train_hosts))
     vllm, sizing = resources.size_vllm(topology, model, vllm, work, trace)
     device = Device.CPU if topology.is_cpu else Device.CUDA

@@ -88,6 +88,7 @@ def activation_memory(
     i = model.intermediate or 4 * h
     tokens = batch * seq_len
     layer = layer_bytes_per_token(model, prec) * tokens
+    saved: float
     residual = prec.param_bytes if prec.autocast else b  # the residual stream's width
     final_norm = (4 * h + prec.param_bytes * h + b * h) * tokens
     # one layer's backward: the residual gradient and the MLP's gradients (down input, SiLU, gate, up)

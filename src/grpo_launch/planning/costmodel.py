@@ -16,15 +16,7 @@ Memory per training GPU (bf16 weights and gradients, fp32 Adam state, mixed prec
 vLLM: weights/TP per GPU plus the KV cache of the concurrent sequences (2·layers·kv_heads·head_dim·2 B per token,
 split over TP), plus a fixed amount for activations and CUDA graphs.
 
-Step time (one optimizer step; TRL 1.16 runs generation and training one after the other):
-
-- generation: prefill is compute-bound (2·P FLOPs per prompt token, one prompt per group thanks to prefix
-  caching); decode is memory-bound: each decode step reads the weights and the batch's KV cache, on each of the
-  DP replicas (TP GPUs each, at a bandwidth efficiency, slowed by TP all-reduces), plus a fixed scheduling and
-  sampling cost per step whatever the model size;
-- training: 6·P FLOPs per token forward + backward, +2·P with gradient checkpointing, +2·P for a reference model,
-  at a fixed MFU, with multipliers for ZeRO-3 and offload;
-- weight sync (server mode): bf16 weights broadcast to the server; colocate: vLLM sleep/wake and weight moves.
+Step time (:mod:`.steptime`) uses the constants below; the training MFU is per GPU class (:data:`TRAIN_MFU`).
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from grpo_launch.catalog import GIB, GpuSpec, ModelShape
+from grpo_launch.catalog import GIB, ModelShape
 from grpo_launch.enums import DistBackend, Offload
 from grpo_launch.planning.activations import Precision, activation_memory
 from grpo_launch.trl_schema import DEFAULTS as TRL_DEFAULTS
@@ -67,24 +59,60 @@ CONSTANTS: dict[str, Constant] = {
     "vllm_weights_share": Constant(0.5, "of a vLLM GPU", "leave at least half of a server GPU for the KV cache"),
     "vllm_utilization_margin": Constant(0.02, "of GPU memory", "slack on a sized colocate share"),
     "vllm_max_num_seqs": Constant(1024, "sequences", "upper bound on the planned --max-num-seqs"),
-    "train_mfu": Constant(0.40, "of peak bf16", "typical dense-transformer training MFU (Megatron/DeepSpeed reports)"),
     "prefill_mfu": Constant(0.50, "of peak bf16", "vLLM prefill is compute-bound at large batch"),
     "decode_bw_efficiency": Constant(0.85, "of peak HBM bandwidth", "memory-bound decode kernels"),
     "decode_step_overhead_s": Constant(0.003, "s/decode step", "vLLM scheduling, sampling and kernel launches"),
     "tp_allreduce_factor": Constant(0.1, "per doubling of TP", "decode slowdown from TP all-reduces"),
-    "zero3_slowdown": Constant(1.1, "×", "ZeRO-3 parameter gathers"),
-    "optimizer_offload_slowdown": Constant(1.3, "×", "CPU Adam + PCIe transfers"),
-    "param_offload_slowdown": Constant(2.0, "×", "parameters streamed over PCIe every step"),
+    "zero3_slowdown": Constant(1.1, "×", "ZeRO-3 parameter gathers not hidden behind compute (assumed)"),
+    "cpu_adam_params_per_s": Constant(
+        3.9e9,
+        "params/s per node",
+        "ZeRO-Offload (Ren et al., USENIX ATC 2021) Table 4: DeepSpeed CPU-Adam 2.57 s for 10B parameters "
+        "(0.22 s for 1B) on a DGX-2 host",
+    ),
     "sync_bytes_per_s_node": Constant(20e9, "B/s", "NCCL broadcast within a node"),
     "sync_bytes_per_s_net": Constant(10e9, "B/s", "NCCL broadcast across nodes"),
     "colocate_switch_s": Constant(1.0, "s", "vLLM sleep/wake fixed cost"),
-    "pcie_bytes_per_s": Constant(25e9, "B/s", "PCIe 4.0 x16 effective host↔device bandwidth"),
+    "pcie_bytes_per_s": Constant(
+        25e9,
+        "B/s",
+        "PCIe 4.0 x16 pinned host↔device: CUDA bandwidthTest on A100-SXM4 measures 25.7–26.1 GB/s "
+        "(Gen5 parts are faster; no measured figure published, so Gen4's is kept)",
+    ),
     "default_prompt_len": Constant(512, "tokens", "assumed when the recipe has no max_prompt_length"),
 }
 
 
 def _c(name: str) -> float:
     return CONSTANTS[name].value
+
+
+# Training MFU (model FLOPs over peak dense bf16) per GPU class, from published dense-transformer training runs.
+TRAIN_MFU: dict[str, Constant] = {
+    "H100": Constant(
+        0.40,
+        "of peak bf16",
+        "llm-foundry benchmarks (8×H100, seq 2048): 41.8 % at 1B, 46.4 % at 7B; Llama 3 "
+        "paper Table 4: 38–43 %; torchtitan Llama 3.1 8B: 33–39 %",
+    ),
+    "H200": Constant(0.40, "of peak bf16", "same Hopper cores as H100 (no published bf16 MFU): H100's figure"),
+    "H20": Constant(0.40, "of peak bf16", "Hopper (no published bf16 MFU): H100's figure"),
+    "A100": Constant(
+        0.50,
+        "of peak bf16",
+        "Megatron-LM (Narayanan et al. 2021) Table 1: 44 % at 1.7B, 52 % at 1T; "
+        "llm-foundry A100-80GB: 60 % at 1B, 64 % at 7B",
+    ),
+    "B200": Constant(0.38, "of peak bf16", "no published dense bf16 MFU; third-party 70B report 38 % on 8×B200"),
+}
+# GPUs without a published training MFU (L40S, L4, A10, RTX…): assumed below the data-centre parts.
+FALLBACK_MFU = Constant(0.35, "of peak bf16", "no published figure for this GPU class: assumed")
+
+
+def train_mfu(gpu_name: str) -> Constant:
+    """The training MFU of a GPU class (the longest table key the GPU's name starts with)."""
+    keys = sorted((k for k in TRAIN_MFU if gpu_name.upper().startswith(k)), key=len, reverse=True)
+    return TRAIN_MFU[keys[0]] if keys else FALLBACK_MFU
 
 
 ADAM_STATE_BYTES = _c("adam_state_bytes")
@@ -96,7 +124,6 @@ VLLM_SERVER_UTILIZATION = _c("vllm_server_utilization")
 VLLM_OVERHEAD_BYTES = _c("vllm_overhead_bytes")
 VLLM_WEIGHTS_SHARE = _c("vllm_weights_share")
 VLLM_UTILIZATION_MARGIN = _c("vllm_utilization_margin")
-TRAIN_MFU = _c("train_mfu")
 PREFILL_MFU = _c("prefill_mfu")
 DECODE_BW_EFFICIENCY = _c("decode_bw_efficiency")
 DECODE_STEP_OVERHEAD_S = _c("decode_step_overhead_s")
@@ -108,8 +135,20 @@ TRL_EPOCHS = float(TRL_DEFAULTS["num_train_epochs"])
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """Measured over predicted, from a previous run (``grpo-launch plan --calibrate-from RUN_DIR``): generation
+    and training time, peak training memory, and the mean completion length measured."""
+
+    generation: float = 1.0
+    training: float = 1.0
+    memory: float = 1.0
+    mean_completion_len: float | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Workload:
-    """What one optimizer step processes."""
+    """What one optimizer step processes, and a previous run's calibration when there is one."""
 
     prompt_len: int
     completion_len: int
@@ -121,10 +160,24 @@ class Workload:
     reference_model: bool = False  # beta > 0
     generation_batch: int = 0  # completions per generation round (TRL sends them in one request); 0: completions
     old_logprobs: bool = False  # TRL's extra forward pass over the completions for the old log-probs
+    expected_completion_len: float = 0.0  # the mean completion length; 0: every completion runs to the maximum
+    scale: Calibration = Calibration()
 
     @property
     def seq_len(self) -> int:
         return self.prompt_len + self.completion_len
+
+    @property
+    def mean_completion_len(self) -> float:
+        return min(self.completion_len, self.expected_completion_len or self.completion_len)
+
+    def longest_of(self, batch: int) -> float:
+        """The expected longest of ``batch`` completions, which a padded batch (or a decode batch) runs to, for
+        lengths spread evenly around the mean up to the maximum (order statistics of a uniform distribution:
+        mean + (max − mean)·(B − 1)/(B + 1))."""
+        mean, top = self.mean_completion_len, self.completion_len
+        b = max(1, batch)
+        return mean + (top - mean) * (b - 1) / (b + 1)
 
 
 @dataclass(frozen=True)
@@ -137,11 +190,12 @@ class TrainMemory:
     lm_head: float  # TRL's fused LM head: saved inputs and backward workspace
     autocast_weights: float  # bf16 weight copies under autocast (DDP)
     overhead: float
+    scale: float = 1.0  # a previous run's measured-over-predicted peak (plan --calibrate-from)
 
     @property
     def total(self) -> float:
         terms = self.weights + self.gradients + self.optimizer + self.reference + self.activations + self.lm_head
-        return (terms + self.autocast_weights) * (1 + OVERHEAD_FRACTION) + self.overhead
+        return ((terms + self.autocast_weights) * (1 + OVERHEAD_FRACTION) + self.overhead) * self.scale
 
     def lines(self) -> list[str]:
         parts = [
@@ -155,6 +209,8 @@ class TrainMemory:
         ]
         body = " + ".join(f"{name} {v / GIB:.1f}" for name, v in parts if v)
         extra = f"×{1 + OVERHEAD_FRACTION:.2f} + {self.overhead / GIB:.1f} GiB CUDA/NCCL"
+        if self.scale != 1.0:
+            extra = f"({extra}) × {self.scale:.2f} measured"
         return [f"{body} GiB, {extra} = {self.total / GIB:.1f} GiB"]
 
 
@@ -214,7 +270,9 @@ def train_memory(model: ModelShape, n: int, backend: str, offload: str, work: Wo
     activations = act.saved + act.mask + max(0.0, act.recompute - act.lm_head)
     lm_head = act.lm_head
     autocast = _c("autocast_weight_bytes") * p if prec.autocast and backend == DistBackend.DDP else 0.0
-    return TrainMemory(weights, grads, optim, reference, activations, lm_head, autocast, OVERHEAD_BYTES)
+    return TrainMemory(
+        weights, grads, optim, reference, activations, lm_head, autocast, OVERHEAD_BYTES, work.scale.memory
+    )
 
 
 def precision(backend: str, *, lora: bool) -> Precision:
@@ -289,87 +347,3 @@ def fits_server_gpu(model: ModelShape | None, gpu_bytes: int | None, tp: int) ->
     if model is None or gpu_bytes is None:
         return True
     return model.weight_bytes_bf16 / tp <= VLLM_WEIGHTS_SHARE * gpu_bytes
-
-
-# ------------------------------------------------------------------------------------------------ time
-
-
-def generation_time(
-    model: ModelShape, gpu: GpuSpec, tp: int, replicas: int, max_num_seqs: int, work: Workload
-) -> tuple[float, str]:
-    """Seconds to generate one optimizer step's completions on ``replicas`` × TP ``tp`` GPUs, and the arithmetic."""
-    flops = gpu.bf16_tflops * 1e12
-    bw = gpu.bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY
-    tp_factor = 1 + _c("tp_allreduce_factor") * math.log2(tp) if tp > 1 else 1.0
-    prompts = work.completions / max(1, work.num_generations)
-    prefill = 2 * model.params * prompts * work.prompt_len / (replicas * tp * flops * PREFILL_MFU)
-    per_replica = math.ceil(work.completions / replicas)
-    batches = math.ceil(per_replica / max(1, max_num_seqs))
-    batch = min(per_replica, max_num_seqs)
-    avg_ctx = work.prompt_len + work.completion_len / 2
-    read = model.weight_bytes_bf16 / tp + batch * avg_ctx * model.kv_bytes_per_token_per_gpu(tp)
-    step_mem = read / bw
-    step_compute = 2 * model.params * batch / (tp * flops * PREFILL_MFU)
-    decode = batches * work.completion_len * (max(step_mem, step_compute) * tp_factor + DECODE_STEP_OVERHEAD_S)
-    why = (
-        f"prefill 2·{model.params / 1e9:.2f}B·{prompts:.0f} prompts·{work.prompt_len} tok / ({replicas}×{tp} GPU · "
-        f"{gpu.bf16_tflops:.0f} TFLOP/s · {PREFILL_MFU:.0%}) = {prefill:.2f} s; decode {batches} batch(es) × "
-        f"{work.completion_len} steps × ({max(step_mem, step_compute) * 1e3:.1f} ms "
-        f"{'memory' if step_mem >= step_compute else 'compute'}-bound at batch {batch}"
-        + (f" × TP {tp_factor:.2f}" if tp > 1 else "")
-        + f" + {DECODE_STEP_OVERHEAD_S * 1e3:.0f} ms overhead) = {decode:.1f} s"
-    )
-    return prefill + decode, why
-
-
-def transformers_generation_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:
-    """Generation without vLLM: the trainers decode with transformers at about half the bandwidth efficiency."""
-    per_token = 2 * model.weight_bytes_bf16 / (gpu.bandwidth_tbs * 1e12 * 0.5)
-    return work.completion_len * per_token * math.ceil(work.completions / max(1, n * work.per_device))
-
-
-def training_time(
-    model: ModelShape, gpu: GpuSpec, n: int, backend: str, offload: str, work: Workload
-) -> tuple[float, str]:
-    """Seconds of forward + backward over one optimizer step's tokens on ``n`` training GPUs, and the arithmetic."""
-    backend, offload = DistBackend(backend), Offload(offload)
-    tokens = work.completions * work.seq_len
-    per_token = 6.0 + (2.0 if work.gradient_checkpointing else 0.0) + (2.0 if work.reference_model else 0.0)
-    if work.lora:
-        per_token -= 2.0  # no weight gradients for the frozen base
-    factor = 1.0
-    if backend == DistBackend.ZERO3:
-        factor *= _c("zero3_slowdown")
-    if offload == Offload.OPTIMIZER:
-        factor *= _c("optimizer_offload_slowdown")
-    elif offload == Offload.OPTIMIZER_PARAMS:
-        factor *= _c("param_offload_slowdown")
-    seconds = per_token * model.params * tokens * factor / (n * gpu.bf16_tflops * 1e12 * TRAIN_MFU)
-    why = (
-        f"{per_token:.0f}·{model.params / 1e9:.2f}B·{tokens:,} tok"
-        + (f" ×{factor:.2f} ({backend}, offload {offload})" if factor != 1.0 else "")
-        + f" / ({n} GPU · {gpu.bf16_tflops:.0f} TFLOP/s · {TRAIN_MFU:.0%} MFU) = {seconds:.1f} s"
-    )
-    return seconds, why
-
-
-def old_logprobs_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:
-    """TRL's extra forward pass (2·P FLOPs per token) that computes the old log-probs before training, at the
-    training MFU; 0 when TRL skips it."""
-    if not work.old_logprobs:
-        return 0.0
-    tokens = work.completions * work.seq_len
-    return 2.0 * model.params * tokens / (n * gpu.bf16_tflops * 1e12 * TRAIN_MFU)
-
-
-def sync_time(model: ModelShape, *, across_nodes: bool) -> float:
-    rate = _c("sync_bytes_per_s_net") if across_nodes else _c("sync_bytes_per_s_node")
-    return model.weight_bytes_bf16 / rate
-
-
-def colocate_switch_time(model: ModelShape, n: int, *, sleep_mode: bool) -> float:
-    """Colocated vLLM per step: with sleep mode, a fixed sleep/wake cost plus moving the weights off and back over
-    PCIe; without it nothing moves (vLLM keeps its memory share while the trainers run)."""
-    if not sleep_mode:
-        return 0.0
-    return _c("colocate_switch_s") + 2 * model.weight_bytes_bf16 / n / _c("pcie_bytes_per_s")

@@ -15,22 +15,25 @@ from grpo_launch.planning.costmodel import (
     TRL_COMPLETION_LEN,
     TRL_EPOCHS,
     VLLM_SERVER_UTILIZATION,
+    Calibration,
     TrainMemory,
     VllmMemory,
     Workload,
-    colocate_switch_time,
-    generation_time,
     host_memory_per_node,
-    old_logprobs_time,
-    sync_time,
     train_memory,
-    training_time,
-    transformers_generation_time,
     vllm_memory,
     vllm_share_needed,
 )
 from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.placement import prompt_bound
+from grpo_launch.planning.steptime import (
+    colocate_switch_time,
+    generation_time,
+    old_logprobs_time,
+    sync_time,
+    training_time,
+    transformers_generation_time,
+)
 from grpo_launch.planning.types import Estimate, StepTime, Total, Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.topology import Topology
@@ -52,9 +55,12 @@ TRAINING_SETTINGS: tuple[Setting, ...] = (
 )
 
 
-def workload(recipe: Recipe, layout: Layout) -> Workload:
-    """One optimizer step's work, from the recipe (TRL's defaults where unset) and the layout."""
+def workload(recipe: Recipe, layout: Layout, calibration: Calibration | None = None) -> Workload:
+    """One optimizer step's work, from the recipe (TRL's defaults where unset) and the layout; the mean completion
+    length from a previous run's measurement, else launch.expected_completion_length, else the maximum."""
     ckpt = recipe.get("gradient_checkpointing")
+    cal = calibration or Calibration()
+    expected = cal.mean_completion_len or recipe.launch.expected_completion_length or 0
     return Workload(
         prompt_len=prompt_bound(recipe),
         completion_len=int(recipe.get("max_completion_length") or TRL_COMPLETION_LEN),
@@ -66,6 +72,8 @@ def workload(recipe: Recipe, layout: Layout) -> Workload:
         reference_model=float(recipe.get("beta") or 0.0) > 0.0,
         generation_batch=layout.generation_batch_size,
         old_logprobs=_old_logprobs(recipe, layout),
+        expected_completion_len=float(expected),
+        scale=cal,
     )
 
 
@@ -309,7 +317,14 @@ def estimate_plan(
     n, train_mem = train.num_processes, training.memory
     explain: list[str] = [
         f"workload per optimizer step: {work.completions} completions ({work.completions // work.num_generations} "
-        f"prompts × {work.num_generations}), {work.prompt_len} prompt + {work.completion_len} completion tokens",
+        f"prompts × {work.num_generations}), {work.prompt_len} prompt + {work.completion_len} completion tokens "
+        + (
+            f"at most, {work.mean_completion_len:.0f} on average"
+            + (" (measured)" if work.scale.mean_completion_len else " (launch.expected_completion_length)")
+            if work.expected_completion_len
+            else "(every completion assumed to run to the maximum: set launch.expected_completion_length, or "
+            "plan --calibrate-from RUN_DIR)"
+        ),
     ]
     if train_mem is not None:
         explain.append("memory per training GPU: " + train_mem.lines()[0])
@@ -334,7 +349,8 @@ def estimate_plan(
     else:
         gen, sync = transformers_generation_time(model, gpu, n, work), 0.0
         explain.append(f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s")
-    train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work)
+    nodes = len(train.hosts)
+    train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work, nodes=nodes)
     explain.append(f"training: {train_why}")
     old = old_logprobs_time(model, gpu, n, work) if vllm.mode != VllmMode.OFF or work.old_logprobs else 0.0
     if old:
@@ -357,4 +373,5 @@ def estimate_plan(
         train_memory=train_mem,
         vllm_memory=sizing,
         host_memory_per_node_gib=training.host_memory / GIB,
+        workload=work,
     )

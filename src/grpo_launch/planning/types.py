@@ -9,7 +9,7 @@ from typing import Any
 
 from grpo_launch.catalog import ModelShape
 from grpo_launch.enums import Device, DistBackend, Offload, Role, VllmMode
-from grpo_launch.planning.costmodel import TrainMemory, VllmMemory
+from grpo_launch.planning.costmodel import TrainMemory, VllmMemory, Workload
 from grpo_launch.planning.layout import Layout
 from grpo_launch.recipe import Recipe
 from grpo_launch.topology import Topology
@@ -167,6 +167,7 @@ class Estimate:
     train_memory: TrainMemory | None = None  # the terms behind train_memory_gib
     vllm_memory: VllmMemory | None = None  # the terms behind the vLLM share
     host_memory_per_node_gib: float = 0.0  # what offload needs on each node
+    workload: Workload | None = None  # what the estimate assumed one step processes (and its calibration)
 
 
 @dataclass(frozen=True)

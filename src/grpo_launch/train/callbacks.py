@@ -28,7 +28,7 @@ def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | N
 
     With ``metrics_path`` the main process appends one JSON line per optimizer step: its wall, generation and
     training seconds, the tokens processed so far, and every rank's peak memory (gathered from all ranks) — what
-    `grpo-launch plan` predicted, measured."""
+    `grpo-launch plan` predicted, measured; and one line per logging step with TRL's logged metrics."""
     import json
     import time
 
@@ -73,6 +73,13 @@ def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | N
                 )
                 if metrics_path:
                     self.write_metrics(state, dt, gen, peaks, kind)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            """TRL's logged metrics (reward, completions/mean_length, …) as their own lines: {"step", "log"}."""
+            if is_main and metrics_path and logs:
+                numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps({"step": state.global_step, "log": numbers}) + "\n")
 
         def write_metrics(self, state, dt: float, gen: float, peaks: list[int], kind: str) -> None:
             assert metrics_path is not None

@@ -1,0 +1,98 @@
+"""Read what a run measured: RUN_DIR/metrics.jsonl (the trainers' per-step lines and TRL's logged metrics) and
+the estimate its plan.json predicted. Standard library only; raises ConfigError naming the missing file."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_launch.control import METRICS_FILE
+from grpo_launch.errors import ConfigError
+
+PLAN_FILE = "plan.json"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Means over a run's optimizer steps (the first is left out when there are more: it compiles and warms up)."""
+
+    run_dir: str
+    steps: int  # step lines read
+    last_step: int
+    max_steps: int | None
+    step_s: float
+    generation_s: float  # generation, scoring, the old log-probs and the weight sync, as the trainer times them
+    training_s: float
+    last_time: float | None  # wall-clock time of the last step line
+    peak_memory_bytes: int | None  # the largest peak of any rank
+    memory_kind: str | None  # cuda_max_allocated or rss_max
+    mean_completion_len: float | None  # TRL's completions/mean_length, averaged over its logs
+    last_log: dict[str, float] = field(default_factory=dict)
+    estimate: dict[str, Any] | None = None  # plan.json's estimate
+    plan: dict[str, Any] | None = None  # the rest of plan.json
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def read_run(run_dir: str | Path) -> Measured:
+    root = Path(run_dir)
+    metrics = root / METRICS_FILE
+    try:
+        text = metrics.read_text(errors="replace")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read {metrics}: {exc.strerror or exc}",
+            hint="Give the run directory of a run that trained at least one step (it holds metrics.jsonl).",
+        ) from None
+    steps: list[dict[str, Any]] = []
+    logs: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if not isinstance(row, dict):
+            continue
+        if isinstance(row.get("log"), dict):
+            logs.append(row["log"])
+        elif _finite(row.get("step_s")):
+            steps.append(row)
+    if not steps:
+        raise ConfigError(f"{metrics} has no step lines", hint="Let the run train at least one optimizer step.")
+    use = steps[1:] if len(steps) > 1 else steps
+    peaks = [int(p) for s in steps for p in s.get("peak_memory_bytes") or [] if _finite(p)]
+    lengths = [float(g["completions/mean_length"]) for g in logs if _finite(g.get("completions/mean_length"))]
+    plan = _read_plan(root / PLAN_FILE)
+    return Measured(
+        run_dir=str(root),
+        steps=len(steps),
+        last_step=int(steps[-1].get("step") or len(steps)),
+        max_steps=steps[-1].get("max_steps") if _finite(steps[-1].get("max_steps")) else None,
+        step_s=_mean([float(s["step_s"]) for s in use]),
+        generation_s=_mean([float(s.get("generation_s") or 0.0) for s in use]),
+        training_s=_mean([float(s.get("training_s") or 0.0) for s in use]),
+        last_time=steps[-1].get("time") if _finite(steps[-1].get("time")) else None,
+        peak_memory_bytes=max(peaks) if peaks else None,
+        memory_kind=steps[-1].get("memory_kind"),
+        mean_completion_len=_mean(lengths) if lengths else None,
+        last_log={k: float(v) for k, v in (logs[-1] if logs else {}).items() if _finite(v)},
+        estimate=(plan or {}).get("estimate"),
+        plan=plan,
+    )
+
+
+def _read_plan(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

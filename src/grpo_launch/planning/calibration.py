@@ -1,0 +1,116 @@
+"""From a previous run's measurements to the scales the next plan uses (``grpo-launch plan --calibrate-from``).
+Pure: takes what :func:`grpo_launch.measured.read_run` read.
+
+The trainer times generation and training per step. Its "generation" is TRL's _generate_and_score_completions:
+vLLM's generation plus the reward, the old-log-prob forward and (server mode) the weight sync. So:
+
+- training: measured ÷ predicted training, the prediction first rescaled from the completion length the plan
+  assumed to the mean length measured (training runs over padded micro-batches, see steptime.padded_tokens);
+- generation: what is left of the measured generation after the old log-probs (at the training scale) and the
+  sync, ÷ the predicted generation;
+- memory: the largest peak of any rank ÷ the predicted memory per training GPU (GPU runs only: a CPU run's
+  resident set is not what the GPU estimate counts);
+- the mean completion length measured replaces the assumed one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_launch.errors import ConfigError
+from grpo_launch.measured import Measured
+from grpo_launch.planning.costmodel import Calibration, Workload
+from grpo_launch.planning.steptime import padded_tokens
+
+GIB = 1024**3
+FLOOR = 0.05  # no scale below this: a term measured as nothing is a measurement problem, not a 20× speed-up
+
+
+@dataclass(frozen=True)
+class Comparison:
+    term: str
+    predicted: float | None
+    measured: float | None
+    unit: str
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.predicted and self.measured is not None:
+            return self.measured / self.predicted
+        return None
+
+
+def _workload(w: dict[str, Any], mean: float | None) -> Workload:
+    return Workload(
+        prompt_len=int(w["prompt_len"]),
+        completion_len=int(w["max_completion_len"]),
+        completions=int(w["completions"]),
+        num_generations=1,
+        per_device=int(w["per_device"]),
+        gradient_checkpointing=False,
+        expected_completion_len=float(mean if mean is not None else w["mean_completion_len"]),
+    )
+
+
+def calibration_from(m: Measured) -> tuple[Calibration, list[Comparison]]:
+    est = m.estimate
+    if not est or not isinstance(est.get("time_s"), dict) or not isinstance(est.get("workload"), dict):
+        raise ConfigError(
+            f"{m.run_dir}/plan.json has no estimate to compare with (a CPU run, or a model or GPU the planner "
+            "does not know)",
+            hint="Calibrate from a GPU run planned with a known model and GPU.",
+        )
+    t, w = est["time_s"], est["workload"]
+    assumed, mean = _workload(w, None), m.mean_completion_len
+    length = padded_tokens(_workload(w, mean)) / padded_tokens(assumed) if mean else 1.0
+    pred_train = float(t["training"]) * length
+    pred_old = float(t.get("old_logprobs") or 0.0) * length
+    train = max(FLOOR, m.training_s / pred_train) if pred_train > 0 else 1.0
+    gen_left = m.generation_s - pred_old * train - float(t.get("sync") or 0.0)
+    gen = max(FLOOR, gen_left / float(t["generation"])) if float(t["generation"]) > 0 else 1.0
+    rows = [
+        Comparison(
+            "generation (with scoring, old log-probs, sync)",
+            _sum(t, "generation", "old_logprobs", "sync"),
+            m.generation_s,
+            "s",
+            f"generation × {gen:.2f}",
+        ),
+        Comparison(
+            "training",
+            float(t["training"]),
+            m.training_s,
+            "s",
+            f"× {train:.2f}" + (f" (after the length correction × {length:.2f})" if mean else ""),
+        ),
+        Comparison("step", float(t["step"]), m.step_s, "s"),
+        Comparison(
+            "mean completion length",
+            assumed.mean_completion_len,
+            mean,
+            "tokens",
+            "used as the expected length" if mean else "not logged (TRL logs it every logging_steps)",
+        ),
+    ]
+    memory = 1.0
+    predicted_mem = (est.get("memory_per_training_gpu_gib") or {}).get("total")
+    if m.peak_memory_bytes and predicted_mem and m.memory_kind == "cuda_max_allocated":
+        memory = max(FLOOR, m.peak_memory_bytes / GIB / float(predicted_mem))
+        rows.append(Comparison("peak memory per training GPU", float(predicted_mem), m.peak_memory_bytes / GIB,
+                               "GiB", f"× {memory:.2f}"))  # fmt: skip
+    else:
+        why = "a CPU run's resident set" if m.memory_kind == "rss_max" else "no GPU peak measured"
+        rows.append(Comparison("peak memory per training GPU", predicted_mem, None, "GiB", f"not calibrated: {why}"))
+    source = f"{m.run_dir} ({m.steps} steps)"
+    return Calibration(gen, train, memory, mean, source), rows
+
+
+def _sum(t: dict[str, Any], *keys: str) -> float:
+    return sum(float(t.get(k) or 0.0) for k in keys)
+
+
+def comparison_to_dict(rows: list[Comparison]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(r) | {"ratio": r.ratio} for r in rows]
