@@ -6,7 +6,8 @@ grpo_launch.planning.costmodel) of:
   exhaustive  the best over every split (colocate, server TP 1, 2, 4, …) × backend × offload × checkpointing that
               fits in memory
   fixed       the common hand layout: one GPU for a vLLM server (TP 1), the rest train (cheapest setting)
-Prints a table and the worst chosen/exhaustive ratio (target ≥ 0.95: within 5 % of the optimum).
+Prints a table and the worst chosen/exhaustive ratio (target ≥ 0.95: within 5 % of the optimum), then the
+predicted against the published measurements of tests/published_cases.py.
 
     .venv/bin/python scripts/bench_split.py
 """
@@ -14,7 +15,9 @@ Prints a table and the worst chosen/exhaustive ratio (target ≥ 0.95: within 5 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
+from pathlib import Path
 
 from grpo_launch.catalog import find_model_shape
 from grpo_launch.errors import PlanError
@@ -114,6 +117,21 @@ def main() -> None:
         f"planning time with the split search: median {sorted(plan_ms)[len(plan_ms) // 2]:.1f} ms, "
         f"max {max(plan_ms):.1f} ms"
     )
+    published()
+
+
+def published() -> None:
+    """Predicted against published measurements (the table and sources: tests/published_cases.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.published_cases import CASES
+
+    print()
+    print(f"{'published case':40} {'published':>9} {'predicted':>9} {'ratio':>6} {'band':>11}  what")
+    for case in CASES:
+        predicted = case.predict()
+        ratio = predicted / case.published
+        band = f"{case.band[0]}–{case.band[1]}"
+        print(f"{case.name:40} {case.published:9.2f} {predicted:9.2f} {ratio:6.2f} {band:>11}  {case.what}")
 
 
 if __name__ == "__main__":
