@@ -6,6 +6,7 @@ compare with (tests/test_run.py shows a real CPU run's metrics.jsonl read back a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -132,3 +133,20 @@ def test_cli_prints_predicted_against_measured(tmp_path):
     bad = subprocess.run([*base, "--calibrate-from", str(tmp_path / "nowhere")], capture_output=True, text=True,
                          cwd=ROOT)  # fmt: skip
     assert bad.returncode != 0 and "metrics.jsonl" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_progress_states_and_eta(tmp_path):
+    """`grpo-launch status`: the ETA from the measured mean step time (warm-up step left out) and from the plan's."""
+    from grpo_launch.measured import progress
+
+    plan, run = _run_dir(tmp_path, gen=2.0)
+    m = read_run(run)
+    assert m.steps == 4 and m.last_step == 4 and m.max_steps == 100
+    running = progress(m, now=m.last_time + 1.0)
+    assert running.state == "running" and running.remaining_steps == 96
+    assert running.eta_s == pytest.approx(96 * m.step_s) and m.step_s < 2.5 * plan.estimate.step.total_s
+    assert running.planned_eta_s == pytest.approx(96 * plan.estimate.step.total_s)
+    assert progress(m, now=m.last_time + 10 * m.step_s + 120).state == "silent"
+    assert progress(m, now=m.last_time, stopped_at=4).state == "stopped"
+    done = progress(dataclasses.replace(m, max_steps=4), now=m.last_time)
+    assert (done.state, done.eta_s) == ("finished", 0.0)

@@ -77,6 +77,12 @@ def test_tiny_grpo(tmp_path, processes):
     assert 0 < measured.mean_completion_len <= 64 and measured.training_s > 0
     with pytest.raises(ConfigError, match="no estimate"):  # a CPU plan predicts no time: nothing to calibrate
         calibration_from(measured)
+    status = subprocess.run([sys.executable, "-m", "grpo_launch", "status", str(tmp_path / "run"), "--json"],
+                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    state = json.loads(status.stdout)
+    assert (state["state"], state["step"], state["max_steps"], state["eta_s"]) == ("finished", 3, 3, 0.0)
+    assert "reward" in state["last_log"] and any(log.endswith(".log") for log in state["logs"])
 
 
 def test_deepspeed_zero2_two_processes(tmp_path):

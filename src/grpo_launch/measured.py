@@ -30,7 +30,7 @@ class Measured:
     peak_memory_bytes: int | None  # the largest peak of any rank
     memory_kind: str | None  # cuda_max_allocated or rss_max
     mean_completion_len: float | None  # TRL's completions/mean_length, averaged over its logs
-    last_log: dict[str, float] = field(default_factory=dict)
+    last_log: dict[str, float] = field(default_factory=dict)  # the latest value of each logged metric
     estimate: dict[str, Any] | None = None  # plan.json's estimate
     plan: dict[str, Any] | None = None  # the rest of plan.json
 
@@ -84,7 +84,7 @@ def read_run(run_dir: str | Path) -> Measured:
         peak_memory_bytes=max(peaks) if peaks else None,
         memory_kind=steps[-1].get("memory_kind"),
         mean_completion_len=_mean(lengths) if lengths else None,
-        last_log={k: float(v) for k, v in (logs[-1] if logs else {}).items() if _finite(v)},
+        last_log={k: float(v) for g in logs for k, v in g.items() if _finite(v)},  # each key's latest value
         estimate=(plan or {}).get("estimate"),
         plan=plan,
     )
@@ -96,3 +96,34 @@ def _read_plan(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stands, from its measurements: state, ETA from the measured step time and from the plan's."""
+
+    state: str  # finished | stopped | running | silent
+    detail: str
+    remaining_steps: int | None
+    eta_s: float | None  # at the measured mean step time
+    planned_eta_s: float | None  # at the plan's predicted step time
+    since_last_step_s: float | None
+
+
+def progress(m: Measured, now: float, stopped_at: int | None = None) -> Progress:
+    """``stopped_at``: the step the control dir says the run stopped at to checkpoint (SIGUSR2, preemption)."""
+    remaining = max(0, int(m.max_steps) - m.last_step) if m.max_steps else None
+    since = now - m.last_time if m.last_time is not None else None
+    predicted = ((m.estimate or {}).get("time_s") or {}).get("step")
+    planned = None
+    if remaining is not None and isinstance(predicted, (int, float)) and math.isfinite(predicted):
+        planned = remaining * float(predicted)
+    eta = remaining * m.step_s if remaining is not None else None
+    if remaining == 0:
+        return Progress("finished", f"step {m.last_step}/{m.max_steps}", 0, 0.0, 0.0, since)
+    if stopped_at is not None and stopped_at >= m.last_step:
+        return Progress("stopped", f"checkpointed and stopped at step {stopped_at}", remaining, eta, planned, since)
+    quiet = since is not None and since > 3 * m.step_s + 60
+    state = "silent" if quiet else "running"
+    detail = f"no step for {since:.0f} s (stopped, or hung)" if quiet and since is not None else "stepping"
+    return Progress(state, detail, remaining, eta, planned, since)

@@ -16,7 +16,7 @@ from types import ModuleType
 from grpo_launch import __version__
 from grpo_launch.errors import GrpoLaunchError
 
-VERBS = ("run", "plan", "inspect", "sbatch")
+VERBS = ("run", "plan", "inspect", "sbatch", "status")
 
 
 def _verb(name: str) -> ModuleType:

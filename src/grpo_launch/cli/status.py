@@ -1,0 +1,75 @@
+"""``grpo-launch status [RUN_DIR]``: where a run stands: state, step, ETA (measured and planned), last metrics,
+peak memory, and where its logs are. Reads the run directory only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from grpo_launch.backends import RunContext
+from grpo_launch.errors import ConfigError
+
+# TRL's logged metrics worth a line, in this order, when present
+SHOWN = ("reward", "reward_std", "completions/mean_length", "kl", "entropy", "loss", "learning_rate")
+
+
+def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
+    p = sub.add_parser(
+        "status",
+        help="show a run's state, step, ETA and last metrics",
+        description="Show where a run stands from its run directory: state, step, ETA from the measured step time "
+        "(and the plan's), the last logged metrics, peak memory and the logs.",
+    )
+    p.add_argument("run_dir", nargs="?", help="the run directory (default: the newest under grpo_runs/)")
+    p.add_argument("--json", action="store_true", help="print as JSON")
+
+
+def _newest_run(workdir: str) -> Path:
+    runs = [p.parent for p in Path(workdir, "grpo_runs").glob("*/plan.json")]
+    if not runs:
+        raise ConfigError("no run directory under grpo_runs/", hint="Give one: grpo-launch status RUN_DIR.")
+    return max(runs, key=lambda p: p.stat().st_mtime)
+
+
+def _hours(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def command(args: argparse.Namespace, ctx: RunContext) -> int:
+    from grpo_launch.control import STOPPED_MARKER, control_dir
+    from grpo_launch.measured import progress, read_run
+
+    run_dir = Path(args.run_dir) if args.run_dir else _newest_run(ctx.workdir)
+    m = read_run(run_dir)
+    marker = control_dir(run_dir) / STOPPED_MARKER
+    try:
+        stopped_at: int | None = int(marker.read_text().strip())
+    except (OSError, ValueError):
+        stopped_at = None
+    p = progress(m, time.time(), stopped_at)
+    logs = sorted(str(x) for x in (run_dir / "logs").glob("*.log"))
+    if args.json:
+        data = {"run_dir": str(run_dir), "step": m.last_step, "max_steps": m.max_steps, **asdict(p)}
+        data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
+        data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
+        ctx.emit(json.dumps(data | {"logs": logs}, indent=2))
+        return 0
+    from grpo_launch.cli.report import Section, print_sections
+
+    rows = [
+        ("state", f"{p.state}: {p.detail}"),
+        ("step", f"{m.last_step}/{m.max_steps or '?'}"),
+        ("step time", f"{m.step_s:.1f} s (generation {m.generation_s:.1f} s, training {m.training_s:.1f} s)"),
+        ("ETA", f"{_hours(p.eta_s)} at the measured step time; planned {_hours(p.planned_eta_s)}"),
+    ]
+    rows += [(k, f"{m.last_log[k]:.4g}") for k in SHOWN if k in m.last_log]
+    if m.peak_memory_bytes:
+        rows.append(("peak memory", f"{m.peak_memory_bytes / 2**30:.1f} GiB ({m.memory_kind}, largest rank)"))
+    rows.append(("logs", ", ".join(logs) or f"{run_dir}/logs (none yet)"))
+    print_sections([Section(f"grpo-launch status: {run_dir}", rows)])
+    return 0
