@@ -8,6 +8,9 @@ import shlex
 import signal
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from grpo_launch.backends.ssh import (
     SshOptions,
@@ -17,6 +20,7 @@ from grpo_launch.backends.ssh import (
     remote_command,
     ssh_spec,
 )
+from grpo_launch.probe import parse_meminfo
 from grpo_launch.spec import ProcessSpec
 
 
@@ -73,6 +77,7 @@ def test_host_check_reports_missing_python_directory_and_paths(tmp_path):
     info = json.loads(ok.stdout)
     assert info["version"] and info["missing"] == [str(tmp_path / "no-model")]
     assert info["vllm"] == "missing"  # this venv has none; the check compares it with the local one
+    assert info["memory_bytes"] == pytest.approx(parse_meminfo(Path("/proc/meminfo").read_text()), rel=0.01)
     no_python = run(check_command("/nonexistent/python", str(tmp_path), []))
     assert no_python.returncode == 4 and "no python at /nonexistent/python" in no_python.stdout
     no_dir = run(check_command(sys.executable, "/nonexistent dir/it's", []))
@@ -113,3 +118,21 @@ def test_ports_checked_per_host_and_the_weight_sync_address():
     assert set(ports["a"]) == {29500, 51999} and plan.vllm.port in ports[plan.vllm.host]
     head, *rest = trainers(plan)
     assert head.env["VLLM_HOST_IP"] == "10.0.0.1" and all("VLLM_HOST_IP" not in t.env for t in rest)
+
+
+def test_a_host_without_the_ram_for_offload_is_named():
+    """The plan's offload (ZeRO-3 + optimizer offload of a 70B model on one node) against a host's reported RAM."""
+    from grpo_launch.backends.ssh import host_ram_problem
+    from grpo_launch.catalog import GIB, find_model_shape
+    from grpo_launch.planning import make_plan
+    from grpo_launch.recipe import build_recipe
+    from grpo_launch.topology import parse_gpu_spec
+
+    values = {"model_name_or_path": "meta-llama/Llama-3.1-70B-Instruct", "launch": {"vllm": "off"}}
+    plan = make_plan(parse_gpu_spec("8xH100-80GB"), build_recipe(values), find_model_shape("Llama-3.1-70B"))
+    need = plan.estimate.host_memory_per_node_gib * GIB
+    assert plan.train.offload != "none" and need > 0
+    assert host_ram_problem(plan, int(need * 2)) is None
+    problem = host_ram_problem(plan, int(need))  # all of it: more than the 80 % planned
+    assert problem and f"{need / GIB:.0f} GiB of host RAM" in problem and "use_peft" in problem
+    assert host_ram_problem(plan, None) is None  # an old grpo-launch on the host reports no RAM: not refused

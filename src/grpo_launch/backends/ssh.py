@@ -116,8 +116,8 @@ def kill_command(ssh: SshOptions, host: str, pgid: int, sig: int) -> list[str]:
 
 
 def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequence[int] = ()) -> str:
-    """A remote shell line that prints grpo-launch's version, which of ``paths`` are missing and which of ``ports``
-    are taken on that host (JSON)."""
+    """A remote shell line that prints grpo-launch's version, which of ``paths`` are missing, which of ``ports``
+    are taken, the vLLM version and the RAM of that host (JSON)."""
     code = (
         "import json, os, socket, sys\n"
         "try:\n"
@@ -133,10 +133,13 @@ def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequen
         "        try:\n"
         "            s.bind(('0.0.0.0', port))\n"
         "        except OSError:\n"
-        "            busy.append(port)\n"
-        + VLLM_VERSION_FUNCTION
-        + "print(json.dumps({'version': version, 'missing': missing, 'busy': busy, 'vllm': vllm_version(), "
-        "'host': os.uname().nodename}))\n"
+        "            busy.append(port)\n" + VLLM_VERSION_FUNCTION + "mem = None\n"
+        "try:\n"
+        "    mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')\n"
+        "except (ValueError, OSError):\n"
+        "    pass\n"
+        "print(json.dumps({'version': version, 'missing': missing, 'busy': busy, 'vllm': vllm_version(), "
+        "'host': os.uname().nodename, 'memory_bytes': mem}))\n"
     )
     q = shlex.quote
     return (
@@ -230,6 +233,20 @@ def host_ports(plan: Plan) -> dict[str, dict[int, str]]:
     return out
 
 
+def host_ram_problem(plan: Plan, ram: object) -> str | None:
+    """What is wrong when a host's RAM (as its check reported it) cannot hold the plan's offload."""
+    from grpo_launch.catalog import GIB
+    from grpo_launch.planning.costmodel import HOST_HEADROOM
+
+    need = plan.estimate.host_memory_per_node_gib * GIB if plan.estimate else 0.0
+    if not need or not isinstance(ram, int) or need <= HOST_HEADROOM * ram:
+        return None
+    return (
+        f"offload needs {need / GIB:.0f} GiB of host RAM (DeepSpeed's estimate), the host has {ram / GIB:.0f} GiB "
+        f"(at most {HOST_HEADROOM:.0%} is planned): add nodes, or use LoRA (use_peft=true)"
+    )
+
+
 def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
     """Before anything starts: every host answers ssh in batch mode and has this grpo-launch, Python, working
     directory and the recipe's local paths. One error naming every host and what is wrong."""
@@ -280,6 +297,9 @@ def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
             return f"{host}: missing {', '.join(info['missing'])}"
         if info.get("busy"):
             return f"{host}: " + "; ".join(f"port {p} ({ports[host][p]}) is in use" for p in info["busy"])
+        short = host_ram_problem(plan, info.get("memory_bytes"))
+        if short:
+            return f"{host}: {short}"
         there, here = version_tuple(info.get("vllm")), version_tuple(plan.vllm_version)
         if plan.vllm.mode != "off" and plan.vllm_version and there != here:
             # TRL imports vLLM in every trainer (client, NCCL weight transfer): the same version everywhere.
