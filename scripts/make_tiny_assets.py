@@ -1,4 +1,5 @@
-"""Build a tiny Qwen2-style model, its tokenizer and an arithmetic dataset locally (nothing is downloaded).
+"""Build a tiny Qwen2-style model, a tiny Qwen3-MoE model, their tokenizer and an arithmetic dataset locally
+(nothing is downloaded).
 
 Used by the CPU demo (recipes/tiny-cpu.yaml) and the tests. The model is random (≈150k parameters) with head size 32,
 which the CPU vLLM attention kernels accept. Takes about a second; skips work when the files exist.
@@ -81,14 +82,47 @@ def make_model(out: Path) -> None:
     model.save_pretrained(out)
 
 
+def make_moe_model(out: Path, tokenizer_dir: Path) -> None:
+    """A tiny Qwen3-MoE (4 experts, top-2, every layer sparse) sharing the dense model's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    fast = AutoTokenizer.from_pretrained(tokenizer_dir)
+    fast.save_pretrained(out)
+    config = Qwen3MoeConfig(
+        vocab_size=len(fast),
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(config)
+    model.generation_config.eos_token_id = fast.eos_token_id
+    model.generation_config.pad_token_id = fast.pad_token_id
+    model.save_pretrained(out)
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[1] if len(argv) > 1 else ".cache/tiny")
     model_dir, data = out / "model", out / "data" / "train.jsonl"
     if not (model_dir / "config.json").is_file():
         make_model(model_dir)
+    if not (out / "moe-model" / "config.json").is_file():
+        make_moe_model(out / "moe-model", model_dir)
     if not data.is_file():
         make_dataset(data)
-    print(f"tiny model: {model_dir}\ntiny dataset: {data}")
+    print(f"tiny model: {model_dir}\ntiny MoE model: {out / 'moe-model'}\ntiny dataset: {data}")
     return 0
 
 

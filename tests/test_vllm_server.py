@@ -66,7 +66,7 @@ def _server_plan(tmp_path, port, model=None):
             },
         },
     }
-    shape, _ = resolve_model_shape(str(tiny / "model"))
+    shape, _ = resolve_model_shape(str(model or tiny / "model"))
     # Planned as if on 2 GPUs (server mode is GPU-only); the CPU build of vLLM ignores CUDA_VISIBLE_DEVICES.
     return make_plan(parse_gpu_spec("2xL4-24GB"), build_recipe(values), shape)
 
@@ -89,9 +89,12 @@ def _leftovers(port: int) -> list[str]:
     return [p for p in ps if f"--port {port}" in p or "EngineCore" in p]
 
 
-def test_real_vllm_server_generates_for_trl_client(tmp_path):
+@pytest.mark.parametrize("model", ["model", "moe-model"])
+def test_real_vllm_server_generates_for_trl_client(tmp_path, model):
+    """Both tiny models: the dense Qwen2 and the Qwen3-MoE (4 experts, top-2), which vLLM's CPU build serves with
+    its fused-MoE CPU kernels."""
     port = free_port()
-    plan = _server_plan(tmp_path, port)
+    plan = _server_plan(tmp_path, port, ensure_tiny_assets() / model)
     server = render_vllm_command(plan)
     assert server is not None and "--weight-transfer-config" in server.argv
     # The flags TRL's build_command adds: the server must start with them.

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from grpo_launch.modelconfig import shape_from_config
+from grpo_launch.modelshape import VOCAB_PADDING, ModelShape, padded_vocab
+
+__all__ = ["GIB", "GPU_SPECS", "MODEL_SHAPES", "VOCAB_PADDING", "GpuSpec", "ModelShape", "find_gpu_spec"]
+__all__ += ["find_model_shape", "padded_vocab"]
 
 GIB = 1024**3
 
@@ -70,67 +75,6 @@ def find_gpu_spec(name: str) -> GpuSpec | None:
     return None
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """What the planner needs of a model: size and attention layout."""
-
-    name: str
-    params: float  # parameters
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    intermediate: int | None = None
-    head_dim: int | None = None
-
-    @property
-    def weight_bytes_bf16(self) -> float:
-        return 2.0 * self.params
-
-    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
-        """What one token's KV cache takes on each GPU at tensor-parallel size ``tp``, as vLLM lays it out: the KV
-        heads are split over TP, and replicated once TP exceeds them (``max(1, kv_heads // tp)`` per GPU)."""
-        head_dim = self.head_dim or self.hidden // self.heads
-        return 2.0 * 2 * self.layers * max(1, self.kv_heads // tp) * head_dim
-
-    @property
-    def largest_layer_params(self) -> float:
-        """The largest single module: the (untied or tied) embedding, or one MLP projection. ZeRO-3 and FSDP
-        gather it whole (DeepSpeed's estimate_zero3_model_states_mem_needs counts 4 bytes per parameter of it)."""
-        return float(max(self.vocab * self.hidden, self.hidden * (self.intermediate or 4 * self.hidden)))
-
-    def tp_problems(self, tp: int) -> list[str]:
-        """Why vLLM cannot shard this model over ``tp`` GPUs (empty when it can).
-
-        vLLM splits the attention heads, the KV heads (split when TP divides them, replicated when TP is a multiple
-        of them), the MLP intermediate size and the vocabulary padded to a multiple of 64; anything that does not
-        divide is an assertion while the model is built.
-        """
-        out = []
-        if self.heads % tp:
-            out.append(f"{self.heads} attention heads")
-        if self.kv_heads % tp and tp % self.kv_heads:
-            out.append(f"{self.kv_heads} KV heads (TP must divide them or be a multiple of them)")
-        if self.intermediate and self.intermediate % tp:
-            out.append(f"MLP intermediate size {self.intermediate}")
-        if self.vocab and padded_vocab(self.vocab) % tp:
-            out.append(f"vocabulary {self.vocab} (padded to {padded_vocab(self.vocab)})")
-        return out
-
-    def valid_tp_sizes(self, limit: int) -> tuple[int, ...]:
-        """Tensor-parallel sizes vLLM can shard this model over, up to ``limit``."""
-        return tuple(t for t in range(1, max(1, min(limit, self.heads)) + 1) if not self.tp_problems(t))
-
-
-VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (vllm/model_executor/layers/vocab_parallel_embedding.py)
-
-
-def padded_vocab(vocab: int) -> int:
-    """The vocabulary size vLLM shards: rounded up to a multiple of 64."""
-    return -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
-
-
 def _m(
     name: str,
     params_b: float,
@@ -179,6 +123,64 @@ MODEL_SHAPES: tuple[ModelShape, ...] = (
     _m("DeepSeek-R1-Distill-Llama-70B", 70.6, 80, 8192, 64, 8, 128256, 28672),
 )
 
+# Mixture-of-experts models, as their published config.json files spell them (the shapes are computed from these,
+# as from a local config.json; tests/test_model_shapes.py checks the totals against the model cards).
+_QWEN3_MOE: dict[str, Any] = {
+    "model_type": "qwen3_moe",
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "num_experts_per_tok": 8,
+    "num_experts": 128,
+}
+_GPT_OSS: dict[str, Any] = {
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 201088,
+    "num_experts_per_tok": 4,
+    "attention_bias": True,
+}
+_DEEPSEEK_V3: dict[str, Any] = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "vocab_size": 129280,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+}
+MOE_CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen3-30B-A3B": _QWEN3_MOE | {"hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                                   "num_hidden_layers": 48},
+    "Qwen3-235B-A22B": _QWEN3_MOE | {"hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+                                     "num_hidden_layers": 94, "num_attention_heads": 64},
+    "gpt-oss-20b": _GPT_OSS | {"num_hidden_layers": 24, "num_local_experts": 32},
+    "gpt-oss-120b": _GPT_OSS | {"num_hidden_layers": 36, "num_local_experts": 128},
+    "DeepSeek-V3": _DEEPSEEK_V3,
+    "DeepSeek-R1": _DEEPSEEK_V3,
+    "Kimi-K2-Instruct": _DEEPSEEK_V3 | {"num_attention_heads": 64, "num_key_value_heads": 64, "vocab_size": 163840,
+                                       "n_routed_experts": 384, "first_k_dense_replace": 1},
+    "Mixtral-8x7B": {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2},
+}  # fmt: skip
+MODEL_SHAPES += tuple(shape_from_config(name, cfg) for name, cfg in MOE_CONFIGS.items())
+
 _SUFFIXES = re.compile(r"(-(instruct|chat|base|it|hf|v0\.\d|v\d(\.\d)?|\d{4}))+$", re.IGNORECASE)
 
 
@@ -192,20 +194,3 @@ def find_model_shape(model: str) -> ModelShape | None:
         if shape:
             return shape
     return None
-
-
-def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape:
-    """A shape from a Hugging Face ``config.json`` dict (parameter count computed from the dimensions)."""
-    cfg = dict(config.get("text_config") or config)
-    hidden = int(cfg["hidden_size"])
-    layers = int(cfg["num_hidden_layers"])
-    heads = int(cfg["num_attention_heads"])
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    vocab = int(cfg.get("vocab_size") or 0)
-    inter = int(cfg.get("intermediate_size") or 4 * hidden)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    attn = hidden * heads * head_dim + 2 * hidden * kv * head_dim + heads * head_dim * hidden
-    mlp = 3 * hidden * inter
-    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    params = layers * (attn + mlp + 2 * hidden) + embed + hidden
-    return ModelShape(name, float(params), layers, hidden, heads, kv, vocab, inter, head_dim)

@@ -59,6 +59,10 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         "--gpu-memory-utilization",
         f"{v.gpu_memory_utilization}",
     ]
+    if v.data_parallel_size > 1:  # a mixture of experts: DP ranks with the experts spread over all of them
+        argv += ["--data-parallel-size", str(v.data_parallel_size)]
+    if v.expert_parallel:
+        argv.append("--enable-expert-parallel")
     if v.max_model_len:
         argv += ["--max-model-len", str(v.max_model_len)]
     if v.max_num_seqs:

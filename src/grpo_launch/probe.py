@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.catalog import ModelShape, find_model_shape, shape_from_config
+from grpo_launch.catalog import ModelShape, find_model_shape
 from grpo_launch.errors import ProbeError
+from grpo_launch.modelconfig import shape_from_config
 from grpo_launch.topology import Gpu, Host, Topology
 
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{2,}(-[0-9a-fA-F]+)*$")

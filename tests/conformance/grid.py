@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_launch.catalog import find_model_shape
+from grpo_launch.catalog import MOE_CONFIGS, find_model_shape
 from grpo_launch.planning import make_plan
 from grpo_launch.planning.types import Plan
 from grpo_launch.recipe import load_recipe
@@ -87,6 +87,11 @@ def plan_case(case: Case, run_dir: Path) -> Plan:
 def hf_config(shape) -> dict:
     """A Hugging Face config.json for a built-in model shape (its family's model_type and architecture), so the
     libraries can build the model's layout themselves: vLLM its KV cache, transformers a meta-device model."""
+    if shape.name in MOE_CONFIGS:  # built from its published config.json values
+        cfg = dict(MOE_CONFIGS[shape.name])
+        arch = {"qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
+                "deepseek_v3": "DeepseekV3ForCausalLM", "mixtral": "MixtralForCausalLM"}[cfg["model_type"]]  # fmt: skip
+        return cfg | {"architectures": [arch], "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
     name = shape.name.lower()
     if name.startswith("qwen3"):
         family, arch = "qwen3", "Qwen3ForCausalLM"

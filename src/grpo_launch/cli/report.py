@@ -99,7 +99,12 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
     v, train = plan.vllm, plan.train
     gen = [("vLLM", str(v.mode))]
     if v.mode == "server":
-        gen.append(("vLLM server", f"{v.host} GPUs {_ranges(list(v.gpus))}, TP {v.tensor_parallel_size}, {v.base_url}"))
+        shape = (
+            f"TP {v.tensor_parallel_size}"
+            + (f" × DP {v.data_parallel_size}" if v.data_parallel_size > 1 else "")
+            + (", expert parallel" if v.expert_parallel else "")
+        )
+        gen.append(("vLLM server", f"{v.host} GPUs {_ranges(list(v.gpus))}, {shape}, {v.base_url}"))
     elif v.mode == "colocate":
         gen.append(
             ("vLLM colocated", f"TP {v.tensor_parallel_size}, gpu_memory_utilization {v.gpu_memory_utilization}")

@@ -173,7 +173,7 @@ def _plan_one(
 
     work = resources.workload(recipe, layout, calibration)
     training = resources.choose_training(topology, recipe, model, n, vllm, work, trace, nodes=len(train_hosts))
-    vllm, sizing = resources.size_vllm(topology, model, vllm, work, trace)
+    vllm, sizing = resources.size_vllm(topology, model, vllm, work, trace, n)
     device = Device.CPU if topology.is_cpu else Device.CUDA
     train = TrainPlan(
         device=device,

@@ -9,7 +9,9 @@ width (4 when float32 weights run under bf16 autocast) and ``h``/``i`` the hidde
 - attention with a padding mask (GRPO batches are padded, so transformers passes a mask and repeats the KV heads
   for SDPA): the rotated queries, the repeated keys and values, SDPA's output and the contiguous copy o_proj reads
   (5·b·h) plus SDPA's float32 log-sum-exp (4 bytes per head);
-- the SwiGLU MLP: gate output, its SiLU, up output and their product (4·b·i).
+- the SwiGLU MLP: gate output, its SiLU, up output and their product (4·b·i); in a mixture-of-experts layer the
+  router's logits and softmax, and per routed expert the token's dispatched copy, the expert's intermediates and
+  its weighted output (k·b·(2h + 4·i_expert)), plus the shared experts.
 
 Gradient checkpointing (transformers' per-layer checkpoint) keeps each layer's input (b·h, float32 under autocast)
 and recomputes one layer at a time during the backward, whose own gradients are a further workspace.
@@ -66,10 +68,19 @@ class ActivationMemory:
 
 
 def layer_bytes_per_token(model: ModelShape, prec: Precision) -> float:
-    """What one decoder layer saves for its backward, per token (see the module docstring)."""
+    """What one decoder layer saves for its backward, per token (see the module docstring), averaged over the
+    layers of a mixture of experts (its dense layers and its MoE layers differ)."""
     h, i, b = model.hidden, model.intermediate or 4 * model.hidden, prec.activation_bytes
     norm = 4 * h + prec.param_bytes * h + b * h
-    return 2 * norm + 5 * b * h + 4 * model.heads + 4 * b * i
+    dense_mlp = 4 * b * i
+    mlp = float(dense_mlp)
+    if model.is_moe:
+        # the router's logits and float32 softmax; per routed expert the token's dispatched copy, the expert's
+        # SwiGLU intermediates and its weighted output; the shared experts like a dense MLP
+        e, k, mi = model.experts, model.experts_per_token, model.moe_intermediate or i
+        moe_mlp = e * (b + 4) + k * b * (2 * h + 4 * mi) + 4 * b * model.shared_intermediate
+        mlp = (model.moe_layers * moe_mlp + (model.layers - model.moe_layers) * dense_mlp) / model.layers
+    return 2 * norm + 5 * b * h + 4 * model.heads + mlp
 
 
 def activation_memory(
@@ -85,14 +96,15 @@ def activation_memory(
     """Activation memory of one micro-batch of ``batch`` sequences of ``seq_len`` tokens, ``completion_len`` of
     them scored. With ``lora`` the LM head and the embedding are frozen: no weight gradients for them."""
     h, v, b = model.hidden, model.vocab, prec.activation_bytes
-    i = model.intermediate or 4 * h
+    i = model.intermediate or (0 if model.is_moe else 4 * h)
     tokens = batch * seq_len
     layer = layer_bytes_per_token(model, prec) * tokens
     saved: float
     residual = prec.param_bytes if prec.autocast else b  # the residual stream's width
     final_norm = (4 * h + prec.param_bytes * h + b * h) * tokens
     # one layer's backward: the residual gradient and the MLP's gradients (down input, SiLU, gate, up)
-    backward = (2 * residual * h + 3 * b * i) * tokens
+    width = max(i, model.experts_per_token * (model.moe_intermediate or 0) + model.shared_intermediate)
+    backward = (2 * residual * h + 3 * b * width) * tokens
     if checkpointing:
         saved = residual * h * tokens * model.layers + final_norm
         recompute = layer + backward

@@ -69,15 +69,16 @@ def choose_mode(topology: Topology, recipe: Recipe, trace: Trace) -> VllmMode:
     return VllmMode.SERVER
 
 
-def _requested_tp(recipe: Recipe, trace: Trace) -> int | None:
+def _requested_tp(recipe: Recipe, trace: Trace, *, moe: bool = False) -> int | None:
+    """The server's GPU count the recipe asks for (launch.vllm_gpus, else its tensor-parallel size)."""
     launch = recipe.launch
     tp = launch.vllm_tensor_parallel_size
     if launch.vllm_gpus is not None:
-        if tp is not None and tp != launch.vllm_gpus:
+        if tp is not None and tp != launch.vllm_gpus and not (moe and launch.vllm_gpus % tp == 0):
             raise PlanError(
                 f"launch.vllm_gpus={launch.vllm_gpus} and launch.vllm_tensor_parallel_size={tp} differ",
-                hint="The server runs one tensor-parallel group (data-parallel size 1 for dense models): "
-                "set only one of them.",
+                hint="A dense model's server runs one tensor-parallel group: set only one of them (a "
+                "mixture-of-experts model may run data parallel: vllm_gpus a multiple of the TP size).",
             )
         tp = launch.vllm_gpus
     if tp is None and recipe.is_set("vllm_tensor_parallel_size"):
@@ -106,9 +107,10 @@ def plan_server(
     mem = topology.min_gpu_memory_bytes
     if forced_tp and not fits_server_gpu(model, mem, forced_tp):
         raise PlanError(f"split candidate TP {forced_tp}: the weights take over half of each server GPU")
-    tp_fixed = forced_tp or _requested_tp(recipe, trace)
+    tp_fixed = forced_tp or _requested_tp(recipe, trace, moe=bool(model and model.is_moe))
     valid = model.valid_tp_sizes(per_host) if model else tuple(range(1, per_host + 1))
-    if tp_fixed is not None:
+    tp_asked = recipe.launch.vllm_tensor_parallel_size if recipe.launch.vllm_gpus else None
+    if tp_fixed is not None and moe_split(model, tp_fixed, mem, tp_asked) is None:
         problems = []
         if tp_fixed > per_host:
             problems.append(
@@ -170,6 +172,18 @@ def plan_server(
         where = f"last {tp} GPU(s) of {server_host.name}" + (
             f"; {idle} GPU(s) idle elsewhere so every machine runs {keep} trainers" if idle else ""
         )
+    split = moe_split(model, tp, mem, tp_asked)
+    dp = 1
+    if split is not None and model is not None:
+        tp, dp = split
+        trace.decide(
+            "vllm_data_parallel_size",
+            dp,
+            f"{model.name} is a mixture of experts: {tp * dp} server GPUs as {dp} data-parallel rank(s) of TP {tp} "
+            f"with expert parallelism (the {model.experts} experts spread over all of them: "
+            f"{model.weight_bytes_per_gpu(tp, dp, ep=True) / GIB:.1f} GiB of weights per GPU), fewer TP all-reduces "
+            "per token and a KV cache per rank",
+        )
     if tp_fixed:
         why_tp = "the split search's candidate" if forced_tp else "set in the recipe"
     elif model and tp == tp_min:
@@ -197,6 +211,8 @@ def plan_server(
         address=server_host.addr if multi else "127.0.0.1",
         gpus=server_gpus,
         tensor_parallel_size=tp,
+        data_parallel_size=dp,
+        expert_parallel=dp > 1,
         port=launch.vllm_port,
         bind_host=launch.vllm_host or ("0.0.0.0" if multi else "127.0.0.1"),
         gpu_memory_utilization=util or VLLM_SERVER_UTILIZATION,
@@ -204,6 +220,22 @@ def plan_server(
         max_prompt_length=prompt_bound(recipe),
     )
     return vllm, train_hosts
+
+
+def moe_split(model: ModelShape | None, gpus: int, mem: int | None, tp: int | None = None) -> tuple[int, int] | None:
+    """(TP, DP) for a mixture-of-experts server on ``gpus`` GPUs with the experts spread over all of them (vLLM's
+    --data-parallel-size with --enable-expert-parallel, as TRL's docs advise for MoE models): the smallest TP (or
+    the recipe's ``tp``) that shards the model and divides ``gpus``, whose weights per GPU fit the server's share.
+    None for a dense model, one GPU, or no such split."""
+    if model is None or not model.is_moe or gpus < 2:
+        return None
+    sizes = [tp] if tp else [t for t in range(1, gpus + 1) if gpus % t == 0]
+    for t in sizes:
+        if gpus % t or model.tp_problems(t):
+            continue
+        if mem is None or model.weight_bytes_per_gpu(t, gpus // t, ep=True) <= VLLM_WEIGHTS_SHARE * mem:
+            return t, gpus // t
+    return None
 
 
 def completion_len(recipe: Recipe) -> int:

@@ -240,7 +240,7 @@ def memory_fixes(
 
 
 def size_vllm(
-    topology: Topology, model: ModelShape | None, vllm: VllmPlan, work: Workload, trace: Trace
+    topology: Topology, model: ModelShape | None, vllm: VllmPlan, work: Workload, trace: Trace, n: int = 1
 ) -> tuple[VllmPlan, VllmMemory | None]:
     """max_num_seqs (and the colocated memory share) from the KV cache the concurrent sequences need; and the
     sizing itself, which the estimate reports."""
@@ -251,10 +251,13 @@ def size_vllm(
     # vLLM's default); the server's value stays as planned, only the sequences are sized to it.
     share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
     limit = vllm.gpu_memory_utilization if vllm.mode == VllmMode.SERVER else None
-    sized = vllm_memory(model, vllm.tensor_parallel_size, mem, work, share=share, limit=limit)
+    tp, ep = vllm.tensor_parallel_size, vllm.expert_parallel
+    # one engine per TP group of trainers (colocate), one per data-parallel rank (server)
+    replicas = max(1, n // tp) if vllm.mode == VllmMode.COLOCATE else vllm.data_parallel_size
+    sized = vllm_memory(model, tp, mem, work, share=share, limit=limit, replicas=replicas, ep=ep)
     if sized is None:
-        weights = model.weight_bytes_bf16 / vllm.tensor_parallel_size
-        need = vllm_share_needed(model, vllm.tensor_parallel_size, mem, work.seq_len)
+        weights = model.weight_bytes_per_gpu(tp, replicas, ep=ep)
+        need = vllm_share_needed(model, tp, mem, work.seq_len, replicas, ep=ep)
         fixes = [
             Fix("gpus", None, "more GPUs (a larger tensor-parallel size spreads the weights)", 3, in_recipe=False),
             Fix("launch.vllm", "off", "generate with transformers in the trainers; slow", rank=4),
@@ -332,11 +335,13 @@ def estimate_plan(
     seqs = vllm.max_num_seqs or work.completions
     tp = vllm.tensor_parallel_size
     if vllm.mode == VllmMode.SERVER:
-        gen, gen_why = generation_time(model, gpu, tp, 1, seqs, work)
+        dp = vllm.data_parallel_size
+        gen, gen_why = generation_time(model, gpu, tp, dp, seqs, work, ep=vllm.expert_parallel)
         # Trainer rank 0 (the first training host) broadcasts the weights to the server.
         sync = sync_time(model, across_nodes=vllm.host != train.hosts[0].name)
         vllm_gib = (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB
-        explain.append(f"generation on the server ({tp} GPU): {gen_why}")
+        shape = f"TP {tp} × DP {dp}" + (" with expert parallelism" if vllm.expert_parallel else "")
+        explain.append(f"generation on the server ({tp * dp} GPU, {shape}): {gen_why}")
         explain.append(f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s")
     elif vllm.mode == VllmMode.COLOCATE:
         replicas = max(1, n // tp)

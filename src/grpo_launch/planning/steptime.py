@@ -31,26 +31,34 @@ from grpo_launch.planning.costmodel import (
 
 
 def generation_time(
-    model: ModelShape, gpu: GpuSpec, tp: int, replicas: int, max_num_seqs: int, work: Workload
+    model: ModelShape, gpu: GpuSpec, tp: int, replicas: int, max_num_seqs: int, work: Workload, *, ep: bool = False
 ) -> tuple[float, str]:
-    """Seconds to generate one optimizer step's completions on ``replicas`` × TP ``tp`` GPUs, and the arithmetic."""
+    """Seconds to generate one optimizer step's completions on ``replicas`` × TP ``tp`` GPUs, and the arithmetic.
+    With ``ep`` (expert parallelism over all of them) each GPU reads its share of the experts the whole batch
+    touches instead of its TP share of every replica's."""
     flops = gpu.bf16_tflops * 1e12
     bw = gpu.bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY
     tp_factor = 1 + _c("tp_allreduce_factor") * math.log2(tp) if tp > 1 else 1.0
     prompts = work.completions / max(1, work.num_generations)
-    prefill = 2 * model.params * prompts * work.prompt_len / (replicas * tp * flops * PREFILL_MFU)
+    active = model.active_params  # compute runs through the active parameters; memory holds them all
+    prefill = 2 * active * prompts * work.prompt_len / (replicas * tp * flops * PREFILL_MFU)
     per_replica = math.ceil(work.completions / replicas)
     batches = math.ceil(per_replica / max(1, max_num_seqs))
     batch = min(per_replica, max_num_seqs)
     steps = work.longest_of(batch)
     avg_ctx = work.prompt_len + work.mean_completion_len / 2
-    read = model.weight_bytes_bf16 / tp + batch * avg_ctx * model.kv_bytes_per_token_per_gpu(tp)
+    if ep:
+        dense = 2.0 * (model.params - model.routed_params)
+        weights = dense / tp + (model.decode_read_bytes(batch * replicas) - dense) / (tp * replicas)
+    else:
+        weights = model.decode_read_bytes(batch) / tp
+    read = weights + batch * avg_ctx * model.kv_bytes_per_token_per_gpu(tp)
     step_mem = read / bw
-    step_compute = 2 * model.params * batch / (tp * flops * PREFILL_MFU)
+    step_compute = 2 * active * batch / (tp * flops * PREFILL_MFU)
     decode = batches * steps * (max(step_mem, step_compute) * tp_factor + DECODE_STEP_OVERHEAD_S)
     scale = work.scale.generation
     why = (
-        f"prefill 2·{model.params / 1e9:.2f}B·{prompts:.0f} prompts·{work.prompt_len} tok / ({replicas}×{tp} GPU · "
+        f"prefill 2·{active / 1e9:.2f}B·{prompts:.0f} prompts·{work.prompt_len} tok / ({replicas}×{tp} GPU · "
         f"{gpu.bf16_tflops:.0f} TFLOP/s · {PREFILL_MFU:.0%}) = {prefill:.2f} s; decode {batches} batch(es) × "
         f"{steps:.0f} steps × ({max(step_mem, step_compute) * 1e3:.1f} ms "
         f"{'memory' if step_mem >= step_compute else 'compute'}-bound at batch {batch}"
@@ -63,7 +71,7 @@ def generation_time(
 
 def transformers_generation_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:
     """Generation without vLLM: the trainers decode with transformers at about half the bandwidth efficiency."""
-    per_token = 2 * model.weight_bytes_bf16 / (gpu.bandwidth_tbs * 1e12 * 0.5)
+    per_token = 2 * model.decode_read_bytes(n * work.per_device) / (gpu.bandwidth_tbs * 1e12 * 0.5)
     batches = math.ceil(work.completions / max(1, n * work.per_device))
     return work.longest_of(work.per_device) * per_token * batches * work.scale.generation
 
@@ -105,11 +113,11 @@ def training_time(
         per_token -= 2.0  # no weight gradients for the frozen base
     factor = _c("zero3_slowdown") if backend == DistBackend.ZERO3 else 1.0
     mfu = train_mfu(gpu.name).value
-    compute = per_token * model.params * tokens * factor / (n * gpu.bf16_tflops * 1e12 * mfu)
+    compute = per_token * model.active_params * tokens * factor / (n * gpu.bf16_tflops * 1e12 * mfu)
     moved = offload_time(model, n, nodes, backend, offload, work)
     seconds = (compute + moved) * work.scale.training
     why = (
-        f"{per_token:.0f}·{model.params / 1e9:.2f}B·{tokens:,.0f} padded tok"
+        f"{per_token:.0f}·{model.active_params / 1e9:.2f}B{' active' if model.is_moe else ''}·{tokens:,.0f} padded tok"
         + (f" ×{factor:.2f} ({backend})" if factor != 1.0 else "")
         + f" / ({n} GPU · {gpu.bf16_tflops:.0f} TFLOP/s · {mfu:.0%} MFU) = {compute:.1f} s"
         + (f" + offload {moved:.1f} s (PCIe + CPU Adam)" if moved else "")
@@ -124,7 +132,8 @@ def old_logprobs_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -
     if not work.old_logprobs:
         return 0.0
     mfu = train_mfu(gpu.name).value
-    return 2.0 * model.params * padded_tokens(work) / (n * gpu.bf16_tflops * 1e12 * mfu) * work.scale.training
+    flops = 2.0 * model.active_params * padded_tokens(work)
+    return flops / (n * gpu.bf16_tflops * 1e12 * mfu) * work.scale.training
 
 
 def sync_time(model: ModelShape, *, across_nodes: bool) -> float:

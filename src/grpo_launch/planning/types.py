@@ -68,6 +68,8 @@ class VllmPlan:
     address: str | None = None
     gpus: tuple[str, ...] = ()  # visible ids on ``host`` (server mode)
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1  # server: DP ranks of TP GPUs each (the server holds TP × DP GPUs)
+    expert_parallel: bool = False  # server: --enable-expert-parallel (the experts spread over all its GPUs)
     port: int = 8000
     bind_host: str = "127.0.0.1"
     gpu_memory_utilization: float | None = None
