@@ -1,7 +1,8 @@
 """A mixture-of-experts model trains for real: the tiny Qwen3-MoE (scripts/make_tiny_assets.py: 4 experts, top-2,
 every layer sparse) runs GRPO through `grpo-launch` on 2 CPU processes with DeepSpeed ZeRO-3 (gloo). Every expert's
 weights and the routers move (transformers 5 trains the experts fused, and saves them per expert as the published
-checkpoints are), and TRL logs the router's load-balancing loss. (vLLM's CPU build serving the same model: tests/test_vllm_server.py.)"""
+checkpoints are), and TRL logs the router's load-balancing loss. (vLLM's CPU build serving the same model:
+tests/test_vllm_server.py.)"""
 
 from __future__ import annotations
 

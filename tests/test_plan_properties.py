@@ -78,12 +78,21 @@ def _check(plan):
     assert len(train) == n
     assert len({h.processes for h in plan.train.hosts}) == 1, "accelerate needs equal processes per machine"
     if plan.vllm.mode == "server":
-        tp = plan.vllm.tensor_parallel_size
-        assert len(plan.vllm.gpus) == tp
+        tp, dp = plan.vllm.tensor_parallel_size, plan.vllm.data_parallel_size
+        assert len(plan.vllm.gpus) == tp * dp  # the server sees TP × DP GPUs
+        assert dp == 1 or (plan.model is not None and plan.model.is_moe and plan.vllm.expert_parallel)
         assert plan.model is None or tp in plan.model.valid_tp_sizes(tp)
-        assert tp <= len(plan.topology.hosts[0].gpus)
+        assert tp * dp <= len(plan.topology.hosts[0].gpus)
     if plan.vllm.mode == "colocate":
         assert n % plan.vllm.tensor_parallel_size == 0
+    est, model = plan.estimate, plan.model
+    if est is not None and model is not None:
+        # Nothing planned holds more than its GPU: training within the planned 90 %, vLLM's weights within its share.
+        assert est.train_memory_gib is None or est.train_memory_gib <= 0.9 * est.gpu_memory_gib * 1.0001
+        v = plan.vllm
+        if v.mode != "off" and v.gpu_memory_utilization:
+            weights = model.weight_bytes_per_gpu(v.tensor_parallel_size, v.data_parallel_size, ep=v.expert_parallel)
+            assert weights / 2**30 < v.gpu_memory_utilization * est.gpu_memory_gib
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -36,16 +36,29 @@ class Fix:
 
     def overrides(self) -> list[str]:
         """The fix as ``key=value`` command-line overrides (empty for a change outside the recipe)."""
-        import json
-
-        return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in self.assignments()]
+        return [f"{k}={override_value(v)}" for k, v in self.assignments()]
 
     def __str__(self) -> str:
         if not self.in_recipe:
             return self.reason
-        text = f"set {self.setting}={' or '.join(map(str, self.choices))}"
-        text += "".join(f" with {k}={v}" for k, v in self.also)
+        text = f"set {self.setting}={' or '.join(map(override_value, self.choices))}"
+        text += "".join(f" with {k}={override_value(v)}" for k, v in self.also)
         return text + (f" ({self.reason})" if self.reason else "")
+
+
+def override_value(value: Any) -> str:
+    """A value as a ``key=value`` override spells it (YAML, no spaces: one shell word): true, null, [a,b]."""
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
 
 
 def rank_fixes(fixes: Iterable[Fix]) -> tuple[Fix, ...]:

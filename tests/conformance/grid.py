@@ -21,6 +21,7 @@ from grpo_launch.topology import parse_gpu_spec
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 QWEN15, QWEN7, LLAMA70 = ("recipes/qwen1.5b.yaml", "recipes/qwen7b-math.yaml", "recipes/llama70b.yaml")
+MOE = "recipes/qwen3-30b-a3b.yaml"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,19 @@ GRID: tuple[Case, ...] = (
     Case("no-prompt-length", QWEN15, "4xL20-48GB", ("max_prompt_length=null",)),
     Case("explicit-max-len", QWEN15, "1xH100-80GB", ("max_prompt_length=null", "vllm_max_model_length=4096")),
     Case("long-completions", QWEN7, "8xH100-80GB", ("max_completion_length=4096", "num_generations=16")),
+    # Mixtures of experts on 1–4 nodes: colocate, servers as TP × DP with expert parallelism, ZeRO-3.
+    Case("moe-8xH100", MOE, "8xH100-80GB"),
+    Case("moe-2x8xH100", MOE, "2x8xH100-80GB"),
+    Case("moe-4x8xH100", MOE, "4x8xH100-80GB"),
+    Case("moe-server-dp4", MOE, "8xH100-80GB", ("launch.vllm=server", "launch.vllm_gpus=4")),
+    Case(
+        "moe-server-tp2-dp2",
+        MOE,
+        "8xH100-80GB",
+        ("launch.vllm=server", "launch.vllm_gpus=4", "launch.vllm_tensor_parallel_size=2"),
+    ),
+    Case("gpt-oss-20b-2x8xH100", MOE, "2x8xH100-80GB", ("model_name_or_path=openai/gpt-oss-20b",)),
+    Case("moe-zero3-3x8xH100", MOE, "3x8xH100-80GB", ("launch.backend=zero3",)),
 )
 
 

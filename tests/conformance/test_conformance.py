@@ -57,6 +57,7 @@ def _trl_script_args(plan) -> dict:
         "model": str(values["model_name_or_path"]),
         "revision": values.get("model_revision"),
         "tensor_parallel_size": v.tensor_parallel_size,
+        "data_parallel_size": v.data_parallel_size,
         "host": v.bind_host,
         "port": v.port,
         "gpu_memory_utilization": v.gpu_memory_utilization,
@@ -77,6 +78,8 @@ def vllm_verdicts() -> dict[str, dict]:
         if case_id in SERVER:
             argv = list(vllm_server(plan).argv)
             item.update(argv=argv[argv.index("serve") + 1 :], trl=_trl_script_args(plan), parse_trl=True)
+            if plan.vllm.expert_parallel:  # TRL's vllm-serve has no flag for it: passed as vLLM's own extra argument
+                item["trl_extra_args"] = ["--enable-expert-parallel"]
         if case_id in WITH_VLLM:
             m = plan.model
             item["shard"] = {
@@ -85,6 +88,8 @@ def vllm_verdicts() -> dict[str, dict]:
                 "kv_heads": m.kv_heads,
                 "intermediate": m.intermediate,
                 "vocab": m.vocab,
+                "expert_intermediate": m.moe_intermediate,
+                "expert_parallel": plan.vllm.expert_parallel,
             }
         cases.append(item)
     return vllm_oracle(cases)
@@ -95,7 +100,9 @@ def test_vllm_parses_the_server_command_as_planned(vllm_verdicts, case_id):
     plan, verdict = PLANS[case_id], vllm_verdicts[case_id]
     assert verdict["error"] is None, verdict["error"]
     got, v = verdict["parsed"], plan.vllm
-    assert got["tensor_parallel_size"] == v.tensor_parallel_size and got["data_parallel_size"] == 1
+    assert got["tensor_parallel_size"] == v.tensor_parallel_size
+    assert got["data_parallel_size"] == v.data_parallel_size and got["enable_expert_parallel"] is v.expert_parallel
+    assert len(v.gpus) == v.tensor_parallel_size * v.data_parallel_size  # CUDA_VISIBLE_DEVICES holds them all
     assert got["gpu_memory_utilization"] == v.gpu_memory_utilization
     assert got["max_model_len"] == v.max_model_len and got["max_num_seqs"] == v.max_num_seqs
     assert got["host"] == v.bind_host and got["port"] == v.port

@@ -11,7 +11,8 @@ stdin: a JSON list of cases, each ``{"id": str, "argv": [...], "trl": {...}}``:
 - ``trl_extra_args``: optional list, forwarded as ``build_command``'s ``extra_args``.
 - ``fields``: optional list of further ``AsyncEngineArgs`` attribute names to report in ``parsed``.
 - ``parse_trl``: optional; when true, TRL's command is parsed the same way (``trl_parsed``, ``trl_parse_error``).
-- ``shard``: optional ``{"tp", "heads", "kv_heads", "intermediate", "vocab"}``: the divisions vLLM's parallel
+- ``shard``: optional ``{"tp", "heads", "kv_heads", "intermediate", "vocab"}`` (plus ``expert_intermediate`` and
+  ``expert_parallel`` for a mixture of experts): the divisions vLLM's parallel
   layers make while a model is built (``QKVParallelLinear``, ``MergedColumnParallelLinear``,
   ``VocabParallelEmbedding``), done with vLLM's own ``divide`` and ``pad_vocab_size``; ``shard_error`` says which
   one fails.
@@ -198,15 +199,28 @@ def trl_command(kwargs: dict[str, Any], extra_args: list[str] | None) -> tuple[l
     return command[command.index("serve") + 1 :], None
 
 
-def shard_error(tp: int, heads: int, kv_heads: int, intermediate: int, vocab: int) -> str | None:
-    """The first division vLLM's layers would assert on, at tensor-parallel size ``tp`` (None: all divide)."""
+def shard_error(
+    tp: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int | None,
+    vocab: int,
+    expert_intermediate: int | None = None,
+    expert_parallel: bool = False,
+) -> str | None:
+    """The first division vLLM's layers would assert on, at tensor-parallel size ``tp`` (None: all divide). A model
+    with only MoE layers has no dense MLP (``intermediate`` None); without expert parallelism FusedMoE splits each
+    expert's intermediate size over TP, with it each GPU holds whole experts."""
     steps = [
         ("attention heads", lambda: divide(heads, tp)),
         # QKVParallelLinear: KV heads are split when TP is smaller, replicated (TP / KV heads) when not.
         ("KV heads", lambda: divide(tp, kv_heads) if tp >= kv_heads else divide(kv_heads, tp)),
-        ("MLP intermediate size", lambda: divide(intermediate, tp)),
         ("padded vocabulary", lambda: divide(pad_vocab_size(vocab), tp)),
     ]
+    if intermediate:
+        steps.append(("MLP intermediate size", lambda: divide(intermediate, tp)))
+    if expert_intermediate and not expert_parallel:
+        steps.append(("expert intermediate size", lambda: divide(expert_intermediate, tp)))
     for what, step in steps:
         try:
             step()

@@ -103,6 +103,9 @@ def _search(
             return None
         # Splits give different optimizer steps (more trainers, more completions per step): compare per prompt.
         prompts = plan.layout.completions_per_optimizer_step / plan.layout.num_generations
+        v = plan.vllm
+        if v.data_parallel_size > 1:  # a MoE server: its GPUs as TP × DP ranks
+            label = f"server {len(v.gpus)} GPUs (TP {v.tensor_parallel_size} × DP {v.data_parallel_size})"
         scored.append((Candidate(label, mode, tp, step=plan.estimate.step, prompts_per_step=prompts), plan))
     if not scored:
         return None

@@ -110,13 +110,13 @@ def plan_server(
     tp_fixed = forced_tp or _requested_tp(recipe, trace, moe=bool(model and model.is_moe))
     valid = model.valid_tp_sizes(per_host) if model else tuple(range(1, per_host + 1))
     tp_asked = recipe.launch.vllm_tensor_parallel_size if recipe.launch.vllm_gpus else None
-    if tp_fixed is not None and moe_split(model, tp_fixed, mem, tp_asked) is None:
+    if tp_fixed is not None:
         problems = []
         if tp_fixed > per_host:
             problems.append(
                 f"tensor-parallel size {tp_fixed} exceeds the {per_host} GPUs of one host (TP stays in a node)"
             )
-        if model and model.tp_problems(tp_fixed):
+        if model and model.tp_problems(tp_fixed) and moe_split(model, tp_fixed, mem, tp_asked) is None:
             problems.append(
                 f"vLLM cannot shard {model.name} over {tp_fixed} GPUs: {tp_fixed} does not divide its "
                 + ", ".join(model.tp_problems(tp_fixed))
@@ -162,7 +162,7 @@ def plan_server(
             TrainHost(h.name, h.addr, r, tuple(g.visible_id for g in h.gpus), per_host)
             for r, h in enumerate(hosts[:-1])
         )
-        where = f"all of {server_host.name} serves (TP {tp}); {per_host - tp} GPU(s) there idle"
+        where = f"all of {server_host.name} serves ({tp} GPU(s)); {per_host - tp} GPU(s) there idle"
     else:
         keep = per_host - tp
         train_hosts = tuple(
@@ -173,9 +173,10 @@ def plan_server(
             f"; {idle} GPU(s) idle elsewhere so every machine runs {keep} trainers" if idle else ""
         )
     split = moe_split(model, tp, mem, tp_asked)
-    dp = 1
+    dp, gpus_why = 1, ""
     if split is not None and model is not None:
         tp, dp = split
+        gpus_why = f"TP {tp} within each of the {dp} data-parallel ranks (see vllm_data_parallel_size)"
         trace.decide(
             "vllm_data_parallel_size",
             dp,
@@ -184,7 +185,9 @@ def plan_server(
             f"{model.weight_bytes_per_gpu(tp, dp, ep=True) / GIB:.1f} GiB of weights per GPU), fewer TP all-reduces "
             "per token and a KV cache per rank",
         )
-    if tp_fixed:
+    if gpus_why:
+        why_tp = gpus_why
+    elif tp_fixed:
         why_tp = "the split search's candidate" if forced_tp else "set in the recipe"
     elif model and tp == tp_min:
         why_tp = (

@@ -225,7 +225,12 @@ def memory_fixes(
             )
             break
     if not work.lora and total(n, b, o, dataclasses.replace(w_ck, lora=True)) <= budget:
-        fixes.append(Fix("use_peft", True, "LoRA: only the frozen bf16 base stays on the GPU", rank=1))
+        if model.is_moe:  # the experts stay frozen: adapters on the attention projections only
+            attention = ("lora_target_modules", ["q_proj", "k_proj", "v_proj", "o_proj"])
+            fixes.append(Fix("use_peft", True, "LoRA on the attention only: the experts stay frozen in bf16", 1,
+                             also=(attention,)))  # fmt: skip
+        else:
+            fixes.append(Fix("use_peft", True, "LoRA: only the frozen bf16 base stays on the GPU", rank=1))
     for length in (work.completion_len // 2, work.completion_len // 4, work.completion_len // 8):
         if length >= 16 and total(n, b, o, dataclasses.replace(w_ck, completion_len=length)) <= budget:
             fixes.append(Fix("max_completion_length", length, "shorter completions", rank=2))

@@ -1,0 +1,85 @@
+"""Planning mixture-of-experts models: memory from the total parameters, compute from the active ones, vLLM
+servers as TP × DP ranks with expert parallelism, training backends that hold them, and refusals whose fixes fit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from grpo_launch.catalog import GIB, find_model_shape
+from grpo_launch.commands import vllm_server
+from grpo_launch.errors import PlanError
+from grpo_launch.planning import make_plan
+from grpo_launch.planning.costmodel import Workload
+from grpo_launch.planning.steptime import training_time
+from grpo_launch.recipe import load_recipe
+from grpo_launch.topology import parse_gpu_spec
+
+from .conftest import ROOT
+
+RECIPE = ROOT / "recipes" / "qwen3-30b-a3b.yaml"
+
+
+def _plan(gpus: str, *overrides: str):
+    recipe = load_recipe(RECIPE, list(overrides))
+    return make_plan(parse_gpu_spec(gpus), recipe, find_model_shape(str(recipe.get("model_name_or_path"))))
+
+
+def test_the_moe_recipe_plans_on_one_and_two_nodes_with_reasons():
+    one = _plan("8xH100-80GB")
+    assert one.vllm.mode == "colocate" and one.train.backend == "zero3"
+    assert one.estimate.train_memory_gib <= 0.9 * 80 - 0.3 * 80 + 1e-6
+    two = _plan("2x8xH100-80GB")
+    v = two.vllm
+    assert (v.mode, v.tensor_parallel_size, v.data_parallel_size, v.expert_parallel) == ("server", 1, 8, True)
+    argv = vllm_server(two).argv
+    assert argv[argv.index("--data-parallel-size") + 1] == "8" and "--enable-expert-parallel" in argv
+    assert len(vllm_server(two).gpus) == 8  # the server's CUDA_VISIBLE_DEVICES holds all TP × DP GPUs
+    why = {d.what: d.why for d in two.decisions}
+    assert "mixture of experts" in why["vllm_data_parallel_size"] and "expert parallelism" in why[
+        "vllm_data_parallel_size"]  # fmt: skip
+    weights = two.model.weight_bytes_per_gpu(1, 8, ep=True)
+    assert weights < two.model.weight_bytes_bf16 / 4  # the experts spread over all 8 GPUs
+
+
+def test_gpt_oss_20b_is_not_planned_as_a_small_dense_model():
+    """The audit's case: gpt-oss-20b counted as 2.4B and planned as plain DDP on 2 × 8 × H100 (≈330 GB per GPU)."""
+    plan = _plan("2x8xH100-80GB", "model_name_or_path=openai/gpt-oss-20b")
+    assert plan.model.params > 20e9 and plan.train.backend != "ddp"
+    assert plan.estimate.train_memory_gib <= 0.9 * 80
+
+
+def test_compute_follows_the_active_parameters_and_decode_the_touched_experts():
+    moe = find_model_shape("Qwen3-30B-A3B")
+    dense_same_size = dataclasses.replace(moe, experts=0, experts_per_token=0, moe_layers=0)
+    work = Workload(prompt_len=512, completion_len=1024, completions=64, num_generations=8, per_device=4,
+                    gradient_checkpointing=False)  # fmt: skip
+    from grpo_launch.catalog import find_gpu_spec
+
+    h100 = find_gpu_spec("H100")
+    t_moe, _ = training_time(moe, h100, 8, "zero3", "none", work)
+    t_dense, _ = training_time(dense_same_size, h100, 8, "zero3", "none", work)
+    assert t_moe / t_dense == pytest.approx(moe.active_params / moe.params, rel=1e-6)
+    # One sequence reads about the active weights; a large batch touches every expert.
+    assert moe.decode_read_bytes(1) == pytest.approx(2 * moe.active_params, rel=1e-6)
+    assert moe.decode_read_bytes(1024) == pytest.approx(moe.weight_bytes_bf16, rel=1e-3)
+    assert moe.decode_read_bytes(1) < moe.decode_read_bytes(8) < moe.decode_read_bytes(64)
+
+
+def test_a_refusal_offers_lora_on_the_attention_and_the_fix_fits():
+    with pytest.raises(PlanError) as e:
+        _plan("4xH100-80GB", "launch.vllm=colocate", "launch.offload=none")
+    text = e.value.render()
+    assert "lora_target_modules=[q_proj,k_proj,v_proj,o_proj]" in text
+    lora = next(f for f in e.value.fixes if f.setting == "use_peft")
+    fixed = _plan("4xH100-80GB", "launch.vllm=colocate", "launch.offload=none", *lora.overrides())
+    assert fixed.trainer_values["use_peft"] is True
+    assert fixed.estimate.train_memory_gib * GIB <= 0.9 * fixed.estimate.gpu_memory_gib * GIB
+
+
+def test_a_server_too_large_for_a_node_is_refused_not_misplanned():
+    """DeepSeek-V3's 1.3 TB of bf16 weights cannot be served from one 8 × H100 node (a multi-node vLLM server is
+    not planned): the refusal names the size instead of planning an OOM."""
+    with pytest.raises(PlanError, match="does not fit a vLLM server"):
+        _plan("4x8xH100-80GB", "model_name_or_path=deepseek-ai/DeepSeek-V3")
