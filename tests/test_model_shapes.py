@@ -117,3 +117,25 @@ def test_built_in_moe_shapes_equal_the_full_size_architecture(name):
     assert shape.params == total
     assert shape.largest_layer_params == largest
     assert largest == shape.experts * shape.expert_params
+
+
+def test_a_hub_model_is_read_from_the_local_hub_cache(tmp_path):
+    """A hub id that is not in the table but is in the Hugging Face cache (pre-downloaded, as on most clusters) gets
+    its exact shape from the cached config.json, the snapshot refs/main names; nothing is downloaded."""
+    from grpo_launch.probe import resolve_model_shape
+
+    repo = tmp_path / "models--org--tiny-moe"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123\n")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    config = _config_dict("qwen3_moe", SMALL["qwen3_moe"])
+    (repo / "snapshots" / "abc123" / "config.json").write_text(json.dumps(config))
+    shape, warning = resolve_model_shape("org/tiny-moe", {"HF_HUB_CACHE": str(tmp_path)})
+    assert (
+        warning is None
+        and shape.is_moe
+        and shape.experts == 8
+        and shape.params == shape_from_config("x", config).params
+    )
+    missing, warning = resolve_model_shape("org/elsewhere", {"HF_HUB_CACHE": str(tmp_path)})
+    assert missing is None and "not in the built-in table" in warning

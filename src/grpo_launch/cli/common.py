@@ -99,7 +99,7 @@ def plan_for(args: argparse.Namespace, ctx: RunContext, calibration: Calibration
 
     recipe = load(args, ctx)
     topo, backend = topology(args, ctx, recipe)
-    model, warning = resolve_model_shape(recipe.get("model_name_or_path"))
+    model, warning = resolve_model_shape(recipe.get("model_name_or_path"), ctx.environ)
     plan = make_plan(topo, recipe, model, run_dir=recipe.launch.run_dir, python=ctx.python, calibration=calibration)
     if plan.vllm.mode != "off":
         plan = dataclasses.replace(plan, vllm_version=vllm_version_here())

@@ -40,7 +40,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     submitter_cls = _load_submitter("slurm")
     recipe = load(args, ctx)
     topology = submitter_cls.requested_topology(args, probe_local(ctx.environ))
-    model, warning = resolve_model_shape(recipe.get("model_name_or_path"))
+    model, warning = resolve_model_shape(recipe.get("model_name_or_path"), ctx.environ)
     if warning:
         ctx.emit(f"warning: {warning}")
     # Refuse before submitting what cannot run.
