@@ -86,7 +86,8 @@ def _m(
     inter: int,
     head_dim: int | None = None,
 ) -> ModelShape:
-    return ModelShape(name, params_b * 1e9, layers, hidden, heads, kv, vocab, inter, head_dim)
+    qk_norm = name.startswith("Qwen3")  # Qwen3 normalises queries and keys per head
+    return ModelShape(name, params_b * 1e9, layers, hidden, heads, kv, vocab, inter, head_dim, qk_norm=qk_norm)
 
 
 MODEL_SHAPES: tuple[ModelShape, ...] = (

@@ -32,6 +32,7 @@ class ModelShape:
     expert_biases: bool = False  # gpt-oss: biases on each expert's projections
     kv_lora_rank: int = 0  # MLA latent width (0: plain attention)
     qk_rope_head_dim: int = 0  # MLA: the rotary part cached beside the latent
+    qk_norm: bool = False  # RMSNorms on the queries and keys per head (Qwen3, OLMoE)
 
     @property
     def is_moe(self) -> bool:

@@ -1,10 +1,11 @@
 """Measure the peak memory of real training micro-batches on CPU (run as a script, one process for all points).
 
 argv[1]: a JSON list of points: Qwen2 dimensions (vocab, h, i, layers, heads, kv_heads), batch, prompt, completion,
-ckpt. For each point a Qwen2 model is built in float32, TRL 1.16's fused LM head is added as GRPOTrainer adds it
-(log-probs and entropy, ``trl.trainer.utils.add_fused_lm_head``), the gradients are allocated (steady state after
-a first step), and one forward + backward runs on a left-padded batch scored on the completion tokens, with the
-GRPO loss's shape (the log-probs; the entropy is a metric, outside the loss, as in TRL's default).
+ckpt; with ``experts`` and ``top_k`` a Qwen3-MoE of those dimensions (``i`` is then each expert's width). For each
+point the model is built in float32, TRL 1.16's fused LM head is added as GRPOTrainer adds it (log-probs and
+entropy, ``trl.trainer.utils.add_fused_lm_head``), the gradients are allocated (steady state after a first step),
+and one forward + backward runs on a left-padded batch scored on the completion tokens, with the GRPO loss's shape
+(the log-probs; the entropy is a metric, outside the loss, as in TRL's default).
 
 The peak is the process's resident-set high-water mark (VmHWM), reset before each point through
 /proc/self/clear_refs, minus the resident set just before the forward. Large allocations go straight to mmap
@@ -47,17 +48,28 @@ def reset_high_water_mark() -> None:
 
 def measure(point: dict) -> dict:
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=point["vocab"],
-        hidden_size=point["h"],
-        intermediate_size=point["i"],
-        num_hidden_layers=point["layers"],
-        num_attention_heads=point["heads"],
-        num_key_value_heads=point["kv_heads"],
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-    )
-    model = Qwen2ForCausalLM(config).float().train()
+    dims = {
+        "vocab_size": point["vocab"],
+        "hidden_size": point["h"],
+        "intermediate_size": point["i"],
+        "num_hidden_layers": point["layers"],
+        "num_attention_heads": point["heads"],
+        "num_key_value_heads": point["kv_heads"],
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+    }
+    if point.get("experts"):  # a Qwen3-MoE: every layer sparse
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        moe = {
+            "num_experts": point["experts"],
+            "num_experts_per_tok": point["top_k"],
+            "moe_intermediate_size": point["i"],
+        }
+        config = Qwen3MoeConfig(**dims, **moe, head_dim=point["h"] // point["heads"])
+        model = Qwen3MoeForCausalLM(config).float().train()
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**dims)).float().train()
     if point["ckpt"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))

@@ -1,7 +1,8 @@
 """The activation-memory model (grpo_launch.planning.activations) against measured peaks of real forward +
-backward passes on CPU: small Qwen2-shaped models in float32 with TRL 1.16's fused LM head, at several batch ×
-length points, with and without gradient checkpointing, at two vocabulary sizes (8k and Qwen's 152k, where the
-embedding gradient and the LM head dominate). Measured over predicted must lie within 0.8–1.25.
+backward passes on CPU: small Qwen2-shaped models and a Qwen3-MoE (8 experts, top-2) in float32 with TRL 1.16's
+fused LM head, at several batch × length points, with and without gradient checkpointing, at two vocabulary sizes
+(8k and Qwen's 152k, where the embedding gradient and the LM head dominate). Measured over predicted must lie
+within 0.8–1.25.
 
 On CPU TRL folds the LM-head tiles with torch (its Triton kernels need a GPU), so the prediction uses the CPU
 precision (float32, no Triton); the layer terms are the same as on a GPU, at 4 bytes instead of 2.
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from grpo_launch.catalog import ModelShape
+from grpo_launch.modelconfig import shape_from_config
 from grpo_launch.planning.activations import TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK, Precision, activation_memory
 
 pytestmark = pytest.mark.conformance
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.conformance
 SMALL = {"vocab": 8000, "h": 256, "i": 704, "layers": 8, "heads": 4, "kv_heads": 2}
 BIG_VOCAB = {"vocab": 151936, "h": 128, "i": 352, "layers": 4, "heads": 4, "kv_heads": 2}
 MID = {"vocab": 32000, "h": 256, "i": 704, "layers": 6, "heads": 4, "kv_heads": 2}
+MOE = {"vocab": 2000, "h": 256, "i": 128, "layers": 8, "heads": 4, "kv_heads": 2, "experts": 8, "top_k": 2}
 POINTS = [
     SMALL | {"batch": 4, "prompt": 128, "completion": 384, "ckpt": False},
     SMALL | {"batch": 4, "prompt": 128, "completion": 384, "ckpt": True},
@@ -33,6 +36,8 @@ POINTS = [
     BIG_VOCAB | {"batch": 2, "prompt": 128, "completion": 384, "ckpt": False},
     BIG_VOCAB | {"batch": 2, "prompt": 128, "completion": 384, "ckpt": True},
     MID | {"batch": 8, "prompt": 64, "completion": 192, "ckpt": False},
+    MOE | {"batch": 8, "prompt": 128, "completion": 384, "ckpt": False},
+    MOE | {"batch": 8, "prompt": 128, "completion": 384, "ckpt": True},
 ]
 CPU = Precision(activation_bytes=4, param_bytes=4, triton=False)
 
@@ -49,12 +54,32 @@ def _measured() -> tuple[dict, ...]:
 
 
 def _shape(point: dict, params: int) -> ModelShape:
-    return ModelShape("measured", params, point["layers"], point["h"], point["heads"], point["kv_heads"],
-                      point["vocab"], point["i"])  # fmt: skip
+    """The shape shape_from_config reads from the measured model's config (its parameter count must agree)."""
+    config = {
+        "model_type": "qwen2",
+        "hidden_size": point["h"],
+        "intermediate_size": point["i"],
+        "num_hidden_layers": point["layers"],
+        "num_attention_heads": point["heads"],
+        "num_key_value_heads": point["kv_heads"],
+        "vocab_size": point["vocab"],
+        "tie_word_embeddings": True,
+    }
+    if point.get("experts"):
+        config |= {
+            "model_type": "qwen3_moe",
+            "moe_intermediate_size": point["i"],
+            "num_experts": point["experts"],
+            "num_experts_per_tok": point["top_k"],
+            "head_dim": point["h"] // point["heads"],
+        }
+    shape = shape_from_config("measured", config)  # fmt: skip
+    assert shape.params == params
+    return shape
 
 
 @pytest.mark.parametrize("index", range(len(POINTS)), ids=lambda i: "-".join(
-    f"{k}{POINTS[i][k]}" for k in ("vocab", "batch", "prompt", "completion", "ckpt")))  # fmt: skip
+    f"{k}{POINTS[i].get(k, 0)}" for k in ("vocab", "experts", "batch", "prompt", "completion", "ckpt")))  # fmt: skip
 def test_measured_peak_within_band(index):
     point, measured = POINTS[index], _measured()[index]
     predicted = activation_memory(
