@@ -79,6 +79,66 @@ def _defaults(*classes: type) -> dict[str, object]:
     return out
 
 
+def _choices_of(tp: object) -> list | None:
+    """The values a Literal, an Enum (also inside a union with str, as transformers types its strategies) accepts."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return list(typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return [m.value for m in tp]
+    if origin in (typing.Union, types.UnionType):
+        found = [c for a in typing.get_args(tp) for c in (_choices_of(a) or [])]
+        return found or None
+    return None
+
+
+def _compared_strings(modules: list, fields: set[str]) -> dict[str, set[str]]:
+    """String constants the trainer's own code compares a config field with (``args.loss_type == "grpo"``,
+    ``self.vllm_mode in ("server", ...)``): for str fields TRL validates only when it runs, these are the values it
+    handles."""
+    import ast
+    import inspect
+
+    found: dict[str, set[str]] = {}
+    for module in modules:
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if not (isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute)):
+                continue
+            if node.left.attr not in fields:
+                continue
+            for op, comp in zip(node.ops, node.comparators, strict=True):
+                if not isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)):
+                    continue
+                elts = comp.elts if isinstance(comp, (ast.Tuple, ast.List, ast.Set)) else [comp]
+                values = {e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+                found.setdefault(node.left.attr, set()).update(values)
+    return found
+
+
+def _choices(*classes: type) -> dict[str, list]:
+    """Accepted values of choice-like fields: Literal/Enum types, ``metadata["choices"]``, the strings the GRPO
+    trainer handles for its plain-str options, and report_to's integrations (transformers' own table)."""
+    import trl.trainer.grpo_config
+    import trl.trainer.grpo_trainer
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    out: dict[str, list] = {}
+    plain: set[str] = set()
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = hints.get(f.name, f.type)
+            found = _choices_of(tp) or (list(f.metadata["choices"]) if f.metadata.get("choices") else None)
+            if found and all(isinstance(c, str) for c in found):
+                out.setdefault(f.name, sorted(set(found)))
+            elif tp in (str, typing.Optional[str]):  # noqa: UP045
+                plain.add(f.name)
+    compared = _compared_strings([trl.trainer.grpo_trainer, trl.trainer.grpo_config], plain)
+    out.update({k: sorted(v) for k, v in compared.items() if len(v) >= 2})
+    out["report_to"] = sorted({*INTEGRATION_TO_CALLBACK, "all", "none"})
+    return dict(sorted(out.items()))
+
+
 def build() -> str:
     import trl
     from trl import GRPOConfig, ModelConfig
@@ -93,6 +153,12 @@ def build() -> str:
     defaults = _defaults(GRPOConfig, ModelConfig, GRPOScriptArguments)
     text += "\n# Defaults of the fields above whose default is a plain value.\n"
     text += "DEFAULTS: dict[str, Any] = " + pprint.pformat(dict(sorted(defaults.items())), width=110) + "\n"
+    choices = _choices(GRPOConfig, ModelConfig, GRPOScriptArguments)
+    text += (
+        "\n# Accepted values of choice-like keys: Literal/Enum types and field metadata, the strings TRL's GRPO "
+        "trainer\n# handles for its plain-str options, and report_to's integrations (transformers).\n"
+    )
+    text += "CHOICES: dict[str, list[Any]] = " + pprint.pformat(choices, width=110) + "\n"
     return text
 
 

@@ -114,7 +114,7 @@ def test_unknown_launch_key_did_you_mean():
         ({"learning_rate": "fast"}, "must be a number"),
         ({"bf16": "yes"}, "must be true or false"),
         ({"per_device_train_batch_size": True}, "must be an integer"),
-        ({"vllm_mode": "remote"}, "'server' or 'colocate'"),
+        ({"vllm_mode": "remote"}, "is not one of colocate, server"),
         ({"launch": {"vllm": "sometimes"}}, "launch.vllm must be one of"),
         ({"launch": {"vllm_port": 70000}}, "between 1 and 65535"),
         ({"launch": {"num_processes": 0}}, "at least 1"),
@@ -164,3 +164,50 @@ def test_malformed_yaml(tmp_path):
         load_recipe(p)
     with pytest.raises(ConfigError, match="not found"):
         load_recipe(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"learning_rate": -1e-5}, "learning_rate must be > 0"),
+        ({"learning_rate": 0}, "learning_rate must be > 0"),
+        ({"temperature": 0.0}, "temperature must be > 0"),
+        ({"temperature": -1}, "temperature must be > 0"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1]"),
+        ({"max_steps": -5}, "max_steps must be a positive number of steps, or -1"),
+        ({"save_steps": 0}, "save_steps must be > 0"),
+        ({"lr_scheduler_type": "no_such_scheduler"}, "lr_scheduler_type: 'no_such_scheduler' is not one of"),
+        ({"lr_scheduler_type": "cosin"}, "did you mean 'cosine'"),
+        ({"dtype": "int8"}, "dtype: 'int8' is not one of auto, bfloat16, float16, float32"),
+        ({"report_to": ["wandbb"]}, "did you mean 'wandb'"),
+        ({"save_strategy": "sometimes"}, "save_strategy: 'sometimes' is not one of"),
+        ({"loss_type": "nope"}, "loss_type: 'nope' is not one of bnpo, cispo, dapo, dr_grpo, grpo"),
+        ({"bf16": True, "fp16": True}, "bf16 and fp16 are both true"),
+        ({"reward_funcs": ["accuracy", "format"], "reward_weights": [1.0]}, "1 weight(s) for 2 reward function(s)"),
+        ({"reward_funcs": ["accuracy", 3]}, "reward_funcs must be names or import paths"),
+        ({"vllm_gpu_memory_utilization": 1.7}, "vllm_gpu_memory_utilization must be in (0, 1]"),
+        ({"num_generations": 10**12}, "num_generations=1000000000000 is beyond"),
+        ({"max_completion_length": 10**12}, "beyond any model's context"),
+        ({"per_device_train_batch_size": 10**400}, "per_device_train_batch_size is too large"),
+        ({"learning_rate": 10**400}, "learning_rate must be a number"),
+    ],
+)
+def test_nonsense_the_libraries_would_fail_on_later_is_refused_now(values, named):
+    """Values TRL's GRPOConfig accepts, but that fail only after a job has queued and loaded a model (in vLLM's
+    SamplingParams, torch's optimizer, the trainer's loss, transformers' integrations), or are nonsense."""
+    with pytest.raises(ConfigError) as e:
+        build_recipe({"model_name_or_path": "m", **values})
+    text = e.value.render()
+    assert named in text and len(text) < 2000
+
+
+def test_choices_come_from_the_libraries():
+    """The accepted values are generated from TRL's and transformers' own enums and code (trl_schema.CHOICES)."""
+    from transformers.trainer_utils import SchedulerType
+
+    from grpo_launch.trl_schema import CHOICES
+
+    assert set(CHOICES["lr_scheduler_type"]) == {s.value for s in SchedulerType}
+    assert {"grpo", "dapo", "dr_grpo"} <= set(CHOICES["loss_type"]) and "wandb" in CHOICES["report_to"]
+    ok = build_recipe({"model_name_or_path": "m", "loss_type": "dr_grpo", "report_to": ["wandb", "tensorboard"]})
+    assert ok.values["loss_type"] == "dr_grpo"

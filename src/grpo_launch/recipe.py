@@ -8,7 +8,6 @@ Every problem found is reported in one :class:`ConfigError`.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +17,8 @@ from typing import Any
 import yaml
 
 from grpo_launch.errors import ConfigError, did_you_mean
-from grpo_launch.recipe_keys import OPEN_R1_UNUSED, PLANNED_KEYS, POSITIVE_INT_KEYS, RECIPE_KEYS
+from grpo_launch.recipe_keys import OPEN_R1_UNUSED
+from grpo_launch.recipe_values import check_consistency, check_value, short
 
 __all__ = [
     "AUTO",
@@ -240,7 +240,7 @@ def build_recipe(
     launch_raw = data.get("launch") or {}
     problems: list[str] = []
     if not isinstance(launch_raw, dict):
-        problems.append(f"launch: must be a mapping of grpo-launch settings, got {launch_raw!r}")
+        problems.append(f"launch: must be a mapping of grpo-launch settings, got {short(launch_raw)}")
         launch_raw = {}
     launch_raw = dict(launch_raw)
     for key, value in overrides:
@@ -254,9 +254,10 @@ def build_recipe(
     notices: list[str] = []
     values = _migrate(values, notices, problems)
     for key, value in values.items():
-        problem = _check_value(key, value)
+        problem = check_value(key, value)
         if problem:
             problems.append(problem)
+    problems += check_consistency(values)
     launch = _build_launch(launch_raw, problems)
     if launch.num_processes is None and isinstance(data.get("num_processes"), int):
         # open-r1's demo recipes carry num_processes; on CPU it is the only hint of the wanted process count.
@@ -291,53 +292,6 @@ def _migrate(values: dict[str, Any], notices: list[str], problems: list[str]) ->
             continue
         notices.append(f"{key}: migrated to {m.new}={out[m.new]!r} — {m.why}")
     return out
-
-
-_KIND_NAMES = {
-    "int": "an integer",
-    "float": "a number",
-    "bool": "true or false",
-    "str": "a string",
-    "list": "a list",
-    "dict": "a mapping",
-}
-
-
-def _matches(kind: str, value: Any) -> bool:
-    if value is None:
-        return kind.endswith("?")
-    base = kind.rstrip("?")
-    if base == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if base == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if base == "bool":
-        return isinstance(value, bool)
-    if base == "str":
-        return isinstance(value, str)
-    if base == "list":
-        # A single string is accepted where TRL's argparser accepts one item (e.g. report_to: wandb).
-        return isinstance(value, (list, str))
-    if base == "dict":
-        return isinstance(value, (dict, str))
-    return True
-
-
-def _check_value(key: str, value: Any) -> str | None:
-    kind = RECIPE_KEYS.get(key)
-    if kind is None:
-        return f"unknown key {key!r}{did_you_mean(key, RECIPE_KEYS)}"
-    if value == AUTO and key in PLANNED_KEYS:
-        return None
-    if not _matches(kind, value):
-        return f"{key} must be {_KIND_NAMES.get(kind.rstrip('?'), 'a value')}, got {value!r}"
-    if key in POSITIVE_INT_KEYS and value is not None and value <= 0:
-        return f"{key} must be a positive integer, got {value}"
-    if key == "num_generations" and value == 1:
-        return "num_generations must be at least 2: GRPO compares completions within a group"
-    if key == "vllm_mode" and value not in ("server", "colocate"):
-        return f"vllm_mode must be 'server' or 'colocate', got {value!r}"
-    return None
 
 
 def _build_launch(raw: Mapping[str, Any], problems: list[str]) -> LaunchSettings:
