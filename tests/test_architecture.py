@@ -16,7 +16,17 @@ MAX_LINES = 400
 # Stages in pipeline order; a module may import its own stage and earlier ones only.
 STAGES: list[tuple[str, ...]] = [
     ("__version__", "enums", "errors", "trl_schema", "task", "control", "rundir"),
-    ("spec", "modelshape", "modelconfig", "catalog", "topology", "recipe_keys", "recipe_values", "recipe"),
+    (
+        "spec",
+        "modelshape",
+        "modelconfig",
+        "catalog",
+        "topology",
+        "recipe_keys",
+        "recipe_values",
+        "recipe_yaml",
+        "recipe",
+    ),
     ("probe", "measured"),
     ("planning",),
     ("commands", "render"),

@@ -200,7 +200,8 @@ def test_plan_json_has_the_estimate_as_data(tmp_path):
     assert mem["total"] == pytest.approx(p.estimate.train_memory_gib)
     assert {"weights", "gradients", "optimizer", "activations", "lm_head", "overhead"} <= set(mem)
     assert est["time_s"]["step"] == pytest.approx(p.estimate.step.total_s) and est["host_memory_per_node_gib"] > 0
-    assert est["vllm_memory_per_gpu_gib"]["kv_bytes_per_token_per_gpu"] == 28672
+    tp = p.vllm.tensor_parallel_size  # Qwen2.5-7B: 28 layers × 4 KV heads × 128 × 2 (K, V) × 2 bytes, split over TP
+    assert est["vllm_memory_per_gpu_gib"]["kv_bytes_per_token_per_gpu"] == 28 * 2 * 2 * 128 * max(1, 4 // tp)
 
 
 def test_host_memory_is_read_from_meminfo_and_slurm():

@@ -72,7 +72,15 @@ def test_real_nvml_on_this_machine_never_raises():
 
 @pytest.mark.parametrize(
     ("spec", "hosts", "per", "mem"),
-    [("4xL20-48GB", 1, 4, 48), ("8xH100-80GB", 1, 8, 80), ("2x8xH100-80GB", 2, 8, 80), ("8xH100", 1, 8, 79.6)],
+    [
+        ("4xL20-48GB", 1, 4, 48e9 / 2**30),  # GB as written: 10^9 bytes
+        ("4xFOO-24GiB", 1, 4, 24),
+        ("8xH100-80GB", 1, 8, 79.6),  # the table's part at its nominal size: NVML's memory
+        ("2x8xH100-80GB", 2, 8, 79.6),
+        ("8xH100", 1, 8, 79.6),
+        ("8xA100-40GB", 1, 8, 39.4),  # the 40 GB part, not the 80 GB one at 40
+        ("8xH100-PCIe", 1, 8, 79.6),
+    ],
 )
 def test_gpu_spec(spec, hosts, per, mem):
     t = parse_gpu_spec(spec)
@@ -157,7 +165,7 @@ def test_hostfile(tmp_path):
     ("text", "message"),
     [
         ("node1 slots=8\nnode1 slots=8\n", "hostfile:2: host 'node1' is listed twice"),
-        ("node1 slots=x\n", "hostfile:1: slots must be a positive integer"),
+        ("node1 slots=x\n", "hostfile:1: slots must be an integer from 1 to 1024"),
         ("node1\n", "hostfile:1: 'node1' has no slots"),
         ("bad_host! slots=2\n", "hostfile:1: 'bad_host!' is not a valid host name"),
         ("node1 gpus=2\n", "hostfile:1: cannot read 'gpus=2'"),

@@ -117,7 +117,7 @@ def test_unknown_launch_key_did_you_mean():
         ({"vllm_mode": "remote"}, "is not one of colocate, server"),
         ({"launch": {"vllm": "sometimes"}}, "launch.vllm must be one of"),
         ({"launch": {"vllm_port": 70000}}, "between 1 and 65535"),
-        ({"launch": {"num_processes": 0}}, "at least 1"),
+        ({"launch": {"num_processes": 0}}, "between 1 and 4096"),
         ({"launch": "server"}, "must be a mapping"),
     ],
 )

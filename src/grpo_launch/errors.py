@@ -46,6 +46,22 @@ class Fix:
         return text + (f" ({self.reason})" if self.reason else "")
 
 
+def short(value: Any, limit: int = 80) -> str:
+    """A value's repr, cut to ``limit`` characters: a recipe or a command line may hold anything (an alias tree, a
+    megabyte string), and a message must stay readable."""
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def is_decimal(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` and ``re``'s ``\\d`` also accept '²', '٣' or '８', which ``int`` then reads
+    or refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def override_value(value: Any) -> str:
     """A value as a ``key=value`` override spells it (YAML, no spaces: one shell word): true, null, [a,b]."""
     import json

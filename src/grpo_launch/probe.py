@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.catalog import ModelShape, find_model_shape
-from grpo_launch.errors import ProbeError
+from grpo_launch.errors import ProbeError, is_decimal
 from grpo_launch.modelconfig import shape_from_config
 from grpo_launch.topology import Gpu, Host, Topology
 
@@ -38,7 +38,7 @@ def parse_cuda_visible_devices(value: str | None) -> tuple[str, ...] | None:
     tokens = tuple(t.strip() for t in text.split(","))
     seen: set[str] = set()
     for t in tokens:
-        ok = (t.isdigit() and len(t) < 6) or _UUID.match(t) or _MIG.match(t)
+        ok = (is_decimal(t) and len(t) < 6) or _UUID.match(t) or _MIG.match(t)
         if not ok:
             raise ProbeError(f"CUDA_VISIBLE_DEVICES={value!r}: cannot read {t!r}", hint=CVD_HELP)
         if t in seen:
@@ -110,7 +110,7 @@ def _local_gpus(devices: Sequence[NvmlDevice], tokens: Sequence[str] | None, raw
         return tuple(g for d in devices for g in as_gpus(d, str(d.index)))
     out: list[Gpu] = []
     for t in tokens:
-        if t.isdigit():
+        if is_decimal(t):
             idx = int(t)
             if idx >= len(devices):
                 raise ProbeError(

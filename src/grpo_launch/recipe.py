@@ -8,17 +8,17 @@ Every problem found is reported in one :class:`ConfigError`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from grpo_launch.errors import ConfigError, did_you_mean
 from grpo_launch.recipe_keys import OPEN_R1_UNUSED
-from grpo_launch.recipe_values import check_consistency, check_value, short
+from grpo_launch.recipe_values import ENV_NAME, check_consistency, check_value, short
+from grpo_launch.recipe_yaml import parse_override, read_recipe_file, yaml_load
 
 __all__ = [
     "AUTO",
@@ -35,37 +35,6 @@ __all__ = [
 AUTO = "auto"
 # dataset_name values with these suffixes are local files, loaded with the datasets builder named here.
 LOCAL_DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 scalars: ``1e-5`` is a float (learning_rate), and only true/false are booleans,
-    so ``save_strategy: no`` and ``vllm: off`` stay strings instead of turning into false."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+][0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)
 
 
 @dataclass(frozen=True)
@@ -125,34 +94,36 @@ class LaunchSettings:
     """grpo-launch's own settings: the recipe's optional ``launch:`` block."""
 
     vllm: str = field(default=AUTO, metadata={"choices": ("auto", "server", "colocate", "off")})
-    vllm_gpus: int | None = field(default=None, metadata={"min": 1})
-    vllm_tensor_parallel_size: int | None = field(default=None, metadata={"min": 1})
+    vllm_gpus: int | None = field(default=None, metadata={"min": 1, "max": 4096})
+    vllm_tensor_parallel_size: int | None = field(default=None, metadata={"min": 1, "max": 4096})
     vllm_port: int = field(default=8000, metadata={"min": 1, "max": 65535})
     vllm_host: str | None = field(default=None, metadata={"kind": "str"})
     vllm_gpu_memory_utilization: float | None = field(
         default=None, metadata={"min": 0.05, "max": 0.99, "kind": "float"}
     )
-    vllm_max_model_len: int | None = field(default=None, metadata={"min": 1})
-    vllm_command: tuple[str, ...] = ("vllm", "serve")
+    vllm_max_model_len: int | None = field(default=None, metadata={"min": 1, "max": 10_000_000})
+    vllm_command: tuple[str, ...] = field(default=("vllm", "serve"), metadata={"nonempty": True})
     vllm_extra_args: tuple[str, ...] = ()
     vllm_env: Mapping[str, str] = field(default_factory=dict)
-    vllm_health_timeout_s: float = field(default=900.0, metadata={"min": 1})
+    vllm_health_timeout_s: float = field(default=900.0, metadata={"min": 1, "max": 7 * 86400})
     backend: str = field(default=AUTO, metadata={"choices": ("auto", "ddp", "zero2", "zero3", "fsdp")})
     offload: str = field(default=AUTO, metadata={"choices": ("auto", "none", "optimizer", "optimizer+params")})
-    num_processes: int | None = field(default=None, metadata={"min": 1})
+    num_processes: int | None = field(default=None, metadata={"min": 1, "max": 4096})
     main_process_port: int = field(default=29500, metadata={"min": 1, "max": 65535})
     run_dir: str | None = field(default=None, metadata={"kind": "str"})
-    grace_period_s: float = field(default=30.0, metadata={"min": 0})
+    grace_period_s: float = field(default=30.0, metadata={"min": 0, "max": 3600})
     train_env: Mapping[str, str] = field(default_factory=dict)
     # → GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for every process
-    network_interface: str | None = field(default=None, metadata={"kind": "str"})
+    network_interface: str | None = field(
+        default=None, metadata={"kind": "str", "pattern": r"[A-Za-z0-9_.:@-]{1,15}", "what": "an interface name"}
+    )
     # Rows of the training set, for the time and cost to train (counted from a local file when unset).
-    dataset_rows: int | None = field(default=None, metadata={"min": 1})
+    dataset_rows: int | None = field(default=None, metadata={"min": 1, "max": 10**12})
     gpu_hour_price: float | None = field(
         default=None, metadata={"min": 0, "kind": "float"}
     )  # price of one GPU-hour, any currency
     # Mean completion length in tokens, for the step time (default: every completion runs to max_completion_length).
-    expected_completion_length: int | None = field(default=None, metadata={"min": 1})
+    expected_completion_length: int | None = field(default=None, metadata={"min": 1, "max": 10_000_000})
 
 
 LAUNCH_FIELDS = {f.name: f for f in dataclasses.fields(LaunchSettings)}
@@ -182,48 +153,6 @@ class Recipe:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Parsing
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """``"max_steps=3"`` → ``("max_steps", 3)``; the value is parsed as YAML (``reward_funcs=[a,b]`` is a list)."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key or any(c.isspace() for c in key):
-        raise ConfigError(
-            f"override must be in the form key=value, got {text!r}",
-            hint="Example: grpo-launch plan recipes/qwen1.5b.yaml num_generations=4 launch.vllm=colocate",
-        )
-    try:
-        value = yaml_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({_yaml_reason(exc)})") from None
-    return key, value
-
-
-def _yaml_reason(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else str(problem)
-
-
-def read_recipe_file(path: str | Path) -> dict[str, Any]:
-    """Read a recipe's YAML into a dict (the only file I/O in this module)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(
-            f"recipe {str(p)!r} not found", hint="Give the path to a YAML recipe, e.g. recipes/qwen1.5b.yaml."
-        )
-    try:
-        data = yaml_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"recipe {str(p)!r} is not valid YAML: {_yaml_reason(exc)}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"recipe {str(p)!r} is not a text file") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"recipe {str(p)!r} must be a YAML mapping of key: value, got a {type(data).__name__}")
-    return data
 
 
 def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
@@ -259,6 +188,7 @@ def build_recipe(
             problems.append(problem)
     problems += check_consistency(values)
     launch = _build_launch(launch_raw, problems)
+    problems += check_launch(launch)
     if launch.num_processes is None and isinstance(data.get("num_processes"), int):
         # open-r1's demo recipes carry num_processes; on CPU it is the only hint of the wanted process count.
         launch = dataclasses.replace(launch, num_processes=data["num_processes"])
@@ -299,7 +229,7 @@ def _build_launch(raw: Mapping[str, Any], problems: list[str]) -> LaunchSettings
     for key, value in raw.items():
         f = LAUNCH_FIELDS.get(key)
         if f is None:
-            problems.append(f"unknown launch setting {key!r}{did_you_mean(key, LAUNCH_FIELDS)}")
+            problems.append(f"unknown launch setting {short(key)}{did_you_mean(str(key), LAUNCH_FIELDS)}")
             continue
         factory = f.default_factory
         default = f.default if f.default is not dataclasses.MISSING else (factory() if callable(factory) else None)
@@ -319,27 +249,59 @@ def _convert_launch(key: str, value: Any, default: Any, meta: Mapping[str, Any])
         if value is False and "off" in meta["choices"]:
             value = "off"  # YAML 1.1 reads a bare `off` as false
         if value not in meta["choices"]:
-            return f"{name} must be one of {', '.join(meta['choices'])}; got {value!r}", None
+            return f"{name} must be one of {', '.join(meta['choices'])}; got {short(value)}", None
         return None, value
     if isinstance(default, tuple):
         if isinstance(value, str):
             value = value.split()
         if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
-            return f"{name} must be a list of strings, got {value!r}", None
+            return f"{name} must be a list of strings, got {short(value)}", None
+        if meta.get("nonempty") and not value:
+            return f"{name} must not be empty (e.g. [vllm, serve])", None
         return None, tuple(str(v) for v in value)
     if isinstance(default, Mapping):
         if not isinstance(value, dict):
-            return f"{name} must be a mapping of NAME: value, got {value!r}", None
+            return f"{name} must be a mapping of NAME: value, got {short(value)}", None
+        bad = [k for k in value if not (isinstance(k, str) and ENV_NAME.match(k))]
+        if bad:
+            return f"{name}: {short(bad[0])} is not an environment variable name (letters, digits, _)", None
+        if not all(isinstance(v, (str, int, float, bool)) for v in value.values()):
+            return f"{name} values must be strings, got {short(value)}", None
         return None, {str(k): str(v) for k, v in value.items()}
     if meta.get("kind") == "str":
-        return (None, str(value)) if isinstance(value, (str, int)) else (f"{name} must be a string", None)
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            return f"{name} must be a string, got {short(value)}", None
+        pattern = meta.get("pattern")
+        if pattern and not re.fullmatch(pattern, str(value)):
+            return f"{name}: {short(value)} is not {meta.get('what', 'valid')}", None
+        return None, str(value)
     if isinstance(default, float) or meta.get("kind") == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"{name} must be a number, got {value!r}", None
+            return f"{name} must be a number, got {short(value)}", None
+        if not _finite(value):
+            return f"{name} must be a finite number, got {short(value, 40)}", None
     elif isinstance(value, bool) or not isinstance(value, int):
-        return f"{name} must be an integer, got {value!r}", None
+        return f"{name} must be an integer, got {short(value)}", None
     lo, hi = meta.get("min"), meta.get("max")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-        return f"{name} must be {bounds}, got {value}", None
+        return f"{name} must be {bounds}, got {short(value, 40)}", None
     return None, value
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def check_launch(launch: LaunchSettings) -> list[str]:
+    """Problems between launch settings."""
+    problems = []
+    if launch.vllm != "off" and launch.vllm_port == launch.main_process_port:
+        problems.append(
+            f"launch.vllm_port and launch.main_process_port are both {launch.vllm_port}: the vLLM server and the "
+            "trainers' rendezvous need different ports"
+        )
+    return problems

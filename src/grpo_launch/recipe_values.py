@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from grpo_launch.errors import did_you_mean
+from grpo_launch.errors import did_you_mean, short
 from grpo_launch.recipe_keys import PLANNED_KEYS, POSITIVE_INT_KEYS, RECIPE_KEYS
 from grpo_launch.trl_schema import CHOICES
 
@@ -51,15 +51,6 @@ _KIND_NAMES = {
     "list": "a list",
     "dict": "a mapping",
 }
-
-
-def short(value: Any, limit: int = 80) -> str:
-    """A value's repr, cut to ``limit`` characters (a recipe may hold anything, e.g. an alias tree)."""
-    try:
-        text = repr(value)
-    except (RecursionError, ValueError):
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _matches(kind: str, value: Any) -> bool:

@@ -4,6 +4,7 @@ directory's files, then supervision, then the backend's after-run step (e.g. a S
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from grpo_launch.render import render_files
 from grpo_launch.rundir import write_run_files
 from grpo_launch.spec import ProcessSpec, RunResult, RunState
 from grpo_launch.supervisor import supervise
-from grpo_launch.train.rewards import check_reward_names
+from grpo_launch.train.rewards import check_reward_names, is_import_path
 
 
 def preflight(plan: Plan, workdir: str) -> None:
@@ -42,9 +43,33 @@ def preflight(plan: Plan, workdir: str) -> None:
     elif looks_local(data) and not Path(data).expanduser().exists():
         problems.append(f"dataset path {data!r} not found")
     rewards = values.get("reward_funcs") or []
-    problems += check_reward_names([rewards] if isinstance(rewards, str) else list(rewards))
+    names = [rewards] if isinstance(rewards, str) else [str(r) for r in rewards]
+    problems += check_reward_names(names) or missing_reward_modules(plan, names, workdir)
     if problems:
         raise ConfigError("cannot start the run:", problems=problems)
+
+
+def missing_reward_modules(plan: Plan, names: list[str], workdir: str) -> list[str]:
+    """Import-path rewards whose top-level module the trainers' Python cannot find (from the working directory,
+    with the run's PYTHONPATH), found without importing anything; only for a run on this machine."""
+    import subprocess
+
+    modules = sorted({n.partition(":")[0].split(".")[0] for n in names if is_import_path(n)})
+    if not modules or len(plan.topology.hosts) > 1:
+        return []
+    code = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+    env = dict(os.environ) | dict(plan.recipe.launch.train_env)
+    try:
+        out = subprocess.run(
+            [plan.python, "-c", code, *modules], cwd=workdir, env=env, capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []  # the interpreter itself is checked when the trainers start
+    return [
+        f"reward_funcs: module {m!r} is not importable from {workdir} by {plan.python} (check the name, or add "
+        "its directory to PYTHONPATH: launch.train_env)"
+        for m in out.stdout.split()
+    ]
 
 
 def check_vllm(plan: Plan) -> str | None:

@@ -30,7 +30,7 @@ def select_gpus(inherited: str | None, positions: str) -> str:
         return ",".join(wanted)
     out = []
     for p in wanted:
-        if not p.isdigit() or int(p) >= len(have):
+        if not (p.isascii() and p.isdigit()) or int(p) >= len(have):
             raise SystemExit(
                 f"grpo_launch.task: GPU position {p!r} is not in CUDA_VISIBLE_DEVICES={inherited!r}; "
                 "the allocation has fewer GPUs than planned"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from grpo_launch.catalog import GIB, find_gpu_spec
-from grpo_launch.errors import ProbeError
+from grpo_launch.catalog import GIB, GPU_SPECS, find_gpu_spec
+from grpo_launch.errors import ProbeError, short
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,14 @@ class Topology:
         return f"{prefix}{per} × {self.gpu_name}{mem_s}"
 
 
+# The model: a table name (hyphens included: H100-PCIe, RTX6000-Ada), or any name without hyphens plus its memory.
+_TABLE_NAMES = "|".join(re.escape(g.name) for g in sorted(GPU_SPECS, key=lambda g: -len(g.name)))
 SPEC_PATTERN = re.compile(
-    r"^(?:(?P<nodes>\d+)x)?(?P<count>\d+)x(?P<model>[A-Za-z0-9][A-Za-z0-9_.]*?)(?:-(?P<mem>\d+(?:\.\d+)?)(?:GB|G|GiB))?$",
-    re.IGNORECASE,
+    rf"^(?:(?P<nodes>\d+)x)?(?P<count>\d+)x(?P<model>{_TABLE_NAMES}|[A-Za-z0-9][A-Za-z0-9_.]*?)"
+    r"(?:-(?P<mem>\d+(?:\.\d+)?)(?P<unit>GB|G|GiB))?$",
+    re.IGNORECASE | re.ASCII,
 )
+MAX_GPU_GB = 4096  # no GPU comes near this
 SPEC_HELP = "Examples: --gpus 4xL20-48GB, --gpus 8xH100-80GB, --gpus 2x8xH100-80GB (nodes × GPUs), --gpus cpu."
 
 
@@ -101,26 +105,38 @@ def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
     without GPUs.
     """
     text = spec.strip()
+    if not text:
+        raise ProbeError("--gpus is empty", hint=SPEC_HELP)
     if text.lower() in ("cpu", "0", "none"):
         return Topology(hosts=(Host(name="localhost", cpus=cpu_processes),), source="spec")
     m = SPEC_PATTERN.match(text)
     if not m:
-        raise ProbeError(f"cannot read --gpus {spec!r}", hint=SPEC_HELP)
+        raise ProbeError(f"cannot read --gpus {short(spec)}", hint=SPEC_HELP)
     nodes = int(m["nodes"] or 1)
     count = int(m["count"])
     if nodes < 1 or count < 1:
-        raise ProbeError(f"--gpus {spec!r}: node and GPU counts must be at least 1", hint=SPEC_HELP)
+        raise ProbeError(f"--gpus {short(spec)}: node and GPU counts must be at least 1", hint=SPEC_HELP)
     if nodes > 4096 or count > 64:
-        raise ProbeError(f"--gpus {spec!r}: at most 4096 nodes and 64 GPUs per node", hint=SPEC_HELP)
-    known = find_gpu_spec(m["model"])
-    name = known.name if known else m["model"]
+        raise ProbeError(f"--gpus {short(spec)}: at most 4096 nodes and 64 GPUs per node", hint=SPEC_HELP)
+    model = m["model"].strip()
+    # "8xA100-40GB" names the 40 GB part; a size the table knows for the model is its real memory (NVML's), any
+    # other is read as written: GB = 10^9 bytes, GiB = 2^30.
+    known = (find_gpu_spec(f"{model}-{m['mem']}GB") if m["mem"] else None) or find_gpu_spec(model)
+    name = known.name if known else model
     if m["mem"]:
-        memory = int(float(m["mem"]) * GIB)
+        size = float(m["mem"])
+        if not 0 < size <= MAX_GPU_GB:
+            raise ProbeError(f"--gpus {short(spec)}: GPU memory must be between 0 and {MAX_GPU_GB} GB", hint=SPEC_HELP)
+        nominal = known is not None and known.name.upper().endswith(f"-{m['mem']}GB".upper())
+        if nominal and known is not None:
+            memory = int(known.memory_gib * GIB)
+        else:
+            memory = int(size * (GIB if m["unit"].lower() == "gib" else 1e9))
     elif known:
         memory = int(known.memory_gib * GIB)
     else:
         raise ProbeError(
-            f"--gpus {spec!r}: unknown GPU model {m['model']!r}; add its memory, e.g. {count}x{m['model']}-48GB",
+            f"--gpus {spec!r}: unknown GPU model {model!r}; add its memory, e.g. {count}x{model}-48GB",
             hint=SPEC_HELP,
         )
     hosts = tuple(

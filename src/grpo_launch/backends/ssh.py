@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BaseBackend, Capability, RunContext, check_addresses
 from grpo_launch.commands import version_tuple, weight_sync_port
-from grpo_launch.errors import LaunchError, ProbeError
+from grpo_launch.errors import LaunchError, ProbeError, is_decimal, short
 from grpo_launch.probe import VLLM_VERSION_FUNCTION, local_gpu_model, looks_local
 from grpo_launch.spec import ProcessSpec
 from grpo_launch.topology import Gpu, Host, Topology
@@ -154,7 +154,10 @@ def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequen
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
-_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$", re.ASCII)
+MAX_SLOTS = 1024  # GPUs, or CPU training processes, per host
+MAX_HOSTS = 4096  # as --gpus
+HOSTFILE_HINT = "Each line: HOST slots=N (e.g. node1 slots=8)"
 
 
 def parse_hostfile(text: str, *, source: str = "hostfile") -> list[tuple[str, int]]:
@@ -169,21 +172,29 @@ def parse_hostfile(text: str, *, source: str = "hostfile") -> list[tuple[str, in
         parts = body.split()
         host = parts[0]
         if not (_HOSTNAME.match(host) or _IPV4.match(host)):
-            raise ProbeError(f"{where}: {host!r} is not a valid host name", hint="Each line: HOST slots=N")
+            raise ProbeError(f"{where}: {short(host)} is not a valid host name", hint="Each line: HOST slots=N")
         slots = None
         for p in parts[1:]:
             key, sep, val = p.partition("=")
             if key != "slots" or not sep:
-                raise ProbeError(f"{where}: cannot read {p!r}", hint="Each line: HOST slots=N (e.g. node1 slots=8)")
-            if not val.isdigit() or int(val) < 1:
-                raise ProbeError(f"{where}: slots must be a positive integer, got {val!r}")
+                raise ProbeError(
+                    f"{where}: cannot read {short(p)}", hint="Each line: HOST slots=N (e.g. node1 slots=8)"
+                )
+            if slots is not None:
+                raise ProbeError(f"{where}: slots= is given twice for {short(host)}")
+            if not is_decimal(val) or not 1 <= int(val) <= MAX_SLOTS:
+                raise ProbeError(f"{where}: slots must be an integer from 1 to {MAX_SLOTS}, got {short(val)}")
             slots = int(val)
         if slots is None:
-            raise ProbeError(f"{where}: {host!r} has no slots=N", hint="Each line: HOST slots=N (e.g. node1 slots=8)")
-        if host in seen:
-            raise ProbeError(f"{where}: host {host!r} is listed twice (first on line {seen[host]})")
-        seen[host] = lineno
+            raise ProbeError(
+                f"{where}: {short(host)} has no slots=N", hint="Each line: HOST slots=N (e.g. node1 slots=8)"
+            )
+        if host.lower() in seen:  # host names are case-insensitive
+            raise ProbeError(f"{where}: host {short(host)} is listed twice (first on line {seen[host.lower()]})")
+        seen[host.lower()] = lineno
         out.append((host, slots))
+        if len(out) > MAX_HOSTS:
+            raise ProbeError(f"{source} lists more than {MAX_HOSTS} hosts")
     if not out:
         raise ProbeError(f"{source} lists no hosts", hint="Each line: HOST slots=N")
     return out
@@ -195,7 +206,9 @@ def probe_hostfile(path: str | Path, *, local: Topology | None = None, cpu: bool
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ProbeError(f"cannot read hostfile {str(p)!r}: {exc.strerror}") from None
+        raise ProbeError(f"cannot read hostfile {short(str(p))}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ProbeError(f"hostfile {short(str(p))} is not a UTF-8 text file") from None
     entries = parse_hostfile(text, source=str(p))
     name, mem = local_gpu_model(local)
     if cpu:

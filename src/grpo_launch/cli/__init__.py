@@ -17,6 +17,7 @@ from grpo_launch import __version__
 from grpo_launch.errors import GrpoLaunchError
 
 VERBS = ("run", "plan", "inspect", "sbatch", "status")
+VALUE_OPTIONS = ("--gpus", "--hostfile", "--run-dir", "--nodes", "--gpus-per-node")
 
 
 def _verb(name: str) -> ModuleType:
@@ -30,6 +31,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="grpo-launch",
+        allow_abbrev=False,
         description="Plan and launch GRPO training with TRL: split GPUs between vLLM and trainers, choose a batch "
         "layout TRL accepts, write accelerate/DeepSpeed configs, start and supervise everything.",
         epilog=EPILOG,
@@ -40,12 +42,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")
     for name in VERBS if only is None else (only,):
         _verb(name).register(sub, argparse.RawDescriptionHelpFormatter, EPILOG)
+    for verb_parser in sub.choices.values():  # `--gpus` must never be read as `--gpus-per-node`
+        verb_parser.allow_abbrev = False
     return parser
 
 
 def _normalise_argv(argv: Sequence[str]) -> list[str]:
     """``grpo-launch RECIPE …`` means ``grpo-launch run RECIPE …``."""
-    args = list(argv)
+    # A value that starts with "-" (``--gpus -1xH100``) would be read as an option: keep it with its flag, so the
+    # spec's own check explains what is wrong.
+    args: list[str] = []
+    it = iter(argv)
+    for a in it:
+        nxt = next(it, None) if a in VALUE_OPTIONS else None
+        if nxt is not None and nxt.startswith("-") and nxt not in ("-", "--"):
+            args.append(f"{a}={nxt}")
+        else:
+            args += [a] if nxt is None else [a, nxt]
     for i, a in enumerate(args):
         if a == "--debug":
             continue

@@ -71,6 +71,13 @@ def load(args: argparse.Namespace, ctx: RunContext) -> Recipe:
     if getattr(args, "gpu_hour_price", None) is not None:
         overrides.append(f"launch.gpu_hour_price={args.gpu_hour_price}")
     recipe = load_recipe(args.recipe, overrides)
+    if not recipe.get("model_name_or_path"):
+        from grpo_launch.errors import ConfigError
+
+        raise ConfigError(
+            "the recipe names no model: set model_name_or_path",
+            hint="e.g. model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct (a hub id or a local directory)",
+        )
     if recipe.launch.dataset_rows is None:
         from grpo_launch.probe import count_rows
 
@@ -87,7 +94,7 @@ def topology(args: argparse.Namespace, ctx: RunContext, recipe: Recipe | None) -
     from grpo_launch.topology import parse_gpu_spec
 
     backend = select(args, ctx.environ)
-    if args.gpus:
+    if args.gpus is not None:
         cpu_processes = recipe.launch.num_processes if recipe else None
         return parse_gpu_spec(args.gpus, cpu_processes=cpu_processes), backend
     return backend.probe(ctx.environ, probe.probe_local(ctx.environ)), backend

@@ -31,7 +31,7 @@ class Section:
 
 def _ranges(ids: Sequence[str]) -> str:
     """["0","1","2","5"] → "0-2,5"; non-numeric ids (UUIDs) are listed as they are."""
-    if not all(i.isdigit() for i in ids):
+    if not all(i.isascii() and i.isdigit() for i in ids):
         return ",".join(ids)
     nums = sorted(int(i) for i in ids)
     parts = []

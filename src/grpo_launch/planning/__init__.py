@@ -14,7 +14,7 @@ from typing import Any
 
 from grpo_launch.catalog import ModelShape, find_gpu_spec
 from grpo_launch.enums import Device, VllmMode
-from grpo_launch.errors import PlanError
+from grpo_launch.errors import Fix, PlanError
 from grpo_launch.planning import placement, resources
 from grpo_launch.planning.costmodel import Calibration
 from grpo_launch.planning.layout import LayoutRequest, solve_layout
@@ -51,6 +51,27 @@ def make_plan(
     if plan is None:
         plan = _plan_one(topology, recipe, model, None, calibration)
     return dataclasses.replace(plan, run_dir=run_dir or default_run_dir(recipe), python=python)
+
+
+# A model this large trains at a few tokens per second on CPU, in float32: planned there only when asked for.
+CPU_MODEL_LIMIT = 1e9
+
+
+def _refuse_silent_cpu_fallback(topology: Topology, recipe: Recipe, model: ModelShape | None) -> None:
+    """No GPU was found (no driver, NVML failing, CPU-only hosts), and the recipe names a GPU-sized model: say so
+    instead of quietly planning a float32 CPU run. ``use_cpu: true`` or ``--gpus cpu`` ask for CPU."""
+    if not topology.is_cpu or model is None or model.params < CPU_MODEL_LIMIT:
+        return
+    if recipe.values.get("use_cpu") is True or topology.source == "spec":
+        return
+    why = "; ".join(topology.warnings) or f"no GPU in the {topology.source} topology"
+    raise PlanError(
+        f"{model.name} ({model.params / 1e9:.1f}B parameters) would train on CPU: {why}",
+        fixes=[
+            Fix("gpus", None, "plan for GPUs: --gpus 8xH100-80GB, or fix the NVIDIA driver / NVML", 0, in_recipe=False),
+            Fix("use_cpu", True, "train on CPU anyway (float32, slow)", rank=1),
+        ],
+    )
 
 
 def _mixed_precision(device: Device, values: Mapping[str, Any]) -> str:
@@ -133,6 +154,7 @@ def _plan_one(
     if values.get("use_cpu") is True and not topology.is_cpu:
         topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
         trace.decide("device", Device.CPU, "use_cpu: true in the recipe: the GPUs are left unused")
+    _refuse_silent_cpu_fallback(topology, recipe, model)
     mode = forced[0] if forced else placement.choose_mode(topology, recipe, trace)
     vllm = None
     if topology.is_cpu:

@@ -30,7 +30,7 @@ def _gpus_per_node(values: Mapping[str, str]) -> int:
     for key in ("gpus_on_node", "gpus_per_node"):
         if key in values:
             # SLURM_GPUS_PER_NODE may carry a type ("h100:8") or per-node counts ("8(x2)").
-            m = re.match(r"^(?:[\w-]+:)?(\d+)", values[key])
+            m = re.match(r"^(?:[\w-]+:)?(\d+)", values[key], re.ASCII)
             if not m:
                 raise ProbeError(f"cannot read {SLURM_VARIABLES[key]}={values[key]!r}")
             return int(m.group(1))
@@ -43,7 +43,7 @@ def expand_counts(value: str) -> list[int]:
     """Slurm's per-node counts: ``"72(x2),36"`` → ``[72, 72, 36]``."""
     out: list[int] = []
     for part in value.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part, re.ASCII)
         if not m:
             raise ProbeError(f"cannot read Slurm's per-node count {value!r}")
         out += [int(m.group(1))] * int(m.group(2) or 1)
@@ -56,7 +56,7 @@ def parse_job_gres(text: str, expand: Callable[[str], list[str]]) -> dict[str, i
     for m in re.finditer(r"^\s*Nodes=(\S+)\s.*?(?:GRES=(\S*))?\s*$", text, re.MULTILINE):
         count = 0
         for item in (m.group(2) or "").split(","):
-            g = re.match(r"^gpu(?::[\w.-]+)*?:(\d+)", item)
+            g = re.match(r"^gpu(?::[\w.-]+)*?:(\d+)", item, re.ASCII)
             if g:
                 count += int(g.group(1))
         for node in expand(m.group(1)):
@@ -77,7 +77,7 @@ def _node_fields(text: str, key: str) -> dict[str, str]:
 
 def parse_node_memory(text: str) -> dict[str, int]:
     """NodeName → RealMemory in bytes (Slurm counts megabytes)."""
-    return {n: int(v) * 1024 * 1024 for n, v in _node_fields(text, "RealMemory").items() if v.isdigit()}
+    return {n: int(v) * 1024 * 1024 for n, v in _node_fields(text, "RealMemory").items() if v.isascii() and v.isdigit()}
 
 
 def parse_node_addresses(text: str) -> dict[str, str]:

@@ -25,7 +25,7 @@ from grpo_launch.errors import ConfigError, LaunchError, ProbeError
 PREEMPT_SIGNAL = "USR2"
 PREEMPT_WARNING_S = 90
 # sbatch --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED.
-_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|unlimited|INFINITE|infinite)$")
+_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|unlimited|INFINITE|infinite)$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def parse_job_id(sbatch_stdout: str) -> str:
     """``sbatch --parsable`` prints ``JOBID`` or ``JOBID;CLUSTER``."""
     text = sbatch_stdout.strip().splitlines()[-1] if sbatch_stdout.strip() else ""
     job = text.split(";", 1)[0]
-    if not job.isdigit():
+    if not (job.isascii() and job.isdigit()):
         raise ProbeError(f"cannot read a job id from sbatch's output {sbatch_stdout!r}")
     return job
 
