@@ -15,7 +15,7 @@ from typing import Any
 from grpo_launch.catalog import ModelShape, find_gpu_spec
 from grpo_launch.enums import Device, VllmMode
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.planning import placement, resources
+from grpo_launch.planning import fixes, placement, resources
 from grpo_launch.planning.costmodel import Calibration
 from grpo_launch.planning.layout import LayoutRequest, solve_layout
 from grpo_launch.planning.trainer_values import trainer_values
@@ -47,10 +47,16 @@ def make_plan(
     runtime settings the renderers take from the plan; ``calibration`` scales the estimates by a previous run's
     measurements (``plan --calibrate-from``).
     """
-    plan = _search(topology, recipe, model, calibration) if _split_is_free(topology, recipe, model) else None
-    if plan is None:
-        plan = _plan_one(topology, recipe, model, None, calibration)
+    try:
+        plan = _plan(topology, recipe, model, calibration)
+    except PlanError as exc:
+        raise fixes.verified(exc, recipe, lambda r: _plan(topology, r, model, calibration)) from None
     return dataclasses.replace(plan, run_dir=run_dir or default_run_dir(recipe), python=python)
+
+
+def _plan(topology: Topology, recipe: Recipe, model: ModelShape | None, calibration: Calibration | None) -> Plan:
+    plan = _search(topology, recipe, model, calibration) if _split_is_free(topology, recipe, model) else None
+    return plan if plan is not None else _plan_one(topology, recipe, model, None, calibration)
 
 
 # A model this large trains at a few tokens per second on CPU, in float32: planned there only when asked for.

@@ -7,13 +7,12 @@ from grpo_launch.catalog import GIB, ModelShape
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.planning.costmodel import (
-    DEFAULT_PROMPT_LEN,
     TRL_COLOCATE_UTILIZATION,
-    TRL_COMPLETION_LEN,
     VLLM_SERVER_UTILIZATION,
     VLLM_WEIGHTS_SHARE,
     fits_server_gpu,
 )
+from grpo_launch.planning.lengths import max_model_len, prompt_bound
 from grpo_launch.planning.types import GpuRole, Trace, TrainHost, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.topology import Topology
@@ -24,8 +23,15 @@ class NoGpuLeftForTraining(PlanError):
 
 
 def auto_mode(recipe: Recipe) -> bool:
-    """The recipe leaves the vLLM mode to the planner."""
-    return recipe.launch.vllm == "auto" and not recipe.get("vllm_mode") and recipe.values.get("use_vllm") is not False
+    """The recipe leaves the vLLM mode to the planner (server GPUs or a server TP size ask for a server)."""
+    launch = recipe.launch
+    return (
+        launch.vllm == "auto"
+        and not recipe.get("vllm_mode")
+        and recipe.values.get("use_vllm") is not False
+        and launch.vllm_gpus is None
+        and launch.vllm_tensor_parallel_size is None
+    )
 
 
 def choose_mode(topology: Topology, recipe: Recipe, trace: Trace) -> VllmMode:
@@ -58,6 +64,9 @@ def choose_mode(topology: Topology, recipe: Recipe, trace: Trace) -> VllmMode:
     if wanted != "auto":
         trace.decide("vllm", VllmMode(wanted), "set in the recipe")
         return VllmMode(wanted)
+    if recipe.launch.vllm_gpus is not None or recipe.launch.vllm_tensor_parallel_size is not None:
+        trace.decide("vllm", VllmMode.SERVER, "launch.vllm_gpus / launch.vllm_tensor_parallel_size ask for a server")
+        return VllmMode.SERVER
     if topology.num_gpus == 1:
         trace.decide("vllm", VllmMode.COLOCATE, "one GPU: vLLM shares it with the trainer (sleep between phases)")
         return VllmMode.COLOCATE
@@ -145,9 +154,13 @@ def plan_server(
     if len(hosts) == 1:
         tp, dedicated = tp_min, False
         if per_host - tp < 1:
+            fixes = [Fix("launch.vllm", "colocate", "vLLM shares the training GPUs", rank=1)]
+            smaller = [t for t in valid if t < per_host and fits_server_gpu(model, mem, t)]
+            if smaller:
+                fixes.insert(0, Fix("launch.vllm_gpus", max(smaller), "a smaller server leaves GPUs to train", 0))
+            fixes.append(Fix("gpus", None, "more GPUs", rank=3, in_recipe=False))
             raise NoGpuLeftForTraining(
-                f"the vLLM server needs {tp} GPU(s), leaving none of the {per_host} for training",
-                hint="Use launch.vllm=colocate, a smaller tensor-parallel size, or more GPUs.",
+                f"the vLLM server needs {tp} GPU(s), leaving none of the {per_host} for training", fixes=fixes
             )
     else:
         tp_dedicated = tp_fixed or max(t for t in valid if t >= tp_min)
@@ -239,58 +252,6 @@ def moe_split(model: ModelShape | None, gpus: int, mem: int | None, tp: int | No
         if mem is None or model.weight_bytes_per_gpu(t, gpus // t, ep=True) <= VLLM_WEIGHTS_SHARE * mem:
             return t, gpus // t
     return None
-
-
-def completion_len(recipe: Recipe) -> int:
-    return int(recipe.get("max_completion_length") or TRL_COMPLETION_LEN)
-
-
-def explicit_max_model_len(recipe: Recipe) -> int | None:
-    """A vLLM max length the recipe sets (launch.vllm_max_model_len or TRL's vllm_max_model_length)."""
-    if recipe.launch.vllm_max_model_len:
-        return recipe.launch.vllm_max_model_len
-    if recipe.is_set("vllm_max_model_length"):
-        return int(recipe.values["vllm_max_model_length"])
-    return None
-
-
-def prompt_bound(recipe: Recipe) -> int:
-    """The longest prompt the run accepts, in tokens (the trainers drop longer ones before generating).
-
-    vLLM rejects a prompt longer than max_model_len − max_tokens (HTTP 400, which ends TRL's run), and without a
-    max_model_len it reserves the model's whole context. So a vLLM run always gets both bounds: the recipe's
-    max_prompt_length; else what its vLLM max length leaves after the completion; else the default the estimates
-    assume.
-    """
-    explicit = explicit_max_model_len(recipe)
-    if recipe.get("max_prompt_length"):
-        prompt = int(recipe.get("max_prompt_length"))
-        if explicit is not None and prompt + completion_len(recipe) > explicit:
-            raise PlanError(
-                f"max_prompt_length={prompt} + max_completion_length={completion_len(recipe)} exceed the vLLM max "
-                f"length {explicit}: vLLM would reject the longest prompts (HTTP 400), which ends TRL's run",
-                fixes=[
-                    Fix("vllm_max_model_length", prompt + completion_len(recipe), "room for both", rank=0),
-                    Fix("max_prompt_length", explicit - completion_len(recipe), "drop longer prompts", rank=1)
-                    if explicit > completion_len(recipe)
-                    else Fix("max_completion_length", explicit // 2, "shorter completions", rank=1),
-                ],
-            )
-        return prompt
-    if explicit is not None:
-        left = explicit - completion_len(recipe)
-        if left < 1:
-            raise PlanError(
-                f"a vLLM max length of {explicit} tokens leaves no room for a prompt before the "
-                f"{completion_len(recipe)}-token completion",
-                hint="Raise vllm_max_model_length (launch.vllm_max_model_len) or lower max_completion_length.",
-            )
-        return left
-    return DEFAULT_PROMPT_LEN
-
-
-def max_model_len(recipe: Recipe) -> int:
-    return explicit_max_model_len(recipe) or prompt_bound(recipe) + completion_len(recipe)
 
 
 def plan_colocate(

@@ -25,7 +25,7 @@ from grpo_launch.planning.costmodel import (
     vllm_share_needed,
 )
 from grpo_launch.planning.layout import Layout
-from grpo_launch.planning.placement import prompt_bound
+from grpo_launch.planning.lengths import prompt_bound
 from grpo_launch.planning.steptime import (
     colocate_switch_time,
     generation_time,

@@ -1,0 +1,57 @@
+"""Fixes that really fix: every in-recipe fix a refusal prints, applied as the `key=value` overrides it prints,
+plans (the refusal re-plans each before showing it); when none plans on its own, the ones shown get past this
+problem and say what comes next ("; then: …")."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_launch.catalog import find_model_shape
+from grpo_launch.errors import PlanError
+from grpo_launch.planning import make_plan
+from grpo_launch.recipe import load_recipe
+from grpo_launch.topology import parse_gpu_spec
+
+from .conftest import ROOT
+
+CASES = [
+    ("recipes/qwen7b-math.yaml", "2xRTX4090", ()),
+    ("recipes/qwen7b-math.yaml", "1xA10G", ()),
+    ("recipes/qwen7b-math.yaml", "4xL20-48GB", ("launch.offload=none", "launch.vllm=colocate")),
+    ("recipes/llama70b.yaml", "8xA100-40GB", ()),
+    ("recipes/qwen3-30b-a3b.yaml", "4xH100-80GB", ("launch.vllm=colocate", "launch.offload=none")),
+    ("recipes/qwen1.5b.yaml", "4xH100-80GB", ("launch.vllm_gpus=4",)),
+    ("recipes/qwen1.5b.yaml", "4xL20-48GB", ("per_device_eval_batch_size=3", "do_eval=true", "eval_strategy=steps")),
+]
+
+
+def _plan(recipe_path: str, gpus: str, overrides):
+    recipe = load_recipe(ROOT / recipe_path, list(overrides))
+    return make_plan(parse_gpu_spec(gpus), recipe, find_model_shape(str(recipe.get("model_name_or_path"))))
+
+
+@pytest.mark.parametrize(("recipe", "gpus", "overrides"), CASES, ids=lambda v: str(v))
+def test_every_fix_shown_plans(recipe, gpus, overrides):
+    try:
+        _plan(recipe, gpus, overrides)
+    except PlanError as exc:
+        fixes = [f for f in exc.fixes if f.in_recipe]
+        assert exc.fixes, exc.render()
+        for fix in fixes:
+            if "; then: " not in fix.reason:
+                _plan(recipe, gpus, (*overrides, *fix.overrides()))  # raises if the fix does not plan
+                continue
+            with pytest.raises(PlanError) as after:
+                _plan(recipe, gpus, (*overrides, *fix.overrides()))
+            assert after.value.message != exc.message or after.value.problems != exc.problems
+            assert after.value.message.rstrip(":")[:60] in fix.reason
+    else:
+        pytest.skip("plans as it is (nothing to fix)")
+
+
+def test_a_fix_that_does_not_plan_is_not_shown():
+    """7B on 2 × RTX 4090 with vLLM colocated: raising vLLM's share would starve training; only what plans stays."""
+    with pytest.raises(PlanError) as e:
+        _plan("recipes/qwen7b-math.yaml", "2xRTX4090", ())
+    settings = {f.setting for f in e.value.fixes}
+    assert "launch.vllm_gpu_memory_utilization" not in settings and "launch.vllm" in settings
