@@ -11,7 +11,7 @@ import pytest
 
 from grpo_launch.cli import main
 
-from .conftest import ROOT
+from .conftest import ROOT, ensure_tiny_assets
 
 QWEN = str(ROOT / "recipes" / "qwen1.5b.yaml")
 
@@ -144,3 +144,25 @@ def test_sbatch_dry_run_prints_the_script_and_passes_extra_args(tmp_path, capsys
     assert "#SBATCH --nodes=2\n" in out and "#SBATCH --gpus-per-node=8\n" in out and "#SBATCH --qos=high\n" in out
     assert f"--slurm {QWEN} max_steps=5 --run-dir {tmp_path}/r" in out
     assert not (tmp_path / "r").exists(), "a dry run writes nothing"
+
+
+def test_a_run_shows_the_plan_and_every_notice_before_anything_starts(tmp_path, capsys):
+    """`grpo-launch RECIPE --dry-run` (and a real run) print the summary, the notices (a migrated key) and the
+    warnings before the commands; a dry run prints them as comments, so its output stays a script."""
+    args = ["run", QWEN, "--gpus", "8xH100-80GB", "--run-dir", str(tmp_path), "--dry-run", "overwrite_output_dir=true"]
+    assert main(args, environ={}) == 0
+    out = capsys.readouterr().out.splitlines()
+    first_command = next(i for i, line in enumerate(out) if not line.startswith("#"))
+    head = out[:first_command]
+    assert head[0].startswith("# plan: ") and any(line.startswith("#   layout: ") for line in head)
+    assert any(line.startswith("#   estimate: ") for line in head)
+    assert any(line.startswith("# notice: overwrite_output_dir: dropped") for line in head)
+
+
+def test_sbatch_of_a_cpu_recipe_needs_no_gpu_count(capsys):
+    tiny = ensure_tiny_assets()
+    args = ["sbatch", str(ROOT / "recipes" / "tiny-cpu.yaml"), "--nodes", "1", "--dry-run",
+            f"model_name_or_path={tiny / 'model'}", f"dataset_name={tiny / 'data' / 'train.jsonl'}"]  # fmt: skip
+    assert main(args, environ={"CUDA_VISIBLE_DEVICES": ""}) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("#!") and "#SBATCH --nodes=1" in out and "# plan: " in out

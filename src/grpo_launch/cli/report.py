@@ -153,6 +153,42 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
     return out
 
 
+def summary_lines(plan: Plan) -> list[str]:
+    """The plan in a few lines, and every notice and warning: what a run prints before it starts anything."""
+    lay, v, train = plan.layout, plan.vllm, plan.train
+    lines = [f"plan: {plan.recipe.source or 'recipe'} on {plan.topology.describe()}"]
+    if train.device == "cpu":
+        lines.append("  roles: " + ", ".join(f"{h.name} train × {h.processes} (CPU)" for h in train.hosts))
+    else:
+        groups = groupby(plan.roles, key=lambda r: (r.host, r.role))
+        lines.append(
+            "  roles: " + ", ".join(f"{host} GPUs {_ranges([r.gpu for r in rs])} {role}" for (host, role), rs in
+                                    ((k, list(g)) for k, g in groups))
+        )  # fmt: skip
+    lines.append(
+        f"  layout: {lay.per_device_train_batch_size} per device × {lay.num_processes} process(es) × "
+        f"{lay.gradient_accumulation_steps} accumulation = {lay.completions_per_optimizer_step} completions per step "
+        f"({lay.num_generations} per prompt)"
+    )
+    vllm = str(v.mode)
+    if v.mode == "server":
+        vllm += f" on {v.host} GPUs {_ranges(list(v.gpus))}, TP {v.tensor_parallel_size}"
+        vllm += f" × DP {v.data_parallel_size}" if v.data_parallel_size > 1 else ""
+    elif v.mode == "colocate":
+        vllm += f", TP {v.tensor_parallel_size}, gpu_memory_utilization {v.gpu_memory_utilization}"
+    off = "" if train.offload == "none" else f" + offload {train.offload}"
+    lines.append(f"  vLLM: {vllm}; training: {train.backend}{off} on {train.device}")
+    est = plan.estimate
+    if est is not None:
+        mem = f", {est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB per training GPU" if (
+            est.train_memory_gib) else ""  # fmt: skip
+        total = f", {est.total.hours:.1f} h for {est.total.steps} steps" if est.total else ""
+        lines.append(f"  estimate: {est.step.total_s:.1f} s per step ({est.step.bottleneck}){mem}{total}")
+    lines += [f"notice: {n}" for n in plan.notices]
+    lines += [f"warning: {w}" for w in plan.warnings]
+    return lines
+
+
 def explain_sections(plan: Plan) -> list[Section]:
     """The arithmetic behind the estimate, and the split search side by side (why each candidate lost)."""
     lines = [(line,) for line in plan.estimate.explain] if plan.estimate else []

@@ -22,7 +22,12 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
+    from grpo_launch.cli.report import summary_lines
     from grpo_launch.run import run_plan
 
     plan, backend = plan_for(args, ctx)
+    # Before anything starts: what was decided, and every notice and warning (a dry run prints them as comments).
+    prefix = "# " if args.dry_run else "[grpo-launch] "
+    for line in summary_lines(plan):
+        ctx.emit(prefix + line)
     return run_plan(plan, backend, ctx, dry_run=args.dry_run)

@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
+    from grpo_launch.cli.report import summary_lines
     from grpo_launch.planning import make_plan
     from grpo_launch.probe import probe_local, resolve_model_shape
     from grpo_launch.render import render_files
@@ -39,6 +40,8 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
 
     submitter_cls = _load_submitter("slurm")
     recipe = load(args, ctx)
+    if recipe.values.get("use_cpu") is True and args.gpus_per_node is None:
+        args.gpus_per_node = 0  # the recipe asks for CPU nodes
     topology = submitter_cls.requested_topology(args, probe_local(ctx.environ))
     model, warning = resolve_model_shape(recipe.get("model_name_or_path"), ctx.environ)
     if warning:
@@ -48,9 +51,13 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     preflight(plan, ctx.workdir)
     submitter = submitter_cls()
     submission = submitter.request(recipe, plan, args, ctx)
+    summary = summary_lines(plan)
     if args.dry_run:
         ctx.emit(submission.text.rstrip("\n"))
+        ctx.emit("\n".join("# " + line for line in summary))  # after the script's #! line: comments
         return 0
+    for line in summary:
+        ctx.emit(line)
     write_run_files(plan.run_dir, {**render_files(plan), submission.path.rsplit("/", 1)[-1]: submission.text})
     job = submitter.submit(submission, ctx)
     ctx.emit(f"submitted Slurm job {job}: {submission.summary}")
