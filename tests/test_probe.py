@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 from grpo_launch.backends.slurm.allocation import expand_nodelist, probe_slurm
-from grpo_launch.backends.ssh import parse_hostfile, probe_hostfile
+from grpo_launch.backends.hostfile import parse_hostfile, probe_hostfile
 from grpo_launch.errors import ProbeError
 from grpo_launch.probe import NvmlDevice, parse_cuda_visible_devices, probe_local
 from grpo_launch.topology import parse_gpu_spec
+
+from .conftest import ROOT
 
 GIB = 1024**3
 FOUR_L20 = [NvmlDevice(i, "NVIDIA L20", 48 * GIB, f"GPU-aaaa000{i}-1111-2222-3333-444455556666") for i in range(4)]
@@ -175,3 +177,30 @@ def test_hostfile(tmp_path):
 def test_bad_hostfile(text, message):
     with pytest.raises(ProbeError, match=message):
         parse_hostfile(text)
+
+
+def test_hostfile_lines_may_name_their_gpus(tmp_path):
+    """Planning offline for hosts with GPUs this machine lacks: ``node1 slots=8 gpu=H100-80GB``."""
+    f = tmp_path / "hosts"
+    f.write_text("node1 slots=8 gpu=H100-80GB\nnode2 slots=8 gpu=H100-80GB\n")
+    t = probe_hostfile(f, cpu=True)
+    assert t.gpus_per_host == (8, 8) and t.gpu_name == "H100-80GB" and t.min_gpu_memory_bytes > 79 * 2**30
+    f.write_text("node1 slots=8 gpu=H100-80GB\nnode2 slots=8 gpu=L20\n")
+    with pytest.raises(ProbeError, match="GPU models differ"):
+        probe_hostfile(f, cpu=True)
+    f.write_text("node1 slots=8\n")
+    cpu = probe_hostfile(f, cpu=True)
+    assert cpu.is_cpu and "names no GPU model" in cpu.warnings[0]
+    f.write_text("node1 slots=8 gpu=FOO\n")
+    with pytest.raises(ProbeError, match="unknown GPU model"):
+        probe_hostfile(f, cpu=True)
+
+
+def test_gpus_and_hostfile_together_are_refused(tmp_path, capsys):
+    from grpo_launch.cli import main
+
+    f = tmp_path / "hosts"
+    f.write_text("node1 slots=8\n")
+    recipe = str(ROOT / "recipes" / "qwen1.5b.yaml")
+    assert main(["plan", recipe, "--hostfile", str(f), "--gpus", "8xH100", "--no-write"], environ={}) == 2
+    assert "--gpus and --hostfile" in capsys.readouterr().err

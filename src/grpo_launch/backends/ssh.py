@@ -13,7 +13,6 @@ the working directory and the recipe's local paths.
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import signal
 from collections.abc import Mapping, Sequence
@@ -22,11 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BaseBackend, Capability, RunContext, check_addresses
+from grpo_launch.backends.hostfile import probe_hostfile
+from grpo_launch.catalog import GIB
 from grpo_launch.commands import version_tuple, weight_sync_port
-from grpo_launch.errors import LaunchError, ProbeError, is_decimal, short
-from grpo_launch.probe import VLLM_VERSION_FUNCTION, local_gpu_model, looks_local
+from grpo_launch.errors import LaunchError
+from grpo_launch.probe import VLLM_VERSION_FUNCTION, looks_local
 from grpo_launch.spec import ProcessSpec
-from grpo_launch.topology import Gpu, Host, Topology
+from grpo_launch.topology import Topology
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
@@ -149,77 +150,6 @@ def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequen
     )
 
 
-# ------------------------------------------------------------------------------------------------ hostfile
-
-_HOSTNAME = re.compile(
-    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
-)
-_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$", re.ASCII)
-MAX_SLOTS = 1024  # GPUs, or CPU training processes, per host
-MAX_HOSTS = 4096  # as --gpus
-HOSTFILE_HINT = "Each line: HOST slots=N (e.g. node1 slots=8)"
-
-
-def parse_hostfile(text: str, *, source: str = "hostfile") -> list[tuple[str, int]]:
-    """DeepSpeed's hostfile format: ``host slots=N`` per line; ``#`` comments and blank lines ignored."""
-    out: list[tuple[str, int]] = []
-    seen: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        body = line.split("#", 1)[0].strip()
-        if not body:
-            continue
-        where = f"{source}:{lineno}"
-        parts = body.split()
-        host = parts[0]
-        if not (_HOSTNAME.match(host) or _IPV4.match(host)):
-            raise ProbeError(f"{where}: {short(host)} is not a valid host name", hint="Each line: HOST slots=N")
-        slots = None
-        for p in parts[1:]:
-            key, sep, val = p.partition("=")
-            if key != "slots" or not sep:
-                raise ProbeError(
-                    f"{where}: cannot read {short(p)}", hint="Each line: HOST slots=N (e.g. node1 slots=8)"
-                )
-            if slots is not None:
-                raise ProbeError(f"{where}: slots= is given twice for {short(host)}")
-            if not is_decimal(val) or not 1 <= int(val) <= MAX_SLOTS:
-                raise ProbeError(f"{where}: slots must be an integer from 1 to {MAX_SLOTS}, got {short(val)}")
-            slots = int(val)
-        if slots is None:
-            raise ProbeError(
-                f"{where}: {short(host)} has no slots=N", hint="Each line: HOST slots=N (e.g. node1 slots=8)"
-            )
-        if host.lower() in seen:  # host names are case-insensitive
-            raise ProbeError(f"{where}: host {short(host)} is listed twice (first on line {seen[host.lower()]})")
-        seen[host.lower()] = lineno
-        out.append((host, slots))
-        if len(out) > MAX_HOSTS:
-            raise ProbeError(f"{source} lists more than {MAX_HOSTS} hosts")
-    if not out:
-        raise ProbeError(f"{source} lists no hosts", hint="Each line: HOST slots=N")
-    return out
-
-
-def probe_hostfile(path: str | Path, *, local: Topology | None = None, cpu: bool = False) -> Topology:
-    """Hosts from a hostfile; slots are GPUs (or, with ``cpu``, training processes on CPU hosts)."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ProbeError(f"cannot read hostfile {short(str(p))}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ProbeError(f"hostfile {short(str(p))} is not a UTF-8 text file") from None
-    entries = parse_hostfile(text, source=str(p))
-    name, mem = local_gpu_model(local)
-    if cpu:
-        return Topology(tuple(Host(name=h, cpus=n) for h, n in entries), "hostfile")
-    hosts = tuple(
-        Host(name=h, gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(n)))
-        for h, n in entries
-    )
-    return Topology(hosts, "hostfile")
-
-
 # ------------------------------------------------------------------------------------------------ checks
 
 
@@ -248,7 +178,6 @@ def host_ports(plan: Plan) -> dict[str, dict[int, str]]:
 
 def host_ram_problem(plan: Plan, ram: object) -> str | None:
     """What is wrong when a host's RAM (as its check reported it) cannot hold the plan's offload."""
-    from grpo_launch.catalog import GIB
     from grpo_launch.planning.costmodel import HOST_HEADROOM
 
     need = plan.estimate.host_memory_per_node_gib * GIB if plan.estimate else 0.0

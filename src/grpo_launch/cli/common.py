@@ -93,6 +93,14 @@ def topology(args: argparse.Namespace, ctx: RunContext, recipe: Recipe | None) -
     from grpo_launch import probe
     from grpo_launch.topology import parse_gpu_spec
 
+    if args.gpus is not None and (getattr(args, "hostfile", None) or getattr(args, "slurm", False)):
+        from grpo_launch.errors import ConfigError
+
+        other = "--hostfile" if getattr(args, "hostfile", None) else "--slurm"
+        raise ConfigError(
+            f"--gpus and {other} both say which machines to plan for",
+            hint="Keep one: --gpus simulates GPUs; a hostfile line can name its own (node1 slots=8 gpu=H100-80GB).",
+        )
     backend = select(args, ctx.environ)
     if args.gpus is not None:
         cpu_processes = recipe.launch.num_processes if recipe else None

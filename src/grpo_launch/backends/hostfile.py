@@ -1,0 +1,105 @@
+"""Hostfiles: DeepSpeed's ``host slots=N`` lines (plus grpo-launch's ``gpu=MODEL``) read into a Topology.
+Every malformed line is one ProbeError naming the line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from grpo_launch.catalog import GIB, find_gpu_spec
+from grpo_launch.errors import ProbeError, is_decimal, short
+from grpo_launch.probe import local_gpu_model
+from grpo_launch.topology import Gpu, Host, Topology
+
+__all__ = ["parse_hostfile", "parse_hostfile_gpus", "probe_hostfile"]
+
+
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$", re.ASCII)
+MAX_SLOTS = 1024  # GPUs, or CPU training processes, per host
+MAX_HOSTS = 4096  # as --gpus
+HOSTFILE_HINT = "Each line: HOST slots=N [gpu=MODEL] (e.g. node1 slots=8 gpu=H100-80GB)"
+
+
+def parse_hostfile(text: str, *, source: str = "hostfile") -> list[tuple[str, int]]:
+    """DeepSpeed's hostfile format: ``host slots=N`` per line; ``#`` comments and blank lines ignored."""
+    return [(host, slots) for host, slots, _ in parse_hostfile_gpus(text, source=source)]
+
+
+def parse_hostfile_gpus(text: str, *, source: str = "hostfile") -> list[tuple[str, int, str | None]]:
+    """The hostfile's hosts with their slots and, when a line says ``gpu=MODEL`` (grpo-launch's addition, for
+    planning from a machine without those GPUs), the GPU model: ``node1 slots=8 gpu=H100-80GB``."""
+    out: list[tuple[str, int, str | None]] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        body = line.split("#", 1)[0].strip()
+        if not body:
+            continue
+        where = f"{source}:{lineno}"
+        parts = body.split()
+        host = parts[0]
+        if not (_HOSTNAME.match(host) or _IPV4.match(host)):
+            raise ProbeError(f"{where}: {short(host)} is not a valid host name", hint=HOSTFILE_HINT)
+        slots, gpu = None, None
+        for p in parts[1:]:
+            key, sep, val = p.partition("=")
+            if key == "gpu" and sep and gpu is None:
+                if find_gpu_spec(val) is None:
+                    raise ProbeError(f"{where}: unknown GPU model {short(val)}", hint="e.g. gpu=H100-80GB, gpu=L20")
+                gpu = val
+                continue
+            if key != "slots" or not sep:
+                raise ProbeError(f"{where}: cannot read {short(p)}", hint=HOSTFILE_HINT)
+            if slots is not None:
+                raise ProbeError(f"{where}: slots= is given twice for {short(host)}")
+            if not is_decimal(val) or not 1 <= int(val) <= MAX_SLOTS:
+                raise ProbeError(f"{where}: slots must be an integer from 1 to {MAX_SLOTS}, got {short(val)}")
+            slots = int(val)
+        if slots is None:
+            raise ProbeError(f"{where}: {short(host)} has no slots=N", hint=HOSTFILE_HINT)
+        if host.lower() in seen:  # host names are case-insensitive
+            raise ProbeError(f"{where}: host {short(host)} is listed twice (first on line {seen[host.lower()]})")
+        seen[host.lower()] = lineno
+        out.append((host, slots, gpu))
+        if len(out) > MAX_HOSTS:
+            raise ProbeError(f"{source} lists more than {MAX_HOSTS} hosts")
+    if not out:
+        raise ProbeError(f"{source} lists no hosts", hint="Each line: HOST slots=N")
+    return out
+
+
+def probe_hostfile(path: str | Path, *, local: Topology | None = None, cpu: bool = False) -> Topology:
+    """Hosts from a hostfile; slots are GPUs of the model a line names (gpu=MODEL) or of this machine's model; with
+    ``cpu`` (this machine has none) and no model named, training processes on CPU hosts, with a warning."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ProbeError(f"cannot read hostfile {short(str(p))}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ProbeError(f"hostfile {short(str(p))} is not a UTF-8 text file") from None
+    entries = parse_hostfile_gpus(text, source=str(p))
+    local_name, local_mem = local_gpu_model(local)
+    models = {g for _, _, g in entries}
+    if len(models) > 1:
+        listed = ", ".join(f"{h}: {g or 'no gpu='}" for h, _, g in entries[:8])
+        raise ProbeError(
+            f"hostfile {short(str(p))}: the hosts' GPU models differ ({listed})",
+            hint="Give every line the same gpu=MODEL (grpo-launch plans for one GPU model).",
+        )
+    named = models.pop()
+    if named is None and cpu:
+        warn = (
+            "this machine has no GPU and the hostfile names no GPU model: its slots are planned as CPU processes "
+            "(add gpu=MODEL to each line, e.g. node1 slots=8 gpu=H100-80GB, to plan the hosts' GPUs)"
+        )
+        return Topology(tuple(Host(name=h, cpus=n) for h, n, _ in entries), "hostfile", (warn,))
+    spec = find_gpu_spec(named) if named else None
+    name, mem = (spec.name, int(spec.memory_gib * GIB)) if spec else (local_name, local_mem)
+    hosts = tuple(
+        Host(name=h, gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(n)))
+        for h, n, _ in entries
+    )
+    return Topology(hosts, "hostfile")
