@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_launch.backends.slurm.allocation import expand_nodelist, probe_slurm
 from grpo_launch.backends.hostfile import parse_hostfile, probe_hostfile
+from grpo_launch.backends.slurm.allocation import expand_nodelist, probe_slurm
 from grpo_launch.errors import ProbeError
 from grpo_launch.probe import NvmlDevice, parse_cuda_visible_devices, probe_local
 from grpo_launch.topology import parse_gpu_spec
