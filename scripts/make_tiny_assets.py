@@ -60,7 +60,14 @@ def make_model(out: Path) -> None:
         chat_template=CHAT_TEMPLATE,
     )
     fast.save_pretrained(out)
-    config = Qwen2Config(
+    _save_model(Qwen2Config, Qwen2ForCausalLM, fast, out)
+
+
+def _save_model(config_cls, model_cls, fast, out: Path, **extra) -> None:
+    """A random tiny model (2 layers, hidden 128, 4 heads, 2 KV heads) on ``fast``'s vocabulary, saved to ``out``."""
+    import torch
+
+    config = config_cls(
         vocab_size=len(fast),
         hidden_size=128,
         intermediate_size=256,
@@ -72,11 +79,10 @@ def make_model(out: Path) -> None:
         bos_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
+        **extra,
     )
-    import torch
-
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
     model.generation_config.eos_token_id = fast.eos_token_id
     model.generation_config.pad_token_id = fast.pad_token_id
     model.save_pretrained(out)
@@ -84,33 +90,12 @@ def make_model(out: Path) -> None:
 
 def make_moe_model(out: Path, tokenizer_dir: Path) -> None:
     """A tiny Qwen3-MoE (4 experts, top-2, every layer sparse) sharing the dense model's tokenizer."""
-    import torch
     from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     fast = AutoTokenizer.from_pretrained(tokenizer_dir)
     fast.save_pretrained(out)
-    config = Qwen3MoeConfig(
-        vocab_size=len(fast),
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
-        eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(config)
-    model.generation_config.eos_token_id = fast.eos_token_id
-    model.generation_config.pad_token_id = fast.pad_token_id
-    model.save_pretrained(out)
+    moe = {"moe_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2, "head_dim": 32}
+    _save_model(Qwen3MoeConfig, Qwen3MoeForCausalLM, fast, out, **moe)
 
 
 def main(argv: list[str]) -> int:
