@@ -180,3 +180,27 @@ def test_unreachable_host_fails_before_anything_starts(hosts, tmp_path):
     assert "h1:" not in done.stderr  # the reachable host is not blamed
     assert not (run / "logs").exists() and leftovers(run) == []
     assert time.monotonic() - t0 < 60
+
+
+def test_inspect_and_plan_probe_each_host_over_ssh(hosts, tmp_path):
+    """Without gpu= in the hostfile, each host reports itself over ssh: its GPUs (none here), CPUs and RAM; the plan
+    carries them (the host-RAM check for offload reads them)."""
+    import json
+
+    f = hostfile(tmp_path, "h1 slots=1", "h2 slots=1")
+    base = [sys.executable, "-m", "grpo_launch"]
+    env = {**os.environ, "SSH_AUTH_SOCK": ""}
+    out = subprocess.run([*base, "inspect", "--hostfile", str(f), *ssh_args(hosts), "--json"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    topo = json.loads(out.stdout)
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    ram = int(next(line.split()[1] for line in meminfo if line.startswith("MemTotal:"))) * 1024
+    assert [h["name"] for h in topo["hosts"]] == ["h1", "h2"]
+    assert all(h["memory_bytes"] == ram for h in topo["hosts"]), topo  # read on each host (one shared kernel here)
+    assert not any("could not probe" in w for w in topo["warnings"])
+    recipe = [str(ROOT / "recipes" / "tiny-cpu.yaml"), f"model_name_or_path={ROOT / '.cache/tiny/model'}"]
+    plan = subprocess.run([*base, "plan", *recipe, "--hostfile", str(f), *ssh_args(hosts), "--json", "--no-write"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    assert all(h["memory_bytes"] == ram for h in json.loads(plan.stdout)["topology"]["hosts"])

@@ -143,7 +143,13 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "source": plan.topology.source,
             "description": plan.topology.describe(),
             "hosts": [
-                {"name": h.name, "address": h.addr, "gpus": [asdict(g) for g in h.gpus], "cpus": h.cpus}
+                {
+                    "name": h.name,
+                    "address": h.addr,
+                    "gpus": [asdict(g) for g in h.gpus],
+                    "cpus": h.cpus,
+                    "memory_bytes": h.memory_bytes,
+                }
                 for h in plan.topology.hosts
             ],
         },

@@ -103,3 +103,38 @@ def probe_hostfile(path: str | Path, *, local: Topology | None = None, cpu: bool
         for h, n, _ in entries
     )
     return Topology(hosts, "hostfile")
+
+
+# Run on each host over ssh (its grpo-launch, the same version as here: the ssh check requires it): what the host
+# has, as probe_local reads it there (NVML, CUDA_VISIBLE_DEVICES, /proc/meminfo).
+PROBE_CODE = (
+    "import json, os\n"
+    "from grpo_launch.probe import probe_local\n"
+    "h = probe_local(dict(os.environ)).hosts[0]\n"
+    "print(json.dumps({'cpus': os.cpu_count(), 'memory_bytes': h.memory_bytes,\n"
+    "                  'gpus': [[g.name, g.memory_bytes] for g in h.gpus]}))\n"
+)
+
+
+def topology_from_probes(entries: list[tuple[str, int, str | None]], probes: dict[str, dict], source: str) -> Topology:
+    """The hostfile's hosts as each one reported itself: its GPUs (``slots`` of them are used), CPUs and RAM."""
+    hosts, kinds, models = [], set(), {}
+    for name, slots, _ in entries:
+        info = probes[name]
+        gpus, ram = info.get("gpus") or [], info.get("memory_bytes")
+        kinds.add(bool(gpus))
+        if gpus and slots > len(gpus):
+            raise ProbeError(f"{source}: {name} has {len(gpus)} GPU(s) but slots={slots}", hint="slots = GPUs to use")
+        if gpus:
+            models[name] = gpus[0][0]
+            used = tuple(Gpu(visible_id=str(i), name=str(g[0]), memory_bytes=g[1]) for i, g in enumerate(gpus[:slots]))
+            hosts.append(Host(name=name, gpus=used, cpus=info.get("cpus"), memory_bytes=ram))
+        else:
+            hosts.append(Host(name=name, cpus=slots, memory_bytes=ram))
+    if len(kinds) > 1:
+        raise ProbeError(f"{source}: some hosts have GPUs and some have none", hint="Use hosts of one kind.")
+    warnings: tuple[str, ...] = ()
+    if len(set(models.values())) > 1:
+        listed = ", ".join(f"{h}: {m}" for h, m in list(models.items())[:6])
+        warnings = (f"the hosts' GPU models differ ({listed}): planned for the smallest memory",)
+    return Topology(tuple(hosts), "hostfile", warnings)

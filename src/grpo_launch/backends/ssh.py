@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BaseBackend, Capability, RunContext, check_addresses
-from grpo_launch.backends.hostfile import probe_hostfile
+from grpo_launch.backends.hostfile import PROBE_CODE, parse_hostfile_gpus, probe_hostfile, topology_from_probes
 from grpo_launch.catalog import GIB
 from grpo_launch.commands import version_tuple, weight_sync_port
 from grpo_launch.errors import LaunchError
@@ -148,6 +148,30 @@ def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequen
         f"test -x {q(python)} || {{ echo {q('no python at ' + python)}; exit 4; }}; "
         f"exec {q(python)} -c {q(code)}"
     )
+
+
+def probe_over_ssh(hosts: list[str], ssh: SshOptions, environ: Mapping[str, str]) -> tuple[dict[str, dict], list[str]]:
+    """Each host's own report (PROBE_CODE, in parallel), and what went wrong on the hosts that did not answer."""
+    import concurrent.futures
+    import json
+    import subprocess
+    import sys
+
+    def one(host: str) -> tuple[str, dict | str]:
+        argv = [*ssh.argv(host), "--", f"{shlex.quote(sys.executable)} -c {shlex.quote(PROBE_CODE)}"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=ssh.connect_timeout_s + 30,
+                                  stdin=subprocess.DEVNULL, env=dict(environ))  # fmt: skip
+            info = json.loads(done.stdout.strip().splitlines()[-1])
+            return host, info if isinstance(info, dict) else f"{host}: no report"
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            return host, f"{host}: no answer"
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        results = dict(pool.map(one, hosts))
+    return {h: r for h, r in results.items() if isinstance(r, dict)}, [
+        r for r in results.values() if isinstance(r, str)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -277,10 +301,10 @@ class SshBackend(BaseBackend):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser, *, run: bool) -> None:
-        parser.add_argument("--hostfile", metavar="FILE", help="DeepSpeed-style hostfile (HOST slots=N per line)")
-        if not run:
-            return
-        group = parser.add_argument_group("hostfile runs (ssh)")
+        parser.add_argument(
+            "--hostfile", metavar="FILE", help="DeepSpeed-style hostfile (HOST slots=N [gpu=MODEL] per line)"
+        )
+        group = parser.add_argument_group("hostfile hosts (ssh: probed, then run)")
         group.add_argument("--ssh-port", type=int, metavar="PORT", help="ssh port of the hosts")
         group.add_argument("--ssh-identity", metavar="FILE", help="private key for ssh (ssh -i)")
         group.add_argument("--ssh-config", metavar="FILE", help="ssh client config file (ssh -F)")
@@ -299,7 +323,18 @@ class SshBackend(BaseBackend):
         return cls(args.hostfile, options)
 
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
-        return probe_hostfile(self.hostfile, local=local, cpu=local.is_cpu)
+        """The hosts as each reports itself over ssh (GPUs, CPUs, RAM); a hostfile whose lines all name their GPUs
+        (gpu=MODEL) is planned offline, and so is one whose hosts do not all answer (with a warning)."""
+        offline = probe_hostfile(self.hostfile, local=local, cpu=local.is_cpu)
+        entries = parse_hostfile_gpus(Path(self.hostfile).read_text(), source=str(self.hostfile))
+        if all(gpu for _, _, gpu in entries):
+            return offline
+        probes, failed = probe_over_ssh([h for h, _, _ in entries], self.options, environ)
+        if failed:
+            why = "; ".join(failed[:4]) + (f"; and {len(failed) - 4} more" if len(failed) > 4 else "")
+            warn = f"could not probe every host over ssh ({why}): planned from the hostfile alone"
+            return replace(offline, warnings=(*offline.warnings, warn))
+        return topology_from_probes(entries, probes, str(self.hostfile))
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
         spec = _absolute_command(replace(spec, host=spec.host or plan.topology.hosts[0].name))

@@ -57,11 +57,13 @@ def topology_sections(topology: Topology) -> list[Section]:
                 _ranges([g.visible_id for g in h.gpus]) if h.gpus else f"none ({h.cpus or '?'} CPUs)",
                 ", ".join(sorted({g.name for g in h.gpus})) or "-",
                 ", ".join(sorted(mem)) or "-",
+                str(h.cpus) if h.cpus and h.gpus else "-",
+                f"{h.memory_bytes / 2**30:.0f} GiB" if h.memory_bytes else "-",
             )
         )
     title = f"Topology ({topology.source}): {topology.describe()}"
     return [
-        Section(title, rows, ("host", "address", "GPUs", "model", "memory")),
+        Section(title, rows, ("host", "address", "GPUs", "model", "GPU memory", "CPUs", "RAM")),
         *(Section(f"warning: {w}", style="yellow") for w in topology.warnings),
     ]
 
