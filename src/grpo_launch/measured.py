@@ -120,7 +120,7 @@ def progress(m: Measured, now: float, stopped_at: int | None = None) -> Progress
         planned = remaining * float(predicted)
     eta = remaining * m.step_s if remaining is not None else None
     if remaining == 0:
-        return Progress("finished", f"step {m.last_step}/{m.max_steps}", 0, 0.0, 0.0, since)
+        return Progress("finished", f"step {m.last_step}/{m.max_steps}", 0, 0.0, planned, since)
     if stopped_at is not None and stopped_at >= m.last_step:
         return Progress("stopped", f"checkpointed and stopped at step {stopped_at}", remaining, eta, planned, since)
     quiet = since is not None and since > 3 * m.step_s + 60
