@@ -159,5 +159,19 @@ def _close_process_group(trainer: Any) -> None:
         dist.destroy_process_group()
 
 
+def _exit(code: int) -> None:
+    """Exit after Python's own exit handlers (W&B, TensorBoard and logging flush there), skipping the C++ static
+    destructors: a library thread still joinable in them aborts a finished rank ("terminate called without an
+    active exception", SIGABRT), which torchrun reports as a failed run after a good one."""
+    import atexit
+    import logging
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())
