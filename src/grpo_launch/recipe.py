@@ -8,7 +8,6 @@ Every problem found is reported in one :class:`ConfigError`.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any
 
 from grpo_launch.errors import ConfigError, did_you_mean
 from grpo_launch.recipe_keys import OPEN_R1_UNUSED
-from grpo_launch.recipe_values import ENV_NAME, check_consistency, check_value, short
+from grpo_launch.recipe_values import AUTO, ENV_NAME, check_consistency, check_value, finite, short
 from grpo_launch.recipe_yaml import parse_override, read_recipe_file, yaml_load
 
 __all__ = [
@@ -32,7 +31,6 @@ __all__ = [
     "yaml_load",
 ]
 
-AUTO = "auto"
 # dataset_name values with these suffixes are local files, loaded with the datasets builder named here.
 LOCAL_DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -278,7 +276,7 @@ def _convert_launch(key: str, value: Any, default: Any, meta: Mapping[str, Any])
     if isinstance(default, float) or meta.get("kind") == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"{name} must be a number, got {short(value)}", None
-        if not _finite(value):
+        if not finite(value):
             return f"{name} must be a finite number, got {short(value, 40)}", None
     elif isinstance(value, bool) or not isinstance(value, int):
         return f"{name} must be an integer, got {short(value)}", None
@@ -287,13 +285,6 @@ def _convert_launch(key: str, value: Any, default: Any, meta: Mapping[str, Any])
         bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
         return f"{name} must be {bounds}, got {short(value, 40)}", None
     return None, value
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def check_launch(launch: LaunchSettings) -> list[str]:

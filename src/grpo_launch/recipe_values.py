@@ -60,7 +60,7 @@ def _matches(kind: str, value: Any) -> bool:
     if base == "int":
         return isinstance(value, int) and not isinstance(value, bool)
     if base == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
     if base == "bool":
         return isinstance(value, bool)
     if base == "str":
@@ -73,7 +73,7 @@ def _matches(kind: str, value: Any) -> bool:
     return True
 
 
-def _finite(value: int | float) -> bool:
+def finite(value: int | float) -> bool:
     try:
         return math.isfinite(value)
     except OverflowError:  # an int too large for a float
@@ -103,7 +103,7 @@ def check_value(key: str, value: Any) -> str | None:
         return None
     if not _matches(kind, value):
         return f"{key} must be {_KIND_NAMES.get(kind.rstrip('?'), 'a value')}, got {short(value)}"
-    if isinstance(value, int) and not isinstance(value, bool) and not _finite(value):
+    if isinstance(value, int) and not isinstance(value, bool) and not finite(value):
         return f"{key} is too large: {short(value, 40)}"
     if key in POSITIVE_INT_KEYS and value is not None:
         if value <= 0:
@@ -160,4 +160,4 @@ def check_consistency(values: Mapping[str, Any]) -> list[str]:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)

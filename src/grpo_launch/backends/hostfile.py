@@ -70,9 +70,8 @@ def parse_hostfile_gpus(text: str, *, source: str = "hostfile") -> list[tuple[st
     return out
 
 
-def probe_hostfile(path: str | Path, *, local: Topology | None = None, cpu: bool = False) -> Topology:
-    """Hosts from a hostfile; slots are GPUs of the model a line names (gpu=MODEL) or of this machine's model; with
-    ``cpu`` (this machine has none) and no model named, training processes on CPU hosts, with a warning."""
+def read_hostfile(path: str | Path) -> list[tuple[str, int, str | None]]:
+    """The hostfile's lines (host, slots, gpu model or None), each malformed one a ProbeError."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -80,7 +79,21 @@ def probe_hostfile(path: str | Path, *, local: Topology | None = None, cpu: bool
         raise ProbeError(f"cannot read hostfile {short(str(p))}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ProbeError(f"hostfile {short(str(p))} is not a UTF-8 text file") from None
-    entries = parse_hostfile_gpus(text, source=str(p))
+    return parse_hostfile_gpus(text, source=str(p))
+
+
+def probe_hostfile(
+    path: str | Path,
+    *,
+    local: Topology | None = None,
+    cpu: bool = False,
+    entries: list[tuple[str, int, str | None]] | None = None,
+) -> Topology:
+    """Hosts from a hostfile (or its lines already read); slots are GPUs of the model a line names (gpu=MODEL) or
+    of this machine's model; with ``cpu`` (this machine has none) and no model named, training processes on CPU
+    hosts, with a warning."""
+    p = Path(path)
+    entries = read_hostfile(p) if entries is None else entries
     local_name, local_mem = local_gpu_model(local)
     models = {g for _, _, g in entries}
     if len(models) > 1:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BaseBackend, Capability, RunContext, check_addresses
-from grpo_launch.backends.hostfile import PROBE_CODE, parse_hostfile_gpus, probe_hostfile, topology_from_probes
+from grpo_launch.backends.hostfile import PROBE_CODE, probe_hostfile, read_hostfile, topology_from_probes
 from grpo_launch.catalog import GIB
 from grpo_launch.commands import version_tuple, weight_sync_port
 from grpo_launch.errors import LaunchError
@@ -325,8 +325,8 @@ class SshBackend(BaseBackend):
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
         """The hosts as each reports itself over ssh (GPUs, CPUs, RAM); a hostfile whose lines all name their GPUs
         (gpu=MODEL) is planned offline, and so is one whose hosts do not all answer (with a warning)."""
-        offline = probe_hostfile(self.hostfile, local=local, cpu=local.is_cpu)
-        entries = parse_hostfile_gpus(Path(self.hostfile).read_text(), source=str(self.hostfile))
+        entries = read_hostfile(self.hostfile)
+        offline = probe_hostfile(self.hostfile, local=local, cpu=local.is_cpu, entries=entries)
         if all(gpu for _, _, gpu in entries):
             return offline
         probes, failed = probe_over_ssh([h for h, _, _ in entries], self.options, environ)
