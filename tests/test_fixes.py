@@ -55,3 +55,52 @@ def test_a_fix_that_does_not_plan_is_not_shown():
         _plan("recipes/qwen7b-math.yaml", "2xRTX4090", ())
     settings = {f.setting for f in e.value.fixes}
     assert "launch.vllm_gpu_memory_utilization" not in settings and "launch.vllm" in settings
+
+
+def _numbers(line: str) -> list[float]:
+    import re
+
+    return [float(x) for x in re.findall(r"-?\d+(?:\.\d+)?", line)]
+
+
+def test_explain_shows_the_vllm_arithmetic_of_a_refusal_and_it_adds_up():
+    """vLLM refused on 2 × RTX 4090: the arithmetic is share × GPU − weights − overhead = room for the KV cache,
+    and the fix dropped because it leaves training too little is listed with what it then fails with."""
+    with pytest.raises(PlanError) as e:
+        _plan("recipes/qwen7b-math.yaml", "2xRTX4090", ())
+    memory, kv, least, *rest = e.value.explain
+    share, gib, total, weights, _tp, overhead, room = _numbers(memory)
+    assert abs(share * gib - total) < 0.06 and abs(total - weights - overhead - room) < 0.06 and room < 0
+    assert _numbers(kv)[1] > 0 and "0.00 sequences fit" in kv
+    need = _numbers(least)[0]
+    assert need > share and any(f"launch.vllm_gpu_memory_utilization={need:.2f}: " in r for r in rest)
+    assert "(grpo-launch plan --explain shows the arithmetic)" in e.value.render()
+    assert "The arithmetic" in e.value.render(explain=True) and memory in e.value.render(explain=True)
+
+
+def test_explain_shows_the_training_settings_tried_nearest_first():
+    with pytest.raises(PlanError) as e:
+        _plan("recipes/qwen7b-math.yaml", "1xRTX4090", ("launch.vllm=off", "launch.offload=none"))
+    budget_line, *tried = e.value.explain
+    budget = _numbers(budget_line)[-1]
+    totals = [float(line.split(" = ")[-1].split(" GiB")[0]) for line in tried]
+    assert tried and totals == sorted(totals) and all(t > budget for t in totals)
+    for line, t in zip(tried, totals, strict=True):
+        over = _numbers(line.split("over by ")[1])[0]
+        assert abs(over - (t - budget)) < 0.11, line
+
+
+def test_explain_names_every_split_the_search_refused():
+    with pytest.raises(PlanError) as e:
+        _plan("recipes/llama70b.yaml", "4xA100-80GB", ())
+    splits = [line for line in e.value.explain if line.startswith("split ")]
+    assert [s.split(":")[0] for s in splits] == ["split colocate", "split server TP 1", "split server TP 2"]
+
+
+def test_plan_explain_prints_the_arithmetic_of_a_refusal(capsys):
+    from grpo_launch.cli import main
+
+    recipe = str(ROOT / "recipes" / "qwen7b-math.yaml")
+    assert main(["plan", recipe, "--gpus", "2xRTX4090", "--explain", "--no-write"], environ={}) == 2
+    err = capsys.readouterr().err
+    assert "The arithmetic (nearest candidates first):" in err and "for the KV cache" in err

@@ -99,15 +99,71 @@ def test_nonsense_gpu_spec(spec):
 def test_slurm_allocation():
     env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[01-03]", "SLURM_GPUS_ON_NODE": "4"}
     local = probe_local({}, read=fake(FOUR_L20), hostname="gpu01")
-    t = probe_slurm(env, local=local, scontrol=no_scontrol)
+    t = probe_slurm(env, local=local, scontrol=no_scontrol, steps=no_steps)
     assert [h.name for h in t.hosts] == ["gpu01", "gpu02", "gpu03"] and t.gpus_per_host == (4, 4, 4)
     assert t.hosts[1].gpus[0].name == "NVIDIA L20"
     other = {**env, "SLURM_GPUS_ON_NODE": "", "SLURM_GPUS_PER_NODE": "h100:8"}
-    assert probe_slurm(other, scontrol=no_scontrol).gpus_per_host == (8,) * 3
+    assert probe_slurm(other, scontrol=no_scontrol, steps=no_steps).gpus_per_host == (8,) * 3
 
 
 def no_scontrol(args):
     return None
+
+
+def no_steps(gpus):
+    """No node answers its probe step (as where srun cannot start one)."""
+    return {}, [f"{n}: cannot start srun" for n in gpus]
+
+
+def reports(**by_node):
+    """Fake per-node probe steps (the real ones run in tests/test_slurm_cluster.py): node → (model, GiB) or None."""
+
+    def steps(gpus):
+        out = {}
+        for node, count in gpus.items():
+            model = by_node.get(node)
+            if model:
+                out[node] = {"node": node, "cpus": 64, "memory_bytes": 512 * GIB,
+                             "gpus": [[model[0], int(model[1] * GIB)]] * count}  # fmt: skip
+        return out, [f"{n}: no report" for n in gpus if n not in out]
+
+    return steps
+
+
+def test_slurm_nodes_report_their_own_gpus_and_memory():
+    """Each node's report sets its GPU model; the smallest memory is planned, with a warning naming the nodes; host
+    RAM is the smallest of the node's RAM, RealMemory and the job's --mem."""
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_GPUS_ON_NODE": "8",
+           "SLURM_MEM_PER_NODE": "102400"}  # fmt: skip
+    t = probe_slurm(env, scontrol=no_scontrol, steps=reports(gpu01=("NVIDIA H100 80GB HBM3", 79.6),
+                                                             gpu02=("NVIDIA A100-SXM4-40GB", 39.4)))  # fmt: skip
+    assert [h.gpus[0].name for h in t.hosts] == ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"]
+    assert abs(t.min_gpu_memory_bytes / GIB - 39.4) < 1e-6 and t.planning_gpu_name == "NVIDIA A100-SXM4-40GB"
+    assert [h.memory_bytes for h in t.hosts] == [100 * GIB] * 2 and [h.cpus for h in t.hosts] == [64, 64]
+    assert any("differ (gpu01: NVIDIA H100" in w and "gpu02: NVIDIA A100" in w for w in t.warnings)
+    per_cpu = {**env, "SLURM_MEM_PER_NODE": "", "SLURM_MEM_PER_CPU": "1024", "SLURM_JOB_CPUS_PER_NODE": "16(x2)"}
+    t = probe_slurm(per_cpu, scontrol=no_scontrol, steps=reports(gpu01=("H100", 80), gpu02=("H100", 80)))
+    assert [h.memory_bytes for h in t.hosts] == [16 * GIB] * 2 and [h.cpus for h in t.hosts] == [16, 16]
+    assert not t.warnings
+
+
+def test_slurm_node_without_report_is_assumed_like_this_one_with_a_warning():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_GPUS_ON_NODE": "4"}
+    local = probe_local({}, read=fake(FOUR_L20), hostname="gpu01")
+    t = probe_slurm(env, local=local, scontrol=no_scontrol, steps=reports(gpu01=("NVIDIA L20", 44.5)))
+    assert [h.gpus[0].name for h in t.hosts] == ["NVIDIA L20"] * 2
+    assert any("could not probe every node with srun (gpu02: no report)" in w for w in t.warnings)
+
+
+def test_slurm_node_seeing_fewer_gpus_than_allocated_is_named():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_GPUS_ON_NODE": "4"}
+
+    def steps(gpus):
+        good = {"cpus": 8, "memory_bytes": GIB, "gpus": [["NVIDIA L20", 44 * GIB]] * 4}
+        return {"gpu01": good, "gpu02": {**good, "gpus": good["gpus"][:3]}}, []
+
+    with pytest.raises(ProbeError, match="4 GPU\\(s\\) on gpu02, but a step there sees 3"):
+        probe_slurm(env, scontrol=no_scontrol, steps=steps)
 
 
 # Captured from Slurm 22.05 (`scontrol show job -d`, `scontrol show node -o`), trimmed.
@@ -131,7 +187,7 @@ def test_slurm_reads_addresses_cpus_and_gpus_of_every_node():
         "SLURM_JOB_CPUS_PER_NODE": "32(x2)",
     }
     answers = {"job": JOB_D.replace("Nodes=gpu03 CPU_IDs=0-31 Mem=0 GRES=gpu:h100:4(IDX:0-3)\n", ""), "node": NODES_O}
-    t = probe_slurm(env, scontrol=lambda args: answers[args[1]])
+    t = probe_slurm(env, scontrol=lambda args: answers[args[1]], steps=no_steps)
     assert [(h.name, h.addr, h.cpus, len(h.gpus)) for h in t.hosts] == [
         ("gpu01", "10.0.0.1", 32, 8),
         ("gpu02", "10.0.0.2", 32, 8),
@@ -141,7 +197,7 @@ def test_slurm_reads_addresses_cpus_and_gpus_of_every_node():
 def test_slurm_heterogeneous_nodes_are_refused_by_name():
     env = {"SLURM_JOB_ID": "12", "SLURM_JOB_NODELIST": "gpu[01-03]", "SLURM_GPUS_ON_NODE": "8"}
     with pytest.raises(ProbeError, match=r"different GPU counts: gpu01=8, gpu02=8, gpu03=4") as e:
-        probe_slurm(env, scontrol=lambda args: JOB_D if args[1] == "job" else None)
+        probe_slurm(env, scontrol=lambda args: JOB_D if args[1] == "job" else None, steps=no_steps)
     assert "--gpus-per-node" in str(e.value)
 
 
@@ -186,7 +242,11 @@ def test_hostfile_lines_may_name_their_gpus(tmp_path):
     t = probe_hostfile(f, cpu=True)
     assert t.gpus_per_host == (8, 8) and t.gpu_name == "H100-80GB" and t.min_gpu_memory_bytes > 79 * 2**30
     f.write_text("node1 slots=8 gpu=H100-80GB\nnode2 slots=8 gpu=L20\n")
-    with pytest.raises(ProbeError, match="GPU models differ"):
+    mixed = probe_hostfile(f, cpu=True)
+    assert mixed.planning_gpu_name == "L20" and abs(mixed.min_gpu_memory_bytes / 2**30 - 44.5) < 1
+    assert "differ (node1: H100-80GB, node2: L20)" in mixed.warnings[0]
+    f.write_text("node1 slots=8 gpu=H100-80GB\nnode2 slots=8\n")
+    with pytest.raises(ProbeError, match="node2 name no GPU model"):
         probe_hostfile(f, cpu=True)
     f.write_text("node1 slots=8\n")
     cpu = probe_hostfile(f, cpu=True)

@@ -237,3 +237,52 @@ def test_hostile_job_name_and_run_dir_reach_slurm_unchanged(cluster, tmp_path):
         assert "training done" in (run / f"slurm-{job}.out").read_text()
     finally:
         sh(cluster, "scancel", job, check=False)
+
+
+# NVML cannot run without a GPU: this stand-in for pynvml answers as the node it runs on (SLURMD_NODENAME) would,
+# so the test shows which node each report came from. Everything else (sbatch, the srun steps, the gres) is real.
+FAKE_PYNVML = """
+import os
+NODE_GPU = {"n1": ("NVIDIA H100 80GB HBM3", 85520809984), "n2": ("NVIDIA A100-SXM4-40GB", 42505273344)}
+class NVMLError(Exception):
+    pass
+def _gpu():
+    return NODE_GPU[os.environ["SLURMD_NODENAME"]]
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return 4
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetName(h): return _gpu()[0]
+def nvmlDeviceGetUUID(h): return "GPU-%08d-1111-2222-3333-%012d" % (h, h)
+class _Mem:
+    def __init__(self, total): self.total = total
+def nvmlDeviceGetMemoryInfo(h): return _Mem(_gpu()[1])
+def nvmlDeviceGetMigMode(h): raise NVMLError("not supported")
+"""
+
+
+def test_every_node_of_the_allocation_is_probed_in_its_own_step(cluster, tmp_path):
+    """`plan --slurm` inside a 2-node job: each node reports its own GPU model (n1 H100, n2 A100-40GB, from a pynvml
+    stand-in keyed by the node the srun step runs on), the plan is sized for the smaller GPU with a warning naming
+    both, and host RAM is the job's --mem (below the nodes' RealMemory=2000 and their /proc/meminfo)."""
+    fake = tmp_path / "fake_nvml"
+    fake.mkdir()
+    (fake / "pynvml.py").write_text(FAKE_PYNVML)
+    out = tmp_path / "job.out"
+    cmd = f"{sys.executable} -m grpo_launch plan --slurm {ROOT}/recipes/qwen1.5b.yaml --json --no-write"
+    env = {**cluster, "PYTHONPATH": f"{fake}:{cluster.get('PYTHONPATH', '')}"}
+    job = sh(env, "sbatch", "--parsable", "-N2", "--exclusive", "--gpus-per-node=4", "--mem=1500",
+             f"--output={out}", f"--chdir={ROOT}", "--wrap", cmd).strip()  # fmt: skip
+    assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 120) == "COMPLETED", out.read_text()
+    import json
+
+    text = out.read_text()
+    plan = json.loads(text[text.index("{") :])
+    hosts = plan["topology"]["hosts"]
+    assert [(h["name"], {g["name"] for g in h["gpus"]}, len(h["gpus"])) for h in hosts] == [
+        ("n1", {"NVIDIA H100 80GB HBM3"}, 4),
+        ("n2", {"NVIDIA A100-SXM4-40GB"}, 4),
+    ]
+    assert [h["memory_bytes"] for h in hosts] == [1500 * 1024 * 1024] * 2
+    assert any("differ (n1: NVIDIA H100 80GB HBM3, n2: NVIDIA A100-SXM4-40GB)" in w for w in plan["warnings"])
+    assert abs(plan["estimate"]["gpu_memory_gib"] - 42505273344 / 2**30) < 0.01  # sized for the smaller GPU

@@ -95,18 +95,21 @@ class GrpoLaunchError(Exception):
         problems: Iterable[str] = (),
         hint: str | None = None,
         fixes: Iterable[Fix] = (),
+        explain: Iterable[str] = (),
     ) -> None:
         self.message = message
         self.problems = tuple(problems)
         self.hint = hint
         self.fixes = rank_fixes(fixes)
+        self.explain = tuple(explain)  # the arithmetic behind a refusal (``plan --explain`` prints it)
         super().__init__(message)
 
     def __str__(self) -> str:
         return self.render()
 
-    def render(self) -> str:
-        """The full user-facing text: the message, every problem, the fixes (nearest first), then the hint."""
+    def render(self, *, explain: bool = False) -> str:
+        """The full user-facing text: the message, every problem, the fixes (nearest first), then the hint; with
+        ``explain``, the arithmetic behind it last."""
         lines = [self.message]
         lines += [f"  - {p}" for p in self.problems]
         if self.fixes:
@@ -114,6 +117,11 @@ class GrpoLaunchError(Exception):
             lines += [f"  {i}. {f}" for i, f in enumerate(self.fixes[:6], 1)]
         if self.hint:
             lines.append(self.hint)
+        if explain and self.explain:
+            lines.append("The arithmetic (nearest candidates first):")
+            lines += [f"  {line}" for line in self.explain]
+        elif self.explain:
+            lines.append("(grpo-launch plan --explain shows the arithmetic)")
         return "\n".join(lines)
 
 

@@ -181,6 +181,34 @@ def local_gpu_model(local: Topology | None) -> tuple[str, int | None]:
     return (gpus[0].name, gpus[0].memory_bytes) if gpus else ("unknown", None)
 
 
+# Run on every host of a hostfile (over ssh) and every node of a Slurm allocation (one srun step each), with that
+# host's grpo-launch: what the host has, as probe_local reads it there (NVML, CUDA_VISIBLE_DEVICES, /proc/meminfo).
+HOST_REPORT_CODE = (
+    "import json, os\n"
+    "from grpo_launch.probe import probe_local\n"
+    "h = probe_local(dict(os.environ)).hosts[0]\n"
+    "print(json.dumps({'node': os.environ.get('SLURMD_NODENAME') or h.name, 'cpus': os.cpu_count(),\n"
+    "                  'memory_bytes': h.memory_bytes, 'gpus': [[g.name, g.memory_bytes] for g in h.gpus]}))\n"
+)
+
+
+def reported_gpus(report: Mapping[str, Any], count: int) -> tuple[Gpu, ...]:
+    """The first ``count`` GPUs of a host's report (HOST_REPORT_CODE's ``gpus``: [name, memory bytes] pairs)."""
+    return tuple(
+        Gpu(visible_id=str(i), name=str(g[0]), memory_bytes=g[1] if isinstance(g[1], int) else None)
+        for i, g in enumerate((report.get("gpus") or [])[:count])
+    )
+
+
+def mixed_models_warning(models: Mapping[str, str]) -> tuple[str, ...]:
+    """A warning when hosts (name → GPU model) differ: the planner sizes for the smallest GPU memory and times
+    steps on the slowest GPU."""
+    if len(set(models.values())) < 2:
+        return ()
+    listed = ", ".join(f"{h}: {m}" for h, m in list(models.items())[:6])
+    return (f"the hosts' GPU models differ ({listed}): planned for the smallest GPU memory and the slowest GPU",)
+
+
 def count_rows(dataset: str, workdir: str) -> int | None:
     """Rows of a local JSON Lines or CSV training file (for the time to train), without loading it; None for
     anything else (a hub dataset: set launch.dataset_rows)."""

@@ -66,6 +66,18 @@ class Topology:
         return names.pop() if len(names) == 1 else ("mixed" if names else "cpu")
 
     @property
+    def planning_gpu_name(self) -> str:
+        """The GPU model step times are planned for: the only one, or of mixed models the slowest the table knows
+        (every GPU steps together); "mixed" when one of them is not in the table."""
+        names = {g.name for h in self.hosts for g in h.gpus}
+        if len(names) < 2:
+            return self.gpu_name
+        specs = {n: find_gpu_spec(n) for n in names}
+        if any(s is None for s in specs.values()):
+            return "mixed"
+        return min(names, key=lambda n: (specs[n].bf16_tflops, specs[n].bandwidth_tbs, n))  # type: ignore[union-attr]
+
+    @property
     def min_host_memory_bytes(self) -> int | None:
         """The smallest host RAM of the hosts, when every host's is known."""
         mems = [h.memory_bytes for h in self.hosts]

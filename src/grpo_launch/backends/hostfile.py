@@ -8,7 +8,7 @@ from pathlib import Path
 
 from grpo_launch.catalog import GIB, find_gpu_spec
 from grpo_launch.errors import ProbeError, is_decimal, short
-from grpo_launch.probe import local_gpu_model
+from grpo_launch.probe import local_gpu_model, mixed_models_warning, reported_gpus
 from grpo_launch.topology import Gpu, Host, Topology
 
 __all__ = ["parse_hostfile", "parse_hostfile_gpus", "probe_hostfile"]
@@ -91,42 +91,31 @@ def probe_hostfile(
 ) -> Topology:
     """Hosts from a hostfile (or its lines already read); slots are GPUs of the model a line names (gpu=MODEL) or
     of this machine's model; with ``cpu`` (this machine has none) and no model named, training processes on CPU
-    hosts, with a warning."""
+    hosts, with a warning. Lines naming different models are planned for the smallest and slowest, with a warning;
+    some lines naming a model and others none (on a machine without GPUs) is an error."""
     p = Path(path)
     entries = read_hostfile(p) if entries is None else entries
     local_name, local_mem = local_gpu_model(local)
-    models = {g for _, _, g in entries}
-    if len(models) > 1:
-        listed = ", ".join(f"{h}: {g or 'no gpu='}" for h, _, g in entries[:8])
-        raise ProbeError(
-            f"hostfile {short(str(p))}: the hosts' GPU models differ ({listed})",
-            hint="Give every line the same gpu=MODEL (grpo-launch plans for one GPU model).",
-        )
-    named = models.pop()
-    if named is None and cpu:
+    if not any(g for _, _, g in entries) and cpu:
         warn = (
             "this machine has no GPU and the hostfile names no GPU model: its slots are planned as CPU processes "
             "(add gpu=MODEL to each line, e.g. node1 slots=8 gpu=H100-80GB, to plan the hosts' GPUs)"
         )
         return Topology(tuple(Host(name=h, cpus=n) for h, n, _ in entries), "hostfile", (warn,))
-    spec = find_gpu_spec(named) if named else None
-    name, mem = (spec.name, int(spec.memory_gib * GIB)) if spec else (local_name, local_mem)
-    hosts = tuple(
-        Host(name=h, gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(n)))
-        for h, n, _ in entries
-    )
-    return Topology(hosts, "hostfile")
-
-
-# Run on each host over ssh (its grpo-launch, the same version as here: the ssh check requires it): what the host
-# has, as probe_local reads it there (NVML, CUDA_VISIBLE_DEVICES, /proc/meminfo).
-PROBE_CODE = (
-    "import json, os\n"
-    "from grpo_launch.probe import probe_local\n"
-    "h = probe_local(dict(os.environ)).hosts[0]\n"
-    "print(json.dumps({'cpus': os.cpu_count(), 'memory_bytes': h.memory_bytes,\n"
-    "                  'gpus': [[g.name, g.memory_bytes] for g in h.gpus]}))\n"
-)
+    unnamed = [h for h, _, g in entries if g is None]
+    if unnamed and cpu:
+        raise ProbeError(
+            f"hostfile {short(str(p))}: {', '.join(unnamed[:4])} name no GPU model and this machine has none "
+            "to assume for them",
+            hint="Give every line gpu=MODEL (e.g. node1 slots=8 gpu=H100-80GB), or none (probed over ssh).",
+        )
+    hosts, models = [], {}
+    for h, n, named in entries:
+        spec = find_gpu_spec(named) if named else None
+        name, mem = (spec.name, int(spec.memory_gib * GIB)) if spec else (local_name, local_mem)
+        hosts.append(Host(name=h, gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(n))))
+        models[h] = name
+    return Topology(tuple(hosts), "hostfile", mixed_models_warning(models))
 
 
 def topology_from_probes(entries: list[tuple[str, int, str | None]], probes: dict[str, dict], source: str) -> Topology:
@@ -140,14 +129,10 @@ def topology_from_probes(entries: list[tuple[str, int, str | None]], probes: dic
             raise ProbeError(f"{source}: {name} has {len(gpus)} GPU(s) but slots={slots}", hint="slots = GPUs to use")
         if gpus:
             models[name] = gpus[0][0]
-            used = tuple(Gpu(visible_id=str(i), name=str(g[0]), memory_bytes=g[1]) for i, g in enumerate(gpus[:slots]))
+            used = reported_gpus(info, slots)
             hosts.append(Host(name=name, gpus=used, cpus=info.get("cpus"), memory_bytes=ram))
         else:
             hosts.append(Host(name=name, cpus=slots, memory_bytes=ram))
     if len(kinds) > 1:
         raise ProbeError(f"{source}: some hosts have GPUs and some have none", hint="Use hosts of one kind.")
-    warnings: tuple[str, ...] = ()
-    if len(set(models.values())) > 1:
-        listed = ", ".join(f"{h}: {m}" for h, m in list(models.items())[:6])
-        warnings = (f"the hosts' GPU models differ ({listed}): planned for the smallest memory",)
-    return Topology(tuple(hosts), "hostfile", warnings)
+    return Topology(tuple(hosts), "hostfile", mixed_models_warning(models))

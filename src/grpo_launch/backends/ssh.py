@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BaseBackend, Capability, RunContext, check_addresses
-from grpo_launch.backends.hostfile import PROBE_CODE, probe_hostfile, read_hostfile, topology_from_probes
+from grpo_launch.backends.hostfile import probe_hostfile, read_hostfile, topology_from_probes
 from grpo_launch.catalog import GIB
 from grpo_launch.commands import version_tuple, weight_sync_port
 from grpo_launch.errors import LaunchError
-from grpo_launch.probe import VLLM_VERSION_FUNCTION, looks_local
+from grpo_launch.probe import HOST_REPORT_CODE, VLLM_VERSION_FUNCTION, looks_local
 from grpo_launch.spec import ProcessSpec
 from grpo_launch.topology import Topology
 
@@ -151,14 +151,14 @@ def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequen
 
 
 def probe_over_ssh(hosts: list[str], ssh: SshOptions, environ: Mapping[str, str]) -> tuple[dict[str, dict], list[str]]:
-    """Each host's own report (PROBE_CODE, in parallel), and what went wrong on the hosts that did not answer."""
+    """Each host's own report (HOST_REPORT_CODE, in parallel), and what went wrong on the hosts that did not answer."""
     import concurrent.futures
     import json
     import subprocess
     import sys
 
     def one(host: str) -> tuple[str, dict | str]:
-        argv = [*ssh.argv(host), "--", f"{shlex.quote(sys.executable)} -c {shlex.quote(PROBE_CODE)}"]
+        argv = [*ssh.argv(host), "--", f"{shlex.quote(sys.executable)} -c {shlex.quote(HOST_REPORT_CODE)}"]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=ssh.connect_timeout_s + 30,
                                   stdin=subprocess.DEVNULL, env=dict(environ))  # fmt: skip

@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except GrpoLaunchError as exc:
         if args.debug:
             raise
-        print(f"grpo-launch: error: {exc.render()}", file=sys.stderr)
+        print(f"grpo-launch: error: {exc.render(explain=getattr(args, 'explain', False))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("grpo-launch: interrupted", file=sys.stderr)

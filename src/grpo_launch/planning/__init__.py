@@ -55,8 +55,16 @@ def make_plan(
 
 
 def _plan(topology: Topology, recipe: Recipe, model: ModelShape | None, calibration: Calibration | None) -> Plan:
-    plan = _search(topology, recipe, model, calibration) if _split_is_free(topology, recipe, model) else None
-    return plan if plan is not None else _plan_one(topology, recipe, model, None, calibration)
+    rejected: list[Candidate] = []
+    plan = _search(topology, recipe, model, calibration, rejected) if _split_is_free(topology, recipe, model) else None
+    if plan is not None:
+        return plan
+    try:
+        return _plan_one(topology, recipe, model, None, calibration)
+    except PlanError as exc:
+        if rejected:  # every split the search tried was refused: say why, for --explain
+            exc.explain = (*exc.explain, *(f"split {c.label}: {c.rejected}" for c in rejected))
+        raise
 
 
 # A model this large trains at a few tokens per second on CPU, in float32: planned there only when asked for.
@@ -101,7 +109,7 @@ def _split_is_free(topology: Topology, recipe: Recipe, model: ModelShape | None)
         and not topology.is_cpu
         and topology.num_gpus > 1
         and model is not None
-        and find_gpu_spec(topology.gpu_name) is not None
+        and find_gpu_spec(topology.planning_gpu_name) is not None
         and topology.min_gpu_memory_bytes is not None
         and placement.auto_mode(recipe)
         and launch.vllm_gpus is None
@@ -111,20 +119,33 @@ def _split_is_free(topology: Topology, recipe: Recipe, model: ModelShape | None)
 
 
 def _search(
-    topology: Topology, recipe: Recipe, model: ModelShape | None, calibration: Calibration | None
+    topology: Topology,
+    recipe: Recipe,
+    model: ModelShape | None,
+    calibration: Calibration | None,
+    rejected: list[Candidate],
 ) -> Plan | None:
     """Plan colocate and every server size (TP 1, 2, 4, …); the shortest predicted time per prompt group wins.
-    None when no candidate plans with an estimate (the caller then plans without the search, for its error)."""
+    None when no candidate plans with an estimate (the caller then plans without the search, for its error);
+    ``rejected`` receives the refused candidates."""
     assert model is not None
     choices = [(VllmMode.COLOCATE, 1), *((VllmMode.SERVER, t) for t in model.valid_tp_sizes(topology.num_gpus - 1))]
     scored: list[tuple[Candidate, Plan]] = []
-    rejected: list[Candidate] = []
     for mode, tp in choices:
         label = f"server TP {tp}" if mode == VllmMode.SERVER else "colocate"
         try:
             plan = _plan_one(topology, recipe, model, (mode, tp), calibration)
         except PlanError as exc:
-            rejected.append(Candidate(label, mode, tp, rejected=exc.message))
+            rejected.append(
+                Candidate(
+                    label,
+                    mode,
+                    tp,
+                    rejected=": ".join([exc.message.rstrip(":"), "; ".join(exc.problems)])
+                    if exc.problems
+                    else exc.message,
+                )
+            )
             continue
         if plan.estimate is None:
             return None

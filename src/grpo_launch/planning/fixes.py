@@ -71,6 +71,11 @@ def verified(error: PlanError, recipe: Recipe, plan: Callable[[Recipe], object])
             for f, failed in zip(inside, outcomes, strict=True)
             if failed not in (None, _failure(error))
         ]
+    dropped = [
+        f"tried {', '.join(f.overrides())}: {_first_line(failed)}"
+        for f, failed in zip(inside, outcomes, strict=True)
+        if failed is not None
+    ]
     hint = (error.hint or "").replace("Each fix listed would fit by the estimate (grpo-launch plan --explain).", "")
     if not good:
         hint += " No change to the recipe alone plans here (each one offered was planned again)."
@@ -78,7 +83,13 @@ def verified(error: PlanError, recipe: Recipe, plan: Callable[[Recipe], object])
             outside = [Fix("gpus", None, "more GPUs, or GPUs with more memory", rank=3, in_recipe=False)]
     elif all("; then: " not in f.reason for f in good):
         hint += " Each change listed was planned again and fits."
-    return PlanError(error.message, problems=error.problems, hint=hint.strip() or None, fixes=[*good, *outside])
+    return PlanError(
+        error.message,
+        problems=error.problems,
+        hint=hint.strip() or None,
+        fixes=[*good, *outside],
+        explain=(*error.explain, *dropped),
+    )
 
 
 def _failure(exc: PlanError) -> str:

@@ -26,6 +26,7 @@ from grpo_launch.planning.costmodel import (
 )
 from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.lengths import prompt_bound
+from grpo_launch.planning.refusals import Setting, memory_fixes, setting_label, training_explain, vllm_explain
 from grpo_launch.planning.steptime import (
     colocate_switch_time,
     generation_time,
@@ -37,8 +38,6 @@ from grpo_launch.planning.steptime import (
 from grpo_launch.planning.types import Estimate, StepTime, Total, Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.topology import Topology
-
-Setting = tuple[DistBackend, Offload, bool]  # (backend, offload, gradient checkpointing)
 
 # Cheapest first: no offload before offload, ZeRO-2 before ZeRO-3, checkpointing (a third more compute) only when
 # needed.
@@ -85,11 +84,6 @@ def _old_logprobs(recipe: Recipe, layout: Layout) -> bool:
     vllm = recipe.launch.vllm != "off" and recipe.values.get("use_vllm") is not False
     correction = recipe.get("vllm_importance_sampling_correction")
     return off_policy or (vllm and correction is not False)
-
-
-def _label(setting: Setting) -> str:
-    b, o, c = setting
-    return str(b) + ("" if o == Offload.NONE else f" + offload {o}") + (" + gradient checkpointing" if c else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +150,12 @@ def choose_training(
         candidates = [(b, o, c) for o in offloads for c in ckpts]
     host_ram = topology.min_host_memory_bytes
     host_short: tuple[Setting, float] | None = None
+    tried: list[tuple[Setting, TrainMemory, float]] = []
     for setting in candidates:
         b, o, c = setting
         need = train_memory(model, n, b, o, dataclasses.replace(work, gradient_checkpointing=c))
         host = host_memory_per_node(model, max(1, n // nodes), nodes, b, o)
+        tried.append((setting, need, host))
         if need.total <= budget and host_ram is not None and host > HOST_HEADROOM * host_ram:
             host_short = host_short or (setting, host)
             continue
@@ -167,7 +163,7 @@ def choose_training(
             set_by = [x for x, v in (("backend", backend), ("offload", offload)) if v != "auto"]
             trace.decide(
                 "backend",
-                _label(setting),
+                setting_label(setting),
                 (f"{', '.join(set_by)} set in the recipe; " if set_by else "cheapest that fits: ")
                 + f"{need.total / GIB:.1f} GiB per training GPU ≤ {budget / GIB:.1f} GiB "
                 f"({HEADROOM:.0%} of {mem / GIB:.0f} GiB"
@@ -176,11 +172,13 @@ def choose_training(
                 + (f"; offload needs {host / GIB:.0f} GiB of host RAM per node" if host else ""),
             )
             return Training(b, o, c, need, host)
+    explain = training_explain(tried, mem, share, budget, host_ram)
     if host_short is not None:
         setting, host = host_short
         raise PlanError(
-            f"{model.name} fits the GPUs only with {_label(setting)}, and that offload needs {host / GIB:.0f} GiB of "
-            f"host RAM per node (DeepSpeed's estimate); the hosts have {(host_ram or 0) / GIB:.0f} GiB",
+            f"{model.name} fits the GPUs only with {setting_label(setting)}, and that offload needs "
+            f"{host / GIB:.0f} GiB of host RAM per node (DeepSpeed's estimate); the hosts have "
+            f"{(host_ram or 0) / GIB:.0f} GiB",
             fixes=[
                 Fix("gpus", None, "more nodes: ZeRO-3's offloaded states shard over them", 1, in_recipe=False),
                 Fix("use_peft", True, "LoRA: no optimizer state to offload", rank=1),
@@ -188,60 +186,17 @@ def choose_training(
                     "gpus", None, f"hosts with at least {host / HOST_HEADROOM / GIB:.0f} GiB of RAM", 3, in_recipe=False
                 ),
             ],
+            explain=explain,
         )
     last = candidates[-1]
     need = train_memory(model, n, last[0], last[1], dataclasses.replace(work, gradient_checkpointing=last[2]))
     raise PlanError(
-        f"{model.name} does not fit on {n} training GPU(s) of {mem / GIB:.0f} GiB: even {_label(last)} needs "
+        f"{model.name} does not fit on {n} training GPU(s) of {mem / GIB:.0f} GiB: even {setting_label(last)} needs "
         f"{need.total / GIB:.1f} GiB per GPU (budget {budget / GIB:.1f} GiB)",
         fixes=memory_fixes(model, n, mem, budget, last, work, recipe),
         hint="Each fix listed would fit by the estimate (grpo-launch plan --explain).",
+        explain=explain,
     )
-
-
-def memory_fixes(
-    model: ModelShape, n: int, mem: int, budget: float, setting: Setting, work: Workload, recipe: Recipe
-) -> list[Fix]:
-    """Single changes that would make the training side fit, nearest first."""
-    b, o, _ = setting
-    fixes: list[Fix] = []
-
-    def total(nn: int, bb: DistBackend, oo: Offload, w: Workload) -> float:
-        return train_memory(model, nn, bb, oo, w).total
-
-    w_ck = dataclasses.replace(work, gradient_checkpointing=True)
-    if recipe.launch.offload != "auto" and total(n, DistBackend.ZERO3, Offload.OPTIMIZER_PARAMS, w_ck) <= budget:
-        fixes.append(Fix("launch.offload", "optimizer+params", "offload", rank=0, also=(("launch.backend", "zero3"),)))
-    for more in (2, 4, 8, 16, 32, 64):
-        if total(n * more, DistBackend.ZERO3, Offload.OPTIMIZER, w_ck) <= budget:
-            fixes.append(
-                Fix(
-                    "gpus",
-                    n * more,
-                    f"more GPUs: {n * more} training GPUs (ZeRO-3 + optimizer offload)",
-                    rank=3,
-                    in_recipe=False,
-                )
-            )
-            break
-    if not work.lora and total(n, b, o, dataclasses.replace(w_ck, lora=True)) <= budget:
-        if model.is_moe:  # the experts stay frozen: adapters on the attention projections only
-            attention = ("lora_target_modules", ["q_proj", "k_proj", "v_proj", "o_proj"])
-            fixes.append(Fix("use_peft", True, "LoRA on the attention only: the experts stay frozen in bf16", 1,
-                             also=(attention,)))  # fmt: skip
-        else:
-            fixes.append(Fix("use_peft", True, "LoRA: only the frozen bf16 base stays on the GPU", rank=1))
-    for length in (work.completion_len // 2, work.completion_len // 4, work.completion_len // 8):
-        if length >= 16 and total(n, b, o, dataclasses.replace(w_ck, completion_len=length)) <= budget:
-            fixes.append(Fix("max_completion_length", length, "shorter completions", rank=2))
-            break
-    if work.per_device > 1 and total(n, b, o, dataclasses.replace(w_ck, per_device=1)) <= budget:
-        fixes.append(Fix("per_device_train_batch_size", 1, "fewer completions per forward pass", rank=1, cost=0.5))
-    if not fixes:
-        fixes.append(
-            Fix("gpus", None, f"GPUs with more memory than {mem / GIB:.0f} GiB, or a smaller model", 4, in_recipe=False)
-        )
-    return fixes
 
 
 def size_vllm(
@@ -270,11 +225,13 @@ def size_vllm(
         if need < VLLM_SERVER_UTILIZATION and (vllm.mode == VllmMode.COLOCATE or (share or limit or 0) < need):
             why = "leaves less for training" if vllm.mode == VllmMode.COLOCATE else "the weights need at least that"
             fixes.append(Fix("launch.vllm_gpu_memory_utilization", round(need, 2), why, 0))
+        util = share or limit or VLLM_SERVER_UTILIZATION
+        explain = vllm_explain(model, tp, mem, work.seq_len, util, weights, need, replicas if ep else None)
         raise PlanError(
             f"vLLM ({vllm.mode}) does not fit: {weights / GIB:.1f} GiB of weights per GPU leave no room for the KV "
-            f"cache of one {work.seq_len}-token sequence at gpu_memory_utilization "
-            f"{share or limit or VLLM_SERVER_UTILIZATION:.2f}",
+            f"cache of one {work.seq_len}-token sequence at gpu_memory_utilization {util:.2f}",
             fixes=fixes,
+            explain=explain,
         )
     trace.decide("vllm_max_num_seqs", sized.max_num_seqs, sized.lines()[0])
     sized_plan = dataclasses.replace(
@@ -318,7 +275,7 @@ def estimate_plan(
     sizing: VllmMemory | None = None,
 ) -> Estimate | None:
     """Predicted step time and memory, when the model and the GPU model are known."""
-    gpu = find_gpu_spec(topology.gpu_name) if not topology.is_cpu else None
+    gpu = find_gpu_spec(topology.planning_gpu_name) if not topology.is_cpu else None
     mem = topology.min_gpu_memory_bytes
     if model is None or gpu is None or mem is None:
         return None

@@ -7,8 +7,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 
 from grpo_launch.backends.slurm.env import SLURM_VARIABLES, run_scontrol, slurm_values
-from grpo_launch.errors import ProbeError
-from grpo_launch.probe import local_gpu_model
+from grpo_launch.errors import ProbeError, is_decimal
+from grpo_launch.probe import HOST_REPORT_CODE, local_gpu_model, mixed_models_warning, reported_gpus
 from grpo_launch.spec import ProcessSpec
 from grpo_launch.topology import Gpu, Host, Topology
 
@@ -86,16 +86,82 @@ def parse_node_addresses(text: str) -> dict[str, str]:
     return {**names, **_node_fields(text, "NodeAddr")}
 
 
+NodeReports = tuple[dict[str, dict], list[str]]  # node → its HOST_REPORT_CODE report; what failed, per node
+PROBE_STEP_TIMEOUT_S = 60.0  # a step starts in seconds on a healthy allocation
+
+
+def probe_nodes(
+    gpus: Mapping[str, int], *, python: str | None = None, timeout_s: float = PROBE_STEP_TIMEOUT_S
+) -> NodeReports:
+    """Each node's own report, from one ``srun`` step per node (in parallel): the step asks for the node's GPUs of
+    the job, so the report lists what a trainer there will see (NVML model and memory, count), its CPUs and RAM."""
+    import concurrent.futures
+    import json
+    import subprocess
+    import sys
+
+    def one(node: str) -> tuple[str, dict | str]:
+        argv = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--quiet",
+                "--job-name=grpo-launch-probe", *([f"--gres=gpu:{gpus[node]}"] if gpus[node] else []),
+                python or sys.executable, "-c", HOST_REPORT_CODE]  # fmt: skip
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    stdin=subprocess.DEVNULL)  # fmt: skip
+        except OSError as exc:
+            return node, f"{node}: cannot start srun ({exc.strerror or exc})"
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # srun passes SIGTERM to the step and ends it
+            try:
+                proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+            return node, f"{node}: no report within {timeout_s:.0f} s"
+        try:
+            report = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            last = (err.strip().splitlines() or ["no output"])[-1]
+            return node, f"{node}: {last[:160]}"
+        return node, report if isinstance(report, dict) else f"{node}: no report"
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(gpus) or 1)) as pool:
+        results = dict(pool.map(one, list(gpus)))
+    return {n: r for n, r in results.items() if isinstance(r, dict)}, [
+        r for r in results.values() if isinstance(r, str)
+    ]
+
+
+def job_memory_limit(values: Mapping[str, str], cpus: int | None) -> int | None:
+    """The job's memory on a node in bytes (``--mem``, or ``--mem-per-cpu`` × its CPUs there); None when the job
+    set neither, or asked for all of it (``--mem=0``)."""
+    mb = None
+    if is_decimal(values.get("mem_per_node", "")):
+        mb = int(values["mem_per_node"])
+    elif is_decimal(values.get("mem_per_cpu", "")) and cpus:
+        mb = int(values["mem_per_cpu"]) * cpus
+    return mb * 1024 * 1024 if mb else None
+
+
+def _smallest(*values: int | None) -> int | None:
+    known = [v for v in values if v]
+    return min(known) if known else None
+
+
 def probe_slurm(
     environ: Mapping[str, str],
     *,
     local: Topology | None = None,
     scontrol: Callable[[Sequence[str]], str | None] = run_scontrol,
+    steps: Callable[[Mapping[str, int]], NodeReports] = probe_nodes,
 ) -> Topology:
-    """The current Slurm allocation: its nodes, their addresses (NodeAddr), CPUs and GPUs per node.
+    """The current Slurm allocation: its nodes, their addresses (NodeAddr), CPUs, RAM and GPUs.
 
-    GPUs per node come from ``scontrol show job -d`` (every node) or else the variables of this node; nodes with
-    different GPU counts are an error. GPU model and memory come from this node's NVML (nodes assumed alike).
+    GPU counts per node come from ``scontrol show job -d`` (every node) or else the variables of this node; nodes
+    with different GPU counts are an error. Each node then reports its own GPU model and memory, CPUs and RAM from
+    an srun step (:func:`probe_nodes`); a node that does not answer is assumed like this one, with a warning. Host
+    RAM is the smallest of the node's RAM, Slurm's RealMemory and the job's ``--mem``.
     """
     values = slurm_values(environ)
     if "job_id" not in values or "nodelist" not in values:
@@ -124,25 +190,32 @@ def probe_slurm(
             cpus = list(expanded)
     nodes = scontrol(["show", "node", "-o", ",".join(hosts)])
     addresses = parse_node_addresses(nodes) if nodes else {}
-    memory = parse_node_memory(nodes) if nodes else {}
+    real_memory = parse_node_memory(nodes) if nodes else {}
+    reports, failed = steps(counts)
     name, mem = local_gpu_model(local)
-    warnings = []
-    if counts[hosts[0]] and mem is None:
-        warnings.append("GPU model unknown on this node (no NVML); memory not checked")
-    return Topology(
-        tuple(
-            Host(
-                name=h,
-                gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(counts[h])),
-                address=addresses.get(h),
-                memory_bytes=memory.get(h),
-                cpus=c,
-            )
-            for h, c in zip(hosts, cpus, strict=True)
-        ),
-        "slurm",
-        tuple(warnings),
-    )
+    out, models, warnings = [], {}, []
+    for h, c in zip(hosts, cpus, strict=True):
+        report = reports.get(h)
+        if report is None:
+            gpus = tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(counts[h]))
+        else:
+            gpus = reported_gpus(report, counts[h])
+            if len(gpus) < counts[h]:
+                raise ProbeError(
+                    f"Slurm gives this job {counts[h]} GPU(s) on {h}, but a step there sees {len(gpus)}",
+                    hint="Check the node's driver (nvidia-smi in an srun step on it) or exclude it (sbatch --exclude).",
+                )
+            c = c or (report["cpus"] if isinstance(report.get("cpus"), int) else None)
+            models.update({h: gpus[0].name} if gpus else {})
+        ram = report.get("memory_bytes") if report else None
+        memory = _smallest(ram if isinstance(ram, int) else None, real_memory.get(h), job_memory_limit(values, c))
+        out.append(Host(name=h, gpus=gpus, address=addresses.get(h), memory_bytes=memory, cpus=c))
+    if failed:
+        why = "; ".join(failed[:4]) + (f"; and {len(failed) - 4} more" if len(failed) > 4 else "")
+        warnings.append(f"could not probe every node with srun ({why}): assumed like this node")
+    if any(g.memory_bytes is None for host in out for g in host.gpus):
+        warnings.append("GPU model unknown on some node (no NVML); memory not checked")
+    return Topology(tuple(out), "slurm", (*warnings, *mixed_models_warning(models)))
 
 
 def srun_spec(spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node: int | None) -> ProcessSpec:

@@ -15,6 +15,8 @@ SLURM_VARIABLES = {
     "job_gpus": "SLURM_JOB_GPUS",
     "node_name": "SLURMD_NODENAME",
     "cpus_per_node": "SLURM_JOB_CPUS_PER_NODE",
+    "mem_per_node": "SLURM_MEM_PER_NODE",  # MB, from --mem
+    "mem_per_cpu": "SLURM_MEM_PER_CPU",  # MB, from --mem-per-cpu
 }
 
 
