@@ -15,7 +15,7 @@ MAX_LINES = 400
 
 # Stages in pipeline order; a module may import its own stage and earlier ones only.
 STAGES: list[tuple[str, ...]] = [
-    ("__version__", "enums", "errors", "trl_schema", "task", "control", "rundir"),
+    ("__version__", "enums", "errors", "trl_schema", "task", "control", "rundir", "reaper", "faults", "checkpoints"),
     (
         "spec",
         "modelshape",
@@ -30,11 +30,13 @@ STAGES: list[tuple[str, ...]] = [
     ("probe", "measured"),
     ("planning",),
     ("commands", "render"),
-    ("supervisor", "backends"),
-    ("run",),
+    ("supervisor", "session", "watchdog", "backends"),
+    ("preflight", "run"),
     ("cli",),
 ]
-TRAIN_MAY_IMPORT = {"control", "recipe", "recipe_keys", "trl_schema", "errors", "train", "enums", "catalog"}
+TRAIN_MAY_IMPORT = {
+    *("control", "recipe", "recipe_keys", "trl_schema", "errors", "train", "enums", "catalog", "checkpoints"),
+}
 
 
 def _top(module: str) -> str:
@@ -92,7 +94,7 @@ def test_no_import_from_a_later_stage(path):
     later = sorted(t for t in targets if t != "train" and _stage(t) > _stage(name))
     assert not later, f"{rel} (stage {_stage(name)}) imports later stages: {later}"
     if "train" in targets:
-        assert name == "run", f"{rel}: only run.py may use the training entry's helpers (reward names)"
+        assert name == "preflight", f"{rel}: only preflight.py may use the training entry's helpers (reward names)"
 
 
 def test_checker_sees_a_violation(tmp_path):

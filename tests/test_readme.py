@@ -4,7 +4,6 @@ to the next ``$`` line or the block's end. Paths in the examples are relative to
 
 from __future__ import annotations
 
-import re
 import shlex
 
 import pytest

@@ -155,7 +155,9 @@ def test_failing_trainer_on_one_node_fails_the_job_with_its_root_cause(cluster, 
     assert job_field(cluster, job, "ExitCode") == "1:0"
     log = (run / f"slurm-{job}.out").read_text()
     assert re.search(r"train@n2 failed \(exit code 1\)", log), log[-3000:]
-    assert "root cause: RuntimeError: reward server unreachable from n2" in log
+    assert re.search(r"root cause: \[train@n2( rank 1)?\] RuntimeError: reward server unreachable from n2", log), log[
+        -3000:
+    ]
     assert wait_no_processes(run) == []
 
 

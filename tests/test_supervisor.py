@@ -12,8 +12,9 @@ import time
 
 import pytest
 
+from grpo_launch.faults import root_cause
+from grpo_launch.session import supervise
 from grpo_launch.spec import ProcessSpec, RunState
-from grpo_launch.supervisor import root_cause, supervise
 
 from .conftest import ROOT
 from .helpers import alive, free_port, pids_in, write_scripts
@@ -68,7 +69,8 @@ def test_trainer_failure_stops_server_and_names_root_cause(tmp_path):
     result = _run(tmp_path, srv, trn, url)
     assert result.state == RunState.FAILED and result.exit_code == 1 and result.failed_process == "train"
     assert "train failed (exit code 3)" in result.message
-    assert "root cause: ValueError: boom in the trainer" in result.detail
+    assert "root cause: [train] ValueError: boom in the trainer" in result.detail
+    assert result.failure == "user" and result.cause == "[train] ValueError: boom in the trainer"
     assert _all_gone(pids_in(pids))
 
 
@@ -96,7 +98,7 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
         import sys, threading, os, signal, time
         sys.path.insert(0, {str(ROOT / "src")!r})
         from pathlib import Path
-        from grpo_launch.supervisor import supervise
+        from grpo_launch.session import supervise
         from grpo_launch.spec import ProcessSpec
         srv = ProcessSpec("vllm", {tuple(srv.argv)!r})
         trn = ProcessSpec("train", {tuple(trn.argv)!r})

@@ -20,8 +20,8 @@ from grpo_launch.commands import vllm_server as render_vllm_command
 from grpo_launch.planning import make_plan
 from grpo_launch.probe import resolve_model_shape
 from grpo_launch.recipe import build_recipe
+from grpo_launch.session import supervise
 from grpo_launch.spec import ProcessSpec, RunState
-from grpo_launch.supervisor import supervise
 from grpo_launch.topology import parse_gpu_spec
 
 from .conftest import ROOT, ensure_tiny_assets

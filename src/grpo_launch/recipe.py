@@ -122,6 +122,15 @@ class LaunchSettings:
     )  # price of one GPU-hour, any currency
     # Mean completion length in tokens, for the step time (default: every completion runs to max_completion_length).
     expected_completion_length: int | None = field(default=None, metadata={"min": 1, "max": 10_000_000})
+    # Supervision: restarts after failures that are not the user's code, from the newest complete checkpoint.
+    max_restarts: int = field(default=0, metadata={"min": 0, "max": 1000})
+    restart_backoff_s: float = field(default=10.0, metadata={"min": 0, "max": 3600})  # doubles per restart
+    on_oom: str = field(default="stop", metadata={"choices": ("stop", "replan")})
+    # The progress watchdog: no optimizer step within these bounds stops the run with every rank's stack.
+    first_step_timeout_s: float = field(default=3600.0, metadata={"min": 1, "max": 7 * 86400})
+    hang_timeout_s: float | None = field(default=None, metadata={"min": 1, "max": 7 * 86400, "kind": "float"})
+    # Wall-clock limit of a run in seconds: save a checkpoint and stop before it (a Slurm job's own limit applies too).
+    time_limit_s: float | None = field(default=None, metadata={"min": 60, "max": 365 * 86400, "kind": "float"})
 
 
 LAUNCH_FIELDS = {f.name: f for f in dataclasses.fields(LaunchSettings)}

@@ -1,142 +1,146 @@
-"""run_plan(plan, backend, ctx) → RunResult: the common checks, the backend's placement and checks, the run
-directory's files, then supervision, then the backend's after-run step (e.g. a Slurm requeue)."""
+"""run_plan(plan, backend, ctx) → RunResult: the checks, the run directory's lock and files, the resume decision,
+then supervised attempts (restarted from the newest complete checkpoint after a failure that is not the user's
+code, with backoff; replanned more frugally after an out-of-memory failure with ``launch.on_oom: replan``), then
+the backend's after-run step (e.g. a Slurm requeue). Every attempt is recorded in RUN_DIR/control/attempts.jsonl."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Mapping
+import json
+import time
 from pathlib import Path
 
 from grpo_launch import commands, control
 from grpo_launch.backends.base import Backend, RunContext
-from grpo_launch.commands import TRL_VLLM_RANGE, version_tuple
-from grpo_launch.enums import Role, VllmMode
-from grpo_launch.errors import ConfigError, LaunchError
+from grpo_launch.checkpoints import RESUME_ENV, decide_resume
+from grpo_launch.enums import Role
+from grpo_launch.faults import FailureKind
+from grpo_launch.planning.frugal import next_frugal_plan
 from grpo_launch.planning.types import Plan
-from grpo_launch.probe import interpreter_of, looks_local, vllm_version_of
-from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
+from grpo_launch.preflight import check_output_dir, check_vllm, output_dir_of, preflight, stale_build_locks
+from grpo_launch.reaper import RUN_ID_ENV
 from grpo_launch.render import render_files
-from grpo_launch.rundir import write_run_files
+from grpo_launch.rundir import RunLock, write_run_files
+from grpo_launch.session import supervise
 from grpo_launch.spec import ProcessSpec, RunResult, RunState
-from grpo_launch.supervisor import supervise
-from grpo_launch.train.rewards import check_reward_names, is_import_path
+from grpo_launch.watchdog import Watchdog
+
+ATTEMPTS_FILE = "attempts.jsonl"
 
 
-def preflight(plan: Plan, workdir: str) -> None:
-    """Everything about the recipe's inputs that can be checked before a process starts, reported together.
-    ``workdir`` (where the processes start; the CLI runs there) names the base of relative paths in messages."""
-    values = plan.trainer_values
-    problems: list[str] = []
-    model = str(values.get("model_name_or_path") or "")
-    if not model:
-        problems.append("model_name_or_path is not set")
-    elif looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
-        problems.append(
-            f"model path {model!r} has no config.json (is the path right? relative paths start from {workdir})"
-        )
-    data = str(values.get("dataset_name") or "")
-    if not data:
-        problems.append("dataset_name is not set")
-    elif Path(data).suffix in LOCAL_DATA_SUFFIXES and not Path(data).expanduser().is_file():
-        problems.append(f"dataset file {data!r} not found")
-    elif looks_local(data) and not Path(data).expanduser().exists():
-        problems.append(f"dataset path {data!r} not found")
-    rewards = values.get("reward_funcs") or []
-    names = [rewards] if isinstance(rewards, str) else [str(r) for r in rewards]
-    problems += check_reward_names(names) or missing_reward_modules(plan, names, workdir)
-    if problems:
-        raise ConfigError("cannot start the run:", problems=problems)
+def placed_processes(
+    plan: Plan, backend: Backend, ctx: RunContext, env: dict[str, str] | None = None
+) -> tuple[ProcessSpec, ...]:
+    """The plan's processes, each placed on its host by the backend (pure); ``env`` is added to each first (the
+    run id and the resume decision reach remote hosts that way)."""
+    specs = commands.all_processes(plan)
+    if env:
+        specs = tuple(dataclasses.replace(s, env={**s.env, **env}) for s in specs)
+    return tuple(backend.place(spec, plan, ctx) for spec in specs)
 
 
-def missing_reward_modules(plan: Plan, names: list[str], workdir: str) -> list[str]:
-    """Import-path rewards whose top-level module the trainers' Python cannot find (from the working directory,
-    with the run's PYTHONPATH), found without importing anything; only for a run on this machine."""
-    import subprocess
-
-    modules = sorted({n.partition(":")[0].split(".")[0] for n in names if is_import_path(n)})
-    if not modules or len(plan.topology.hosts) > 1:
-        return []
-    code = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
-    env = dict(os.environ) | dict(plan.recipe.launch.train_env)
-    try:
-        out = subprocess.run(
-            [plan.python, "-c", code, *modules], cwd=workdir, env=env, capture_output=True, text=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []  # the interpreter itself is checked when the trainers start
-    return [
-        f"reward_funcs: module {m!r} is not importable from {workdir} by {plan.python} (check the name, or add "
-        "its directory to PYTHONPATH: launch.train_env)"
-        for m in out.stdout.split()
-    ]
-
-
-def check_vllm(plan: Plan) -> str | None:
-    """The trainers import vLLM in both modes (TRL's client and the NCCL weight transfer, whose wire format changes
-    between versions), so vLLM must be importable in the trainers' Python, within TRL 1.16's range, and (server
-    mode) the same version as the server's. Returns the server's version; raises one error with every problem."""
-    if plan.vllm.mode == VllmMode.OFF:
-        return None
-    low, high = TRL_VLLM_RANGE
-    problems = []
-    trainer = vllm_version_of(plan.python)
-    versions = {f"the trainers' Python ({plan.python})": trainer}
-    if plan.vllm.mode == VllmMode.SERVER:
-        command = plan.recipe.launch.vllm_command
-        python = interpreter_of(command[0])
-        if python is None:
-            problems.append(f"cannot find the Python behind the server command {command[0]!r} (launch.vllm_command)")
-        else:
-            versions[f"the server's Python ({python})"] = vllm_version_of(python)
-    for where, version in versions.items():
-        v = version_tuple(version)
-        if version == "missing":
-            problems.append(f"vLLM is not installed in {where}")
-        elif v is None:
-            problems.append(f"cannot read the vLLM version in {where}: {version}")
-        elif not low <= v <= high:
-            problems.append(f"vLLM {version} in {where} is outside TRL 1.16's range 0.22–0.31")
-    found = {version_tuple(v) for v in versions.values()}
-    if not problems and len(found) > 1:
-        problems.append(
-            "the trainers and the server run different vLLM versions: "
-            + ", ".join(f"{v} in {w}" for w, v in versions.items())
-        )
-    if problems:
-        raise LaunchError(
-            "vLLM is not ready for this run:",
-            problems=problems,
-            hint="Install the same vLLM (0.22–0.31) where the trainers run and where the server runs: "
-            "pip install 'grpo-launch[train,vllm]', or point launch.vllm_command at the trainers' environment.",
-        )
-    return list(versions.values())[-1]  # the server's in server mode, else the trainers'
-
-
-def placed_processes(plan: Plan, backend: Backend, ctx: RunContext) -> tuple[ProcessSpec, ...]:
-    """The plan's processes, each placed on its host by the backend (pure)."""
-    return tuple(backend.place(spec, plan, ctx) for spec in commands.all_processes(plan))
-
-
-def run_plan(plan: Plan, backend: Backend, ctx: RunContext, *, dry_run: bool = False) -> RunResult:
+def run_plan(
+    plan: Plan,
+    backend: Backend,
+    ctx: RunContext,
+    *,
+    dry_run: bool = False,
+    resume: str = "auto",
+    max_restarts: int | None = None,
+) -> RunResult:
     """Run ``plan`` with ``backend``. Input problems raise (nothing has started then); once processes start, every
-    outcome is a RunResult.
+    outcome is a RunResult. ``resume``: auto | never | must (see :func:`grpo_launch.checkpoints.decide_resume`);
+    ``max_restarts`` overrides launch.max_restarts.
 
-    SIGUSR2 asks the trainers to save a checkpoint and stop (STOPPED_FOR_CHECKPOINT); the backend may then requeue.
+    SIGUSR2, or the allocation's end drawing near, asks the trainers to save a checkpoint and stop
+    (STOPPED_FOR_CHECKPOINT); the backend may then requeue.
     """
     preflight(plan, ctx.workdir)
-    if not dry_run:
-        plan = dataclasses.replace(plan, vllm_version=check_vllm(plan) or plan.vllm_version)
-    placed = placed_processes(plan, backend, ctx)
-    write_run_files(plan.run_dir, render_files(plan))
     if dry_run:
+        placed = placed_processes(plan, backend, ctx)
+        write_run_files(plan.run_dir, render_files(plan))
         ctx.emit(f"# run directory: {plan.run_dir}")
         for spec in placed:
             if spec.host:
                 ctx.emit(f"# on {spec.host}: {spec.name}")
             ctx.emit(spec.shell())
         return RunResult(RunState.SUCCEEDED, 0)
-    backend.preflight(plan, ctx)
+    plan = dataclasses.replace(plan, vllm_version=check_vllm(plan) or plan.vllm_version)
+    with RunLock(plan.run_dir):
+        for warning in check_output_dir(plan, ctx.workdir):
+            ctx.emit(f"[grpo-launch] warning: {warning}")
+        backend.preflight(plan, ctx)
+        result = _attempts(plan, backend, ctx, resume, plan.recipe.launch.max_restarts if max_restarts is None
+                           else max_restarts)  # fmt: skip
+    return backend.after_run(plan, result, ctx)
+
+
+def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: str, max_restarts: int) -> RunResult:
+    restarts = 0
+    started = time.time()
+    limit = plan.recipe.launch.time_limit_s
+    while True:
+        decision = decide_resume(output_dir_of(plan, ctx.workdir), resume, _max_steps(plan))
+        for note in decision.notes:
+            ctx.emit(f"[grpo-launch] {note}")
+        if decision.already_complete is not None:
+            done = decision.already_complete
+            ctx.emit(
+                f"[grpo-launch] this run is already complete (step {done.get('step')}/{done.get('max_steps')}, "
+                f"model in {output_dir_of(plan, ctx.workdir)}): nothing to do. To train again from scratch: "
+                "--resume never (earlier checkpoints are set aside, the final model is replaced)."
+            )
+            return RunResult(RunState.SUCCEEDED, 0, message="already complete")
+        deadlines = [d for d in (backend.deadline(ctx), started + limit if limit else None) if d]
+        result = _attempt(plan, backend, ctx, decision.env_value, min(deadlines) if deadlines else None)
+        result = dataclasses.replace(result, restarts=restarts)
+        _record(plan, restarts, result)
+        if result.ok or result.state == RunState.INTERRUPTED:
+            return result
+        oom_replan = result.failure == FailureKind.OOM and plan.recipe.launch.on_oom == "replan"
+        frugal = _frugal(plan, result) if result.failure == FailureKind.OOM else None
+        if result.failure == FailureKind.OOM and frugal is not None and not oom_replan:
+            result = dataclasses.replace(
+                result,
+                detail=f"{result.detail or ''}\nthe plan's next memory fix: {frugal[1]} "
+                "(or set launch.on_oom: replan to apply it and restart)".strip(),
+            )
+        retry = result.failure in (FailureKind.INFRA, FailureKind.HANG) or (oom_replan and frugal is not None)
+        if not retry or restarts >= max_restarts:
+            if retry and max_restarts:
+                ctx.emit(f"[grpo-launch] no restart left (launch.max_restarts={max_restarts})")
+            return result
+        restarts += 1
+        resume = "auto"
+        if oom_replan and frugal is not None:
+            plan = frugal[0]
+            ctx.emit(f"[grpo-launch] out of memory: replanned with {frugal[1]}")
+            write_run_files(plan.run_dir, render_files(plan), locked=True)
+        wait = plan.recipe.launch.restart_backoff_s * 2 ** (restarts - 1)
+        ctx.emit(
+            f"[grpo-launch] restart {restarts}/{max_restarts} in {wait:.0f} s after a {result.failure} failure "
+            f"({result.cause or result.message}); resuming from the newest complete checkpoint"
+        )
+        time.sleep(wait)
+
+
+def _frugal(plan: Plan, result: RunResult) -> tuple[Plan, str] | None:
+    vllm_side = (result.cause or "").startswith("[vllm")
+    return next_frugal_plan(plan, vllm_side=vllm_side, cause=result.cause or "")
+
+
+def _max_steps(plan: Plan) -> int | None:
+    value = plan.trainer_values.get("max_steps")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, deadline: float | None) -> RunResult:
+    """One supervised run of every process."""
+    import uuid
+
+    run_id = uuid.uuid4().hex
+    placed = placed_processes(plan, backend, ctx, {RUN_ID_ENV: run_id, RESUME_ENV: resume_from})
+    write_run_files(plan.run_dir, render_files(plan), locked=True)
     control.reset(plan.run_dir)
     if plan.train.backend.is_deepspeed:
         for lock in stale_build_locks(ctx.environ):
@@ -145,29 +149,53 @@ def run_plan(plan: Plan, backend: Backend, ctx: RunContext, *, dry_run: bool = F
                 "build left the lock, and DeepSpeed then waits for it forever: if no other run is building, "
                 "delete it."
             )
+    launch = plan.recipe.launch
+
+    def stop_for_deadline(why: str) -> None:
+        ctx.emit(f"[grpo-launch] {why}")
+        control.request_stop(plan.run_dir)
+
+    watchdog = Watchdog(
+        Path(plan.run_dir) / control.METRICS_FILE,
+        first_step_s=launch.first_step_timeout_s,
+        hang_s=launch.hang_timeout_s,
+        deadline=deadline,
+        on_deadline=stop_for_deadline,
+    )
     server = next((s for s in placed if s.role == Role.VLLM), None)
     result = supervise(
         server,
         [s for s in placed if s.role == Role.TRAIN],
         health_url=plan.vllm.health_url if server else None,
-        health_timeout_s=plan.recipe.launch.vllm_health_timeout_s,
+        health_timeout_s=launch.vllm_health_timeout_s,
         log_dir=Path(plan.run_dir) / "logs",
-        grace_s=plan.recipe.launch.grace_period_s,
+        grace_s=launch.grace_period_s,
         environ=ctx.environ,
         emit=ctx.emit,
         on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
         signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
+        watch=watchdog,
+        run_id=run_id,
     )
     step = control.stopped_at(plan.run_dir)
     if result.ok and step is not None:
         ctx.emit(f"[grpo-launch] stopped after step {step} with a checkpoint; the next run resumes from it")
         result = dataclasses.replace(result, state=RunState.STOPPED_FOR_CHECKPOINT, stopped_at_step=step)
-    return backend.after_run(plan, result, ctx)
+    return result
 
 
-def stale_build_locks(environ: Mapping[str, str]) -> list[Path]:
-    """Lock files of torch's JIT extension builds (DeepSpeed compiles its ops on first use)."""
-    root = Path(
-        environ.get("TORCH_EXTENSIONS_DIR") or Path(environ.get("HOME", "~")).expanduser() / ".cache/torch_extensions"
-    )
-    return sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})
+def _record(plan: Plan, restarts: int, result: RunResult) -> None:
+    """One line per attempt in RUN_DIR/control/attempts.jsonl (``grpo-launch status`` shows them)."""
+    line = {
+        "attempt": restarts + 1,
+        "ended": time.time(),
+        "state": str(result.state),
+        "exit_code": result.exit_code,
+        "failure": result.failure,
+        "cause": result.cause,
+        "message": result.message,
+    }
+    path = control.control_dir(plan.run_dir) / ATTEMPTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(line) + "\n")

@@ -1,24 +1,111 @@
-"""Write a run directory's files. The one place planning output touches the disk."""
+"""Write a run directory's files (the one place planning output touches the disk), and the run directory's lock.
+
+A run holds ``RUN_DIR/.grpo-launch.lock`` (an flock, released by the kernel when the holder dies, even by SIGKILL)
+from before it writes anything until its processes are gone; the file names the holder. A second run in the same
+directory is refused with the holder's pid, host and start time, and so is a ``plan`` or ``--dry-run`` that would
+overwrite a running run's files."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from grpo_launch.errors import ConfigError
+from grpo_launch.errors import ConfigError, LaunchError
+
+LOCK_FILE = ".grpo-launch.lock"
 
 
-def write_run_files(run_dir: str | Path, files: Mapping[str, str]) -> list[Path]:
-    """Write each file atomically (temp file + rename), so a crash never leaves a half-written config."""
-    root = Path(run_dir)
+def _in_use(run_dir: Path, holder: str) -> LaunchError:
+    return LaunchError(
+        f"run directory {str(run_dir)!r} is in use by another grpo-launch run ({holder})",
+        hint="Wait for it to finish (grpo-launch status RUN_DIR), stop it, or use another --run-dir.",
+    )
+
+
+def _holder_text(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text())
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown"
+
+
+class RunLock:
+    """The run directory's lock, taken before anything is written there and held until the run's processes are
+    gone (``with RunLock(run_dir):``)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        import fcntl
+        import socket
+        import sys
+
+        _make_dir(self.run_dir)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _in_use(self.run_dir, _holder_text(self.path)) from None
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(sys.argv),
+        }
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(info) + "\n").encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # the lock goes with the descriptor; the file stays (it may be read meanwhile)
+            self._fd = None
+
+
+def lock_holder(run_dir: str | Path) -> str | None:
+    """Who holds the run directory's lock (a running run), or None."""
+    import fcntl
+
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder_text(path)
+    finally:
+        os.close(fd)
+    return None
+
+
+def _make_dir(root: Path) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(
             f"cannot create run directory {str(root)!r}: {exc.strerror}", hint="Choose another with --run-dir DIR."
         ) from None
+
+
+def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bool = False) -> list[Path]:
+    """Write each file atomically (temp file + rename), so a crash never leaves a half-written config. Refused
+    while another run holds the directory (``locked``: the caller holds it)."""
+    root = Path(run_dir)
+    if not locked and (holder := lock_holder(root)) is not None:
+        raise _in_use(root, holder)
+    _make_dir(root)
     written = []
     for rel, text in files.items():
         path = root / rel

@@ -71,11 +71,14 @@ class RunResult:
     failed_process: str | None = None
     log: str | None = None
     stopped_at_step: int | None = None
+    failure: str | None = None  # a grpo_launch.faults.FailureKind value: user, infra, oom, disk-full, hang
+    cause: str | None = None  # the root cause line, with where it happened
+    restarts: int = 0
 
     @property
     def ok(self) -> bool:
         return self.state in (RunState.SUCCEEDED, RunState.STOPPED_FOR_CHECKPOINT)
 
     @classmethod
-    def failure(cls, exc: GrpoLaunchError, process: str | None, log: str | None) -> RunResult:
+    def failed(cls, exc: GrpoLaunchError, process: str | None, log: str | None) -> RunResult:
         return cls(RunState.FAILED, 1, message=exc.message, detail=exc.hint, failed_process=process, log=log)

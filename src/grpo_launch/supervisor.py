@@ -1,11 +1,12 @@
 """Start, watch and tear down the run's processes. All-or-nothing: when one side ends or fails, all stop.
 
-Each child starts in its own session (process group), so signalling the group reaches grandchildren too (vLLM's
-EngineCore and workers, torchrun's ranks). Shutdown: the signal to every group, one monotonic grace deadline,
-then SIGKILL to every group that is left — also groups whose leader already exited.
+Each child starts in its own session (process group), and every process of the run carries the run's id in its
+environment (:mod:`grpo_launch.reaper`), so teardown reaches processes that left the group too (torchrun starts
+each rank in a new session). Shutdown: the signal to every group and every marked process, one monotonic grace
+deadline, then SIGKILL to whatever is left. A guard process stops them all if grpo-launch itself is killed.
+Output goes to each process's log file first; the console is best effort (a closed stdout never blocks a run).
 
-:func:`supervise` runs a server and trainers to the end and returns a :class:`RunResult`; it never raises for a
-failed child or a signal, and it prints nothing itself (``emit`` does).
+:mod:`grpo_launch.session` runs a server and trainers with it to the end.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -25,12 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from grpo_launch import faults, reaper
 from grpo_launch.errors import LaunchError
-from grpo_launch.spec import ProcessSpec, RunResult, RunState
+from grpo_launch.spec import ProcessSpec
 from grpo_launch.task import PGID_ANNOUNCE
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
+root_cause = faults.root_cause  # one process's root cause (its lines in order)
+
 POLL_S = 0.2
+HEALTH_POLL_S = 10.0  # the vLLM server's /health while training runs
+HEALTH_GRACE_S = 120.0  # … and how long it may fail to answer before the run is stopped
 
 
 class ChildFailed(LaunchError):
@@ -43,14 +48,6 @@ class ChildFailed(LaunchError):
 
 # Signals a process group on a remote host: (process spec, remote pgid, signal number).
 RemoteSignaller = Callable[[ProcessSpec, int, int], None]
-
-
-class Interrupted(Exception):
-    """A forwarded signal reached grpo-launch; raised on the main thread."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
 
 
 @dataclass
@@ -67,26 +64,17 @@ class Child:
         return self.proc.pid  # start_new_session: the child leads its own group
 
     def tail(self, lines: int = 12) -> str:
-        """The log's root cause (the last exception line) and its last lines."""
+        """The log's last lines."""
         try:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        cause = root_cause(text)
         body = "\n".join(f"  | {line}" for line in text[-lines:])
-        return (f"root cause: {cause}\n" if cause else "") + f"last lines of {self.log_path.name}:\n{body}"
+        return f"last lines of {self.log_path.name}:\n{body}"
 
 
-_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*)$")
-
-
-def root_cause(lines: Sequence[str]) -> str | None:
-    """The last exception line that is not torchrun's wrapper (ChildFailedError), if any."""
-    for line in reversed(lines):
-        m = _EXCEPTION_LINE.match(line.strip())
-        if m and "ChildFailedError" not in line and "error_file" not in line:
-            return m.group(1)
-    return None
+class Stalled(LaunchError):
+    """No progress: the watchdog's bound passed without an optimizer step, or the vLLM server stopped answering."""
 
 
 def describe_exit(code: int | None) -> str:
@@ -124,28 +112,50 @@ class Supervisor:
         environ: Mapping[str, str],
         cwd: str | None = None,
         signal_remote: RemoteSignaller | None = None,
+        run_id: str | None = None,
     ) -> None:
+        import uuid
+
         self.log_dir = log_dir
         self.emit = emit
         self.grace_s = grace_s
         self.environ = dict(environ)
         self.cwd = cwd
         self.signal_remote = signal_remote
+        self.run_id = run_id or uuid.uuid4().hex
         self.children: list[Child] = []
+        self.events: list[faults.Event] = []  # error-looking lines of every child, as they arrived
         self._emit_lock = threading.Lock()
+        self._guard: subprocess.Popen | None = None
+        self._stopped = False
 
     # ------------------------------------------------------------------ start
+    def _start_guard(self) -> None:
+        """The process that stops every marked process if grpo-launch dies without finishing its teardown."""
+        if self._guard is not None:
+            return
+        env = {k: v for k, v in self.environ.items() if k != reaper.RUN_ID_ENV}
+        with contextlib.suppress(OSError):
+            self._guard = subprocess.Popen(
+                [sys.executable, "-m", "grpo_launch.reaper", self.run_id, str(self.grace_s)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, env=env, cwd=str(Path(reaper.__file__).parent.parent),
+            )  # fmt: skip
+
     def start(self, spec: ProcessSpec) -> Child:
+        self._start_guard()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = self.log_dir / f"{spec.name.replace('@', '-')}-{stamp}.log"
-        env = {**self.environ, **spec.launch_env, "PYTHONUNBUFFERED": "1"}
+        env = {**self.environ, **spec.launch_env, "PYTHONUNBUFFERED": "1", reaper.RUN_ID_ENV: self.run_id}
+        # A remote process's stdin stays open: its host's guard (grpo_launch.task) stops the remote tree at EOF.
+        keep_stdin = spec.remote_group
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
                 env=env,
                 cwd=self.cwd,
-                stdin=subprocess.PIPE if spec.stdin_env else subprocess.DEVNULL,
+                stdin=subprocess.PIPE if spec.stdin_env or keep_stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -159,7 +169,9 @@ class Supervisor:
             payload = "".join(f"{k}={json.dumps(self.environ[k])}\n" for k in spec.stdin_env if k in self.environ)
             with contextlib.suppress(BrokenPipeError):
                 proc.stdin.write((payload + "\n").encode())
-                proc.stdin.close()
+                proc.stdin.flush()
+                if not keep_stdin:
+                    proc.stdin.close()
         log_file = log_path.open("ab")
         child = Child(spec, proc, log_path, threading.Thread(daemon=True))
         child.pump = threading.Thread(target=self._pump, args=(child, proc.stdout, log_file), daemon=True)
@@ -168,21 +180,39 @@ class Supervisor:
         return child
 
     def _pump(self, child: Child, stream: IO[bytes] | None, log_file: IO[bytes]) -> None:
+        """The child's output into its log file, then to the console. Nothing here may stop the loop: a child
+        whose pipe is not drained blocks (a closed console, a full disk for the log, a bad byte)."""
         assert stream is not None
         name = child.spec.name
-        with log_file:
-            for raw in iter(stream.readline, b""):
-                log_file.write(raw)
-                log_file.flush()
-                line = raw.decode(errors="replace").rstrip("\n")
-                if child.remote_pgid is None and line.startswith(PGID_ANNOUNCE):
-                    with contextlib.suppress(ValueError):
-                        child.remote_pgid = int(line[len(PGID_ANNOUNCE) :])
-                        continue
-                # tqdm redraws with carriage returns: show the last state only.
-                line = line.rsplit("\r", 1)[-1]
-                with self._emit_lock:
-                    self.emit(f"[{name}] {line}")
+        log_ok = True
+        for raw in iter(stream.readline, b""):
+            if log_ok:
+                try:
+                    log_file.write(raw)
+                    log_file.flush()
+                except OSError as exc:
+                    log_ok = False
+                    self.say(f"[grpo-launch] cannot write {child.log_path} ({exc.strerror}): log lost from here")
+            line = raw.decode(errors="replace").rstrip("\n")
+            if child.remote_pgid is None and line.startswith(PGID_ANNOUNCE):
+                with contextlib.suppress(ValueError):
+                    child.remote_pgid = int(line[len(PGID_ANNOUNCE) :])
+                    continue
+            if faults.looks_like_error(line) and len(self.events) < 2000:
+                self.events.append(faults.Event(time.time(), name, line))
+            # tqdm redraws with carriage returns: show the last state only.
+            self.say(f"[{name}] {line.rsplit(chr(13), 1)[-1]}")
+        with contextlib.suppress(OSError):
+            log_file.close()
+
+    def say(self, line: str) -> None:
+        # The console may be gone (a closed pipe, a hung-up terminal): the logs go on.
+        with self._emit_lock, contextlib.suppress(Exception):
+            self.emit(line)
+
+    def diagnose(self) -> faults.Failure:
+        """The run's root cause across every child, from the lines seen so far."""
+        return faults.diagnose(self.events, exits=[(c.spec.name, c.proc.returncode) for c in self.children])
 
     # ------------------------------------------------------------------ watch
     def wait_healthy(self, child: Child, url: str, timeout_s: float, also_watch: Sequence[Child] = ()) -> float:
@@ -196,14 +226,9 @@ class Supervisor:
                         f"{c.spec.name} exited ({describe_exit(c.proc.returncode)}) before the vLLM server was "
                         f"healthy; log: {c.log_path}",
                         c,
-                        hint=c.tail(),
                     )
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        return time.monotonic() - t0
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
+            if healthy(url):
+                return time.monotonic() - t0
             if time.monotonic() > deadline:
                 where = f" on {child.spec.host}" if child.spec.host else ""
                 raise ChildFailed(
@@ -211,12 +236,23 @@ class Supervisor:
                     child,
                     hint="Raise launch.vllm_health_timeout_s if the model is large. If the log shows the server "
                     "up, this node cannot reach it: check the address, firewall and launch.vllm_host (the bind "
-                    "address). The server log:\n" + child.tail(),
+                    "address).",
                 )
             time.sleep(POLL_S)
 
-    def wait_all(self, main: Sequence[Child]) -> int:
-        """Until the ``main`` children (trainers) all exit 0 → 0; any child failing first → ChildFailed."""
+    def wait_all(
+        self,
+        main: Sequence[Child],
+        *,
+        watch: Callable[[], str | None] | None = None,
+        health_url: str | None = None,
+        health_grace_s: float = HEALTH_GRACE_S,
+    ) -> int:
+        """Until the ``main`` children (trainers) all exit 0 → 0; any child failing first → ChildFailed; ``watch``
+        (called about once a second) returning a reason, or the server not answering ``health_url`` for
+        ``health_grace_s`` → Stalled."""
+        last_watch = last_health = time.monotonic()
+        healthy_at = time.monotonic()
         while True:
             for c in self.children:
                 code = c.proc.poll()
@@ -229,45 +265,105 @@ class Supervisor:
                         f"{c.spec.name} stopped unexpectedly ({describe_exit(code)}) while training ran; "
                         f"log: {c.log_path}",
                         c,
-                        hint=c.tail(),
                     )
-                raise ChildFailed(f"{c.spec.name} failed ({describe_exit(code)}); log: {c.log_path}", c, hint=c.tail())
+                raise ChildFailed(f"{c.spec.name} failed ({describe_exit(code)}); log: {c.log_path}", c)
             if all(c.proc.poll() == 0 for c in main):
                 return 0
+            now = time.monotonic()
+            if watch is not None and now - last_watch >= 1.0:
+                last_watch = now
+                reason = watch()
+                if reason:
+                    raise Stalled(reason)
+            if health_url and now - last_health >= HEALTH_POLL_S:
+                last_health = now
+                if healthy(health_url):
+                    healthy_at = now
+                elif now - healthy_at > health_grace_s:
+                    raise Stalled(f"the vLLM server stopped answering {health_url} for {now - healthy_at:.0f} s")
             time.sleep(POLL_S)
+
+    def dump_stacks(self, wait_s: float = 3.0) -> dict[str, str]:
+        """Every local trainer rank's Python stack (the training entry dumps it on SIGUSR1), and where each one is:
+        {rank: innermost frame}."""
+        ranks = [p for p in reaper.marked(self.run_id) if reaper.runs_module(p, "grpo_launch.train")]
+        sizes = {c.log_path: _size(c.log_path) for c in self.children}
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(wait_s if ranks else 0)
+        where: dict[str, str] = {}
+        for c in self.children:
+            try:
+                with c.log_path.open("rb") as f:
+                    f.seek(sizes[c.log_path])
+                    text = f.read().decode(errors="replace")
+            except OSError:
+                continue
+            for who, frame in faults.stuck_frames(text).items():
+                where[f"{c.spec.name} {who}".strip()] = frame
+        return where
 
     # ------------------------------------------------------------------ stop
     def stop_all(self, sig: int = signal.SIGTERM) -> None:
-        """``sig`` to every group, wait out the grace period, SIGKILL what is left; reap and drain logs.
+        """``sig`` to every group and marked process, wait out the grace period, SIGKILL what is left; reap and
+        drain logs. Runs once; a second call only makes sure nothing is left.
 
         A remote child's group is signalled on its host (its ssh client exits once the remote tree is gone); the
         local ssh client is killed only after that, because killing it does not stop the remote processes.
         """
+        guard = [self._guard.pid] if self._guard else []
+        if self._stopped:
+            reaper.sweep(self.run_id, 0.0, exclude=guard)
+            return
+        self._stopped = True
         remote = [c for c in self.children if c.spec.remote_group]
         self._signal_remote([c for c in remote if c.remote_pgid], sig)
         for c in self.children:
             if c not in remote:
                 _signal_group(c.pgid, sig)
+        local = [p for p in reaper.marked(self.run_id, exclude=guard) if p not in {c.proc.pid for c in remote}]
+        for pid in local:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
 
         def alive(c: Child) -> bool:
             return c.proc.poll() is None if c in remote else _group_alive(c.pgid)
 
         deadline = time.monotonic() + self.grace_s
-        while time.monotonic() < deadline and any(alive(c) for c in self.children):
+        while time.monotonic() < deadline and (
+            any(alive(c) for c in self.children) or reaper.marked(self.run_id, exclude=guard)
+        ):
             for c in self.children:
                 c.proc.poll()
             time.sleep(0.05)
         left = [c for c in self.children if alive(c)]
         for c in left:
-            self.emit(f"[grpo-launch] {c.spec.name} still running after {self.grace_s:.0f} s grace: SIGKILL")
+            self.say(f"[grpo-launch] {c.spec.name} still running after {self.grace_s:.0f} s grace: SIGKILL")
         self._signal_remote([c for c in left if c in remote and c.remote_pgid], signal.SIGKILL)
         for c in self.children:
             if _group_alive(c.pgid):
                 _signal_group(c.pgid, signal.SIGKILL)
+        stragglers = reaper.sweep(self.run_id, 0.0, exclude=guard, first=signal.SIGKILL)
+        if stragglers and not left:
+            self.say(f"[grpo-launch] {len(stragglers)} process(es) outside the groups still running: SIGKILL")
         for c in self.children:
+            if c.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    c.proc.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 c.proc.wait(timeout=10)
-            c.pump.join(timeout=5)
+            c.pump.join(timeout=2)
+        self._release_guard()
+
+    def _release_guard(self) -> None:
+        if self._guard is None or self._guard.stdin is None:
+            return
+        with contextlib.suppress(OSError):
+            self._guard.stdin.write(f"{reaper.DONE}\n".encode())
+            self._guard.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._guard.wait(timeout=5)
 
     def _signal_remote(self, children: Sequence[Child], sig: int) -> None:
         """Signal each child's remote process group on its host, all hosts at once (bounded by a timeout)."""
@@ -280,7 +376,7 @@ class Supervisor:
             try:
                 signaller(c.spec, c.remote_pgid, sig)
             except (OSError, LaunchError, subprocess.TimeoutExpired) as exc:
-                self.emit(f"[grpo-launch] could not signal {c.spec.name} on {c.spec.host}: {exc}")
+                self.say(f"[grpo-launch] could not signal {c.spec.name} on {c.spec.host}: {exc}")
 
         threads = [threading.Thread(target=send, args=(c,), daemon=True) for c in children]
         for t in threads:
@@ -289,88 +385,16 @@ class Supervisor:
             t.join(timeout=35)
 
 
-class signal_guard:
-    """Turn the forwarded signals into :class:`Interrupted` on the main thread for the duration of a ``with``.
-
-    ``soft`` maps signals to callbacks that run instead (SIGUSR2: ask the trainers to checkpoint and stop).
-    """
-
-    def __init__(self, soft: Mapping[int, Callable[[int], None]] | None = None) -> None:
-        self.soft = dict(soft or {})
-
-    def __enter__(self) -> signal_guard:
-        self._old = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in FORWARDED_SIGNALS:
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        if signum in self.soft:
-            self.soft[signum](signum)
-            return
-        raise Interrupted(signum)
-
-    def ignore(self) -> None:
-        """Ignore the forwarded signals until the scope ends: teardown must finish, and a second Ctrl-C must not
-        leave children running."""
-        if self._old:
-            for sig in FORWARDED_SIGNALS:
-                signal.signal(sig, signal.SIG_IGN)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
-def supervise(
-    server: ProcessSpec | None,
-    trainers: Sequence[ProcessSpec],
-    *,
-    health_url: str | None,
-    health_timeout_s: float,
-    log_dir: Path,
-    grace_s: float,
-    environ: Mapping[str, str],
-    emit: Callable[[str], None],
-    on_checkpoint_request: Callable[[], None] | None = None,
-    signal_remote: RemoteSignaller | None = None,
-) -> RunResult:
-    """Start the server (if any) and the trainers, supervise until the trainers finish, tear everything down.
-
-    SUCCEEDED when every trainer exits 0; FAILED naming the first failure; INTERRUPTED (128+N) after signal N.
-    SIGUSR2 calls ``on_checkpoint_request`` (without one it is like SIGTERM).
-    """
-    sup = Supervisor(log_dir, emit=emit, grace_s=grace_s, environ=environ, signal_remote=signal_remote)
-
-    def checkpoint(signum: int) -> None:
-        if on_checkpoint_request is None:
-            raise Interrupted(signum)
-        on_checkpoint_request()
-        emit("[grpo-launch] SIGUSR2: the trainers save a checkpoint at the end of this step and stop")
-
-    with signal_guard(soft={signal.SIGUSR2: checkpoint}) as guard:
-        try:
-            srv = sup.start(server) if server else None
-            # The trainers load their model while the server starts; TRL's client waits for /health before the
-            # first generation, and we watch the same deadline here to fail early with the server's log.
-            train_children = [sup.start(t) for t in trainers]
-            if srv is not None and health_url:
-                took = sup.wait_healthy(srv, health_url, health_timeout_s, train_children)
-                emit(f"[grpo-launch] vLLM server healthy after {took:.1f} s")
-            sup.wait_all(train_children)
-            emit(f"[grpo-launch] training finished; logs in {log_dir}")
-            result = RunResult(RunState.SUCCEEDED, 0)
-        except Interrupted as sig:
-            emit(f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s)")
-            guard.ignore()
-            sup.stop_all(sig.signum)
-            result = RunResult(RunState.INTERRUPTED, 128 + sig.signum, message=f"interrupted by {sig}")
-        except ChildFailed as exc:
-            result = RunResult.failure(exc, exc.child.spec.name, str(exc.child.log_path))
-        except LaunchError as exc:
-            result = RunResult.failure(exc, None, None)
-        finally:
-            guard.ignore()
-            sup.stop_all()
-    return result
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

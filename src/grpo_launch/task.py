@@ -7,6 +7,9 @@
   environment, so secrets such as HF_TOKEN never appear on a command line.
 - ``--announce-pgid``: lead a process group and print ``[grpo-launch-task] pgid=N`` first, so the launcher can
   stop the whole remote process tree (a killed ssh client does not stop it).
+- ``--guard RUN_ID``: fork a guard (:mod:`grpo_launch.reaper`) that reads the rest of stdin; when the ssh session
+  ends (the launcher or its ssh client died, or teardown closed it) it stops every process of the run on this host.
+  COMMAND gets /dev/null as stdin.
 
 Then it ``exec``s COMMAND. Standard library only: it must start fast.
 """
@@ -60,6 +63,7 @@ def main(argv: list[str]) -> int:
     if not command:
         raise SystemExit("grpo_launch.task: no command after --")
     i = 0
+    guard_id = None
     while i < len(opts):
         opt = opts[i]
         if opt == "--gpus":
@@ -68,6 +72,9 @@ def main(argv: list[str]) -> int:
         elif opt == "--env-stdin":
             os.environ.update(read_env(sys.stdin))
             i += 1
+        elif opt == "--guard":
+            guard_id = opts[i + 1]
+            i += 2
         elif opt == "--announce-pgid":
             if os.getpid() != os.getpgid(0):
                 os.setsid()
@@ -75,10 +82,32 @@ def main(argv: list[str]) -> int:
             i += 1
         else:
             raise SystemExit(f"grpo_launch.task: unknown option {opt!r}")
+    if guard_id:
+        _fork_guard(guard_id)
     try:
         os.execvp(command[0], command)
     except FileNotFoundError:
         raise SystemExit(f"grpo_launch.task: command {command[0]!r} not found on {os.uname().nodename}") from None
+
+
+GUARD_GRACE_S = 10.0
+
+
+def _fork_guard(run_id: str) -> None:
+    """A child in its own session keeps stdin (the ssh session) and stops the run's processes here at its end; this
+    process continues with /dev/null as stdin."""
+    sys.stdout.flush()
+    if os.fork() == 0:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 1)  # never hold the session's output open: the ssh client must end with the command
+        os.dup2(null, 2)
+        from grpo_launch.reaper import guard
+
+        os._exit(guard(run_id, GUARD_GRACE_S))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
 
 
 if __name__ == "__main__":

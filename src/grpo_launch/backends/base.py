@@ -85,6 +85,10 @@ class Backend(Protocol):
 
     def after_run(self, plan: Plan, result: RunResult, ctx: RunContext) -> RunResult: ...
 
+    def deadline(self, ctx: RunContext) -> float | None:
+        """When the allocation ends (epoch seconds), if it does: the run saves a checkpoint before it."""
+        ...
+
 
 class BaseBackend:
     """Defaults for the optional parts of :class:`Backend`."""
@@ -107,6 +111,9 @@ class BaseBackend:
 
     def after_run(self, plan: Plan, result: RunResult, ctx: RunContext) -> RunResult:
         return result
+
+    def deadline(self, ctx: RunContext) -> float | None:
+        return None
 
 
 def check_addresses(plan: Plan) -> None:

@@ -26,6 +26,7 @@ from grpo_launch.catalog import GIB
 from grpo_launch.commands import version_tuple, weight_sync_port
 from grpo_launch.errors import LaunchError
 from grpo_launch.probe import HOST_REPORT_CODE, VLLM_VERSION_FUNCTION, looks_local
+from grpo_launch.reaper import RUN_ID_ENV
 from grpo_launch.spec import ProcessSpec
 from grpo_launch.topology import Topology
 
@@ -89,6 +90,8 @@ def remote_command(
     task = [python, "-m", "grpo_launch.task", "--announce-pgid"]
     if stdin_env:
         task.append("--env-stdin")
+    if spec.env.get(RUN_ID_ENV):  # the host's guard stops the run's processes there when the ssh session ends
+        task += ["--guard", spec.env[RUN_ID_ENV]]
     if gpu_positions is not None:
         task += ["--gpus", ",".join(gpu_positions)]
     env = [f"{k}={v}" for k, v in spec.env.items()]
@@ -108,12 +111,20 @@ def ssh_spec(spec: ProcessSpec, ssh: SshOptions, *, python: str, workdir: str, s
         role=spec.role,
         stdin_env=tuple(stdin_env),
         remote_group=True,
+        env={RUN_ID_ENV: spec.env[RUN_ID_ENV]} if spec.env.get(RUN_ID_ENV) else {},
     )
 
 
-def kill_command(ssh: SshOptions, host: str, pgid: int, sig: int) -> list[str]:
-    """``ssh HOST -- kill -SIG -- -PGID``: signal a whole remote process group."""
-    return [*ssh.argv(host), "--", f"kill -{signal.Signals(sig).name.removeprefix('SIG')} -- -{int(pgid)}"]
+def kill_command(
+    ssh: SshOptions, host: str, pgid: int, sig: int, *, run_id: str | None = None, python: str = "python3"
+) -> list[str]:
+    """``ssh HOST -- kill -SIG -- -PGID``: signal a whole remote process group, and with ``run_id`` every process
+    of the run on that host (torchrun's ranks leave the group: each starts its own session)."""
+    name = signal.Signals(sig).name.removeprefix("SIG")
+    line = f"kill -{name} -- -{int(pgid)}"
+    if run_id:
+        line += f"; exec {shlex.quote(python)} -m grpo_launch.reaper signal {shlex.quote(run_id)} {int(sig)}"
+    return [*ssh.argv(host), "--", line]
 
 
 def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequence[int] = ()) -> str:
@@ -351,7 +362,7 @@ class SshBackend(BaseBackend):
 
         assert spec.host
         subprocess.run(
-            kill_command(self.options, spec.host, pgid, sig),
+            kill_command(self.options, spec.host, pgid, sig, run_id=spec.env.get(RUN_ID_ENV), python=ctx.python),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=30,

@@ -69,7 +69,29 @@ def _normalise_argv(argv: Sequence[str]) -> list[str]:
 
 
 def _print(line: str) -> None:
-    print(line, flush=True)
+    """One console line. A console that went away (a closed pipe: ``| head``, a lost ``tee``; a hung-up terminal)
+    stops the printing, never the run: stdout then goes to /dev/null."""
+    try:
+        print(line, flush=True)
+    except (OSError, ValueError):
+        _drop(sys.stdout)
+
+
+def _drop(stream) -> None:
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, stream.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(null)
+
+
+def _error(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        _drop(sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -102,17 +124,17 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except GrpoLaunchError as exc:
         if args.debug:
             raise
-        print(f"grpo-launch: error: {exc.render(explain=getattr(args, 'explain', False))}", file=sys.stderr)
+        _error(f"grpo-launch: error: {exc.render(explain=getattr(args, 'explain', False))}")
         return exc.exit_code
     except KeyboardInterrupt:
-        print("grpo-launch: interrupted", file=sys.stderr)
+        _error("grpo-launch: interrupted")
         return 130
     except BrokenPipeError:
         return 1
     if isinstance(outcome, RunResult):
         if outcome.state == RunState.FAILED:
             detail = f"\n{outcome.detail}" if outcome.detail else ""
-            print(f"grpo-launch: error: {outcome.message}{detail}", file=sys.stderr)
+            _error(f"grpo-launch: error: {outcome.message}{detail}")
         return outcome.exit_code
     return int(outcome)
 

@@ -7,6 +7,7 @@ import argparse
 
 from grpo_launch.backends import RunContext
 from grpo_launch.cli.common import add_planning_args, plan_for
+from grpo_launch.errors import ConfigError
 from grpo_launch.spec import RunResult
 
 
@@ -19,6 +20,20 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
     )
     add_planning_args(p, run=True)
     p.add_argument("--dry-run", action="store_true", help="print the commands that would run (per host); start nothing")
+    p.add_argument(
+        "--resume",
+        choices=("auto", "never", "must"),
+        default="auto",
+        help="auto: from the newest complete checkpoint in output_dir, or fresh; a completed run is not trained "
+        "again (default). never: fresh (earlier checkpoints are set aside, not deleted). must: fail without one",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="restart after a failure that is not the recipe's code (a lost process or host, a network error, a "
+        "hang) up to N times, from the newest complete checkpoint (default: launch.max_restarts, 0)",
+    )
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
@@ -30,4 +45,6 @@ def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
     prefix = "# " if args.dry_run else "[grpo-launch] "
     for line in summary_lines(plan):
         ctx.emit(prefix + line)
-    return run_plan(plan, backend, ctx, dry_run=args.dry_run)
+    if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
+        raise ConfigError(f"--max-restarts must be from 0 to 1000, got {args.max_restarts}")
+    return run_plan(plan, backend, ctx, dry_run=args.dry_run, resume=args.resume, max_restarts=args.max_restarts)

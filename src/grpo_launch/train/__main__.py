@@ -14,11 +14,14 @@ under DDP and FSDP the planner writes ``dtype: float32`` (see grpo_launch.planni
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.checkpoints import COMPLETE_MARKER, RESUME_ENV
 from grpo_launch.control import CONTROL_DIR_ENV, METRICS_ENV, STOPPED_MARKER
 from grpo_launch.recipe import yaml_load
 from grpo_launch.train.callbacks import make_callbacks
@@ -40,6 +43,11 @@ def model_init_kwargs(config: Any, model_args: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import faulthandler
+    import signal
+
+    # grpo-launch's watchdog asks for every rank's stack when no step finishes in time (a hang).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     ap = argparse.ArgumentParser(prog="python -m grpo_launch.train", description=__doc__)
     ap.add_argument("--recipe", required=True, help="resolved trainer recipe written by grpo-launch")
     args = ap.parse_args(argv)
@@ -127,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     output_dir = config.output_dir or "trainer_output"
-    checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    decided = os.environ.get(RESUME_ENV)  # grpo-launch decided (the same for every rank); else the Trainer's way
+    if decided is not None:
+        checkpoint = None if decided == "none" else decided
+    else:
+        checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     if is_main:
         print(f"[grpo-launch] {'resuming from ' + checkpoint if checkpoint else 'starting fresh'}", flush=True)
     trainer.train(resume_from_checkpoint=checkpoint)
@@ -143,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         trainer.save_model(output_dir)
         if is_main:
+            record = {"step": trainer.state.global_step, "max_steps": trainer.state.max_steps, "time": time.time()}
+            Path(output_dir, COMPLETE_MARKER).write_text(json.dumps(record) + "\n")
             print(f"[grpo-launch] training done; model saved to {output_dir}", flush=True)
     _close_process_group(trainer)
     return 0

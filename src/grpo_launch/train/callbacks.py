@@ -41,7 +41,7 @@ def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | N
         first micro-step of a generation round, so a step's split can include the round's whole generation."""
 
         def __init__(self) -> None:
-            self.t0 = time.monotonic()
+            self.t0 = self.t_end = time.monotonic()
             self.generation_s = 0.0
 
         def timed(self, fn):
@@ -57,8 +57,15 @@ def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | N
         def on_step_begin(self, args, state, control, **kwargs):
             self.t0 = time.monotonic()
 
+        def on_save(self, args, state, control, **kwargs):
+            """The checkpoint's save time (from the end of its step), for the walltime-aware stop."""
+            if is_main and metrics_path:
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps({"step": state.global_step, "save_s": time.monotonic() - self.t_end}) + "\n")
+
         def on_step_end(self, args, state, control, **kwargs):
-            dt = time.monotonic() - self.t0
+            self.t_end = time.monotonic()
+            dt = self.t_end - self.t0
             gen, self.generation_s = self.generation_s, 0.0
             peak, kind = peak_memory_bytes()
             peaks = [peak]

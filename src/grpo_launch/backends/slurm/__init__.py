@@ -63,6 +63,12 @@ class SlurmBackend(BaseBackend):
     def preflight(self, plan: Plan, ctx: RunContext) -> None:
         check_addresses(plan)
 
+    def deadline(self, ctx: RunContext) -> float | None:
+        from grpo_launch.backends.slurm.allocation import job_end_time
+
+        job = ctx.environ.get("SLURM_JOB_ID")
+        return job_end_time(job) if job else None
+
     def after_run(self, plan: Plan, result: RunResult, ctx: RunContext) -> RunResult:
         from grpo_launch.backends.slurm.sbatch import requeue_slurm_job
 

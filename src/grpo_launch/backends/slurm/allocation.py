@@ -218,6 +218,26 @@ def probe_slurm(
     return Topology(tuple(out), "slurm", (*warnings, *mixed_models_warning(models)))
 
 
+def parse_end_time(text: str) -> float | None:
+    """``EndTime=2026-11-22T10:00:00`` of ``scontrol show job -o`` (the cluster's local time) as epoch seconds;
+    None for Unknown / no limit."""
+    import time
+
+    m = re.search(r"(?:^|\s)EndTime=(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", text)
+    if not m:
+        return None
+    try:
+        return time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def job_end_time(job_id: str, scontrol: Callable[[Sequence[str]], str | None] = run_scontrol) -> float | None:
+    """When the job reaches its time limit (epoch seconds), or None."""
+    text = scontrol(["show", "job", "-o", job_id])
+    return parse_end_time(text) if text else None
+
+
 def srun_spec(spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node: int | None) -> ProcessSpec:
     """``spec`` as one Slurm step on its node.
 
