@@ -52,7 +52,7 @@ class Failure:
 
 
 # torchrun's "[rank1]: " on a rank's lines; vLLM's "(EngineCore_DP0 pid=123) " on its processes' lines.
-_PREFIX = re.compile(r"^\s*(?:\[(?P<rank>rank\d+)\]:\s*|\((?P<proc>[\w.-]+) pid=\d+\)\s*)")
+_PREFIX = re.compile(r"^\s*(?:\[(?P<rank>rank\d+)\]: ?|\((?P<proc>[\w.-]+) pid=\d+\) ?)")
 _EXCEPTION = re.compile(r"^((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt|Exit)\b:?.*)$")
 _VLLM_ERROR = re.compile(r"^ERROR \d\d-\d\d [\d:]+(?:\.\d+)? \[[^\]]*\] (.+)$")
 _TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: \d+\)")
@@ -70,7 +70,10 @@ _OOM = re.compile(
     r"Cannot allocate memory|MemoryError",
     re.IGNORECASE,
 )
-_DISK_FULL = re.compile(r"No space left on device|Errno 28|Disk quota exceeded|PytorchStreamWriter failed writing")
+# torch's writer hides ENOSPC: a save into a full disk fails with "unexpected pos …" or "failed writing file".
+_DISK_FULL = re.compile(
+    r"No space left on device|Errno 28|Disk quota exceeded|PytorchStreamWriter failed writing|unexpected pos \d+"
+)
 _INFRA = re.compile(
     r"NCCL (?:error|WARN)|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|Connection refused|"
     r"ECC error|Xid|uncorrectable|device-side assert|cudaErrorLaunchFailure|unspecified launch failure|"
@@ -96,13 +99,16 @@ def _strip(line: str) -> tuple[str, str | None]:
             text = text[cut:]
     m = _PREFIX.match(text)
     if not m:
-        return text.strip(), None
+        return text.rstrip(), None
     who = m.group("rank") or m.group("proc")
-    return text[m.end() :].strip(), who.replace("rank", "rank ") if who and who.startswith("rank") else who
+    return text[m.end() :].rstrip(), who.replace("rank", "rank ") if who and who.startswith("rank") else who
 
 
 def _candidate(text: str) -> str | None:
-    """The error a line states, if it states one: an exception line, or a vLLM ERROR record."""
+    """The error a line states, if it states one: an exception line, or a vLLM ERROR record (never an indented line
+    of a traceback: its source lines quote the code that raised)."""
+    if text[:1].isspace():
+        return None
     m = _EXCEPTION.match(text)
     if m and "error_file" not in text:
         return m.group(1).strip()

@@ -117,13 +117,7 @@ def stale_build_locks(environ: Mapping[str, str]) -> list[Path]:
 
 def output_dir_of(plan: Plan, workdir: str) -> Path:
     """The trainers' output_dir as a path from ``workdir`` (where they start)."""
-    return Path(workdir) / Path(str(plan.trainer_values.get("output_dir") or "trainer_output")).expanduser()
-
-
-def _existing_parent(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
+    return Path(workdir) / Path(plan.output_dir).expanduser()
 
 
 def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], int] | None = None) -> list[str]:
@@ -131,17 +125,21 @@ def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], i
     too little free space for one checkpoint and the final model (what the plan implies). Returns warnings (space
     for one checkpoint, not for every checkpoint the run keeps)."""
     import shutil
+    import tempfile
 
     from grpo_launch.planning.storage import checkpoints_kept, save_bytes
 
     out = output_dir_of(plan, workdir)
-    base = _existing_parent(out)
-    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+    try:  # as the trainers will: create it, write in it (permission bits say nothing for root or read-only mounts)
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
         raise ConfigError(
-            f"output_dir {str(out)!r} cannot be written: {str(base)!r} is "
-            + ("not a directory" if not base.is_dir() else "not writable"),
+            f"output_dir {str(out)!r} cannot be written: {exc.strerror or exc}",
             hint="Set output_dir to a writable directory (e.g. output_dir=runs/NAME).",
-        )
+        ) from None
+    base = out
     if plan.model is None:
         return []
     free = (free_bytes or (lambda p: shutil.disk_usage(p).free))(base)

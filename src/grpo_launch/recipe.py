@@ -130,7 +130,7 @@ class LaunchSettings:
     first_step_timeout_s: float = field(default=3600.0, metadata={"min": 1, "max": 7 * 86400})
     hang_timeout_s: float | None = field(default=None, metadata={"min": 1, "max": 7 * 86400, "kind": "float"})
     # Wall-clock limit of a run in seconds: save a checkpoint and stop before it (a Slurm job's own limit applies too).
-    time_limit_s: float | None = field(default=None, metadata={"min": 60, "max": 365 * 86400, "kind": "float"})
+    time_limit_s: float | None = field(default=None, metadata={"min": 1, "max": 365 * 86400, "kind": "float"})
 
 
 LAUNCH_FIELDS = {f.name: f for f in dataclasses.fields(LaunchSettings)}

@@ -26,6 +26,7 @@ from grpo_launch.spec import ProcessSpec, RunResult, RunState
 from grpo_launch.watchdog import Watchdog
 
 ATTEMPTS_FILE = "attempts.jsonl"
+MAX_OOM_REPLANS = 4  # launch.on_oom: replan, at most this many times in a run
 
 
 def placed_processes(
@@ -76,7 +77,7 @@ def run_plan(
 
 
 def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: str, max_restarts: int) -> RunResult:
-    restarts = 0
+    restarts = replans = 0
     started = time.time()
     limit = plan.recipe.launch.time_limit_s
     while True:
@@ -93,8 +94,8 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: str, max_re
             return RunResult(RunState.SUCCEEDED, 0, message="already complete")
         deadlines = [d for d in (backend.deadline(ctx), started + limit if limit else None) if d]
         result = _attempt(plan, backend, ctx, decision.env_value, min(deadlines) if deadlines else None)
-        result = dataclasses.replace(result, restarts=restarts)
-        _record(plan, restarts, result)
+        result = dataclasses.replace(result, restarts=restarts + replans)
+        _record(plan, restarts + replans, result)
         if result.ok or result.state == RunState.INTERRUPTED:
             return result
         oom_replan = result.failure == FailureKind.OOM and plan.recipe.launch.on_oom == "replan"
@@ -105,17 +106,19 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: str, max_re
                 detail=f"{result.detail or ''}\nthe plan's next memory fix: {frugal[1]} "
                 "(or set launch.on_oom: replan to apply it and restart)".strip(),
             )
-        retry = result.failure in (FailureKind.INFRA, FailureKind.HANG) or (oom_replan and frugal is not None)
-        if not retry or restarts >= max_restarts:
-            if retry and max_restarts:
+        resume = "auto"
+        if oom_replan and frugal is not None and replans < MAX_OOM_REPLANS:
+            # Its own budget: each replan is one step more frugal, and there are only a few steps.
+            replans += 1
+            plan = frugal[0]
+            ctx.emit(f"[grpo-launch] out of memory: replanned with {frugal[1]}; restarting")
+            write_run_files(plan.run_dir, render_files(plan), locked=True)
+            continue
+        if result.failure not in (FailureKind.INFRA, FailureKind.HANG) or restarts >= max_restarts:
+            if result.failure in (FailureKind.INFRA, FailureKind.HANG) and max_restarts:
                 ctx.emit(f"[grpo-launch] no restart left (launch.max_restarts={max_restarts})")
             return result
         restarts += 1
-        resume = "auto"
-        if oom_replan and frugal is not None:
-            plan = frugal[0]
-            ctx.emit(f"[grpo-launch] out of memory: replanned with {frugal[1]}")
-            write_run_files(plan.run_dir, render_files(plan), locked=True)
         wait = plan.recipe.launch.restart_backoff_s * 2 ** (restarts - 1)
         ctx.emit(
             f"[grpo-launch] restart {restarts}/{max_restarts} in {wait:.0f} s after a {result.failure} failure "
@@ -176,6 +179,7 @@ def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, de
         signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
         watch=watchdog,
         run_id=run_id,
+        stacks_dir=control.control_dir(plan.run_dir) / control.STACKS_DIR,
     )
     step = control.stopped_at(plan.run_dir)
     if result.ok and step is not None:

@@ -74,6 +74,7 @@ def supervise(
     signal_remote: RemoteSignaller | None = None,
     watch: Callable[[], str | None] | None = None,
     run_id: str | None = None,
+    stacks_dir: Path | None = None,
 ) -> RunResult:
     """Start the server (if any) and the trainers, supervise until the trainers finish, tear everything down.
 
@@ -110,7 +111,7 @@ def supervise(
             result = RunResult(RunState.INTERRUPTED, 128 + sig.signum, message=f"interrupted by {sig}")
         except Stalled as exc:
             sup.say(f"[grpo-launch] {exc.message}: dumping every rank's stack, then stopping")
-            stacks = sup.dump_stacks()
+            stacks = sup.dump_stacks(stacks_dir)
             failed = exc
         except LaunchError as exc:
             failed = exc

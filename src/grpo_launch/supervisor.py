@@ -283,25 +283,28 @@ class Supervisor:
                     raise Stalled(f"the vLLM server stopped answering {health_url} for {now - healthy_at:.0f} s")
             time.sleep(POLL_S)
 
-    def dump_stacks(self, wait_s: float = 3.0) -> dict[str, str]:
-        """Every local trainer rank's Python stack (the training entry dumps it on SIGUSR1), and where each one is:
-        {rank: innermost frame}."""
+    def dump_stacks(self, stacks_dir: Path | None, wait_s: float = 3.0) -> dict[str, str]:
+        """Every local trainer rank's Python stack (the training entry writes it to ``stacks_dir/rank-R.txt`` on
+        SIGUSR1), and where each one is: {"train rank R": innermost frame of its main thread}."""
         ranks = [p for p in reaper.marked(self.run_id) if reaper.runs_module(p, "grpo_launch.train")]
-        sizes = {c.log_path: _size(c.log_path) for c in self.children}
+        if not ranks or stacks_dir is None:
+            return {}
+        t0 = time.time()
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGUSR1)
-        time.sleep(wait_s if ranks else 0)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            fresh = [f for f in stacks_dir.glob("rank-*.txt") if f.stat().st_mtime >= t0 - 1 and f.stat().st_size]
+            if len(fresh) >= len(ranks):
+                break
+            time.sleep(0.1)
         where: dict[str, str] = {}
-        for c in self.children:
-            try:
-                with c.log_path.open("rb") as f:
-                    f.seek(sizes[c.log_path])
-                    text = f.read().decode(errors="replace")
-            except OSError:
-                continue
-            for who, frame in faults.stuck_frames(text).items():
-                where[f"{c.spec.name} {who}".strip()] = frame
+        for f in sorted(stacks_dir.glob("rank-*.txt")):
+            with contextlib.suppress(OSError):
+                frame = faults.stuck_frames(f.read_text(errors="replace")).get("")
+                if frame and f.stat().st_mtime >= t0 - 1:
+                    where[f"train rank {f.stem.removeprefix('rank-')}"] = frame
         return where
 
     # ------------------------------------------------------------------ stop

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.checkpoints import COMPLETE_MARKER, RESUME_ENV
-from grpo_launch.control import CONTROL_DIR_ENV, METRICS_ENV, STOPPED_MARKER
+from grpo_launch.control import CONTROL_DIR_ENV, METRICS_ENV, STACKS_DIR, STOPPED_MARKER
 from grpo_launch.recipe import yaml_load
 from grpo_launch.train.callbacks import make_callbacks
 from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset, split_values
 from grpo_launch.train.rewards import load_reward
+
+_KEEP: list[Any] = []  # the stack-dump file stays open for faulthandler
 
 
 def model_init_kwargs(config: Any, model_args: Any) -> dict[str, Any]:
@@ -46,8 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     import faulthandler
     import signal
 
-    # grpo-launch's watchdog asks for every rank's stack when no step finishes in time (a hang).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # grpo-launch's watchdog asks for every rank's stack when no step finishes in time (a hang): each rank writes it
+    # to CONTROL_DIR/stacks/rank-R.txt (on stderr without a control directory).
+    control = os.environ.get(CONTROL_DIR_ENV)
+    if control:
+        stacks = Path(control) / STACKS_DIR
+        stacks.mkdir(parents=True, exist_ok=True)
+        _KEEP.append(open(stacks / f"rank-{os.environ.get('RANK', '0')}.txt", "w"))  # noqa: SIM115
+        faulthandler.register(signal.SIGUSR1, file=_KEEP[-1], all_threads=True)
+    else:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     ap = argparse.ArgumentParser(prog="python -m grpo_launch.train", description=__doc__)
     ap.add_argument("--recipe", required=True, help="resolved trainer recipe written by grpo-launch")
     args = ap.parse_args(argv)
