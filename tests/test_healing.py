@@ -284,3 +284,35 @@ def test_an_unwritable_output_dir_fails_before_anything_starts(tmp_path):
     done = run_cli(run, "output_dir=/proc/grpo-launch-test/out")
     assert done.returncode == 2 and "output_dir '/proc/grpo-launch-test/out' cannot be written" in done.stderr
     assert not (run / "logs").exists()
+
+
+def test_a_full_disk_is_named_and_the_damaged_checkpoint_skipped_after(tmp_path):
+    """output_dir on an 8 MB tmpfs: a checkpoint (about 4 MB of weights and optimizer state for the tiny model in
+    float32) fills it. The failure names the full disk; after the file system grows, the rerun sets the damaged
+    checkpoint aside and resumes from the complete one."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode
+        == 0
+    )
+    if not mounted:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    try:
+        run = tmp_path / "run"
+        overrides = (f"output_dir={mnt / 'out'}", "max_steps=6", "save_steps=1")
+        full = run_cli(run, *overrides)
+        assert full.returncode == 1, full.stdout[-3000:]
+        assert "the disk is full: output_dir" in full.stderr, full.stderr[-3000:]
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
+        again = run_cli(run, *overrides)
+        out = again.stdout + again.stderr
+        assert again.returncode == 0, out[-3000:]
+        import re
+
+        damaged = int(re.search(r"skipped damaged checkpoint-(\d+) \(", out).group(1))
+        assert f"resuming from {mnt / 'out' / f'checkpoint-{damaged - 1}'}" in out
+        assert any(p.name.startswith(f"damaged-checkpoint-{damaged}-") for p in (mnt / "out").iterdir())
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

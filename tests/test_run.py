@@ -255,3 +255,26 @@ def test_zero3_run_saves_a_model_from_pretrained_loads(tmp_path):
     # Gathered, not placeholders: every tensor that was non-zero before is non-zero in the saved model.
     before = dict(original.named_parameters())
     assert all(float(p.abs().sum()) > 0 for n, p in saved.named_parameters() if float(before[n].abs().sum()) > 0)
+
+
+@pytest.mark.parametrize("backend", ["ddp", "zero2", "zero3"])
+def test_checkpoint_size_matches_the_plans_estimate(tmp_path, backend):
+    """The disk preflight's estimate (planning/storage.py) against the checkpoint and final model a real run
+    writes: the weight and optimizer files of checkpoint-1, and the final model.safetensors."""
+    from grpo_launch.enums import DistBackend
+    from grpo_launch.planning.storage import save_bytes
+    from grpo_launch.probe import resolve_model_shape
+
+    proc = launch(tmp_path, f"launch.backend={backend}", "max_steps=1", "save_steps=1")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    out = tmp_path / "run" / "output"
+    weights = (".safetensors", ".pt", ".bin")
+    written = sum(
+        p.stat().st_size
+        for p in (out / "checkpoint-1").rglob("*")
+        if p.suffix in weights and not p.name.startswith(("rng_state", "training_args", "scheduler"))
+    )
+    shape, _ = resolve_model_shape(str(ensure_tiny_assets() / "model"))
+    checkpoint, final = save_bytes(shape, DistBackend(backend), {})
+    assert 0.8 <= written / checkpoint <= 1.25, (written, checkpoint)
+    assert 0.8 <= (out / "model.safetensors").stat().st_size / final <= 1.25

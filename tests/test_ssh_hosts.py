@@ -75,9 +75,15 @@ def command(d: Path, hf: Path, run: Path, *extra: str) -> list[str]:
     ]
 
 
-def leftovers(run: Path) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
+def leftovers(run: Path, within: float = 10.0) -> list[str]:
+    """The run's processes on any host still there after ``within`` seconds (teardown's own bound)."""
+    deadline = time.monotonic() + within
+    while True:
+        out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
+        left = [line for line in out.splitlines() if "pgrep" not in line]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.3)
 
 
 def reward_module(tmp_path: Path, body: str) -> dict[str, str]:
@@ -156,11 +162,30 @@ def test_ctrl_c_stops_the_remote_process_groups(hosts, tmp_path):
         if "step 2/500 done" in line or time.monotonic() > deadline:
             break
     assert any("step 2/500 done" in line for line in lines), "".join(lines[-40:])
-    assert len(leftovers(run)) >= 2
+    assert len(leftovers(run, 0)) >= 2
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
     assert proc.returncode == 130
     assert leftovers(run) == []
+
+
+def test_sigkill_of_the_launcher_leaves_nothing_on_the_hosts(hosts, tmp_path):
+    """grpo-launch killed with SIGKILL: its guard stops the local ssh clients, and each host's guard (fed by the
+    ssh session's stdin) stops the run's processes there, torchrun's ranks in their own sessions included."""
+    run = tmp_path / "run"
+    hf = hostfile(tmp_path, "h1 slots=1", "h2 slots=1")
+    proc = subprocess.Popen(
+        command(hosts, hf, run, "max_steps=500"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:
+        if "step 2/500 done" in line or time.monotonic() > deadline:
+            break
+    assert len(leftovers(run, 0)) >= 4  # per host: the ssh client, accelerate's launcher, a rank
+    proc.kill()
+    proc.wait()
+    assert leftovers(run, 25) == []
 
 
 def test_unreachable_host_fails_before_anything_starts(hosts, tmp_path):

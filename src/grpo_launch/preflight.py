@@ -143,7 +143,9 @@ def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], i
     if plan.model is None:
         return []
     free = (free_bytes or (lambda p: shutil.disk_usage(p).free))(base)
-    checkpoint, final = save_bytes(plan.model, plan.train.backend, plan.trainer_values)
+    checkpoint, final = save_bytes(
+        plan.model, plan.train.backend, plan.trainer_values, mixed_precision=plan.train.mixed_precision
+    )
     kept = checkpoints_kept(plan.trainer_values, int(plan.trainer_values.get("max_steps") or -1))
     gib = 1024**3
     if free < checkpoint + final:

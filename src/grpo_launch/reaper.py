@@ -8,8 +8,8 @@ becomes, so ``marked(run_id)`` finds them all.
 A guard process (``python -m grpo_launch.reaper RUN_ID GRACE``, started by the supervisor in its own session) holds
 a pipe from the launcher. When the pipe closes without the launcher's ``done`` line (the launcher was killed, even
 with SIGKILL), it stops every marked process: SIGTERM, the grace period, SIGKILL. On an ssh host
-:mod:`grpo_launch.task` runs the same guard on the session's stdin, which closes when the launcher or its ssh client
-goes.
+:mod:`grpo_launch.task` runs a guard that watches the ssh session's sshd, which ends when the launcher or its ssh
+client goes (each host marks its processes ``RUN_ID@HOST``, so a host's guard stops only its own).
 
 Standard library only, Linux ``/proc``: it must start fast and run on every host.
 """
@@ -108,14 +108,34 @@ def guard(run_id: str, grace_s: float) -> int:
     return 0
 
 
+def watch_pid(pid: int, run_id: str, grace_s: float, poll_s: float = 1.0) -> int:
+    """Wait until process ``pid`` is gone (an ssh session's sshd), then stop every marked process."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            pass
+        time.sleep(poll_s)
+    sweep(run_id, grace_s)
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    """``RUN_ID GRACE``: the guard; ``signal RUN_ID SIGNUM``: signal every marked process on this host once."""
+    """``RUN_ID GRACE``: the guard on a pipe; ``watch PID RUN_ID GRACE``: the guard on a process (an ssh session);
+    ``signal RUN_ID SIGNUM``: signal every marked process on this host once."""
     if argv[:1] == ["signal"] and len(argv) == 3:
         _signal(marked(argv[1]), int(argv[2]))
         return 0
+    if argv[:1] == ["watch"] and len(argv) == 4:
+        return watch_pid(int(argv[1]), argv[2], float(argv[3]))
     if len(argv) == 2:
         return guard(argv[0], float(argv[1]))
-    print("usage: python -m grpo_launch.reaper RUN_ID GRACE | signal RUN_ID SIGNUM", file=sys.stderr)
+    print("usage: python -m grpo_launch.reaper RUN_ID GRACE | watch PID RUN_ID GRACE | signal RUN_ID SIGNUM",
+          file=sys.stderr)  # fmt: skip
     return 2
 
 

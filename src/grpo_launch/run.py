@@ -98,6 +98,8 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: str, max_re
         _record(plan, restarts + replans, result)
         if result.ok or result.state == RunState.INTERRUPTED:
             return result
+        if result.failure == FailureKind.DISK_FULL:
+            result = dataclasses.replace(result, detail=f"{result.detail or ''}\n{_disk_advice(plan, ctx)}".strip())
         oom_replan = result.failure == FailureKind.OOM and plan.recipe.launch.on_oom == "replan"
         frugal = _frugal(plan, result) if result.failure == FailureKind.OOM else None
         if result.failure == FailureKind.OOM and frugal is not None and not oom_replan:
@@ -125,6 +127,20 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: str, max_re
             f"({result.cause or result.message}); resuming from the newest complete checkpoint"
         )
         time.sleep(wait)
+
+
+def _disk_advice(plan: Plan, ctx: RunContext) -> str:
+    import shutil
+
+    out = output_dir_of(plan, ctx.workdir)
+    try:
+        free = f"{shutil.disk_usage(out).free / 1024**3:.2f} GiB free"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"the disk is full: output_dir {out} ({free}). Free space or move output_dir, then run again: the damaged "
+        "checkpoint is set aside and the run resumes from the newest complete one."
+    )
 
 
 def _frugal(plan: Plan, result: RunResult) -> tuple[Plan, str] | None:

@@ -148,14 +148,12 @@ class Supervisor:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = self.log_dir / f"{spec.name.replace('@', '-')}-{stamp}.log"
         env = {**self.environ, **spec.launch_env, "PYTHONUNBUFFERED": "1", reaper.RUN_ID_ENV: self.run_id}
-        # A remote process's stdin stays open: its host's guard (grpo_launch.task) stops the remote tree at EOF.
-        keep_stdin = spec.remote_group
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
                 env=env,
                 cwd=self.cwd,
-                stdin=subprocess.PIPE if spec.stdin_env or keep_stdin else subprocess.DEVNULL,
+                stdin=subprocess.PIPE if spec.stdin_env else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -169,9 +167,7 @@ class Supervisor:
             payload = "".join(f"{k}={json.dumps(self.environ[k])}\n" for k in spec.stdin_env if k in self.environ)
             with contextlib.suppress(BrokenPipeError):
                 proc.stdin.write((payload + "\n").encode())
-                proc.stdin.flush()
-                if not keep_stdin:
-                    proc.stdin.close()
+                proc.stdin.close()
         log_file = log_path.open("ab")
         child = Child(spec, proc, log_path, threading.Thread(daemon=True))
         child.pump = threading.Thread(target=self._pump, args=(child, proc.stdout, log_file), daemon=True)
@@ -351,9 +347,6 @@ class Supervisor:
         if stragglers and not left:
             self.say(f"[grpo-launch] {len(stragglers)} process(es) outside the groups still running: SIGKILL")
         for c in self.children:
-            if c.proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    c.proc.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 c.proc.wait(timeout=10)
             c.pump.join(timeout=2)

@@ -7,9 +7,9 @@
   environment, so secrets such as HF_TOKEN never appear on a command line.
 - ``--announce-pgid``: lead a process group and print ``[grpo-launch-task] pgid=N`` first, so the launcher can
   stop the whole remote process tree (a killed ssh client does not stop it).
-- ``--guard RUN_ID``: fork a guard (:mod:`grpo_launch.reaper`) that reads the rest of stdin; when the ssh session
-  ends (the launcher or its ssh client died, or teardown closed it) it stops every process of the run on this host.
-  COMMAND gets /dev/null as stdin.
+- ``--guard RUN_ID``: fork a guard (:mod:`grpo_launch.reaper`) that watches this process's parent (the ssh
+  session's sshd); when the session ends (the launcher or its ssh client died, or the command finished) it stops
+  every process marked with RUN_ID on this host.
 
 Then it ``exec``s COMMAND. Standard library only: it must start fast.
 """
@@ -94,20 +94,20 @@ GUARD_GRACE_S = 10.0
 
 
 def _fork_guard(run_id: str) -> None:
-    """A child in its own session keeps stdin (the ssh session) and stops the run's processes here at its end; this
-    process continues with /dev/null as stdin."""
+    """A child in its own session watches the ssh session (this process's parent) and stops the run's processes
+    here when it ends; this process goes on to exec the command."""
+    session = os.getppid()
     sys.stdout.flush()
     if os.fork() == 0:
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 1)  # never hold the session's output open: the ssh client must end with the command
-        os.dup2(null, 2)
-        from grpo_launch.reaper import guard
-
-        os._exit(guard(run_id, GUARD_GRACE_S))
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+        for fd in (0, 1, 2):  # hold none of the session's pipes: the ssh client must end with the command
+            os.dup2(null, fd)
+        guard = [sys.executable, "-m", "grpo_launch.reaper", "watch", str(session), run_id, str(GUARD_GRACE_S)]
+        try:
+            os.execv(sys.executable, guard)
+        finally:
+            os._exit(1)
 
 
 if __name__ == "__main__":

@@ -102,16 +102,21 @@ def remote_command(
 def ssh_spec(spec: ProcessSpec, ssh: SshOptions, *, python: str, workdir: str, stdin_env: Sequence[str]) -> ProcessSpec:
     """``spec`` run on ``spec.host`` through ssh; ``stdin_env`` names the variables sent on stdin. Its planned GPUs
     become positions in the host's own CUDA_VISIBLE_DEVICES (:mod:`grpo_launch.task`)."""
-    assert spec.host, "ssh_spec needs a host"
+    host = spec.host
+    assert host, "ssh_spec needs a host"
+    marker = {}
+    if spec.env.get(RUN_ID_ENV):  # each host's processes carry their own mark: a host's guard stops only its own
+        marker = {RUN_ID_ENV: f"{spec.env[RUN_ID_ENV]}@{host}"}
+        spec = replace(spec, env={**spec.env, **marker})
     line = remote_command(spec, python=python, workdir=workdir, gpu_positions=spec.gpus, stdin_env=bool(stdin_env))
     return ProcessSpec(
         name=spec.name,
-        argv=(*ssh.argv(spec.host), "--", line),
-        host=spec.host,
+        argv=(*ssh.argv(host), "--", line),
+        host=host,
         role=spec.role,
         stdin_env=tuple(stdin_env),
         remote_group=True,
-        env={RUN_ID_ENV: spec.env[RUN_ID_ENV]} if spec.env.get(RUN_ID_ENV) else {},
+        env=marker,  # for kill_command (the local ssh client itself is marked with the plain run id)
     )
 
 

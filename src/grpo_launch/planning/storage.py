@@ -1,17 +1,16 @@
 """Disk the run's saves take, from the plan: one checkpoint and the final model. Pure.
 
 Counted as the Trainer and DeepSpeed write them (transformers ``Trainer._save_checkpoint``; DeepSpeed
-``save_checkpoint``), per parameter P:
+``save_checkpoint``), per parameter P, with W the bytes of a weight as trained (2 for DeepSpeed with bf16/fp16
+mixed precision, whose module is 16-bit; 4 otherwise: the planner trains float32 weights under DDP and FSDP):
 
-- DDP / FSDP: the planner trains float32 weights, so ``model.safetensors`` holds 4P and ``optimizer.pt`` the two
-  float32 Adam moments, 8P: 12P; the final model 4P.
-- ZeRO-2: ``model.safetensors`` 2P (bf16), DeepSpeed's ``mp_rank_00_model_states.pt`` the bf16 module again (2P),
-  and the optimizer partitions float32 master weights and moments (12P): 16P; the final model 2P.
-- ZeRO-3: ``model.safetensors`` 2P (gathered 16-bit) plus the partitions' 12P (the module file holds no weights):
-  14P; the final model 2P.
-- LoRA: only the adapters and their optimizer state, as above per trainable parameter.
+- DDP / FSDP: ``model.safetensors`` W·P and ``optimizer.pt`` the two float32 Adam moments, 8P.
+- ZeRO-2: ``model.safetensors`` W·P, DeepSpeed's ``mp_rank_00_model_states.pt`` the module again (W·P), and the
+  optimizer partitions: float32 master weights and moments, 12P.
+- ZeRO-3: ``model.safetensors`` W·P (gathered) plus the partitions' 12P (the module files hold no weights).
+- The final model: W·P. LoRA: the same per trainable (adapter) parameter.
 
-``tests/test_run.py`` compares these with the checkpoints real CPU runs write.
+``tests/test_run.py`` compares these with the checkpoints real CPU runs write (float32: W = 4).
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from typing import Any
 from grpo_launch.enums import DistBackend
 from grpo_launch.modelshape import ModelShape
 
-CHECKPOINT_BYTES_PER_PARAM = {DistBackend.DDP: 12, DistBackend.FSDP: 12, DistBackend.ZERO2: 16, DistBackend.ZERO3: 14}
-FINAL_BYTES_PER_PARAM = {DistBackend.DDP: 4, DistBackend.FSDP: 4, DistBackend.ZERO2: 2, DistBackend.ZERO3: 2}
+ADAM_MOMENTS = 8  # two float32 moments per parameter
+DEEPSPEED_OPTIMIZER = 12  # float32 master weights and the two moments
 LORA_TARGETS_DEFAULT = 2  # PEFT's default for Qwen/Llama-style models: q_proj and v_proj
 ALL_LINEAR_TARGETS = 7  # q, k, v, o, gate, up, down
 
@@ -42,12 +41,22 @@ def lora_params(model: ModelShape, values: Mapping[str, Any]) -> float:
     return float(model.layers * count * r * 2 * model.hidden)
 
 
-def save_bytes(model: ModelShape, backend: DistBackend, values: Mapping[str, Any]) -> tuple[float, float]:
+def checkpoint_bytes_per_param(backend: DistBackend, weight: int) -> float:
+    """Bytes one checkpoint holds per (trainable) parameter, for weights of ``weight`` bytes."""
+    if backend == DistBackend.ZERO2:
+        return 2 * weight + DEEPSPEED_OPTIMIZER
+    if backend == DistBackend.ZERO3:
+        return weight + DEEPSPEED_OPTIMIZER
+    return weight + ADAM_MOMENTS
+
+
+def save_bytes(
+    model: ModelShape, backend: DistBackend, values: Mapping[str, Any], *, mixed_precision: str = "no"
+) -> tuple[float, float]:
     """(one checkpoint, the final model) in bytes."""
-    if values.get("use_peft"):
-        trainable = lora_params(model, values)
-        return trainable * CHECKPOINT_BYTES_PER_PARAM[backend], trainable * FINAL_BYTES_PER_PARAM[backend]
-    return model.params * CHECKPOINT_BYTES_PER_PARAM[backend], model.params * FINAL_BYTES_PER_PARAM[backend]
+    weight = 2 if backend.is_deepspeed and mixed_precision in ("bf16", "fp16") else 4
+    count = lora_params(model, values) if values.get("use_peft") else model.params
+    return count * checkpoint_bytes_per_param(backend, weight), count * weight
 
 
 def checkpoints_kept(values: Mapping[str, Any], max_steps: int | None) -> int | None:
