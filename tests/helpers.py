@@ -21,8 +21,11 @@ SERVER = textwrap.dedent(
     if mode == "die-after-1s":
         time.sleep(1.5)
         sys.exit(7)
+    started = time.monotonic()
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
+            if mode == "stop-answering" and time.monotonic() - started > 2:
+                time.sleep(60)  # up, but no longer answering (a wedged server)
             self.send_response(200 if self.path == "/health" else 404)
             self.end_headers()
         def log_message(self, *a):
@@ -31,12 +34,13 @@ SERVER = textwrap.dedent(
     """
 )
 
-# A trainer: records its PID (and a grandchild's), then sleeps, fails, or ignores SIGTERM.
+# A trainer: records its PID (and a grandchild's, in a session of its own as torchrun starts each rank), then sleeps,
+# fails, or ignores SIGTERM.
 TRAINER = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
     pidfile, mode = sys.argv[1], sys.argv[2]
-    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     with open(pidfile, "a") as f:
         f.write(f"{os.getpid()}\\n{grandchild.pid}\\n")
     print("trainer started", flush=True)

@@ -316,3 +316,18 @@ def test_a_full_disk_is_named_and_the_damaged_checkpoint_skipped_after(tmp_path)
         assert any(p.name.startswith(f"damaged-checkpoint-{damaged}-") for p in (mnt / "out").iterdir())
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_killed_torchrun_agent_fails_the_run_and_leaves_no_rank(tmp_path):
+    """SIGKILL to accelerate's launcher (the torchrun agent) leaves its ranks running in their own sessions; the
+    supervisor sees the launcher fail, names it as infrastructure, and stops the ranks too."""
+    run = tmp_path / "run"
+    proc = start(run, "max_steps=500")
+    wait_for_line(proc, "step 2/500 done")
+    agents = [line.split()[0] for line in processes_of(run) if "accelerate.commands.launch" in line]
+    assert len(agents) == 1
+    os.kill(int(agents[0]), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out[-3000:]
+    assert "train failed (killed by SIGKILL)" in out
+    assert gone_within(run, 5) == []

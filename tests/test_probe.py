@@ -264,3 +264,15 @@ def test_gpus_and_hostfile_together_are_refused(tmp_path, capsys):
     recipe = str(ROOT / "recipes" / "qwen1.5b.yaml")
     assert main(["plan", recipe, "--hostfile", str(f), "--gpus", "8xH100", "--no-write"], environ={}) == 2
     assert "--gpus and --hostfile" in capsys.readouterr().err
+
+
+def test_slurm_job_end_time():
+    import time
+
+    from grpo_launch.backends.slurm.allocation import job_end_time, parse_end_time
+
+    text = "JobId=7 JobName=x JobState=RUNNING StartTime=2026-11-22T09:00:00 EndTime=2026-11-22T10:00:00 Deadline=N/A"
+    assert parse_end_time(text) == time.mktime((2026, 11, 22, 10, 0, 0, 0, 0, -1))
+    assert parse_end_time("JobId=7 EndTime=Unknown") is None
+    assert job_end_time("7", scontrol=lambda args: text if args == ["show", "job", "-o", "7"] else None) is not None
+    assert job_end_time("7", scontrol=lambda args: None) is None

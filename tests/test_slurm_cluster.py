@@ -184,6 +184,25 @@ def test_usr2_checkpoints_requeues_and_resumes_without_repeating_steps(cluster, 
     assert "training done" in second
 
 
+def test_a_job_saves_and_requeues_before_its_time_limit(cluster, tmp_path):
+    """A 1-minute job: grpo-launch reads its end time (scontrol EndTime) and, when the time left no longer covers
+    a measured step and save (and the exit), checkpoints and requeues it, before Slurm's warning signal and kill
+    (a step longer than the warning's lead would otherwise be cut)."""
+    run = tmp_path / "run"
+    # Slurm's own warning moved to 5 s before the end (USR2@90 would come first in a 1-minute job).
+    job = submit(cluster, run, "max_steps=5000", "save_steps=100000", "--time", "1", extra=("--signal=B:USR2@5",))
+    out = run / f"slurm-{job}.out"
+    try:
+        text = wait_for_text(out, r"requeued Slurm job", 120)
+        assert "before the time limit" in text and "saving a checkpoint now" in text
+        stopped = int(re.search(r"stopped on request after step (\d+)", text).group(1))
+        assert (run / "output" / f"checkpoint-{stopped}" / "trainer_state.json").is_file()
+        assert "DUE TO TIME LIMIT" not in text
+    finally:
+        sh(cluster, "scancel", job, check=False)
+    assert wait_state(cluster, job, {"CANCELLED", "COMPLETED", "FAILED"}, 60) in {"CANCELLED", "COMPLETED"}
+
+
 def test_gpu_job_places_server_and_trainers_per_node(cluster, tmp_path):
     """A 2 × 4-GPU allocation (fake GPUs): the plan grpo-launch makes inside it, and its srun steps (dry run)."""
     run = tmp_path / "run"

@@ -173,3 +173,46 @@ def test_root_cause_skips_torchrun_wrapper():
         "  error_file: <N/A>",
     ]
     assert root_cause(lines) == "ValueError: bad reward"
+
+
+def test_a_server_that_stops_answering_stops_the_run(tmp_path):
+    """The vLLM server's /health is polled while training runs: a server still up but no longer answering fails
+    the run after the grace period (instead of trainers waiting on it for TRL's timeouts)."""
+    from grpo_launch.faults import FailureKind
+
+    srv, trn, url, pids = _specs(tmp_path, "stop-answering", "sleep")
+    t0 = time.monotonic()
+    result = supervise(
+        srv, [trn], health_url=url, health_timeout_s=20, log_dir=tmp_path / "logs", grace_s=2,
+        environ={"PATH": "/usr/bin:/bin"}, emit=lambda line: None, health_poll_s=0.5, health_grace_s=3,
+    )  # fmt: skip
+    assert result.state == RunState.FAILED and "the vLLM server stopped answering" in result.message
+    assert result.failure == FailureKind.HANG and time.monotonic() - t0 < 20
+    assert _all_gone(pids_in(pids))
+
+
+def test_sigkill_of_the_supervisor_leaves_no_process(tmp_path):
+    """The launcher killed with SIGKILL while a server (with a grandchild, like vLLM's EngineCore) and a trainer
+    (whose grandchild starts its own session, like torchrun's ranks) run: the guard stops them all."""
+    srv, trn, url, pids = _specs(tmp_path, "ok", "sleep")
+    driver = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT / "src")!r})
+        from pathlib import Path
+        from grpo_launch.session import supervise
+        from grpo_launch.spec import ProcessSpec
+        supervise(ProcessSpec("vllm", {tuple(srv.argv)!r}), [ProcessSpec("train", {tuple(trn.argv)!r})],
+                  health_url={url!r}, health_timeout_s=20, log_dir=Path({str(tmp_path / "logs")!r}), grace_s=2,
+                  environ=dict(os.environ), emit=print)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "vLLM server healthy" in line:
+            break
+    assert len(pids_in(pids)) == 4 and all(alive(p) for p in pids_in(pids))
+    proc.kill()
+    proc.wait()
+    assert _all_gone(pids_in(pids), within=8)

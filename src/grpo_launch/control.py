@@ -15,6 +15,7 @@ METRICS_ENV = "GRPO_LAUNCH_METRICS"  # the trainers append one JSON line per opt
 METRICS_FILE = "metrics.jsonl"
 STOP_REQUEST = "stop-requested"
 STOPPED_MARKER = "stopped-at-step"
+ATTEMPTS_FILE = "attempts.jsonl"  # one line per supervised attempt (restarts), written by grpo-launch
 STACKS_DIR = "stacks"  # each trainer rank's Python stack, dumped there on SIGUSR1 (the hang watchdog)
 
 

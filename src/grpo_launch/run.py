@@ -25,7 +25,6 @@ from grpo_launch.session import supervise
 from grpo_launch.spec import ProcessSpec, RunResult, RunState
 from grpo_launch.watchdog import Watchdog
 
-ATTEMPTS_FILE = "attempts.jsonl"
 MAX_OOM_REPLANS = 4  # launch.on_oom: replan, at most this many times in a run
 
 
@@ -215,7 +214,7 @@ def _record(plan: Plan, restarts: int, result: RunResult) -> None:
         "cause": result.cause,
         "message": result.message,
     }
-    path = control.control_dir(plan.run_dir) / ATTEMPTS_FILE
+    path = control.control_dir(plan.run_dir) / control.ATTEMPTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(json.dumps(line) + "\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 from grpo_launch import faults
 from grpo_launch.errors import LaunchError
 from grpo_launch.spec import ProcessSpec, RunResult, RunState
-from grpo_launch.supervisor import ChildFailed, RemoteSignaller, Stalled, Supervisor
+from grpo_launch.supervisor import HEALTH_GRACE_S, HEALTH_POLL_S, ChildFailed, RemoteSignaller, Stalled, Supervisor
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
 
@@ -75,6 +75,8 @@ def supervise(
     watch: Callable[[], str | None] | None = None,
     run_id: str | None = None,
     stacks_dir: Path | None = None,
+    health_poll_s: float = HEALTH_POLL_S,
+    health_grace_s: float = HEALTH_GRACE_S,
 ) -> RunResult:
     """Start the server (if any) and the trainers, supervise until the trainers finish, tear everything down.
 
@@ -101,7 +103,13 @@ def supervise(
             if srv is not None and health_url:
                 took = sup.wait_healthy(srv, health_url, health_timeout_s, train_children)
                 sup.say(f"[grpo-launch] vLLM server healthy after {took:.1f} s")
-            sup.wait_all(train_children, watch=watch, health_url=health_url if srv is not None else None)
+            sup.wait_all(
+                train_children,
+                watch=watch,
+                health_url=health_url if srv is not None else None,
+                health_poll_s=health_poll_s,
+                health_grace_s=health_grace_s,
+            )
             sup.say(f"[grpo-launch] training finished; logs in {log_dir}")
             result = RunResult(RunState.SUCCEEDED, 0)
         except Interrupted as sig:

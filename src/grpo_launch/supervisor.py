@@ -242,6 +242,7 @@ class Supervisor:
         *,
         watch: Callable[[], str | None] | None = None,
         health_url: str | None = None,
+        health_poll_s: float = HEALTH_POLL_S,
         health_grace_s: float = HEALTH_GRACE_S,
     ) -> int:
         """Until the ``main`` children (trainers) all exit 0 → 0; any child failing first → ChildFailed; ``watch``
@@ -271,7 +272,7 @@ class Supervisor:
                 reason = watch()
                 if reason:
                     raise Stalled(reason)
-            if health_url and now - last_health >= HEALTH_POLL_S:
+            if health_url and now - last_health >= health_poll_s:
                 last_health = now
                 if healthy(health_url):
                     healthy_at = now

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from grpo_launch.backends import RunContext
 from grpo_launch.errors import ConfigError
+from grpo_launch.rundir import lock_holder
 
 # TRL's logged metrics worth a line, in this order, when present
 SHOWN = ("reward", "reward_std", "completions/mean_length", "kl", "entropy", "loss", "learning_rate")
@@ -34,6 +35,23 @@ def _newest_run(workdir: str) -> Path:
     return max(runs, key=lambda p: p.stat().st_mtime)
 
 
+def _attempts(run_dir: Path) -> list[dict]:
+    """The run's attempts (RUN_DIR/control/attempts.jsonl: one line per supervised attempt, restarts included)."""
+    from grpo_launch.control import ATTEMPTS_FILE, control_dir
+
+    try:
+        lines = (control_dir(run_dir) / ATTEMPTS_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return [a for a in out if isinstance(a, dict)]
+
+
 def _hours(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -53,8 +71,14 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         stopped_at = None
     p = progress(m, time.time(), stopped_at)
     logs = sorted(str(x) for x in (run_dir / "logs").glob("*.log"))
+    attempts = _attempts(run_dir)
+    holder = lock_holder(run_dir)
+    last = attempts[-1] if attempts else None
+    if holder is None and p.state in ("running", "silent") and last and last.get("state") == "failed":
+        p = replace(p, state="failed", detail=f"{last.get('failure')}: {last.get('cause') or last.get('message')}")
     if args.json:
         data = {"run_dir": str(run_dir), "step": m.last_step, "max_steps": m.max_steps, **asdict(p)}
+        data |= {"launcher": holder, "attempts": attempts}
         data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
         data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
         ctx.emit(json.dumps(data | {"logs": logs}, indent=2))
@@ -67,6 +91,15 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         ("step time", f"{m.step_s:.1f} s (generation {m.generation_s:.1f} s, training {m.training_s:.1f} s)"),
         ("ETA", f"{_hours(p.eta_s)} at the measured step time; planned {_hours(p.planned_eta_s)}"),
     ]
+    rows.append(("launcher", f"running ({holder})" if holder else "not running"))
+    if attempts:
+        restarts = len(attempts) - 1
+        said = f"{len(attempts)} attempt(s), {restarts} restart(s)"
+        if last and last.get("failure"):
+            said += (
+                f"; last ended {last.get('state')} ({last.get('failure')}): {last.get('cause') or last.get('message')}"
+            )
+        rows.append(("attempts", said))
     rows += [(k, f"{m.last_log[k]:.4g}") for k in SHOWN if k in m.last_log]
     if m.peak_memory_bytes:
         rows.append(("peak memory", f"{m.peak_memory_bytes / 2**30:.1f} GiB ({m.memory_kind}, largest rank)"))
