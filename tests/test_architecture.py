@@ -27,7 +27,7 @@ STAGES: list[tuple[str, ...]] = [
         "recipe_yaml",
         "recipe",
     ),
-    ("probe", "measured"),
+    ("probe", "measured", "report"),
     ("planning",),
     ("commands", "render"),
     ("supervisor", "session", "watchdog", "backends"),

@@ -217,3 +217,24 @@ def test_a_tracebacks_source_line_is_not_the_cause():
     f = diagnose(events(lines))
     assert f.kind == FailureKind.OOM
     assert f.headline() == "[train rank 0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+def test_split_verdicts():
+    from grpo_launch.enums import VllmMode
+    from grpo_launch.planning.verdict import split_verdict
+
+    server = split_verdict(3.1, 1.0, VllmMode.SERVER, planned=(1.0, 1.0), run_dir="runs/x")
+    assert "generation is 3.1× training: more vLLM GPUs would help" in server
+    assert "the measured step is 2.0× the plan's" in server and "--calibrate-from runs/x" in server
+    assert "fewer vLLM GPUs, more trainers" in split_verdict(1.0, 2.0, VllmMode.SERVER)
+    assert split_verdict(1.0, 1.2, VllmMode.COLOCATE, planned=(1.0, 1.1)).endswith(": balanced")
+
+
+def test_the_watchdog_reports_the_split_at_the_fifth_step(tmp_path):
+    metrics, clock, seen = tmp_path / "metrics.jsonl", Clock(), []
+    dog = Watchdog(metrics, on_split=lambda g, t: seen.append((g, t)), clock=clock)
+    with metrics.open("a") as f:
+        for i in range(1, 6):
+            f.write(json.dumps({"step": i, "step_s": 3.0, "generation_s": 2.0 + i, "training_s": 1.0}) + "\n")
+    dog()
+    assert seen == [(5.0, 1.0)]

@@ -44,12 +44,19 @@ def launch(tmp_path: Path, *overrides: str, run_dir: Path | None = None, env: di
     )
 
 
+def rank_logs(run: Path) -> str:
+    """What the ranks other than 0 printed: each writes its own log file (rank 0 speaks on the console)."""
+    return "".join(p.read_text(errors="replace") for p in sorted((run / "logs").glob("train-rank*.log")))
+
+
 def world_sizes(output: str) -> set[tuple[int, int]]:
     return {(int(a), int(b)) for a, b in re.findall(r"trainer process (\d+)/(\d+) world_size", output)}
 
 
-def logged_steps(output: str) -> list[dict]:
-    return [eval(m, {}) for m in re.findall(r"^\[train\] (\{'loss'.*\})$", output, flags=re.M)]
+def logged_steps(run: Path) -> list[dict]:
+    """TRL's logged metrics per optimizer step, as the trainers wrote them to metrics.jsonl."""
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [x["log"] for x in lines if "loss" in (x.get("log") or {})]
 
 
 @pytest.mark.parametrize("processes", [1, 2])
@@ -57,9 +64,24 @@ def test_tiny_grpo(tmp_path, processes):
     proc = launch(tmp_path, f"launch.num_processes={processes}", "max_steps=3")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    assert world_sizes(out) == {(r, processes) for r in range(processes)}
-    steps = logged_steps(out)
+    assert world_sizes(out + rank_logs(tmp_path / "run")) == {(r, processes) for r in range(processes)}
+    steps = logged_steps(tmp_path / "run")
     assert len(steps) == 3 and all("rewards/format_reward/mean" in s and "reward" in s for s in steps)
+    # The console: one line per step with its metrics, nothing twice, no warning grpo-launch's own settings cause.
+    console = [line for line in proc.stdout.splitlines() if line.startswith("[train")]
+    assert len(console) == len(set(console)), "a line printed twice"
+    assert (
+        sum(bool(re.match(r"\[train\] step \d/3 done in .* \| reward [\d.]+ ± [\d.]+ \| length", x)) for x in console)
+        == 3
+    )
+    for noise in ("`gradient_checkpointing` is deprecated", "Setting accelerator to CPU", "find_unused_parameters=True",
+                  "'loss':", "it/s]"):  # fmt: skip
+        assert noise not in out, noise
+    if processes == 2:
+        (own,) = (tmp_path / "run" / "logs").glob("train-rank1-*.log")
+        assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", own.read_text())  # every line time-stamped
+    report = tmp_path / "run" / "report" / "report.html"
+    assert report.is_file() and (tmp_path / "run" / "report" / "reward.png").is_file()
     assert (tmp_path / "run" / "output" / "model.safetensors").is_file()
     assert list((tmp_path / "run" / "logs").glob("train-*.log"))
     # RUN_DIR/metrics.jsonl: one line per optimizer step, every rank's peak memory, the tokens so far.
@@ -89,9 +111,10 @@ def test_deepspeed_zero2_two_processes(tmp_path):
     proc = launch(tmp_path, "launch.backend=zero2", "max_steps=2")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    assert world_sizes(out) == {(0, 2), (1, 2)}
-    assert out.count("distributed_type=DEEPSPEED zero_stage=2 num_processes=2") == 2
-    assert len(logged_steps(out)) == 2
+    every = out + rank_logs(tmp_path / "run")
+    assert world_sizes(every) == {(0, 2), (1, 2)}
+    assert every.count("distributed_type=DEEPSPEED zero_stage=2 num_processes=2") == 2
+    assert len(logged_steps(tmp_path / "run")) == 2
 
 
 def test_reward_by_import_path_runs_in_every_trainer(tmp_path):
@@ -114,7 +137,7 @@ def test_reward_by_import_path_runs_in_every_trainer(tmp_path):
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert set(calls.read_text().split()) == {"0", "1"}
-    assert all(s["rewards/count_reward/mean"] == "0.5" for s in logged_steps(proc.stdout))
+    assert all(s["rewards/count_reward/mean"] == 0.5 for s in logged_steps(tmp_path / "run"))
 
 
 def test_killed_run_resumes_without_repeating_steps(tmp_path):
@@ -146,7 +169,7 @@ def test_killed_run_resumes_without_repeating_steps(tmp_path):
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-3000:]
     assert f"resuming from {run / 'output' / f'checkpoint-{done[-1]}'}" in out
-    assert len(logged_steps(out)) == 60 - done[-1]
+    assert len(re.findall(r"step \d+/60 done", again.stdout)) == 60 - done[-1]
     state = json.loads((run / "output" / "checkpoint-60" / "trainer_state.json").read_text())
     steps = [h["step"] for h in state["log_history"] if "loss" in h]
     assert steps == list(range(1, 61))

@@ -119,12 +119,17 @@ def test_two_node_job_trains_across_both_nodes(cluster, tmp_path):
         run / f"slurm-{job}.out"
     ).read_text()[-3000:]
     log = (run / f"slurm-{job}.out").read_text()
-    trainers = {(int(r), int(w), int(nr), node) for r, w, _, nr, _, node in TRAINER.findall(log)}
+    every = log + "".join(p.read_text() for p in (run / "logs").glob("train-rank*.log"))  # ranks > 0 log to files
+    trainers = {(int(r), int(w), int(nr), node) for r, w, _, nr, _, node in TRAINER.findall(every)}
     # One process per node (launch.num_processes=2 over 2 nodes); each node's machine rank is its own.
     assert trainers == {(0, 2, 0, "n1"), (1, 2, 1, "n2")}
     assert "step 3/3 done" in log and "training done" in log
-    assert {p.name.split("-2")[0] for p in (run / "logs").glob("*.log")} == {"train-n1", "train-n2"}
+    logs = {p.name.split("-2")[0] for p in (run / "logs").glob("*.log")}
+    assert logs == {"train-n1", "train-n2", "train-rank1-n2"}, logs
     assert (run / "job.sbatch").is_file() and (run / "output" / "model.safetensors").is_file()
+    status = sh(cluster, sys.executable, "-m", "grpo_launch", "status", str(run))
+    assert f"{job}: COMPLETED, restarts 0" in status, status
+    assert "step 3/3" in status and "finished" in status
 
 
 def test_scancel_leaves_no_process_on_any_node(cluster, tmp_path):

@@ -114,7 +114,8 @@ def test_trains_across_two_hosts_and_passes_secrets_only_on_stdin(hosts, tmp_pat
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    trainers = {(int(r), int(w), int(nr), node) for r, w, _, nr, _, node in TRAINER.findall(out)}
+    every = out + "".join(p.read_text() for p in (run / "logs").glob("train-rank*.log"))  # ranks > 0 log to files
+    trainers = {(int(r), int(w), int(nr), node) for r, w, _, nr, _, node in TRAINER.findall(every)}
     assert trainers == {(0, 2, 0, "h1"), (1, 2, 1, "h2")}
     assert "step 3/3 done" in out
     # Every host got the secret through stdin; it is in no command line, rendered file or log.
@@ -126,7 +127,8 @@ def test_trains_across_two_hosts_and_passes_secrets_only_on_stdin(hosts, tmp_pat
         [*argv, "--dry-run"], env={**os.environ, "HF_TOKEN": SECRET}, capture_output=True, text=True, cwd=ROOT
     )
     assert SECRET not in dry.stdout and "# on stdin: HF_TOKEN" in dry.stdout
-    assert {p.name.split("-2")[0] for p in (run / "logs").glob("*.log")} == {"train-h1", "train-h2"}
+    logs = {p.name.split("-2")[0] for p in (run / "logs").glob("*.log")}
+    assert logs == {"train-h1", "train-h2", "train-rank1-h2"}, logs
     assert leftovers(run) == []
 
 

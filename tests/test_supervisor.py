@@ -140,7 +140,7 @@ def test_sigterm_to_grpo_launch_leaves_no_descendant(tmp_path):
     assert proc.stdout is not None
     for line in proc.stdout:
         seen.append(line)
-        if "'loss'" in line or time.monotonic() > deadline:
+        if "step 2/500 done" in line or time.monotonic() > deadline:
             break
     descendants = _descendants(proc.pid)
     assert len(descendants) >= 3, f"expected torchrun and 2 ranks, saw {descendants}"

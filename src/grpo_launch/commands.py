@@ -103,6 +103,7 @@ def train_env(plan: Plan, host: TrainHost) -> dict[str, str]:
         # neither: its CPU accelerator takes over; see planning.trainer_values.)
         env["ACCELERATE_USE_CPU"] = "true"
     if plan.train.device == Device.CPU:
+        env["DS_ACCELERATOR"] = "cpu"  # said, not detected: DeepSpeed (imported by transformers) warns when it guesses
         cpus = next((h.cpus for h in plan.topology.hosts if h.name == host.name), None)
         if cpus:
             env["OMP_NUM_THREADS"] = str(max(1, cpus // host.processes))

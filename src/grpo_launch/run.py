@@ -17,6 +17,7 @@ from grpo_launch.enums import Role
 from grpo_launch.faults import FailureKind
 from grpo_launch.planning.frugal import next_frugal_plan
 from grpo_launch.planning.types import Plan
+from grpo_launch.planning.verdict import split_verdict
 from grpo_launch.preflight import check_output_dir, check_vllm, output_dir_of, preflight, stale_build_locks
 from grpo_launch.reaper import RUN_ID_ENV
 from grpo_launch.render import render_files
@@ -72,6 +73,7 @@ def run_plan(
         backend.preflight(plan, ctx)
         result = _attempts(plan, backend, ctx, resume, plan.recipe.launch.max_restarts if max_restarts is None
                            else max_restarts)  # fmt: skip
+        _report(plan, ctx)
     return backend.after_run(plan, result, ctx)
 
 
@@ -142,6 +144,21 @@ def _disk_advice(plan: Plan, ctx: RunContext) -> str:
     )
 
 
+def _report(plan: Plan, ctx: RunContext) -> None:
+    """The run report (plots of the run's measurements), when the run trained a step and matplotlib is there."""
+    from grpo_launch.errors import ConfigError
+    from grpo_launch.report import write_report
+
+    if not (Path(plan.run_dir) / control.METRICS_FILE).is_file():
+        return
+    try:
+        ctx.emit(f"[grpo-launch] run report: {write_report(plan.run_dir)}")
+    except ConfigError as exc:
+        ctx.emit(f"[grpo-launch] no run report: {exc.message} ({exc.hint})")
+    except (OSError, ValueError) as exc:
+        ctx.emit(f"[grpo-launch] no run report: {exc}")
+
+
 def _frugal(plan: Plan, result: RunResult) -> tuple[Plan, str] | None:
     vllm_side = (result.cause or "").startswith("[vllm")
     return next_frugal_plan(plan, vllm_side=vllm_side, cause=result.cause or "")
@@ -173,12 +190,22 @@ def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, de
         ctx.emit(f"[grpo-launch] {why}")
         control.request_stop(plan.run_dir)
 
+    planned = None
+    if plan.estimate is not None:
+        est = plan.estimate.step  # the trainer's "generation" includes the old log-probs and the weight sync
+        planned = (est.generation_s + est.old_logprobs_s + est.sync_s, est.training_s)
+
+    def show_split(generation_s: float, training_s: float) -> None:
+        verdict = split_verdict(generation_s, training_s, plan.vllm.mode, planned=planned, run_dir=plan.run_dir)
+        ctx.emit(f"[grpo-launch] {verdict}")
+
     watchdog = Watchdog(
         Path(plan.run_dir) / control.METRICS_FILE,
         first_step_s=launch.first_step_timeout_s,
         hang_s=launch.hang_timeout_s,
         deadline=deadline,
         on_deadline=stop_for_deadline,
+        on_split=show_split,
     )
     server = next((s for s in placed if s.role == Role.VLLM), None)
     result = supervise(

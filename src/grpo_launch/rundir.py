@@ -60,6 +60,7 @@ class RunLock:
             "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(sys.argv),
+            "slurm_job": os.environ.get("SLURM_JOB_ID"),
         }
         os.ftruncate(fd, 0)
         os.write(fd, (json.dumps(info) + "\n").encode())
@@ -70,6 +71,15 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)  # the lock goes with the descriptor; the file stays (it may be read meanwhile)
             self._fd = None
+
+
+def last_holder(run_dir: str | Path) -> dict:
+    """What the run directory's lock file says about the last run that held it (pid, host, start, Slurm job)."""
+    try:
+        info = json.loads((Path(run_dir) / LOCK_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def lock_holder(run_dir: str | Path) -> str | None:

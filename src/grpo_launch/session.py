@@ -4,15 +4,26 @@ raises for a failed child or a signal, and it prints nothing itself (``emit`` do
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from grpo_launch import faults
+from grpo_launch import faults, reaper
 from grpo_launch.errors import LaunchError
 from grpo_launch.spec import ProcessSpec, RunResult, RunState
-from grpo_launch.supervisor import HEALTH_GRACE_S, HEALTH_POLL_S, ChildFailed, RemoteSignaller, Stalled, Supervisor
+from grpo_launch.supervisor import (
+    HEALTH_GRACE_S,
+    HEALTH_POLL_S,
+    ChildFailed,
+    RemoteSignaller,
+    Stalled,
+    Supervisor,
+    describe_exit,
+)
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
 
@@ -113,13 +124,18 @@ def supervise(
             sup.say(f"[grpo-launch] training finished; logs in {log_dir}")
             result = RunResult(RunState.SUCCEEDED, 0)
         except Interrupted as sig:
-            sup.say(f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s)")
+            sup.say(
+                f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s); tracebacks go to the logs"
+            )
             guard.ignore()
+            sup.quiet = True
             sup.stop_all(sig.signum)
+            for c in sup.children:
+                sup.say(f"[grpo-launch] {c.spec.name}: {describe_exit(c.proc.returncode)}; log: {c.log_path}")
             result = RunResult(RunState.INTERRUPTED, 128 + sig.signum, message=f"interrupted by {sig}")
         except Stalled as exc:
             sup.say(f"[grpo-launch] {exc.message}: dumping every rank's stack, then stopping")
-            stacks = sup.dump_stacks(stacks_dir)
+            stacks = dump_stacks(sup, stacks_dir)
             failed = exc
         except LaunchError as exc:
             failed = exc
@@ -160,3 +176,28 @@ def _failure_result(sup: Supervisor, exc: LaunchError, stacks: Mapping[str, str]
         failure=str(kind),
         cause=headline if not isinstance(exc, Stalled) else exc.message,
     )
+
+
+def dump_stacks(sup: Supervisor, stacks_dir: Path | None, wait_s: float = 3.0) -> dict[str, str]:
+    """Every local trainer rank's Python stack (the training entry writes it to ``stacks_dir/rank-R.txt`` on
+    SIGUSR1), and where each one is: {"train rank R": innermost frame of its main thread}."""
+    ranks = [p for p in reaper.marked(sup.run_id) if reaper.runs_module(p, "grpo_launch.train")]
+    if not ranks or stacks_dir is None:
+        return {}
+    t0 = time.time()
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        fresh = [f for f in stacks_dir.glob("rank-*.txt") if f.stat().st_mtime >= t0 - 1 and f.stat().st_size]
+        if len(fresh) >= len(ranks):
+            break
+        time.sleep(0.1)
+    where: dict[str, str] = {}
+    for f in sorted(stacks_dir.glob("rank-*.txt")):
+        with contextlib.suppress(OSError):
+            frame = faults.stuck_frames(f.read_text(errors="replace")).get("")
+            if frame and f.stat().st_mtime >= t0 - 1:
+                where[f"train rank {f.stem.removeprefix('rank-')}"] = frame
+    return where

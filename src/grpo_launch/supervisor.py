@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,9 +33,8 @@ from grpo_launch.errors import LaunchError
 from grpo_launch.spec import ProcessSpec
 from grpo_launch.task import PGID_ANNOUNCE
 
-root_cause = faults.root_cause  # one process's root cause (its lines in order)
-
 POLL_S = 0.2
+_HOSTNAME = socket.gethostname()
 HEALTH_POLL_S = 10.0  # the vLLM server's /health while training runs
 HEALTH_GRACE_S = 120.0  # … and how long it may fail to answer before the run is stopped
 
@@ -128,6 +129,7 @@ class Supervisor:
         self._emit_lock = threading.Lock()
         self._guard: subprocess.Popen | None = None
         self._stopped = False
+        self.quiet = False  # after an interrupt the console gets a summary, not every process's traceback
 
     # ------------------------------------------------------------------ start
     def _start_guard(self) -> None:
@@ -173,6 +175,8 @@ class Supervisor:
         child.pump = threading.Thread(target=self._pump, args=(child, proc.stdout, log_file), daemon=True)
         child.pump.start()
         self.children.append(child)
+        where = f" on {spec.host}" if spec.host else ""
+        self.say(f"[grpo-launch] started {spec.name}{where} (pid {proc.pid}); log: {log_path}")
         return child
 
     def _pump(self, child: Child, stream: IO[bytes] | None, log_file: IO[bytes]) -> None:
@@ -184,7 +188,7 @@ class Supervisor:
         for raw in iter(stream.readline, b""):
             if log_ok:
                 try:
-                    log_file.write(raw)
+                    log_file.write(time.strftime("%Y-%m-%d %H:%M:%S ").encode() + raw)
                     log_file.flush()
                 except OSError as exc:
                     log_ok = False
@@ -196,8 +200,8 @@ class Supervisor:
                     continue
             if faults.looks_like_error(line) and len(self.events) < 2000:
                 self.events.append(faults.Event(time.time(), name, line))
-            # tqdm redraws with carriage returns: show the last state only.
-            self.say(f"[{name}] {line.rsplit(chr(13), 1)[-1]}")
+            if not self.quiet:
+                self.say(console_line(child.spec, line))
         with contextlib.suppress(OSError):
             log_file.close()
 
@@ -280,30 +284,6 @@ class Supervisor:
                     raise Stalled(f"the vLLM server stopped answering {health_url} for {now - healthy_at:.0f} s")
             time.sleep(POLL_S)
 
-    def dump_stacks(self, stacks_dir: Path | None, wait_s: float = 3.0) -> dict[str, str]:
-        """Every local trainer rank's Python stack (the training entry writes it to ``stacks_dir/rank-R.txt`` on
-        SIGUSR1), and where each one is: {"train rank R": innermost frame of its main thread}."""
-        ranks = [p for p in reaper.marked(self.run_id) if reaper.runs_module(p, "grpo_launch.train")]
-        if not ranks or stacks_dir is None:
-            return {}
-        t0 = time.time()
-        for pid in ranks:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGUSR1)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            fresh = [f for f in stacks_dir.glob("rank-*.txt") if f.stat().st_mtime >= t0 - 1 and f.stat().st_size]
-            if len(fresh) >= len(ranks):
-                break
-            time.sleep(0.1)
-        where: dict[str, str] = {}
-        for f in sorted(stacks_dir.glob("rank-*.txt")):
-            with contextlib.suppress(OSError):
-                frame = faults.stuck_frames(f.read_text(errors="replace")).get("")
-                if frame and f.stat().st_mtime >= t0 - 1:
-                    where[f"train rank {f.stem.removeprefix('rank-')}"] = frame
-        return where
-
     # ------------------------------------------------------------------ stop
     def stop_all(self, sig: int = signal.SIGTERM) -> None:
         """``sig`` to every group and marked process, wait out the grace period, SIGKILL what is left; reap and
@@ -380,6 +360,21 @@ class Supervisor:
             t.start()
         for t in threads:
             t.join(timeout=35)
+
+
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?")
+
+
+def console_line(spec: ProcessSpec, line: str) -> str:
+    """A child's output line as the console shows it: ``[train] …``, or for a rank's own line (torchrun's
+    ``[rankN]:``) ``[train rN@HOST] …``; a progress bar's redraws (carriage returns) show their last state."""
+    text = line.rsplit("\r", 1)[-1].removeprefix("[grpo-launch] ")  # the trainer's own lines: one prefix is enough
+    m = _RANK_LINE.match(text)
+    if not m:
+        return f"[{spec.name}] {text}"
+    role = spec.name.split("@")[0]
+    host = spec.host or _HOSTNAME
+    return f"[{role} r{m.group(1)}@{host}] {text[m.end() :]}"
 
 
 def healthy(url: str) -> bool:

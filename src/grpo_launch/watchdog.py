@@ -34,6 +34,8 @@ class Watchdog:
     floor_s: float = HANG_FLOOR_S
     deadline: float | None = None  # epoch seconds
     on_deadline: Callable[[str], None] | None = None
+    # called with the new steps' mean (generation s, training s) at the 5th step of an attempt and every 20th
+    on_split: Callable[[float, float], None] | None = None
     clock: Callable[[], float] = time.time
     steps: list[float] = field(default_factory=list)  # measured step seconds (earlier attempts' too)
     saves: list[float] = field(default_factory=list)
@@ -41,6 +43,7 @@ class Watchdog:
     _last: float = 0.0  # when the last step of this attempt finished (or the attempt started)
     _new_steps: int = 0
     _asked: bool = False
+    _split: list[tuple[float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._last = self.clock()
@@ -65,6 +68,10 @@ class Watchdog:
                 if count:
                     self._new_steps += 1
                     self._last = self.clock()
+                    self._split.append((float(line.get("generation_s") or 0), float(line.get("training_s") or 0)))
+                    if self.on_split is not None and (self._new_steps == 5 or self._new_steps % 20 == 0):
+                        recent = self._split[-20:]
+                        self.on_split(*(sum(x) / len(recent) for x in zip(*recent, strict=True)))
             if isinstance(line.get("save_s"), (int, float)):
                 self.saves.append(float(line["save_s"]))
 

@@ -16,7 +16,7 @@ from types import ModuleType
 from grpo_launch import __version__
 from grpo_launch.errors import GrpoLaunchError
 
-VERBS = ("run", "plan", "inspect", "sbatch", "status")
+VERBS = ("run", "plan", "inspect", "sbatch", "status", "report")
 VALUE_OPTIONS = ("--gpus", "--hostfile", "--run-dir", "--nodes", "--gpus-per-node")
 
 

@@ -21,7 +21,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     if args.json:
         ctx.emit(json.dumps(asdict(topo), indent=2))
         return 0
-    from grpo_launch.cli.report import print_sections, topology_sections
+    from grpo_launch.cli.tables import print_sections, topology_sections
 
     print_sections(topology_sections(topo))
     return 0

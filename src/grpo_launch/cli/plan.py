@@ -55,7 +55,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
             data["calibrated_from"] = {"run_dir": args.calibrate_from, "terms": comparison_to_dict(rows)}
         ctx.emit(json.dumps(data, indent=2, default=str))
         return 0
-    from grpo_launch.cli.report import calibration_section, explain_sections, plan_sections, print_sections
+    from grpo_launch.cli.tables import calibration_section, explain_sections, plan_sections, print_sections
 
     sections = plan_sections(plan, written) + (explain_sections(plan) if args.explain else [])
     print_sections(sections + ([calibration_section(args.calibrate_from, rows)] if rows else []))

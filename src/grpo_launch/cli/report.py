@@ -1,280 +1,29 @@
-"""Human-readable plan and topology reports. Each report is plain data (a list of sections); on a terminal rich
-draws them as tables, elsewhere (a pipe, a CI or Slurm log) they print as aligned plain text, so rich is imported
-only for a terminal and ``plan --json`` never imports it."""
+"""``grpo-launch report [RUN_DIR]``: write the run report (RUN_DIR/report/report.html with its plots) from the run
+directory's measurements; a run writes it at its end too."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from itertools import groupby
-from typing import TYPE_CHECKING
+import argparse
+from pathlib import Path
 
-from grpo_launch.commands import trainers, vllm_server
-from grpo_launch.planning.types import Plan
-from grpo_launch.topology import Topology
-
-if TYPE_CHECKING:
-    from grpo_launch.planning.calibration import Comparison
+from grpo_launch.backends import RunContext
 
 
-@dataclass(frozen=True)
-class Section:
-    """A titled table (``header`` None: key/value rows), or with no rows just a line of text."""
-
-    title: str
-    rows: Sequence[tuple[str, ...]] = ()
-    header: tuple[str, ...] | None = None
-    style: str = ""  # rich style of a text line: bold, cyan (notice), yellow (warning)
-    table: bool = True  # False: rows are printed as plain lines (commands stay copyable)
-
-
-def _ranges(ids: Sequence[str]) -> str:
-    """["0","1","2","5"] → "0-2,5"; non-numeric ids (UUIDs) are listed as they are."""
-    if not all(i.isascii() and i.isdigit() for i in ids):
-        return ",".join(ids)
-    nums = sorted(int(i) for i in ids)
-    parts = []
-    start = prev = nums[0]
-    for n in [*nums[1:], None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ",".join(parts)
-
-
-def topology_sections(topology: Topology) -> list[Section]:
-    rows = []
-    for h in topology.hosts:
-        mem = {f"{g.memory_gib:.0f} GiB" if g.memory_gib else "?" for g in h.gpus}
-        rows.append(
-            (
-                h.name,
-                h.addr,
-                _ranges([g.visible_id for g in h.gpus]) if h.gpus else f"none ({h.cpus or '?'} CPUs)",
-                ", ".join(sorted({g.name for g in h.gpus})) or "-",
-                ", ".join(sorted(mem)) or "-",
-                str(h.cpus) if h.cpus and h.gpus else "-",
-                f"{h.memory_bytes / 2**30:.0f} GiB" if h.memory_bytes else "-",
-            )
-        )
-    title = f"Topology ({topology.source}): {topology.describe()}"
-    return [
-        Section(title, rows, ("host", "address", "GPUs", "model", "GPU memory", "CPUs", "RAM")),
-        *(Section(f"warning: {w}", style="yellow") for w in topology.warnings),
-    ]
-
-
-def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
-    out = [Section(f"grpo-launch plan: {plan.recipe.source or 'recipe'} on {plan.topology.describe()}", style="bold")]
-    roles: list[tuple[str, ...]] = []
-    if plan.train.device == "cpu":
-        for h in plan.train.hosts:
-            roles.append((h.name, "-", "CPU", f"train × {h.processes} processes (rank {h.machine_rank})"))
-    else:
-        for (host, role), items in groupby(plan.roles, key=lambda r: (r.host, r.role)):
-            rs = list(items)
-            mem = f" {rs[0].memory_gib:.0f} GiB" if rs[0].memory_gib else ""
-            roles.append((host, _ranges([r.gpu for r in rs]), f"{rs[0].name}{mem}", role))
-    out.append(Section("GPUs and roles", roles, ("host", "GPUs", "model", "role")))
-
-    lay = plan.layout
-    layout = [
-        ("training processes", str(lay.num_processes)),
-        ("per_device_train_batch_size", str(lay.per_device_train_batch_size)),
-        ("gradient_accumulation_steps", str(lay.gradient_accumulation_steps)),
-        ("steps_per_generation", str(lay.steps_per_generation)),
-        (
-            "generation_batch_size",
-            f"{lay.generation_batch_size} = {lay.prompts_per_generation} prompts × {lay.num_generations}",
-        ),
-        ("num_generations", str(lay.num_generations)),
-        ("completions per optimizer step", str(lay.completions_per_optimizer_step)),
-    ]
-    if lay.per_device_eval_batch_size is not None:
-        layout.append(("per_device_eval_batch_size", str(lay.per_device_eval_batch_size)))
-    out.append(Section("Batch layout (TRL 1.16)", layout))
-
-    v, train = plan.vllm, plan.train
-    gen = [("vLLM", str(v.mode))]
-    if v.mode == "server":
-        shape = (
-            f"TP {v.tensor_parallel_size}"
-            + (f" × DP {v.data_parallel_size}" if v.data_parallel_size > 1 else "")
-            + (", expert parallel" if v.expert_parallel else "")
-        )
-        gen.append(("vLLM server", f"{v.host} GPUs {_ranges(list(v.gpus))}, {shape}, {v.base_url}"))
-    elif v.mode == "colocate":
-        gen.append(
-            ("vLLM colocated", f"TP {v.tensor_parallel_size}, gpu_memory_utilization {v.gpu_memory_utilization}")
-        )
-    off = "" if train.offload == "none" else f" + offload {train.offload}"
-    gen += [
-        ("backend", f"{train.backend}{off} on {train.device}, mixed precision {train.mixed_precision}"),
-        ("machines", f"{train.num_machines} (main {train.main_process_ip}:{train.main_process_port})"),
-        ("output_dir", plan.output_dir),
-    ]
-    out.append(Section("Generation and training", gen))
-
-    est = plan.estimate
-    if est is not None:
-        step = est.step
-        rows = [("generation", f"{step.generation_s:.1f} s")]
-        if step.old_logprobs_s:
-            rows.append(("old log-probs forward", f"{step.old_logprobs_s:.1f} s"))
-        rows.append(("training", f"{step.training_s:.1f} s"))
-        if step.sync_s:
-            rows.append(("weight sync / vLLM switch", f"{step.sync_s:.1f} s"))
-        rows.append(("step", f"{step.total_s:.1f} s (bottleneck: {step.bottleneck})"))
-        if est.train_memory_gib is not None:
-            rows.append(("memory per training GPU", f"{est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB"))
-        if est.vllm_memory_gib is not None:
-            rows.append(("vLLM memory per GPU", f"{est.vllm_memory_gib:.1f} GiB"))
-        if est.host_memory_per_node_gib:
-            rows.append(("host RAM per node (offload)", f"{est.host_memory_per_node_gib:.0f} GiB"))
-        if est.total is not None:
-            t = est.total
-            cost = f", {t.price:,.2f} at the given GPU-hour price" if t.price is not None else ""
-            rows.append(("whole run", f"{t.steps} steps ({t.source}): {t.hours:.1f} h, {t.gpu_hours:.0f} GPU-h{cost}"))
-        out.append(Section("Estimate per optimizer step (grpo-launch plan --explain shows the arithmetic)", rows))
-
-    if plan.decisions:
-        why = [(d.what if d.value is None else f"{d.what}={d.value}", d.why) for d in plan.decisions]
-        out.append(Section("Why", why))
-    out += [Section(f"notice: {n}", style="cyan") for n in plan.notices]
-    out += [Section(f"warning: {w}", style="yellow") for w in plan.warnings]
-    spec = vllm_server(plan)
-    commands = ([("[vllm]", spec.shell())] if spec else []) + [(f"[{t.name}]", t.shell()) for t in trainers(plan)]
-    out.append(Section("Commands", commands, table=False))
-    files = list(written)
-    if files:
-        out.append(Section("Wrote: " + ", ".join(files)))
-    return out
-
-
-def summary_lines(plan: Plan) -> list[str]:
-    """The plan in a few lines, and every notice and warning: what a run prints before it starts anything."""
-    lay, v, train = plan.layout, plan.vllm, plan.train
-    lines = [f"plan: {plan.recipe.source or 'recipe'} on {plan.topology.describe()}"]
-    if train.device == "cpu":
-        lines.append("  roles: " + ", ".join(f"{h.name} train × {h.processes} (CPU)" for h in train.hosts))
-    else:
-        groups = groupby(plan.roles, key=lambda r: (r.host, r.role))
-        lines.append(
-            "  roles: " + ", ".join(f"{host} GPUs {_ranges([r.gpu for r in rs])} {role}" for (host, role), rs in
-                                    ((k, list(g)) for k, g in groups))
-        )  # fmt: skip
-    lines.append(
-        f"  layout: {lay.per_device_train_batch_size} per device × {lay.num_processes} process(es) × "
-        f"{lay.gradient_accumulation_steps} accumulation = {lay.completions_per_optimizer_step} completions per step "
-        f"({lay.num_generations} per prompt)"
+def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write a run's report: HTML with plots of reward, lengths, step time and memory",
+        description="Write RUN_DIR/report/report.html (self-contained) and its PNGs: the reward and each reward "
+        "function, completion lengths, the step time split against the plan's prediction, and the peak memory of "
+        "every rank against the estimate. Needs matplotlib (pip install 'grpo-launch[report]').",
     )
-    vllm = str(v.mode)
-    if v.mode == "server":
-        vllm += f" on {v.host} GPUs {_ranges(list(v.gpus))}, TP {v.tensor_parallel_size}"
-        vllm += f" × DP {v.data_parallel_size}" if v.data_parallel_size > 1 else ""
-    elif v.mode == "colocate":
-        vllm += f", TP {v.tensor_parallel_size}, gpu_memory_utilization {v.gpu_memory_utilization}"
-    off = "" if train.offload == "none" else f" + offload {train.offload}"
-    lines.append(f"  vLLM: {vllm}; training: {train.backend}{off} on {train.device}")
-    est = plan.estimate
-    if est is not None:
-        mem = f", {est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB per training GPU" if (
-            est.train_memory_gib) else ""  # fmt: skip
-        total = f", {est.total.hours:.1f} h for {est.total.steps} steps" if est.total else ""
-        lines.append(f"  estimate: {est.step.total_s:.1f} s per step ({est.step.bottleneck}){mem}{total}")
-    lines += [f"notice: {n}" for n in plan.notices]
-    lines += [f"warning: {w}" for w in plan.warnings]
-    return lines
+    p.add_argument("run_dir", nargs="?", help="the run directory (default: the newest under grpo_runs/)")
 
 
-def explain_sections(plan: Plan) -> list[Section]:
-    """The arithmetic behind the estimate, and the split search side by side (why each candidate lost)."""
-    lines = [(line,) for line in plan.estimate.explain] if plan.estimate else []
-    if plan.estimate is None:
-        lines = [("no estimate: the model shape or the GPU model is unknown (a CPU plan, or pass --gpus MODEL)",)]
-    out = [Section("Arithmetic (estimates, see grpo_launch/planning/costmodel.py for the model)", lines, ())]
-    if not plan.candidates:
-        return out
-    best = next((c for c in plan.candidates if c.chosen), None)
-    rows = []
-    for c in plan.candidates:
-        if c.step is None:
-            rows.append((c.label, "-", "-", "-", "-", "-", "-", "-", f"not possible: {c.rejected}"))
-            continue
-        note = "chosen" if c.chosen else ""
-        if not c.chosen and best is not None and best.per_prompt_s and c.per_prompt_s:
-            note = f"{c.per_prompt_s / best.per_prompt_s:.2f}× slower"
-        per_prompt = f"{c.per_prompt_s:.2f}" if c.per_prompt_s is not None else "-"
-        s = c.step
-        times = (
-            f"{s.generation_s:.1f}",
-            f"{s.old_logprobs_s:.1f}",
-            f"{s.training_s:.1f}",
-            f"{s.sync_s:.1f}",
-            f"{s.total_s:.1f}",
-        )
-        rows.append((c.label, *times, f"{c.prompts_per_step:g}", per_prompt, note))
-    header = ("split", "gen s", "old-logp s", "train s", "sync s", "step s", "prompts", "s/prompt", "vs chosen")
-    out.append(Section("Split candidates (time per prompt group decides)", rows, header))
-    return out
+def command(args: argparse.Namespace, ctx: RunContext) -> int:
+    from grpo_launch.cli.status import newest_run
+    from grpo_launch.report import write_report
 
-
-def calibration_section(run_dir: str, rows: Sequence[Comparison]) -> Section:
-    """Predicted (by the earlier run's plan) against measured, term by term, and what the new plan applies."""
-
-    def fmt(x: float | None, unit: str) -> str:
-        return "-" if x is None else (f"{x:.0f} {unit}" if unit == "tokens" else f"{x:.2f} {unit}")
-
-    table = [
-        (r.term, fmt(r.predicted, r.unit), fmt(r.measured, r.unit), f"{r.ratio:.2f}" if r.ratio else "-", r.note)
-        for r in rows
-    ]
-    header = ("term", "predicted", "measured", "measured/predicted", "applied")
-    return Section(f"Calibrated from {run_dir} (the estimate above uses these)", table, header)
-
-
-def plain_text(sections: Iterable[Section]) -> str:
-    """Aligned plain text: a title line, then the rows indented with padded columns."""
-    lines: list[str] = []
-    for sec in sections:
-        lines.append(sec.title)
-        rows = [sec.header, *sec.rows] if sec.header else list(sec.rows)
-        if not rows:
-            continue
-        widths = [max(len(r[i]) for r in rows if len(r) > i) for i in range(max(len(r) for r in rows))]
-        for row in rows:
-            cells = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]
-            lines.append("  " + "  ".join(cells))
-    return "\n".join(lines)
-
-
-def _print_rich(sections: Iterable[Section]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    console = Console(soft_wrap=True)
-    for sec in sections:
-        if not sec.rows or not sec.table:
-            console.print(Text(sec.title, style=sec.style or ("bold" if sec.rows else "")))
-            for row in sec.rows:  # plain lines: no markup ([vllm] is text), no box around a command
-                console.print(Text("  " + "  ".join(row)), soft_wrap=True)
-            continue
-        table = Table(title=sec.title, title_justify="left", show_header=bool(sec.header))
-        for col in sec.header or ("",) * max(len(r) for r in sec.rows):
-            table.add_column(col)
-        for row in sec.rows:
-            table.add_row(*(Text(cell) for cell in row))  # values are text, never rich markup
-        console.print(table)
-
-
-def print_sections(sections: list[Section]) -> None:
-    """Tables on a terminal, plain text elsewhere."""
-    if sys.stdout.isatty():
-        _print_rich(sections)
-    else:
-        print(plain_text(sections), flush=True)
+    run_dir = Path(args.run_dir) if args.run_dir else newest_run(ctx.workdir)
+    ctx.emit(f"report: {write_report(run_dir)}")
+    return 0

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
-    from grpo_launch.cli.report import summary_lines
+    from grpo_launch.cli.tables import summary_lines
     from grpo_launch.run import run_plan
 
     plan, backend = plan_for(args, ctx)

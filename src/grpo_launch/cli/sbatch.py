@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
-    from grpo_launch.cli.report import summary_lines
+    from grpo_launch.cli.tables import summary_lines
     from grpo_launch.planning import make_plan
     from grpo_launch.probe import probe_local, resolve_model_shape
     from grpo_launch.render import render_files

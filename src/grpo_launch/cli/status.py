@@ -11,7 +11,7 @@ from pathlib import Path
 
 from grpo_launch.backends import RunContext
 from grpo_launch.errors import ConfigError
-from grpo_launch.rundir import lock_holder
+from grpo_launch.rundir import last_holder, lock_holder
 
 # TRL's logged metrics worth a line, in this order, when present
 SHOWN = ("reward", "reward_std", "completions/mean_length", "kl", "entropy", "loss", "learning_rate")
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
     p.add_argument("--json", action="store_true", help="print as JSON")
 
 
-def _newest_run(workdir: str) -> Path:
+def newest_run(workdir: str) -> Path:
     runs = [p.parent for p in Path(workdir, "grpo_runs").glob("*/plan.json")]
     if not runs:
         raise ConfigError("no run directory under grpo_runs/", hint="Give one: grpo-launch status RUN_DIR.")
@@ -52,6 +52,17 @@ def _attempts(run_dir: Path) -> list[dict]:
     return [a for a in out if isinstance(a, dict)]
 
 
+def _slurm_state(job: str) -> dict[str, str] | None:
+    """JobState, Restarts, … of a Slurm job (``scontrol show job -o``), or None (finished long ago, no Slurm)."""
+    from grpo_launch.backends.slurm.env import run_scontrol
+
+    text = run_scontrol(["show", "job", "-o", job])
+    if not text:
+        return None
+    fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
+    return {k: fields[k] for k in ("JobState", "Restarts", "RunTime", "TimeLimit", "NodeList") if k in fields}
+
+
 def _hours(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -62,7 +73,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     from grpo_launch.control import STOPPED_MARKER, control_dir
     from grpo_launch.measured import progress, read_run
 
-    run_dir = Path(args.run_dir) if args.run_dir else _newest_run(ctx.workdir)
+    run_dir = Path(args.run_dir) if args.run_dir else newest_run(ctx.workdir)
     m = read_run(run_dir)
     marker = control_dir(run_dir) / STOPPED_MARKER
     try:
@@ -73,17 +84,19 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     logs = sorted(str(x) for x in (run_dir / "logs").glob("*.log"))
     attempts = _attempts(run_dir)
     holder = lock_holder(run_dir)
+    job = last_holder(run_dir).get("slurm_job")
+    slurm = _slurm_state(str(job)) if job else None
     last = attempts[-1] if attempts else None
     if holder is None and p.state in ("running", "silent") and last and last.get("state") == "failed":
         p = replace(p, state="failed", detail=f"{last.get('failure')}: {last.get('cause') or last.get('message')}")
     if args.json:
         data = {"run_dir": str(run_dir), "step": m.last_step, "max_steps": m.max_steps, **asdict(p)}
-        data |= {"launcher": holder, "attempts": attempts}
+        data |= {"launcher": holder, "attempts": attempts, "slurm_job": job, "slurm": slurm}
         data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
         data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
         ctx.emit(json.dumps(data | {"logs": logs}, indent=2))
         return 0
-    from grpo_launch.cli.report import Section, print_sections
+    from grpo_launch.cli.tables import Section, print_sections
 
     rows = [
         ("state", f"{p.state}: {p.detail}"),
@@ -92,6 +105,9 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         ("ETA", f"{_hours(p.eta_s)} at the measured step time; planned {_hours(p.planned_eta_s)}"),
     ]
     rows.append(("launcher", f"running ({holder})" if holder else "not running"))
+    if job:
+        said = "unknown to scontrol" if slurm is None else f"{slurm.get('JobState')}, restarts {slurm.get('Restarts')}"
+        rows.append(("slurm job", f"{job}: {said}"))
     if attempts:
         restarts = len(attempts) - 1
         said = f"{len(attempts)} attempt(s), {restarts} restart(s)"

@@ -239,7 +239,7 @@ def _plan_one(
     if training.gradient_checkpointing is not None:
         work = dataclasses.replace(work, gradient_checkpointing=training.gradient_checkpointing)
     estimate = resources.estimate_plan(topology, recipe, model, vllm, train, layout, work, training, sizing)
-    values_out = trainer_values(recipe, layout, vllm, train, trace)
+    values_out = trainer_values(recipe, layout, vllm, train, trace, dense=model is not None and not model.is_moe)
     return Plan(
         recipe=recipe,
         topology=topology,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_launch.enums import Device, VllmMode
+from grpo_launch.enums import Device, DistBackend, VllmMode
 from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.types import Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
@@ -45,7 +45,9 @@ def _master_weights(out: dict[str, Any], train: TrainPlan, trace: Trace) -> None
     )
 
 
-def trainer_values(recipe: Recipe, layout: Layout, vllm: VllmPlan, train: TrainPlan, trace: Trace) -> dict[str, Any]:
+def trainer_values(
+    recipe: Recipe, layout: Layout, vllm: VllmPlan, train: TrainPlan, trace: Trace, *, dense: bool = False
+) -> dict[str, Any]:
     """What the training entry reads. ``output_dir`` stays out unless the recipe sets it: the Plan derives the
     default from its run directory, so a plan moved to another run dir writes there."""
     # "auto" on a key the planner chooses means "choose"; elsewhere it is the value TRL takes (dtype: auto).
@@ -104,6 +106,11 @@ def trainer_values(recipe: Recipe, layout: Layout, vllm: VllmPlan, train: TrainP
     if train.gradient_checkpointing is not None and train.device == Device.CUDA:
         out["gradient_checkpointing"] = train.gradient_checkpointing
     _master_weights(out, train, trace)
+    if train.backend == DistBackend.DDP and dense and "ddp_find_unused_parameters" not in out:
+        # Without checkpointing transformers asks DDP to search for unused parameters after every backward; a dense
+        # model has none, and DDP warns about the wasted traversal. (A mixture of experts keeps the search: experts
+        # no token was routed to get no gradient.)
+        out["ddp_find_unused_parameters"] = False
     if out.get("output_dir") is None:
         out.pop("output_dir", None)
     return out

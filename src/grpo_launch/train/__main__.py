@@ -24,6 +24,7 @@ from typing import Any
 from grpo_launch.checkpoints import COMPLETE_MARKER, RESUME_ENV
 from grpo_launch.control import CONTROL_DIR_ENV, METRICS_ENV, STACKS_DIR, STOPPED_MARKER
 from grpo_launch.recipe import yaml_load
+from grpo_launch.train import console
 from grpo_launch.train.callbacks import make_callbacks
 from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset, split_values
 from grpo_launch.train.rewards import load_reward
@@ -74,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
 
+    # transformers 5 renamed gradient_checkpointing to activation_checkpointing and warns on the old name, which
+    # TRL 1.16's config sets by default: give the new name the value (the recipe's, else TRL's default, on).
+    if "activation_checkpointing" not in grpo_kwargs:
+        grpo_kwargs["activation_checkpointing"] = grpo_kwargs.pop("gradient_checkpointing", True)
+        if "gradient_checkpointing_kwargs" in grpo_kwargs:
+            grpo_kwargs["activation_checkpointing_kwargs"] = grpo_kwargs.pop("gradient_checkpointing_kwargs")
     config = GRPOConfig(**grpo_kwargs)
     rank, world = config.process_index, config.world_size
     print(
@@ -133,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         peft_config=get_peft_config(model_args),
         callbacks=[step_log, *([stop] if stop else [])],
     )
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for noisy in (PrinterCallback, ProgressCallback):  # grpo-launch's step line replaces the dicts and the bar
+        trainer.remove_callback(noisy)
     if hasattr(trainer, "_generate_and_score_completions"):
         trainer._generate_and_score_completions = step_log.timed(  # type: ignore[method-assign]
             trainer._generate_and_score_completions
@@ -197,5 +208,19 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
+def _entry() -> int:
+    """Rank 0 on the console, the other ranks in their own log files (errors as one console line each)."""
+    console.quiet_progress_bars()
+    control = os.environ.get(CONTROL_DIR_ENV)
+    own = console.to_own_log(Path(control).parent / "logs") if control else None
+    try:
+        return main()
+    except BaseException as exc:
+        console.report_error(exc, own)
+        raise
+    finally:
+        console.flush_own_log()
+
+
 if __name__ == "__main__":
-    _exit(main())
+    _exit(_entry())

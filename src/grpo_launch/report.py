@@ -1,0 +1,170 @@
+"""The run report: RUN_DIR/report/report.html (self-contained: the plots are embedded) and the PNGs beside it,
+written at the end of a run and by ``grpo-launch report RUN_DIR``.
+
+Plots, from the trainers' ``metrics.jsonl`` and the plan's ``plan.json``: the reward and each reward function over
+steps; completion lengths; the step time split into generation and training against the plan's prediction; the
+peak memory of every rank against the estimate. The series themselves are embedded in the HTML as JSON
+(``<script id="series">``), so what was plotted can be read back. matplotlib is an optional extra
+(``pip install 'grpo-launch[report]'``): the planner never imports it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_launch.control import METRICS_FILE
+from grpo_launch.errors import ConfigError
+
+REPORT_DIR = "report"
+GIB = 1024**3
+
+
+@dataclass
+class Series:
+    """One plotted line: its name and (step, value) points."""
+
+    name: str
+    steps: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+    def add(self, step: int, value: Any) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            self.steps.append(int(step))
+            self.values.append(float(value))
+
+
+def read_series(run_dir: Path) -> dict[str, dict[str, Series]]:
+    """{plot: {line: Series}} from metrics.jsonl (step lines and TRL's logged metrics)."""
+    try:
+        text = (run_dir / METRICS_FILE).read_text(errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"no measurements in {run_dir}: {exc.strerror or exc}",
+                          hint="A report needs a run that trained at least one step.") from None  # fmt: skip
+    plots: dict[str, dict[str, Series]] = {"reward": {}, "length": {}, "time": {}, "memory": {}}
+
+    def line(plot: str, name: str) -> Series:
+        return plots[plot].setdefault(name, Series(name))
+
+    for raw in text.splitlines():
+        try:
+            row = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            continue
+        step = row["step"]
+        log = row.get("log")
+        if isinstance(log, dict):
+            line("reward", "reward").add(step, log.get("reward"))
+            for key, value in log.items():
+                if key.startswith("rewards/") and key.endswith("/mean"):
+                    line("reward", key.removeprefix("rewards/").removesuffix("/mean")).add(step, value)
+            for key in ("mean_length", "min_length", "max_length"):
+                line("length", key.replace("_", " ")).add(step, log.get(f"completions/{key}"))
+        elif isinstance(row.get("step_s"), (int, float)):
+            line("time", "generation").add(step, row.get("generation_s"))
+            line("time", "training").add(step, row.get("training_s"))
+            for rank, peak in enumerate(row.get("peak_memory_bytes") or []):
+                if isinstance(peak, (int, float)):
+                    line("memory", f"rank {rank}").add(step, peak / GIB)
+    return {p: {k: s for k, s in lines.items() if s.steps} for p, lines in plots.items()}
+
+
+def _plan(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / "plan.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+TITLES = {
+    "reward": ("Reward (mean) and each reward function", "reward"),
+    "length": ("Completion length", "tokens"),
+    "time": ("Step time: generation and training", "seconds"),
+    "memory": ("Peak memory per rank", "GiB"),
+}
+
+
+def _predicted(plan: dict[str, Any], plot: str) -> dict[str, float]:
+    """The plan's predicted values for a plot, drawn as dashed lines."""
+    est = plan.get("estimate") or {}
+    times, out = est.get("time_s") or {}, {}
+    if plot == "time" and times:
+        out["planned generation"] = (
+            (times.get("generation") or 0) + (times.get("old_logprobs") or 0) + (times.get("sync") or 0)
+        )
+        out["planned training"] = times.get("training") or 0
+    memory = (est.get("memory_per_training_gpu_gib") or {}).get("total") if plot == "memory" else None
+    if isinstance(memory, (int, float)):
+        out["estimate per training GPU"] = memory
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float))}
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write RUN_DIR/report/{report.html, *.png}; returns the HTML's path."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError(
+            "the run report needs matplotlib", hint="pip install 'grpo-launch[report]' (or pip install matplotlib)."
+        ) from None
+    root = Path(run_dir)
+    series = read_series(root)
+    plan = _plan(root)
+    out = root / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for plot, lines in series.items():
+        if not lines:
+            continue
+        title, unit = TITLES[plot]
+        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+        colors = {}
+        for s in lines.values():
+            (drawn,) = ax.plot(s.steps, s.values, marker="o" if len(s.steps) < 30 else None, markersize=3, label=s.name)
+            colors[s.name] = drawn.get_color()
+        for name, value in _predicted(plan, plot).items():  # a prediction in its measured line's colour
+            color = colors.get(name.removeprefix("planned "), "gray")
+            ax.axhline(value, linestyle="--", linewidth=1.2, color=color, label=name)
+        ax.set_title(title)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        png = out / f"{plot}.png"
+        fig.savefig(png)
+        plt.close(fig)
+        data = base64.b64encode(png.read_bytes()).decode()
+        sections.append(f"<h2>{html.escape(title)}</h2><img alt='{plot}' src='data:image/png;base64,{data}'>")
+    name = html.escape(str(plan.get("recipe") or root.name))
+    page = (
+        "<!doctype html><meta charset='utf-8'><title>grpo-launch report</title>"
+        "<style>body{font-family:sans-serif;max-width:820px;margin:2em auto}img{max-width:100%}</style>"
+        f"<h1>grpo-launch run report</h1><p>{name}: {html.escape(str(root))}</p>"
+        + "".join(sections)
+        + "<script type='application/json' id='series'>"
+        + html.escape(json.dumps({p: {k: vars(s) for k, s in lines.items()} for p, lines in series.items()}))
+        + "</script>"
+    )
+    path = out / "report.html"
+    path.write_text(page)
+    return path
+
+
+def embedded_series(report_html: str) -> dict[str, Any]:
+    """The series a report embeds (for checks and tools)."""
+    start = report_html.index("<script type='application/json' id='series'>") + len(
+        "<script type='application/json' id='series'>"
+    )
+    return json.loads(html.unescape(report_html[start : report_html.index("</script>", start)]))
