@@ -163,6 +163,10 @@ def test_two_runs_in_one_run_dir(tmp_path):
         )  # fmt: skip
         assert planned.returncode == 1 and "in use" in planned.stderr
         assert (run / "plan.json").read_text() == plan_before  # nothing of the running run was overwritten
+        status = subprocess.run([sys.executable, "-m", "grpo_launch", "status", str(run), "--json"],
+                                capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+        state = json.loads(status.stdout)
+        assert state["state"] == "running" and state["launcher"].startswith(f"pid {first.pid} on ")
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)

@@ -211,3 +211,16 @@ def test_choices_come_from_the_libraries():
     assert {"grpo", "dapo", "dr_grpo"} <= set(CHOICES["loss_type"]) and "wandb" in CHOICES["report_to"]
     ok = build_recipe({"model_name_or_path": "m", "loss_type": "dr_grpo", "report_to": ["wandb", "tensorboard"]})
     assert ok.values["loss_type"] == "dr_grpo"
+
+
+def test_a_secret_in_a_recipe_is_refused_with_the_environment_variable_to_use(tmp_path):
+    """The resolved recipe and plan.json are files in the run directory: a token must never be written there."""
+    from grpo_launch.errors import ConfigError
+    from grpo_launch.recipe import load_recipe
+
+    path = tmp_path / "r.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct\ndataset_name: x/y\nhub_token: hf_abc\n")
+    with pytest.raises(ConfigError) as e:
+        load_recipe(path, [])
+    assert "hub_token in a recipe would be written" in e.value.render() and "set HF_TOKEN" in e.value.render()
+    assert "hf_abc" not in e.value.render()

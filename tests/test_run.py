@@ -225,7 +225,7 @@ asked = []
 
 def emit(line):
     print(line, flush=True)
-    if "[grpo-launch] step 2/" in line and not asked:
+    if "] step 2/" in line and not asked:
         asked.append(True)
         os.kill(os.getpid(), signal.SIGUSR2)
 

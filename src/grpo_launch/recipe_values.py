@@ -140,9 +140,19 @@ def _choice_problem(key: str, value: Any) -> str | None:
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+# Secret-valued keys and the environment variable that carries the same secret to the trainers (never into a file).
+SECRET_KEYS = {"hub_token": "HF_TOKEN"}
+
+
 def check_consistency(values: Mapping[str, Any]) -> list[str]:
     """Problems between keys that TRL or transformers would raise on only after a job has started."""
     problems = []
+    for key, env in SECRET_KEYS.items():
+        if values.get(key):
+            problems.append(
+                f"{key} in a recipe would be written to the run directory's files (trainer_recipe.yaml, plan.json): "
+                f"remove it and set {env} in the environment, which reaches the trainers without being written"
+            )
     if values.get("bf16") is True and values.get("fp16") is True:
         problems.append("bf16 and fp16 are both true: choose one (transformers refuses both)")
     rewards, weights = values.get("reward_funcs"), values.get("reward_weights")

@@ -196,7 +196,8 @@ def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, de
         planned = (est.generation_s + est.old_logprobs_s + est.sync_s, est.training_s)
 
     def show_split(generation_s: float, training_s: float) -> None:
-        verdict = split_verdict(generation_s, training_s, plan.vllm.mode, planned=planned, run_dir=plan.run_dir)
+        verdict = split_verdict(generation_s, training_s, plan.vllm.mode, planned=planned, run_dir=plan.run_dir,
+                                cpu=plan.topology.is_cpu)  # fmt: skip
         ctx.emit(f"[grpo-launch] {verdict}")
 
     watchdog = Watchdog(

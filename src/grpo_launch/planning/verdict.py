@@ -21,6 +21,7 @@ def split_verdict(
     *,
     planned: tuple[float, float] | None = None,
     run_dir: str = "RUN_DIR",
+    cpu: bool = False,
 ) -> str:
     """One line: the measured split (and the planned one), then what would help."""
     line = f"step split: generation {generation_s:.2f} s, training {training_s:.2f} s"
@@ -34,17 +35,17 @@ def split_verdict(
             VllmMode.COLOCATE: "a vLLM server on GPUs of its own may help (launch.vllm=server)",
             VllmMode.OFF: "vLLM would help (launch.vllm=auto on GPUs)",
         }[mode]
-        advice.append(f"generation is {ratio:.1f}× training: {more}")
+        advice.append(f"generation is {ratio:.1f}× training" + ("" if cpu else f": {more}"))
     elif training_s > IMBALANCE * generation_s:
         ratio = training_s / max(generation_s, 1e-9)
-        fewer = "fewer vLLM GPUs, more trainers, would help" if mode == VllmMode.SERVER else "the trainers bound it"
-        advice.append(f"training is {ratio:.1f}× generation: {fewer}")
+        fewer = ": fewer vLLM GPUs, more trainers, would help" if mode == VllmMode.SERVER else ""
+        advice.append(f"training is {ratio:.1f}× generation{fewer}")
     else:
         advice.append("balanced")
     if planned and sum(planned) > 0:
         off = (generation_s + training_s) / sum(planned)
         if off > OFF_PLAN or off < 1 / OFF_PLAN:
             advice.append(f"the measured step is {off:.1f}× the plan's")
-    if advice != ["balanced"]:
+    if advice != ["balanced"] and not cpu:
         advice.append(f"grpo-launch plan --calibrate-from {run_dir} replans with these times")
     return line + ": " + "; ".join(advice)

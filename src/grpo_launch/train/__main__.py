@@ -48,11 +48,20 @@ def model_init_kwargs(config: Any, model_args: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     import faulthandler
     import signal
+    import warnings
+
+    # TRL 1.16 reads model.is_gradient_checkpointing, which transformers 5 deprecated: a warning at every save that
+    # no setting of the recipe can avoid. This one message only; every other warning stays.
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
     # grpo-launch's watchdog asks for every rank's stack when no step finishes in time (a hang): each rank writes it
     # to CONTROL_DIR/stacks/rank-R.txt (on stderr without a control directory).
     control = os.environ.get(CONTROL_DIR_ENV)
     if control:
+        # report_to's loggers write under the run directory unless told otherwise (TensorBoard, W&B).
+        run_dir = Path(control).parent
+        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(run_dir / "tensorboard"))
+        os.environ.setdefault("WANDB_DIR", str(run_dir))
         stacks = Path(control) / STACKS_DIR
         stacks.mkdir(parents=True, exist_ok=True)
         _KEEP.append(open(stacks / f"rank-{os.environ.get('RANK', '0')}.txt", "w"))  # noqa: SIM115
