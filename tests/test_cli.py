@@ -166,3 +166,25 @@ def test_sbatch_of_a_cpu_recipe_needs_no_gpu_count(capsys):
     assert main(args, environ={"CUDA_VISIBLE_DEVICES": ""}) == 0
     out = capsys.readouterr().out
     assert out.startswith("#!") and "#SBATCH --nodes=1" in out and "# plan: " in out
+
+
+def test_on_a_terminal_the_step_lines_are_one_live_line():
+    import io
+
+    from grpo_launch.cli.console import Console
+
+    out = io.StringIO()
+    live = Console(out, live=True)
+    live("[train] step 1/3 done in 0.2 s | reward 0.1")
+    live("[train] step 2/3 done in 0.2 s | reward 0.2")
+    live("[grpo-launch] step split: balanced")
+    live("[train] step 3/3 done in 0.2 s | reward 0.3")
+    live.close()
+    text = out.getvalue()
+    assert text.count("\r\x1b[2K[train] step") == 3 and text.endswith("reward 0.3\n")
+    assert "\r\x1b[2K[grpo-launch] step split: balanced\n" in text  # other lines print above the live one
+    plain = io.StringIO()
+    pipe = Console(plain, live=False)
+    pipe("[train] step 1/3 done in 0.2 s")
+    pipe("[train] step 2/3 done in 0.2 s")
+    assert plain.getvalue() == "[train] step 1/3 done in 0.2 s\n[train] step 2/3 done in 0.2 s\n"

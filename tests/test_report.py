@@ -17,7 +17,8 @@ def metrics(tmp_path, steps: int = 6):
     lines = []
     for i in range(1, steps + 1):
         step = {"step": i, "max_steps": steps, "step_s": 1.0 + i / 10, "generation_s": 0.7, "training_s": 0.3 + i / 10}
-        lines.append(step | {"peak_memory_bytes": [2 * 2**30, 3 * 2**30], "memory_kind": "rss_max"})
+        lines.append(step | {"peak_memory_bytes": [2 * 2**30, 3 * 2**30], "memory_kind": "rss_max",
+                             "gpu_utilization": [90, 60 + i]})  # fmt: skip
         log = {"reward": 0.1 * i, "rewards/digits/mean": 0.05 * i, "rewards/format/mean": 0.0}
         log |= {"completions/mean_length": 10.0 + i, "completions/min_length": 4, "completions/max_length": 16}
         lines.append({"step": i, "log": log})
@@ -37,10 +38,11 @@ def test_the_report_embeds_and_plots_the_runs_series(tmp_path):
     assert data["length"]["mean length"]["values"] == [11.0, 12.0, 13.0, 14.0, 15.0, 16.0]
     assert data["time"]["training"]["values"] == pytest.approx([0.3 + i / 10 for i in range(1, 7)])
     assert data["memory"]["rank 1"]["values"] == [3.0] * 6
-    for plot in ("reward", "length", "time", "memory"):
+    assert data["gpu"]["rank 1"]["values"] == [61.0, 62.0, 63.0, 64.0, 65.0, 66.0]
+    for plot in ("reward", "length", "time", "memory", "gpu"):
         png = tmp_path / "report" / f"{plot}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    assert page.read_text().count("data:image/png;base64,") == 4
+    assert page.read_text().count("data:image/png;base64,") == 5
 
 
 def test_series_skip_what_was_not_logged(tmp_path):

@@ -3,9 +3,9 @@ written at the end of a run and by ``grpo-launch report RUN_DIR``.
 
 Plots, from the trainers' ``metrics.jsonl`` and the plan's ``plan.json``: the reward and each reward function over
 steps; completion lengths; the step time split into generation and training against the plan's prediction; the
-peak memory of every rank against the estimate. The series themselves are embedded in the HTML as JSON
-(``<script id="series">``), so what was plotted can be read back. matplotlib is an optional extra
-(``pip install 'grpo-launch[report]'``): the planner never imports it.
+peak memory of every rank against the estimate; each rank's GPU utilisation when NVML was there. The series
+themselves are embedded in the HTML as JSON (``<script id="series">``), so what was plotted can be read back.
+matplotlib is an optional extra (``pip install 'grpo-launch[report]'``): the planner never imports it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def read_series(run_dir: Path) -> dict[str, dict[str, Series]]:
     except OSError as exc:
         raise ConfigError(f"no measurements in {run_dir}: {exc.strerror or exc}",
                           hint="A report needs a run that trained at least one step.") from None  # fmt: skip
-    plots: dict[str, dict[str, Series]] = {"reward": {}, "length": {}, "time": {}, "memory": {}}
+    plots: dict[str, dict[str, Series]] = {"reward": {}, "length": {}, "time": {}, "memory": {}, "gpu": {}}
 
     def line(plot: str, name: str) -> Series:
         return plots[plot].setdefault(name, Series(name))
@@ -73,6 +73,8 @@ def read_series(run_dir: Path) -> dict[str, dict[str, Series]]:
             for rank, peak in enumerate(row.get("peak_memory_bytes") or []):
                 if isinstance(peak, (int, float)):
                     line("memory", f"rank {rank}").add(step, peak / GIB)
+            for rank, busy in enumerate(row.get("gpu_utilization") or []):
+                line("gpu", f"rank {rank}").add(step, busy)
     return {p: {k: s for k, s in lines.items() if s.steps} for p, lines in plots.items()}
 
 
@@ -89,6 +91,7 @@ TITLES = {
     "length": ("Completion length", "tokens"),
     "time": ("Step time: generation and training", "seconds"),
     "memory": ("Peak memory per rank", "GiB"),
+    "gpu": ("GPU utilisation per rank (NVML, sampled at each step's end)", "%"),
 }
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 
 from grpo_launch import __version__
+from grpo_launch.cli.console import Console, drop
 from grpo_launch.errors import GrpoLaunchError
 
 VERBS = ("run", "plan", "inspect", "sbatch", "status", "report")
@@ -68,30 +69,11 @@ def _normalise_argv(argv: Sequence[str]) -> list[str]:
     return args
 
 
-def _print(line: str) -> None:
-    """One console line. A console that went away (a closed pipe: ``| head``, a lost ``tee``; a hung-up terminal)
-    stops the printing, never the run: stdout then goes to /dev/null."""
-    try:
-        print(line, flush=True)
-    except (OSError, ValueError):
-        _drop(sys.stdout)
-
-
-def _drop(stream) -> None:
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, stream.fileno())
-    except (OSError, ValueError):
-        pass
-    finally:
-        os.close(null)
-
-
 def _error(text: str) -> None:
     try:
         print(text, file=sys.stderr, flush=True)
     except (OSError, ValueError):
-        _drop(sys.stderr)
+        drop(sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -118,19 +100,23 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if args.verb is None:
         parser.print_help()
         return 2
-    ctx = RunContext.current(environ, _print)
+    console = Console()
+    ctx = RunContext.current(environ, console)
     try:
         outcome = _verb(args.verb).command(args, ctx)
     except GrpoLaunchError as exc:
+        console.close()
         if args.debug:
             raise
         _error(f"grpo-launch: error: {exc.render(explain=getattr(args, 'explain', False))}")
         return exc.exit_code
     except KeyboardInterrupt:
+        console.close()
         _error("grpo-launch: interrupted")
         return 130
     except BrokenPipeError:
         return 1
+    console.close()
     if isinstance(outcome, RunResult):
         if outcome.state == RunState.FAILED:
             detail = f"\n{outcome.detail}" if outcome.detail else ""

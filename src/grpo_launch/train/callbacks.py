@@ -56,6 +56,30 @@ def metrics_text(logs: dict) -> str:
     return "".join(f" | {x}" for x in out)
 
 
+def gpu_utilization() -> int | None:
+    """This rank's GPU busy percent from NVML (its recent sampling window), or None (no CUDA, no NVML)."""
+    import os
+
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = torch.cuda.current_device()
+        visible = [t.strip() for t in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if t.strip()]
+        token = visible[index] if index < len(visible) else str(index)
+        if token.startswith(("GPU-", "MIG-")):
+            handle = pynvml.nvmlDeviceGetHandleByUUID(token)
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(token))
+        return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:  # no NVML library or driver, a MIG instance without utilisation: not measured
+        return None
+
+
 def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | None = None) -> tuple[Any, Any]:
     """(the step log, the stop-on-request callback or None). Imports transformers: call inside the trainer only.
 
@@ -79,6 +103,7 @@ def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | N
             self.tokens: int | None = None
             self.times: list[float] = []
             self.pending: tuple[str, str] | None = None
+            self.gpu_util: list[int | None] = []
 
         def timed(self, fn):
             def wrapper(*a, **kw):
@@ -104,10 +129,13 @@ def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | N
             dt = self.t_end - self.t0
             gen, self.generation_s = self.generation_s, 0.0
             peak, kind = peak_memory_bytes()
-            peaks = [peak]
+            mine = (peak, gpu_utilization())
+            samples = [mine]
             if metrics_path and torch.distributed.is_available() and torch.distributed.is_initialized():
-                peaks = [0] * torch.distributed.get_world_size()
-                torch.distributed.all_gather_object(peaks, peak)  # every rank calls it: callbacks run on all
+                samples = [mine] * torch.distributed.get_world_size()
+                torch.distributed.all_gather_object(samples, mine)  # every rank calls it: callbacks run on all
+            peaks = [p for p, _ in samples]
+            self.gpu_util = [u for _, u in samples]
             if is_main:
                 tokens = int(state.num_input_tokens_seen)
                 rate = (tokens - self.tokens) / dt if dt > 0 and self.tokens is not None else None
@@ -147,6 +175,8 @@ def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | N
                 "peak_memory_bytes": peaks,
                 "memory_kind": kind,
             }
+            if any(u is not None for u in self.gpu_util):
+                line["gpu_utilization"] = self.gpu_util  # NVML's percent busy per rank, sampled at the step's end
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(line) + "\n")
 

@@ -1,0 +1,62 @@
+"""The console grpo-launch prints to. On a terminal the trainers' step lines are one live line, rewritten in place
+(the latest step, its metrics and ETA) with every other line printed above it; anywhere else (a pipe, CI, a Slurm
+log) every line is printed as it comes. A console that went away (a closed pipe: ``| head``, a lost ``tee``; a
+hung-up terminal) stops the printing, never the run: stdout then goes to /dev/null."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from typing import TextIO
+
+STEP_LINE = re.compile(r"^\[train[^\]]*\] step \d+/\d+ done")
+
+
+def drop(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (its reader is gone)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, stream.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(null)
+
+
+class Console:
+    def __init__(self, stream: TextIO | None = None, *, live: bool | None = None) -> None:
+        self.stream = stream or sys.stdout
+        if live is None:
+            try:
+                live = self.stream.isatty() and os.environ.get("TERM") != "dumb"
+            except (OSError, ValueError):
+                live = False
+        self.live = live
+        self._open = False  # a live line is on screen, without its newline
+
+    def __call__(self, line: str) -> None:
+        try:
+            if self.live and STEP_LINE.match(line):
+                width = shutil.get_terminal_size((120, 24)).columns
+                self.stream.write("\r\x1b[2K" + line[: max(20, width - 1)])
+                self._open = True
+            else:
+                if self._open:
+                    self.stream.write("\r\x1b[2K")  # the other line goes above; the live line comes back next step
+                    self._open = False
+                self.stream.write(line + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            drop(self.stream)
+
+    def close(self) -> None:
+        """End a live line with its newline (the last step stays on screen)."""
+        if self._open:
+            try:
+                self.stream.write("\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+            self._open = False
