@@ -73,8 +73,9 @@ def run_plan(
         backend.preflight(plan, ctx)
         result = _attempts(plan, backend, ctx, resume, plan.recipe.launch.max_restarts if max_restarts is None
                            else max_restarts)  # fmt: skip
-        _report(plan, ctx)
-    return backend.after_run(plan, result, ctx)
+    result = backend.after_run(plan, result, ctx)  # first: a requeue before the time limit must not wait for plots
+    _report(plan, ctx)
+    return result
 
 
 def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: str, max_restarts: int) -> RunResult:
