@@ -148,6 +148,9 @@ def test_sigterm_to_grpo_launch_leaves_no_descendant(tmp_path):
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + rest
     assert _all_gone(descendants, within=10), [p for p in descendants if alive(p)]
+    # The console: one line per process after the signal, not every rank's traceback (those are in the logs).
+    after = rest.split("SIGTERM: stopping every process", 1)[1]
+    assert "Traceback" not in after and re.search(r"\[grpo-launch\] train: .*; log: .*train-.*\.log", after), after
 
 
 def _descendants(pid: int) -> list[int]:
