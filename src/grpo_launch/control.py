@@ -43,3 +43,19 @@ def stopped_at(run_dir: str | Path) -> int | None:
         return int((control_dir(run_dir) / STOPPED_MARKER).read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The JSON-object lines of a file grpo-launch or the trainers append to (metrics.jsonl, attempts.jsonl); a line
+    cut short by a crash is skipped. Raises OSError when the file cannot be read."""
+    import json
+
+    rows = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.control import METRICS_FILE
+from grpo_launch.control import METRICS_FILE, read_jsonl
 from grpo_launch.errors import ConfigError
 
 PLAN_FILE = "plan.json"
@@ -43,25 +43,24 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def read_run(run_dir: str | Path) -> Measured:
-    root = Path(run_dir)
-    metrics = root / METRICS_FILE
+def metric_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """RUN_DIR/metrics.jsonl as rows (a line cut short by a crash is skipped)."""
+    metrics = Path(run_dir) / METRICS_FILE
     try:
-        text = metrics.read_text(errors="replace")
+        return read_jsonl(metrics)
     except OSError as exc:
         raise ConfigError(
             f"cannot read {metrics}: {exc.strerror or exc}",
             hint="Give the run directory of a run that trained at least one step (it holds metrics.jsonl).",
         ) from None
+
+
+def read_run(run_dir: str | Path) -> Measured:
+    root = Path(run_dir)
+    metrics = root / METRICS_FILE
     steps: list[dict[str, Any]] = []
     logs: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
-        if not isinstance(row, dict):
-            continue
+    for row in metric_rows(root):
         if isinstance(row.get("log"), dict):
             logs.append(row["log"])
         elif _finite(row.get("step_s")):

@@ -192,6 +192,48 @@ HOST_REPORT_CODE = (
 )
 
 
+def collect_reports(
+    names: Sequence[str],
+    argv_of: Callable[[str], list[str]],
+    *,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+) -> tuple[dict[str, dict], list[str]]:
+    """Run ``argv_of(name)`` (a command printing HOST_REPORT_CODE's JSON last) for every name in parallel:
+    ({name: report}, [why each other name gave none]). A command past ``timeout_s`` gets SIGTERM (srun passes it to
+    its step), then SIGKILL."""
+    import concurrent.futures
+    import subprocess
+
+    def one(name: str) -> tuple[str, dict | str]:
+        try:
+            proc = subprocess.Popen(argv_of(name), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None)  # fmt: skip
+        except OSError as exc:
+            return name, f"{name}: cannot start {argv_of(name)[0]} ({exc.strerror or exc})"
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+            return name, f"{name}: no report within {timeout_s:.0f} s"
+        try:
+            report = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return name, f"{name}: {(err.strip().splitlines() or ['no answer'])[-1][:160]}"
+        return name, report if isinstance(report, dict) else f"{name}: no report"
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(names) or 1)) as pool:
+        results = dict(pool.map(one, list(names)))
+    return {n: r for n, r in results.items() if isinstance(r, dict)}, [
+        r for r in results.values() if isinstance(r, str)
+    ]
+
+
 def reported_gpus(report: Mapping[str, Any], count: int) -> tuple[Gpu, ...]:
     """The first ``count`` GPUs of a host's report (HOST_REPORT_CODE's ``gpus``: [name, memory bytes] pairs)."""
     return tuple(

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.control import METRICS_FILE
 from grpo_launch.errors import ConfigError
+from grpo_launch.measured import metric_rows
 
 REPORT_DIR = "report"
 GIB = 1024**3
@@ -41,22 +41,13 @@ class Series:
 
 def read_series(run_dir: Path) -> dict[str, dict[str, Series]]:
     """{plot: {line: Series}} from metrics.jsonl (step lines and TRL's logged metrics)."""
-    try:
-        text = (run_dir / METRICS_FILE).read_text(errors="replace")
-    except OSError as exc:
-        raise ConfigError(f"no measurements in {run_dir}: {exc.strerror or exc}",
-                          hint="A report needs a run that trained at least one step.") from None  # fmt: skip
     plots: dict[str, dict[str, Series]] = {"reward": {}, "length": {}, "time": {}, "memory": {}, "gpu": {}}
 
     def line(plot: str, name: str) -> Series:
         return plots[plot].setdefault(name, Series(name))
 
-    for raw in text.splitlines():
-        try:
-            row = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+    for row in metric_rows(run_dir):
+        if not isinstance(row.get("step"), int):
             continue
         step = row["step"]
         log = row.get("log")

@@ -116,8 +116,7 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: str, max_re
             replans += 1
             plan = frugal[0]
             ctx.emit(f"[grpo-launch] out of memory: replanned with {frugal[1]}; restarting")
-            write_run_files(plan.run_dir, render_files(plan), locked=True)
-            continue
+            continue  # the next attempt writes the new plan's files
         if result.failure not in (FailureKind.INFRA, FailureKind.HANG) or restarts >= max_restarts:
             if result.failure in (FailureKind.INFRA, FailureKind.HANG) and max_restarts:
                 ctx.emit(f"[grpo-launch] no restart left (launch.max_restarts={max_restarts})")

@@ -26,12 +26,11 @@ def _in_use(run_dir: Path, holder: str) -> LaunchError:
     )
 
 
-def _holder_text(path: Path) -> str:
-    try:
-        info = json.loads(path.read_text())
-        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
-    except (OSError, ValueError, KeyError, TypeError):
+def _holder_text(run_dir: Path) -> str:
+    info = last_holder(run_dir)
+    if not {"pid", "host", "started"} <= set(info):
         return "holder unknown"
+    return f"pid {info['pid']} on {info['host']}, started {info['started']}"
 
 
 class RunLock:
@@ -54,7 +53,7 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise _in_use(self.run_dir, _holder_text(self.path)) from None
+            raise _in_use(self.run_dir, _holder_text(self.run_dir)) from None
         info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -94,7 +93,7 @@ def lock_holder(run_dir: str | Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return _holder_text(path)
+        return _holder_text(Path(run_dir))
     finally:
         os.close(fd)
     return None

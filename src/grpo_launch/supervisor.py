@@ -383,10 +383,3 @@ def healthy(url: str) -> bool:
             return r.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0

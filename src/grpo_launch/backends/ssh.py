@@ -25,7 +25,7 @@ from grpo_launch.backends.hostfile import probe_hostfile, read_hostfile, topolog
 from grpo_launch.catalog import GIB
 from grpo_launch.commands import version_tuple, weight_sync_port
 from grpo_launch.errors import LaunchError
-from grpo_launch.probe import HOST_REPORT_CODE, VLLM_VERSION_FUNCTION, looks_local
+from grpo_launch.probe import HOST_REPORT_CODE, VLLM_VERSION_FUNCTION, collect_reports, looks_local
 from grpo_launch.reaper import RUN_ID_ENV
 from grpo_launch.spec import ProcessSpec
 from grpo_launch.topology import Topology
@@ -168,26 +168,11 @@ def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequen
 
 def probe_over_ssh(hosts: list[str], ssh: SshOptions, environ: Mapping[str, str]) -> tuple[dict[str, dict], list[str]]:
     """Each host's own report (HOST_REPORT_CODE, in parallel), and what went wrong on the hosts that did not answer."""
-    import concurrent.futures
-    import json
-    import subprocess
     import sys
 
-    def one(host: str) -> tuple[str, dict | str]:
-        argv = [*ssh.argv(host), "--", f"{shlex.quote(sys.executable)} -c {shlex.quote(HOST_REPORT_CODE)}"]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=ssh.connect_timeout_s + 30,
-                                  stdin=subprocess.DEVNULL, env=dict(environ))  # fmt: skip
-            info = json.loads(done.stdout.strip().splitlines()[-1])
-            return host, info if isinstance(info, dict) else f"{host}: no report"
-        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-            return host, f"{host}: no answer"
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        results = dict(pool.map(one, hosts))
-    return {h: r for h, r in results.items() if isinstance(r, dict)}, [
-        r for r in results.values() if isinstance(r, str)
-    ]
+    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(HOST_REPORT_CODE)}"
+    return collect_reports(hosts, lambda h: [*ssh.argv(h), "--", command], timeout_s=ssh.connect_timeout_s + 30,
+                           env=environ)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ checks

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 from typing import TextIO
 
@@ -39,7 +38,10 @@ class Console:
     def __call__(self, line: str) -> None:
         try:
             if self.live and STEP_LINE.match(line):
-                width = shutil.get_terminal_size((120, 24)).columns
+                try:  # os's, not shutil's: importing shutil costs the plan path a few ms
+                    width = os.get_terminal_size(self.stream.fileno()).columns
+                except (OSError, ValueError):
+                    width = 120
                 self.stream.write("\r\x1b[2K" + line[: max(20, width - 1)])
                 self._open = True
             else:

@@ -37,19 +37,12 @@ def newest_run(workdir: str) -> Path:
 
 def _attempts(run_dir: Path) -> list[dict]:
     """The run's attempts (RUN_DIR/control/attempts.jsonl: one line per supervised attempt, restarts included)."""
-    from grpo_launch.control import ATTEMPTS_FILE, control_dir
+    from grpo_launch.control import ATTEMPTS_FILE, control_dir, read_jsonl
 
     try:
-        lines = (control_dir(run_dir) / ATTEMPTS_FILE).read_text().splitlines()
+        return read_jsonl(control_dir(run_dir) / ATTEMPTS_FILE)
     except OSError:
         return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return [a for a in out if isinstance(a, dict)]
 
 
 def _slurm_state(job: str) -> dict[str, str] | None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from grpo_launch.backends.slurm.env import SLURM_VARIABLES, run_scontrol, slurm_values
 from grpo_launch.errors import ProbeError, is_decimal
-from grpo_launch.probe import HOST_REPORT_CODE, local_gpu_model, mixed_models_warning, reported_gpus
+from grpo_launch.probe import HOST_REPORT_CODE, collect_reports, local_gpu_model, mixed_models_warning, reported_gpus
 from grpo_launch.spec import ProcessSpec
 from grpo_launch.topology import Gpu, Host, Topology
 
@@ -95,42 +95,14 @@ def probe_nodes(
 ) -> NodeReports:
     """Each node's own report, from one ``srun`` step per node (in parallel): the step asks for the node's GPUs of
     the job, so the report lists what a trainer there will see (NVML model and memory, count), its CPUs and RAM."""
-    import concurrent.futures
-    import json
-    import subprocess
     import sys
 
-    def one(node: str) -> tuple[str, dict | str]:
-        argv = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--quiet",
-                "--job-name=grpo-launch-probe", *([f"--gres=gpu:{gpus[node]}"] if gpus[node] else []),
-                python or sys.executable, "-c", HOST_REPORT_CODE]  # fmt: skip
-        try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    stdin=subprocess.DEVNULL)  # fmt: skip
-        except OSError as exc:
-            return node, f"{node}: cannot start srun ({exc.strerror or exc})"
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.terminate()  # srun passes SIGTERM to the step and ends it
-            try:
-                proc.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-            return node, f"{node}: no report within {timeout_s:.0f} s"
-        try:
-            report = json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            last = (err.strip().splitlines() or ["no output"])[-1]
-            return node, f"{node}: {last[:160]}"
-        return node, report if isinstance(report, dict) else f"{node}: no report"
+    def argv(node: str) -> list[str]:
+        gres = [f"--gres=gpu:{gpus[node]}"] if gpus[node] else []
+        return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--quiet",
+                "--job-name=grpo-launch-probe", *gres, python or sys.executable, "-c", HOST_REPORT_CODE]  # fmt: skip
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(gpus) or 1)) as pool:
-        results = dict(pool.map(one, list(gpus)))
-    return {n: r for n, r in results.items() if isinstance(r, dict)}, [
-        r for r in results.values() if isinstance(r, str)
-    ]
+    return collect_reports(list(gpus), argv, timeout_s=timeout_s)
 
 
 def job_memory_limit(values: Mapping[str, str], cpus: int | None) -> int | None:
