@@ -53,10 +53,10 @@ def main() -> int:
     print(f"-X importtime: {len(modules)} top-level packages imported; heavy ones: {heavy or 'none'}")
 
     sys.path.insert(0, str(ROOT / "src"))
-    from grpo_launch.catalog import find_model_shape
+    from grpo_launch.machines.topology import parse_gpu_spec
+    from grpo_launch.models.builtin import find_model_shape
     from grpo_launch.planning import make_plan
     from grpo_launch.recipe import load_recipe
-    from grpo_launch.topology import parse_gpu_spec
 
     recipe = load_recipe(ROOT / "recipes" / "qwen1.5b.yaml")
     topology = parse_gpu_spec("128x8xH100-80GB")

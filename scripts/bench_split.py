@@ -1,7 +1,7 @@
 """Benchmark the planner's choice of GPU split and training settings against an exhaustive search.
 
 For each model × cluster it compares the predicted time per prompt group (step time / prompts per step, by
-grpo_launch.planning.costmodel) of:
+grpo_launch.planning.cost) of:
   chosen      what `grpo-launch plan` picks (split search + cheapest memory setting that fits)
   exhaustive  the best over every split (colocate, server TP 1, 2, 4, …) × backend × offload × checkpointing that
               fits in memory
@@ -19,12 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_launch.catalog import find_model_shape
 from grpo_launch.errors import PlanError
+from grpo_launch.machines.topology import parse_gpu_spec
+from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import make_plan, plan_split
-from grpo_launch.planning.resources import TRAINING_SETTINGS
+from grpo_launch.planning.training import TRAINING_SETTINGS
 from grpo_launch.recipe import build_recipe
-from grpo_launch.topology import parse_gpu_spec
 
 MODELS = {
     "Qwen2.5-0.5B": "Qwen/Qwen2.5-0.5B-Instruct",

@@ -1,4 +1,4 @@
-"""Snapshot the keys TRL accepts into ``src/grpo_launch/trl_schema.py``.
+"""Snapshot the keys TRL accepts into ``src/grpo_launch/recipe/trl_schema.py``.
 
 `grpo-launch plan` must check recipe keys without importing TRL (≈2 s), so the accepted keys and their value kinds
 are generated once from the installed TRL and committed. ``tests/test_trl_schema.py`` regenerates the table in
@@ -17,7 +17,7 @@ import types
 import typing
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "grpo_launch" / "trl_schema.py"
+OUT = Path(__file__).resolve().parents[1] / "src" / "grpo_launch" / "recipe" / "trl_schema.py"
 
 HEADER = '''"""Keys TRL {version} accepts, with the kind of value each takes.
 

@@ -1,11 +1,85 @@
-"""Small real programs the supervision tests start (stand-ins for the vLLM server and the trainers)."""
+"""What several tests share: planning a recipe for simulated GPUs (:func:`plan_recipe`), the tiny CPU run's recipe
+and overrides, and small real programs the supervision tests start (stand-ins for the vLLM server and the
+trainers). Tests import these from here, never from another test module."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from grpo_launch.machines.topology import parse_gpu_spec
+from grpo_launch.models.builtin import find_model_shape
+from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning import Plan, make_plan
+from grpo_launch.planning.cost.workload import Calibration
+from grpo_launch.planning.types import Runtime
+from grpo_launch.recipe import Recipe, build_recipe, load_recipe
+from grpo_launch.recipe.parse import parse_override
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / ".cache" / "tiny"
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+TINY_RECIPE = str(ROOT / "recipes" / "tiny-cpu.yaml")
+BY_NAME = object()  # the model's shape from the built-in table, by the recipe's model_name_or_path
+
+
+def plan_recipe(
+    recipe: Mapping[str, Any] | Recipe | str | Path,
+    gpus: str,
+    *overrides: str,
+    model: ModelShape | str | object | None = BY_NAME,
+    run_dir: str | Path | None = None,
+    python: str = "python3",
+    calibration: Calibration | None = None,
+) -> Plan:
+    """Plan a recipe (values, a Recipe, or a recipe file with ``key=value`` overrides) for ``--gpus GPUS``, as
+    ``grpo-launch plan --gpus`` would, without touching the machine: the model's shape from the built-in table
+    unless given (a name, a shape, or None for none)."""
+    if isinstance(recipe, Recipe):
+        loaded = recipe
+    elif isinstance(recipe, Mapping):
+        loaded = build_recipe(recipe, [parse_override(o) for o in overrides])
+    else:
+        loaded = load_recipe(recipe, list(overrides))
+    if model is BY_NAME:
+        model = str(loaded.get("model_name_or_path"))
+    shape = find_model_shape(model) if isinstance(model, str) else model
+    runtime = Runtime(run_dir=str(run_dir) if run_dir else None, python=python)
+    return make_plan(parse_gpu_spec(gpus), loaded, shape, runtime=runtime, calibration=calibration)  # type: ignore[arg-type]
+
+
+def ensure_tiny_assets() -> Path:
+    """The tiny local model + dataset (scripts/make_tiny_assets.py; skips work when already built)."""
+    if not (TINY / "model" / "config.json").is_file() or not (TINY / "data" / "train.jsonl").is_file():
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "make_tiny_assets.py"), str(TINY)], check=True, capture_output=True
+        )
+    return TINY
+
+
+def require_root_tool(present: bool, flag: str, what: str) -> None:
+    """Skip a real-system test when ``what`` is missing or we are not root, unless ``flag``=1 (CI) makes that a
+    failure: a skip there would hide a broken set-up."""
+    import pytest
+
+    if present and os.geteuid() == 0:
+        return
+    if os.environ.get(flag) == "1":
+        pytest.fail(f"{what} is required ({flag}=1) but is missing or this is not root")
+    pytest.skip(f"{what} not installed or not root: run scripts/install_system_packages.sh")
+
+
+def tiny_overrides(tmp_path: Path) -> list[str]:
+    """The tiny CPU recipe on the tiny local model and data."""
+    tiny = ensure_tiny_assets()
+    return [f"model_name_or_path={tiny / 'model'}", f"dataset_name={tiny / 'data' / 'train.jsonl'}"]
+
 
 # A health server on a port: answers GET /health; optionally spawns a grandchild (like vLLM's EngineCore) and
 # records the PIDs of both in a file.

@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from grpo_launch.catalog import find_model_shape
-from grpo_launch.planning import make_plan, plan_split
+from grpo_launch.machines.topology import parse_gpu_spec
+from grpo_launch.models.builtin import find_model_shape
+from grpo_launch.planning import plan_split
 from grpo_launch.recipe import build_recipe
-from grpo_launch.topology import parse_gpu_spec
+
+from .helpers import plan_recipe
 
 
 @dataclass(frozen=True)
@@ -26,8 +28,7 @@ class Case:
 
 
 def _plan(values: dict, spec: str, model: str | None = None):
-    shape = find_model_shape(model or values["model_name_or_path"])
-    return make_plan(parse_gpu_spec(spec), build_recipe(values), shape)
+    return plan_recipe(values, spec, model=model or values["model_name_or_path"])
 
 
 def _per_prompt(p) -> float:

@@ -1,5 +1,7 @@
-"""The structure the code keeps: modules stay small, and no stage imports a later one (probe, planning and render
-know nothing of running, backends or the CLI). Checked on the source, imports inside functions included."""
+"""The structure the code keeps, read from the tree: each stage is a folder, a folder imports only the folders
+below it (probe, planning and render know nothing of running, backends or the CLI), the import graph has no
+cycle, modules stay small, and only errors, enums, spec and the package face sit at the root. Checked on the
+source, imports inside functions included."""
 
 from __future__ import annotations
 
@@ -8,58 +10,65 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from .helpers import ROOT
 
 SRC = ROOT / "src" / "grpo_launch"
 MAX_LINES = 400
 
-# Stages in pipeline order; a module may import its own stage and earlier ones only.
-STAGES: list[tuple[str, ...]] = [
-    ("__version__", "enums", "errors", "trl_schema", "task", "control", "rundir", "reaper", "faults", "checkpoints"),
-    (
-        "spec",
-        "modelshape",
-        "modelconfig",
-        "catalog",
-        "topology",
-        "recipe_keys",
-        "recipe_values",
-        "recipe_yaml",
-        "recipe",
-    ),
-    ("probe", "measured", "report"),
-    ("planning",),
-    ("commands", "render"),
-    ("supervisor", "session", "watchdog", "backends"),
-    ("preflight", "run"),
+# Folders (and root modules) bottom to top: a module may import its own folder and lower ones only.
+LAYERS: list[tuple[str, ...]] = [
+    ("enums", "spec", "errors"),
+    ("models",),
+    ("machines", "recipe"),
+    ("probe", "rundir"),
+    ("node",),
+    ("planning", "train"),
+    ("render",),
+    ("backends",),
+    ("execute",),
     ("cli",),
 ]
-TRAIN_MAY_IMPORT = {
-    *("control", "recipe", "recipe_keys", "trl_schema", "errors", "train", "enums", "catalog", "checkpoints"),
-}
+ROOT_MODULES = {"__init__", "__main__", "errors", "enums", "spec"}
+# The training entry runs under accelerate on every rank: it reads the run directory's contract, the recipe and
+# the model table, nothing of planning or running.
+TRAIN_MAY_IMPORT = {"rundir", "recipe", "models", "machines", "errors", "enums", "spec", "train"}
 
 
-def _top(module: str) -> str:
-    return module.split(".")[1] if module.startswith("grpo_launch.") else ""
+def _stage(path: Path) -> str:
+    """The folder (or root module) a source file belongs to."""
+    rel = path.relative_to(SRC)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
-def _stage(name: str) -> int:
-    for i, names in enumerate(STAGES):
-        if name in names:
+def _layer(stage: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if stage in names:
             return i
-    raise AssertionError(f"module {name!r} has no stage: add it to STAGES")
+    raise AssertionError(f"{stage!r} has no layer: add it to LAYERS")
 
 
 def _modules() -> list[Path]:
     return sorted(p for p in SRC.rglob("*.py") if p.name != "__main__.py" or p.parent != SRC)
 
 
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(dotted: str) -> bool:
+    path = SRC.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def _imports(path: Path) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names if node.module == "grpo_launch")
+            # `from package import submodule` imports the submodule; `from module import name`, the module
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if _is_module(sub) else node.module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif (
@@ -69,7 +78,27 @@ def _imports(path: Path) -> set[str]:
             and isinstance(node.args[0], ast.Constant)
         ):
             found.add(str(node.args[0].value))
-    return {m for m in found if m.startswith("grpo_launch.")}
+    return {m for m in found if m == "grpo_launch" or m.startswith("grpo_launch.")}
+
+
+def _target_stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module → the package modules it imports (a name imported from a module counts as that module)."""
+    names = {_module_name(p): p for p in _modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        edges = set()
+        for m in _imports(path):
+            while m not in names and "." in m:
+                m = m.rsplit(".", 1)[0]
+            if m in names and m != name:
+                edges.add(m)
+        graph[name] = edges
+    return graph
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
@@ -80,21 +109,48 @@ def test_module_is_small(path):
     assert lines <= MAX_LINES, f"{path.relative_to(SRC)} has {lines} lines: split it along ARCHITECTURE"
 
 
+def test_only_errors_enums_spec_and_the_face_at_the_root():
+    loose = sorted(p.stem for p in SRC.glob("*.py") if p.stem not in ROOT_MODULES)
+    assert not loose, f"modules at the package root: {loose}; each belongs in a stage folder"
+
+
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
-def test_no_import_from_a_later_stage(path):
+def test_no_import_from_a_higher_folder(path):
     rel = path.relative_to(SRC)
-    name = rel.parts[0].removesuffix(".py")
-    if name == "__init__":
+    stage = _stage(path)
+    if rel == Path("__init__.py"):
         assert not _imports(path), "the package's __init__ must stay import-free (version only)"
         return
-    targets = {_top(m) for m in _imports(path)} - {"", name}
-    if name == "train":
+    targets = {s for m in _imports(path) if (s := _target_stage(m)) and s != "__version__"} - {stage}
+    if stage == "train":
         assert targets <= TRAIN_MAY_IMPORT, f"the training entry imports {sorted(targets - TRAIN_MAY_IMPORT)}"
         return
-    later = sorted(t for t in targets if t != "train" and _stage(t) > _stage(name))
-    assert not later, f"{rel} (stage {_stage(name)}) imports later stages: {later}"
+    higher = sorted(t for t in targets if t != "train" and _layer(t) > _layer(stage))
+    assert not higher, f"{rel} ({stage}, layer {_layer(stage)}) imports higher folders: {higher}"
     if "train" in targets:
-        assert name == "preflight", f"{rel}: only preflight.py may use the training entry's helpers (reward names)"
+        assert rel == Path("execute/preflight.py"), f"{rel}: only preflight may use the training entry's reward names"
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = [*stack[stack.index(nxt) :], nxt]
+                raise AssertionError("import cycle: " + " → ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
 
 
 def test_checker_sees_a_violation(tmp_path):

@@ -13,17 +13,14 @@ import sys
 
 import pytest
 
-from grpo_launch.catalog import GIB, find_model_shape
 from grpo_launch.errors import ConfigError
-from grpo_launch.measured import read_run
-from grpo_launch.planning import make_plan
+from grpo_launch.machines.gpus import GIB
 from grpo_launch.planning.calibration import calibration_from
-from grpo_launch.recipe import build_recipe
 from grpo_launch.render import render_files
-from grpo_launch.rundir import write_run_files
-from grpo_launch.topology import parse_gpu_spec
+from grpo_launch.rundir.files import write_run_files
+from grpo_launch.rundir.measured import read_run
 
-from .conftest import ROOT
+from .helpers import ROOT, plan_recipe
 
 VALUES = {
     "model_name_or_path": "Qwen/Qwen2.5-7B-Instruct",
@@ -37,9 +34,7 @@ VALUES = {
 
 def _plan(calibration=None, **launch):
     values = {**VALUES, "launch": {**VALUES["launch"], **launch}}
-    recipe = build_recipe(values)
-    return make_plan(parse_gpu_spec("8xH100-80GB"), recipe, find_model_shape(VALUES["model_name_or_path"]),
-                     calibration=calibration)  # fmt: skip
+    return plan_recipe(values, "8xH100-80GB", calibration=calibration)
 
 
 def _run_dir(tmp_path, *, gen=1.0, train=1.0, memory=1.0, mean_length=None, steps=4):
@@ -137,7 +132,7 @@ def test_cli_prints_predicted_against_measured(tmp_path):
 
 def test_progress_states_and_eta(tmp_path):
     """`grpo-launch status`: the ETA from the measured mean step time (warm-up step left out) and from the plan's."""
-    from grpo_launch.measured import progress
+    from grpo_launch.rundir.measured import progress
 
     plan, run = _run_dir(tmp_path, gen=2.0)
     m = read_run(run)

@@ -11,7 +11,7 @@ import pytest
 
 from grpo_launch.cli import main
 
-from .conftest import ROOT, ensure_tiny_assets
+from .helpers import ROOT, ensure_tiny_assets
 
 QWEN = str(ROOT / "recipes" / "qwen1.5b.yaml")
 

@@ -8,13 +8,19 @@ import dataclasses
 
 import pytest
 
-from grpo_launch.catalog import GIB, find_gpu_spec, find_model_shape
+from grpo_launch.enums import DistBackend, Offload
 from grpo_launch.errors import PlanError
+from grpo_launch.machines.gpus import GIB, find_gpu_spec
+from grpo_launch.machines.topology import parse_gpu_spec
+from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import make_plan
-from grpo_launch.planning.costmodel import HEADROOM, Workload, train_memory, vllm_memory
-from grpo_launch.planning.steptime import generation_time
+from grpo_launch.planning.cost.constants import HEADROOM
+from grpo_launch.planning.cost.memory import train_memory, vllm_memory
+from grpo_launch.planning.cost.steptime import generation_time
+from grpo_launch.planning.cost.workload import Workload
 from grpo_launch.recipe import build_recipe
-from grpo_launch.topology import parse_gpu_spec
+
+from .helpers import plan_recipe
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 WORK = Workload(
@@ -23,23 +29,25 @@ WORK = Workload(
 
 
 def plan(values: dict, spec: str):
-    return make_plan(parse_gpu_spec(spec), build_recipe(values), find_model_shape(values["model_name_or_path"]))
+    return plan_recipe(values, spec)
 
 
 def test_memory_orders_every_saving():
     m = find_model_shape(QWEN7)
-    ddp = train_memory(m, 8, "ddp", "none", WORK).total
-    z2 = train_memory(m, 8, "zero2", "none", WORK).total
-    z3 = train_memory(m, 8, "zero3", "none", WORK).total
-    off = train_memory(m, 8, "zero3", "optimizer", WORK).total
-    off_all = train_memory(m, 8, "zero3", "optimizer+params", WORK).total
+    ddp = train_memory(m, 8, DistBackend.DDP, Offload.NONE, WORK).total
+    z2 = train_memory(m, 8, DistBackend.ZERO2, Offload.NONE, WORK).total
+    z3 = train_memory(m, 8, DistBackend.ZERO3, Offload.NONE, WORK).total
+    off = train_memory(m, 8, DistBackend.ZERO3, Offload.OPTIMIZER, WORK).total
+    off_all = train_memory(m, 8, DistBackend.ZERO3, Offload.OPTIMIZER_PARAMS, WORK).total
     assert ddp > z2 > z3 > off > off_all
-    ck = train_memory(m, 8, "zero2", "none", dataclasses.replace(WORK, gradient_checkpointing=True)).total
+    ck = train_memory(
+        m, 8, DistBackend.ZERO2, Offload.NONE, dataclasses.replace(WORK, gradient_checkpointing=True)
+    ).total
     assert ck < z2
-    lora = train_memory(m, 1, "ddp", "none", dataclasses.replace(WORK, lora=True)).total
-    assert lora < train_memory(m, 1, "ddp", "none", WORK).total / 3
+    lora = train_memory(m, 1, DistBackend.DDP, Offload.NONE, dataclasses.replace(WORK, lora=True)).total
+    assert lora < train_memory(m, 1, DistBackend.DDP, Offload.NONE, WORK).total / 3
     # Model states of full fine-tuning under DDP: 16 bytes per parameter (7.6B → ~113 GiB).
-    states = train_memory(m, 1, "ddp", "none", WORK)
+    states = train_memory(m, 1, DistBackend.DDP, Offload.NONE, WORK)
     assert (states.weights + states.gradients + states.optimizer) / GIB == pytest.approx(16 * 7.62e9 / GIB, rel=1e-6)
 
 
@@ -153,7 +161,7 @@ def test_generation_time_grows_with_completion_length_and_shrinks_with_tp():
 def test_plan_shows_the_estimate_and_explains_it(capsys, tmp_path):
     from grpo_launch.cli import main
 
-    from .conftest import ROOT
+    from .helpers import ROOT
 
     recipe = str(ROOT / "recipes" / "qwen1.5b.yaml")
     assert main(["plan", recipe, "--gpus", "4xL20-48GB", "--no-write", "--explain"], environ={}) == 0
@@ -187,15 +195,12 @@ def test_offload_must_fit_the_hosts_ram():
 def test_plan_json_has_the_estimate_as_data(tmp_path):
     import json
 
-    from grpo_launch.render import PLAN_JSON, render_files
+    from grpo_launch.render import render_files
 
-    p = make_plan(
-        parse_gpu_spec("4xL20-48GB"),
-        build_recipe({"model_name_or_path": QWEN7, "launch": {"offload": "optimizer"}}),
-        find_model_shape(QWEN7),
-        run_dir=str(tmp_path),
+    p = plan_recipe(
+        {"model_name_or_path": QWEN7, "launch": {"offload": "optimizer"}}, "4xL20-48GB", run_dir=str(tmp_path)
     )
-    est = json.loads(render_files(p)[PLAN_JSON])["estimate"]
+    est = json.loads(render_files(p)["plan.json"])["estimate"]
     mem = est["memory_per_training_gpu_gib"]
     assert mem["total"] == pytest.approx(p.estimate.train_memory_gib)
     assert {"weights", "gradients", "optimizer", "activations", "lm_head", "overhead"} <= set(mem)
@@ -206,7 +211,7 @@ def test_plan_json_has_the_estimate_as_data(tmp_path):
 
 def test_host_memory_is_read_from_meminfo_and_slurm():
     from grpo_launch.backends.slurm.allocation import parse_node_memory
-    from grpo_launch.probe import parse_meminfo
+    from grpo_launch.probe.local import parse_meminfo
 
     assert parse_meminfo("MemTotal:       24574472 kB\nMemFree: 1 kB\n") == 24574472 * 1024
     assert parse_meminfo("garbage") is None
@@ -229,7 +234,7 @@ def test_time_and_cost_of_the_whole_run_before_launch(tmp_path):
 
 
 def test_rows_are_counted_from_a_local_file(tmp_path):
-    from grpo_launch.probe import count_rows
+    from grpo_launch.probe.dataset import count_rows
 
     (tmp_path / "d.jsonl").write_text('{"a": 1}\n{"a": 2}\n\n{"a": 3}\n')
     (tmp_path / "d.csv").write_text("prompt,answer\nx,1\ny,2\n")
@@ -245,7 +250,7 @@ def test_step_time_counts_trls_old_logprob_forward():
     on = plan(base, "8xH100-80GB")
     off = plan({**base, "vllm_importance_sampling_correction": False}, "8xH100-80GB")
     assert off.estimate.step.old_logprobs_s == 0.0
-    from grpo_launch.planning.costmodel import TRAIN_MFU
+    from grpo_launch.planning.cost.constants import TRAIN_MFU
 
     mfu = TRAIN_MFU["H100"].value
     tokens = on.layout.completions_per_optimizer_step * (512 + 512)  # default prompt bound + TRL's completion length

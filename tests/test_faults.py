@@ -9,11 +9,13 @@ import zipfile
 
 import pytest
 
-from grpo_launch.checkpoints import COMPLETE_MARKER, checkpoint_problems, decide_resume
+from grpo_launch.enums import FailureKind, Role
 from grpo_launch.errors import ConfigError, LaunchError
-from grpo_launch.faults import Event, FailureKind, diagnose, stuck_frames
-from grpo_launch.rundir import RunLock, lock_holder, write_run_files
-from grpo_launch.watchdog import Watchdog
+from grpo_launch.execute.faults import Event, diagnose, stuck_frames
+from grpo_launch.execute.watchdog import Watchdog
+from grpo_launch.rundir.checkpoints import checkpoint_problems, decide_resume
+from grpo_launch.rundir.files import RunLock, lock_holder, write_run_files
+from grpo_launch.rundir.layout import COMPLETE_MARKER
 
 # What a 2-rank torchrun run prints when rank 1's reward raises: rank 1's traceback first, then rank 0's gloo
 # error, then torchrun's summary (trimmed from a real run of the tiny recipe).
@@ -58,7 +60,7 @@ def test_a_killed_rank_is_infrastructure_and_named_from_torchruns_summary():
     ]
     f = diagnose(events(lines))
     assert f.kind == FailureKind.INFRA and f.retryable and f.headline() == "[train rank 1] killed by SIGKILL"
-    lost = diagnose([], exits=[("train@h2", 255)])
+    lost = diagnose([], exits=[("train@h2", 255, Role.TRAIN)])
     assert lost.kind == FailureKind.INFRA and "host was lost" in lost.cause
 
 

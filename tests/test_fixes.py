@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_launch.catalog import find_model_shape
 from grpo_launch.errors import PlanError
-from grpo_launch.planning import make_plan
-from grpo_launch.recipe import load_recipe
-from grpo_launch.topology import parse_gpu_spec
 
-from .conftest import ROOT
+from .helpers import ROOT, plan_recipe
 
 CASES = [
     ("recipes/qwen7b-math.yaml", "2xRTX4090", ()),
@@ -26,8 +22,7 @@ CASES = [
 
 
 def _plan(recipe_path: str, gpus: str, overrides):
-    recipe = load_recipe(ROOT / recipe_path, list(overrides))
-    return make_plan(parse_gpu_spec(gpus), recipe, find_model_shape(str(recipe.get("model_name_or_path"))))
+    return plan_recipe(ROOT / recipe_path, gpus, *overrides)
 
 
 @pytest.mark.parametrize(("recipe", "gpus", "overrides"), CASES, ids=lambda v: str(v))

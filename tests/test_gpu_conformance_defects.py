@@ -9,23 +9,24 @@ import sys
 import pytest
 import yaml
 
-from grpo_launch.catalog import find_model_shape, padded_vocab
-from grpo_launch.commands import trainers, vllm_server
 from grpo_launch.errors import PlanError
+from grpo_launch.machines.topology import parse_gpu_spec
+from grpo_launch.models.builtin import find_model_shape
+from grpo_launch.models.shape import padded_vocab
 from grpo_launch.planning import make_plan
-from grpo_launch.recipe import build_recipe, load_recipe
-from grpo_launch.render import TRAINER_RECIPE, render_accelerate_config, render_files
-from grpo_launch.topology import parse_gpu_spec
+from grpo_launch.recipe import load_recipe
+from grpo_launch.render import render_files
+from grpo_launch.render.configs import render_accelerate_config
+from grpo_launch.render.processes import trainers, vllm_server
 
-from .conftest import ROOT
+from .helpers import ROOT, plan_recipe
 
 QWEN15 = "Qwen/Qwen2.5-1.5B-Instruct"
 LLAMA8 = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def plan(values: dict, spec: str, **kw):
-    model = find_model_shape(values.get("model_name_or_path", QWEN15))
-    return make_plan(parse_gpu_spec(spec), build_recipe({"model_name_or_path": QWEN15, **values}), model, **kw)
+    return plan_recipe({"model_name_or_path": QWEN15, **values}, spec, **kw)
 
 
 def argv_value(argv, flag):
@@ -85,7 +86,7 @@ def test_trust_remote_code_reaches_the_server_and_the_trainers(tmp_path):
     """4. Neither side honoured trust_remote_code (a GRPOConfig key in TRL 1.16, read by its model loading)."""
     p = plan({"trust_remote_code": True, "launch": {"vllm": "server"}}, "4xL20-48GB", run_dir=str(tmp_path))
     assert "--trust-remote-code" in vllm_server(p).argv
-    assert yaml.safe_load(render_files(p)[TRAINER_RECIPE])["trust_remote_code"] is True
+    assert yaml.safe_load(render_files(p)["trainer_recipe.yaml"])["trust_remote_code"] is True
 
 
 def test_main_recipe_trains_fp32_master_weights_under_ddp():
@@ -168,7 +169,7 @@ def test_vllm_must_be_importable_in_the_trainers_at_the_servers_version(tmp_path
     range, and the server's version. The check reads each environment's vllm/_version.py (see probe.py); here the
     interpreters are stand-ins that answer as that code would."""
     from grpo_launch.errors import LaunchError
-    from grpo_launch.run import check_vllm
+    from grpo_launch.execute.preflight import check_vllm
 
     def server_plan(trainer: str, server: str, mode: str = "server"):
         launch = {"vllm": mode, "vllm_command": [_fake_python(tmp_path / "python3-server", server), "-m", "vllm"]}
@@ -188,7 +189,7 @@ def test_vllm_must_be_importable_in_the_trainers_at_the_servers_version(tmp_path
 
 def test_vllm_version_is_read_from_a_real_environment():
     """The same check against the real environments: .venv has no vLLM, .venv-vllm has 0.31."""
-    from grpo_launch.probe import vllm_version_of
+    from grpo_launch.probe.pythons import vllm_version_of
 
     here = vllm_version_of(sys.executable)
     assert here == "missing" or here.startswith("0.")  # .venv has none here; a [train,vllm] install has one
@@ -231,7 +232,7 @@ def test_review_auto_stays_for_keys_the_planner_does_not_choose():
 
 def test_review_interpreter_behind_a_long_path_launcher(tmp_path):
     """pip writes `#!/bin/sh` + `'''exec' /path/python "$0" "$@"` when the interpreter's path is too long."""
-    from grpo_launch.probe import interpreter_of
+    from grpo_launch.probe.pythons import interpreter_of
 
     script = tmp_path / "vllm"
     deep = "/very" + "/deep" * 30 + "/venv/bin/python"

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
-from .helpers import free_port
-from .test_run import RECIPE, tiny_overrides
+from .helpers import ROOT, free_port, tiny_overrides
+from .helpers import TINY_RECIPE as RECIPE
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ROOT, ensure_tiny_assets
+from .helpers import ROOT, ensure_tiny_assets
 
 pytestmark = pytest.mark.slow
 RECIPE = str(ROOT / "recipes" / "tiny-cpu.yaml")

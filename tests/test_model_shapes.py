@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from grpo_launch.catalog import MOE_CONFIGS, find_model_shape
-from grpo_launch.modelconfig import shape_from_config
+from grpo_launch.models.builtin import MOE_CONFIGS, find_model_shape
+from grpo_launch.models.config import shape_from_config
 
 # name → (total, active) in billions as the model cards publish them, and where. gpt-oss's card counts active
 # parameters without the input embedding (a lookup, not compute), so that is compared without it.
@@ -122,7 +122,7 @@ def test_built_in_moe_shapes_equal_the_full_size_architecture(name):
 def test_a_hub_model_is_read_from_the_local_hub_cache(tmp_path):
     """A hub id that is not in the table but is in the Hugging Face cache (pre-downloaded, as on most clusters) gets
     its exact shape from the cached config.json, the snapshot refs/main names; nothing is downloaded."""
-    from grpo_launch.probe import resolve_model_shape
+    from grpo_launch.probe.model import resolve_model_shape
 
     repo = tmp_path / "models--org--tiny-moe"
     (repo / "refs").mkdir(parents=True)

@@ -7,23 +7,21 @@ import dataclasses
 
 import pytest
 
-from grpo_launch.catalog import GIB, find_model_shape
-from grpo_launch.commands import vllm_server
+from grpo_launch.enums import DistBackend, Offload
 from grpo_launch.errors import PlanError
-from grpo_launch.planning import make_plan
-from grpo_launch.planning.costmodel import Workload
-from grpo_launch.planning.steptime import training_time
-from grpo_launch.recipe import load_recipe
-from grpo_launch.topology import parse_gpu_spec
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.models.builtin import find_model_shape
+from grpo_launch.planning.cost.steptime import training_time
+from grpo_launch.planning.cost.workload import Workload
+from grpo_launch.render.processes import vllm_server
 
-from .conftest import ROOT
+from .helpers import ROOT, plan_recipe
 
 RECIPE = ROOT / "recipes" / "qwen3-30b-a3b.yaml"
 
 
 def _plan(gpus: str, *overrides: str):
-    recipe = load_recipe(RECIPE, list(overrides))
-    return make_plan(parse_gpu_spec(gpus), recipe, find_model_shape(str(recipe.get("model_name_or_path"))))
+    return plan_recipe(RECIPE, gpus, *overrides)
 
 
 def test_the_moe_recipe_plans_on_one_and_two_nodes_with_reasons():
@@ -55,11 +53,11 @@ def test_compute_follows_the_active_parameters_and_decode_the_touched_experts():
     dense_same_size = dataclasses.replace(moe, experts=0, experts_per_token=0, moe_layers=0)
     work = Workload(prompt_len=512, completion_len=1024, completions=64, num_generations=8, per_device=4,
                     gradient_checkpointing=False)  # fmt: skip
-    from grpo_launch.catalog import find_gpu_spec
+    from grpo_launch.machines.gpus import find_gpu_spec
 
     h100 = find_gpu_spec("H100")
-    t_moe, _ = training_time(moe, h100, 8, "zero3", "none", work)
-    t_dense, _ = training_time(dense_same_size, h100, 8, "zero3", "none", work)
+    t_moe, _ = training_time(moe, h100, 8, DistBackend.ZERO3, Offload.NONE, work)
+    t_dense, _ = training_time(dense_same_size, h100, 8, DistBackend.ZERO3, Offload.NONE, work)
     assert t_moe / t_dense == pytest.approx(moe.active_params / moe.params, rel=1e-6)
     # One sequence reads about the active weights; a large batch touches every expert.
     assert moe.decode_read_bytes(1) == pytest.approx(2 * moe.active_params, rel=1e-6)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT, ensure_tiny_assets
+from .helpers import ROOT, ensure_tiny_assets
 
 pytestmark = pytest.mark.slow
 VARIED = "def distinct_chars(prompts, completions, **kw):\n    return [float(len(set(str(c)))) for c in completions]\n"

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_launch.catalog import find_model_shape
 from grpo_launch.errors import PlanError
+from grpo_launch.machines.topology import parse_gpu_spec
+from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import make_plan
-from grpo_launch.recipe import build_recipe, load_recipe
-from grpo_launch.topology import parse_gpu_spec
+from grpo_launch.recipe import load_recipe
 
-from .conftest import RECIPES
+from .helpers import RECIPES, plan_recipe
 from .trl_oracle import grpo_config
 
 QWEN15 = find_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
 
 
 def plan_for(values: dict, spec: str, model=QWEN15):
-    return make_plan(parse_gpu_spec(spec), build_recipe(values), model)
+    return plan_recipe(values, spec, model=model)
 
 
 def test_seed_case_4xL20_keeps_num_generations():

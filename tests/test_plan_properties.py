@@ -10,11 +10,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_launch.catalog import MODEL_SHAPES
 from grpo_launch.errors import PlanError
+from grpo_launch.machines.topology import parse_gpu_spec
+from grpo_launch.models.builtin import MODEL_SHAPES
 from grpo_launch.planning import make_plan
 from grpo_launch.recipe import build_recipe
-from grpo_launch.topology import parse_gpu_spec
 
 from .trl_oracle import grpo_config
 

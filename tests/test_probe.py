@@ -8,10 +8,10 @@ import pytest
 from grpo_launch.backends.hostfile import parse_hostfile, probe_hostfile
 from grpo_launch.backends.slurm.allocation import expand_nodelist, probe_slurm
 from grpo_launch.errors import ProbeError
-from grpo_launch.probe import NvmlDevice, parse_cuda_visible_devices, probe_local
-from grpo_launch.topology import parse_gpu_spec
+from grpo_launch.machines.topology import parse_gpu_spec
+from grpo_launch.probe.local import NvmlDevice, parse_cuda_visible_devices, probe_local
 
-from .conftest import ROOT
+from .helpers import ROOT
 
 GIB = 1024**3
 FOUR_L20 = [NvmlDevice(i, "NVIDIA L20", 48 * GIB, f"GPU-aaaa000{i}-1111-2222-3333-444455556666") for i in range(4)]

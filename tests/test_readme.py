@@ -10,7 +10,7 @@ import pytest
 
 from grpo_launch.cli import main
 
-from .conftest import ROOT
+from .helpers import ROOT
 
 
 def _blocks() -> list[list[str]]:

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from grpo_launch.errors import ConfigError
-from grpo_launch.recipe import build_recipe, load_recipe, parse_override
+from grpo_launch.recipe import build_recipe, load_recipe
+from grpo_launch.recipe.parse import parse_override
 
 OPEN_R1_DEMO = """
 model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct
@@ -205,7 +206,7 @@ def test_choices_come_from_the_libraries():
     """The accepted values are generated from TRL's and transformers' own enums and code (trl_schema.CHOICES)."""
     from transformers.trainer_utils import SchedulerType
 
-    from grpo_launch.trl_schema import CHOICES
+    from grpo_launch.recipe.trl_schema import CHOICES
 
     assert set(CHOICES["lr_scheduler_type"]) == {s.value for s in SchedulerType}
     assert {"grpo", "dapo", "dr_grpo"} <= set(CHOICES["loss_type"]) and "wandb" in CHOICES["report_to"]

@@ -7,28 +7,21 @@ import json
 import pytest
 import yaml
 
-from grpo_launch.catalog import find_model_shape
-from grpo_launch.commands import vllm_server as render_vllm_command
+from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.planning import make_plan
-from grpo_launch.recipe import build_recipe, load_recipe
-from grpo_launch.render import (
-    ACCELERATE_CONFIG,
-    DEEPSPEED_CONFIG,
-    PLAN_JSON,
-    TRAINER_RECIPE,
-    render_files,
-)
-from grpo_launch.rundir import write_run_files
-from grpo_launch.topology import parse_gpu_spec
+from grpo_launch.recipe import build_recipe
+from grpo_launch.render import render_files
+from grpo_launch.render.processes import vllm_server as render_vllm_command
+from grpo_launch.rundir.files import write_run_files
+from grpo_launch.rundir.layout import RunPaths
 
-from .conftest import ROOT
+from .helpers import ROOT, plan_recipe
 
 QWEN = "Qwen/Qwen2.5-1.5B-Instruct"
 
 
 def _plan(spec: str, run_dir: str = "/RUN", **launch):
-    recipe = build_recipe({"model_name_or_path": QWEN, "num_generations": 8, "launch": launch})
-    return make_plan(parse_gpu_spec(spec), recipe, find_model_shape(QWEN), run_dir=str(run_dir))
+    return plan_recipe({"model_name_or_path": QWEN, "num_generations": 8, "launch": launch}, spec, run_dir=run_dir)
 
 
 def _fill_hf_auto(ds: dict, *, micro: int, accum: int, world: int) -> dict:
@@ -65,13 +58,13 @@ def test_accelerate_config_loads_with_accelerate(tmp_path, spec, launch, distrib
     plan = _plan(spec, tmp_path, **launch)
     files = render_files(plan)
     write_run_files(tmp_path, files)
-    cfg = load_config_from_file(str(tmp_path / ACCELERATE_CONFIG))
+    cfg = load_config_from_file(str(RunPaths(tmp_path).accelerate_config))
     assert cfg.distributed_type.value == distributed_type
     assert cfg.num_processes == plan.train.num_processes
     assert cfg.num_machines == plan.train.num_machines
     assert cfg.use_cpu is False  # CPU plans switch with ACCELERATE_USE_CPU, which keeps N processes
     if distributed_type == "DEEPSPEED":
-        assert cfg.deepspeed_config["deepspeed_config_file"] == f"{tmp_path}/{DEEPSPEED_CONFIG}"
+        assert cfg.deepspeed_config["deepspeed_config_file"] == str(RunPaths(tmp_path).deepspeed_config)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +75,7 @@ def test_deepspeed_config_parses_with_deepspeed(tmp_path, backend, offload, stag
     from deepspeed.runtime.config import DeepSpeedConfig
 
     plan = _plan("8xH100-80GB", backend=backend, offload=offload)
-    ds = json.loads(render_files(plan)[DEEPSPEED_CONFIG])
+    ds = json.loads(render_files(plan)["deepspeed.json"])
     lay = plan.layout
     # Parsed in this one process, so DeepSpeed checks the batch arithmetic against a world size of 1.
     parsed = DeepSpeedConfig(
@@ -115,17 +108,12 @@ def test_api_server_command_gets_model_flag():
 
 
 def test_trainer_recipe_and_plan_json(tmp_path):
-    plan = make_plan(
-        parse_gpu_spec("4xL20-48GB"),
-        load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"),
-        find_model_shape(QWEN),
-        run_dir=str(tmp_path),
-    )
+    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "4xL20-48GB", run_dir=str(tmp_path))
     files = render_files(plan)
-    trainer = yaml.safe_load(files[TRAINER_RECIPE])
+    trainer = yaml.safe_load(files["trainer_recipe.yaml"])
     assert trainer["gradient_accumulation_steps"] == 8 and trainer["steps_per_generation"] == 8
     assert trainer["vllm_server_base_url"] == "http://127.0.0.1:8000"
-    data = json.loads(files[PLAN_JSON])
+    data = json.loads(files["plan.json"])
     assert data["vllm"]["command"][0:2] == ["vllm", "serve"]
     assert data["layout"]["generation_batch_size"] == 24
     assert any(d["what"] == "layout" for d in data["decisions"])
@@ -134,13 +122,8 @@ def test_trainer_recipe_and_plan_json(tmp_path):
 
 def test_golden_accelerate_config_4xL20(tmp_path):
     """Golden file: the accelerate config for the seed case (update tests/golden/ deliberately)."""
-    plan = make_plan(
-        parse_gpu_spec("4xL20-48GB"),
-        load_recipe(ROOT / "recipes" / "qwen1.5b.yaml"),
-        find_model_shape(QWEN),
-        run_dir="/RUN",
-    )
-    text = render_files(plan)[ACCELERATE_CONFIG]
+    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "4xL20-48GB", run_dir="/RUN")
+    text = render_files(plan)["accelerate_config.yaml"]
     golden = ROOT / "tests" / "golden" / "qwen1.5b-4xL20.accelerate_config.yaml"
     assert text == golden.read_text()
 
@@ -150,13 +133,13 @@ def test_every_path_follows_the_plans_run_dir(tmp_path):
     default output_dir there (the SIGUSR2 checkpoint-and-stop reads the control dir)."""
     import dataclasses
 
-    from grpo_launch.commands import trainers
-    from grpo_launch.control import CONTROL_DIR_ENV
+    from grpo_launch.render.processes import trainers
+    from grpo_launch.rundir.layout import RUN_DIR_ENV
 
     plan = make_plan(parse_gpu_spec("cpu"), build_recipe({"model_name_or_path": QWEN, "launch": {"vllm": "off"}}))
     moved = dataclasses.replace(plan, run_dir=str(tmp_path / "elsewhere"))
     spec = trainers(moved)[0]
-    assert spec.env[CONTROL_DIR_ENV] == f"{tmp_path}/elsewhere/control"
+    assert RunPaths(spec.env[RUN_DIR_ENV]).control == tmp_path / "elsewhere" / "control"
     assert f"{tmp_path}/elsewhere/trainer_recipe.yaml" in spec.argv
-    assert yaml.safe_load(render_files(moved)[TRAINER_RECIPE])["output_dir"] == f"{tmp_path}/elsewhere/output"
-    assert json.loads(render_files(moved)[PLAN_JSON])["run_dir"] == f"{tmp_path}/elsewhere"
+    assert yaml.safe_load(render_files(moved)["trainer_recipe.yaml"])["output_dir"] == f"{tmp_path}/elsewhere/output"
+    assert json.loads(render_files(moved)["plan.json"])["run_dir"] == f"{tmp_path}/elsewhere"

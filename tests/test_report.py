@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from grpo_launch.report import embedded_series, read_series, write_report
+from grpo_launch.rundir.report import embedded_series, read_series, write_report
 
 pytest.importorskip("matplotlib")
 

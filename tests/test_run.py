@@ -13,18 +13,13 @@ from pathlib import Path
 import pytest
 
 from grpo_launch.errors import ConfigError
-from grpo_launch.measured import read_run
 from grpo_launch.planning.calibration import calibration_from
+from grpo_launch.rundir.measured import read_run
 
-from .conftest import ROOT, ensure_tiny_assets
+from .helpers import ROOT, TINY_RECIPE, ensure_tiny_assets, tiny_overrides
 
 pytestmark = pytest.mark.slow
-RECIPE = str(ROOT / "recipes" / "tiny-cpu.yaml")
-
-
-def tiny_overrides(tmp_path: Path) -> list[str]:
-    tiny = ensure_tiny_assets()
-    return [f"model_name_or_path={tiny / 'model'}", f"dataset_name={tiny / 'data' / 'train.jsonl'}"]
+RECIPE = TINY_RECIPE
 
 
 def launch(tmp_path: Path, *overrides: str, run_dir: Path | None = None, env: dict | None = None, timeout: int = 300):
@@ -209,16 +204,18 @@ def test_dry_run_prints_commands_and_starts_nothing(tmp_path):
 
 RELOCATED_DRIVER = """
 import dataclasses, json, os, signal, sys
-from grpo_launch.backends.base import RunContext
+from grpo_launch.spec import RunContext
 from grpo_launch.backends.local import LocalBackend
 from grpo_launch.planning import make_plan
+from grpo_launch.planning.types import Runtime
 from grpo_launch.recipe import load_recipe
-from grpo_launch.run import run_plan
-from grpo_launch.topology import parse_gpu_spec
+from grpo_launch.execute.run import run_plan
+from grpo_launch.machines.topology import parse_gpu_spec
 
 recipe_path, default_dir, other_dir, *overrides = sys.argv[1:]
 recipe = load_recipe(recipe_path, [*overrides, f"launch.run_dir={default_dir}"])
-plan = make_plan(parse_gpu_spec("cpu", cpu_processes=recipe.launch.num_processes), recipe, python=sys.executable)
+plan = make_plan(parse_gpu_spec("cpu", cpu_processes=recipe.launch.num_processes), recipe,
+                 runtime=Runtime(python=sys.executable))
 assert plan.run_dir == default_dir
 moved = dataclasses.replace(plan, run_dir=other_dir)
 asked = []
@@ -285,8 +282,8 @@ def test_checkpoint_size_matches_the_plans_estimate(tmp_path, backend):
     """The disk preflight's estimate (planning/storage.py) against the checkpoint and final model a real run
     writes: the weight and optimizer files of checkpoint-1, and the final model.safetensors."""
     from grpo_launch.enums import DistBackend
-    from grpo_launch.planning.storage import save_bytes
-    from grpo_launch.probe import resolve_model_shape
+    from grpo_launch.planning.cost.storage import save_bytes
+    from grpo_launch.probe.model import resolve_model_shape
 
     proc = launch(tmp_path, f"launch.backend={backend}", "max_steps=1", "save_steps=1")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

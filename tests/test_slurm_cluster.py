@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, ensure_tiny_assets, require_root_tool
+from .helpers import ROOT, ensure_tiny_assets, require_root_tool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -213,7 +213,7 @@ def test_gpu_job_places_server_and_trainers_per_node(cluster, tmp_path):
     run = tmp_path / "run"
     cmd = (
         f"{sys.executable} -m grpo_launch run --slurm {ROOT}/recipes/qwen1.5b.yaml --dry-run --run-dir {run} && "
-        f"srun --nodes=1 --ntasks=1 --nodelist=n2 --overlap --gres=gpu:4 {sys.executable} -m grpo_launch.task "
+        f"srun --nodes=1 --ntasks=1 --nodelist=n2 --overlap --gres=gpu:4 {sys.executable} -m grpo_launch.node.shim "
         "--gpus 2,3 -- printenv CUDA_VISIBLE_DEVICES"
     )
     out = tmp_path / "job.out"

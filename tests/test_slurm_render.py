@@ -14,8 +14,8 @@ import pytest
 from grpo_launch.backends.slurm.allocation import expand_counts, parse_job_gres, parse_node_addresses, srun_spec
 from grpo_launch.backends.slurm.sbatch import SbatchRequest, parse_job_id, render_sbatch_script
 from grpo_launch.errors import ConfigError
+from grpo_launch.node.shim import select_gpus
 from grpo_launch.spec import ProcessSpec
-from grpo_launch.task import select_gpus
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -135,7 +135,7 @@ def test_srun_step_narrows_gpus_by_position():
         "--gres=gpu:8",
         "/venv/bin/python",
         "-m",
-        "grpo_launch.task",
+        "grpo_launch.node.shim",
         "--gpus",
         "6,7",
     )

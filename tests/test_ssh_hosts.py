@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, ensure_tiny_assets, require_root_tool
+from .helpers import ROOT, ensure_tiny_assets, require_root_tool
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 SECRET = "hf_secret_value_that_must_not_leak_123"

@@ -12,15 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_launch.backends.ssh import (
-    SshOptions,
-    check_command,
-    kill_command,
-    passed_env_names,
-    remote_command,
-    ssh_spec,
-)
-from grpo_launch.probe import parse_meminfo
+from grpo_launch.backends.ssh import SshOptions, check_command, kill_command, passed_env_names, remote_command, ssh_spec
+from grpo_launch.probe.local import parse_meminfo
 from grpo_launch.spec import ProcessSpec
 
 
@@ -101,11 +94,11 @@ def test_ports_checked_per_host_and_the_weight_sync_address():
     """On several hosts the trainer head hosts TRL's weight-sync group: its port is checked there, and
     VLLM_HOST_IP (what TRL advertises to the server) is the head's address, not its default route."""
     from grpo_launch.backends.ssh import host_ports
-    from grpo_launch.catalog import find_model_shape
-    from grpo_launch.commands import trainers
+    from grpo_launch.machines.topology import Gpu, Host, Topology
+    from grpo_launch.models.builtin import find_model_shape
     from grpo_launch.planning import make_plan
     from grpo_launch.recipe import build_recipe
-    from grpo_launch.topology import Gpu, Host, Topology
+    from grpo_launch.render.processes import trainers
 
     gpus = tuple(Gpu(str(i), "H100-80GB", 80 * 2**30) for i in range(8))
     topo = Topology((Host("a", gpus, "10.0.0.1"), Host("b", gpus, "10.0.0.2")), "hostfile")
@@ -123,10 +116,11 @@ def test_ports_checked_per_host_and_the_weight_sync_address():
 def test_a_host_without_the_ram_for_offload_is_named():
     """The plan's offload (ZeRO-3 + optimizer offload of a 70B model on one node) against a host's reported RAM."""
     from grpo_launch.backends.ssh import host_ram_problem
-    from grpo_launch.catalog import GIB, find_model_shape
+    from grpo_launch.machines.gpus import GIB
+    from grpo_launch.machines.topology import parse_gpu_spec
+    from grpo_launch.models.builtin import find_model_shape
     from grpo_launch.planning import make_plan
     from grpo_launch.recipe import build_recipe
-    from grpo_launch.topology import parse_gpu_spec
 
     values = {"model_name_or_path": "meta-llama/Llama-3.1-70B-Instruct", "launch": {"vllm": "off"}}
     plan = make_plan(parse_gpu_spec("8xH100-80GB"), build_recipe(values), find_model_shape("Llama-3.1-70B"))

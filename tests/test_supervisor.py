@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from grpo_launch.faults import root_cause
-from grpo_launch.session import supervise
-from grpo_launch.spec import ProcessSpec, RunState
+from grpo_launch.enums import RunState
+from grpo_launch.execute.faults import root_cause
+from grpo_launch.execute.session import SessionSpec, supervise
+from grpo_launch.spec import ProcessSpec
 
-from .conftest import ROOT
-from .helpers import alive, free_port, pids_in, write_scripts
+from .helpers import ROOT, alive, free_port, pids_in, write_scripts
 
 
 def _specs(tmp_path, server_mode: str, trainer_mode: str):
@@ -31,16 +31,8 @@ def _specs(tmp_path, server_mode: str, trainer_mode: str):
 
 def _run(tmp_path, srv, trn, url, *, timeout=20.0, grace=5.0, lines=None):
     out = lines if lines is not None else []
-    return supervise(
-        srv,
-        [trn],
-        health_url=url,
-        health_timeout_s=timeout,
-        log_dir=tmp_path / "logs",
-        grace_s=grace,
-        environ={"PATH": "/usr/bin:/bin"},
-        emit=out.append,
-    )
+    session = SessionSpec(srv, [trn], tmp_path / "logs", health_url=url, health_timeout_s=timeout, grace_s=grace)
+    return supervise(session, environ={"PATH": "/usr/bin:/bin"}, emit=out.append)
 
 
 def _all_gone(pids, within=5.0) -> bool:
@@ -70,7 +62,7 @@ def test_trainer_failure_stops_server_and_names_root_cause(tmp_path):
     assert result.state == RunState.FAILED and result.exit_code == 1 and result.failed_process == "train"
     assert "train failed (exit code 3)" in result.message
     assert "root cause: [train] ValueError: boom in the trainer" in result.detail
-    assert result.failure == "user" and result.cause == "[train] ValueError: boom in the trainer"
+    assert result.failure.kind == "user" and result.cause == "[train] ValueError: boom in the trainer"
     assert _all_gone(pids_in(pids))
 
 
@@ -98,15 +90,15 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
         import sys, threading, os, signal, time
         sys.path.insert(0, {str(ROOT / "src")!r})
         from pathlib import Path
-        from grpo_launch.session import supervise
+        from grpo_launch.execute.session import SessionSpec, supervise
         from grpo_launch.spec import ProcessSpec
         srv = ProcessSpec("vllm", {tuple(srv.argv)!r})
         trn = ProcessSpec("train", {tuple(trn.argv)!r})
         threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
         t0 = time.monotonic()
-        code = supervise(srv, [trn], health_url={url!r}, health_timeout_s=20,
-                         log_dir=Path({str(tmp_path / "logs")!r}), grace_s=1.5, environ=dict(os.environ),
-                         emit=print).exit_code
+        session = SessionSpec(srv, [trn], Path({str(tmp_path / "logs")!r}), health_url={url!r}, health_timeout_s=20,
+                              grace_s=1.5)
+        code = supervise(session, environ=dict(os.environ), emit=print).exit_code
         print("EXIT", code, "TOOK", round(time.monotonic() - t0, 1), flush=True)
         sys.exit(code)
         """
@@ -121,7 +113,7 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
 def test_sigterm_to_grpo_launch_leaves_no_descendant(tmp_path):
     """The real CLI, a real 2-process GRPO run (torchrun + ranks), SIGTERM mid-run: every descendant is gone."""
     pytest.importorskip("trl")
-    from .test_run import tiny_overrides
+    from .helpers import tiny_overrides
 
     args = [
         sys.executable,
@@ -181,16 +173,15 @@ def test_root_cause_skips_torchrun_wrapper():
 def test_a_server_that_stops_answering_stops_the_run(tmp_path):
     """The vLLM server's /health is polled while training runs: a server still up but no longer answering fails
     the run after the grace period (instead of trainers waiting on it for TRL's timeouts)."""
-    from grpo_launch.faults import FailureKind
+    from grpo_launch.enums import FailureKind
 
     srv, trn, url, pids = _specs(tmp_path, "stop-answering", "sleep")
     t0 = time.monotonic()
-    result = supervise(
-        srv, [trn], health_url=url, health_timeout_s=20, log_dir=tmp_path / "logs", grace_s=2,
-        environ={"PATH": "/usr/bin:/bin"}, emit=lambda line: None, health_poll_s=0.5, health_grace_s=3,
-    )  # fmt: skip
+    session = SessionSpec(srv, [trn], tmp_path / "logs", health_url=url, health_timeout_s=20, grace_s=2,
+                          health_poll_s=0.5, health_grace_s=3)  # fmt: skip
+    result = supervise(session, environ={"PATH": "/usr/bin:/bin"}, emit=lambda line: None)
     assert result.state == RunState.FAILED and "the vLLM server stopped answering" in result.message
-    assert result.failure == FailureKind.HANG and time.monotonic() - t0 < 20
+    assert result.failure.kind == FailureKind.HANG and time.monotonic() - t0 < 20
     assert _all_gone(pids_in(pids))
 
 
@@ -203,11 +194,11 @@ def test_sigkill_of_the_supervisor_leaves_no_process(tmp_path):
         import os, sys
         sys.path.insert(0, {str(ROOT / "src")!r})
         from pathlib import Path
-        from grpo_launch.session import supervise
+        from grpo_launch.execute.session import SessionSpec, supervise
         from grpo_launch.spec import ProcessSpec
-        supervise(ProcessSpec("vllm", {tuple(srv.argv)!r}), [ProcessSpec("train", {tuple(trn.argv)!r})],
-                  health_url={url!r}, health_timeout_s=20, log_dir=Path({str(tmp_path / "logs")!r}), grace_s=2,
-                  environ=dict(os.environ), emit=print)
+        session = SessionSpec(ProcessSpec("vllm", {tuple(srv.argv)!r}), [ProcessSpec("train", {tuple(trn.argv)!r})],
+                              Path({str(tmp_path / "logs")!r}), health_url={url!r}, health_timeout_s=20, grace_s=2)
+        supervise(session, environ=dict(os.environ), emit=print)
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)

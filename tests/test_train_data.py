@@ -8,14 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_launch import trl_schema
-from grpo_launch.train.data import (
-    load_dataset_split,
-    load_tokenizer,
-    local_split_file,
-    prepare_dataset,
-    split_values,
-)
+from grpo_launch.recipe import trl_schema
+from grpo_launch.train.data import load_dataset_split, load_tokenizer, local_split_file, prepare_dataset, split_values
 
 TRAIN_ROWS = [{"prompt": "What is 1 + 1?", "answer": "2"}, {"prompt": "What is 2 + 3?", "answer": "5"}]
 TEST_ROWS = [{"prompt": "What is 7 - 4?", "answer": "3"}]

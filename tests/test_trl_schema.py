@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from grpo_launch import trl_schema
+from grpo_launch.recipe import trl_schema
 
-from .conftest import ROOT
+from .helpers import ROOT
 
 
 def test_schema_matches_installed_trl():
@@ -16,5 +16,5 @@ def test_schema_matches_installed_trl():
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert trl.__version__.startswith("1.16"), "grpo-launch pins TRL 1.16.x"
-    assert gen.build() == (ROOT / "src" / "grpo_launch" / "trl_schema.py").read_text()
+    assert gen.build() == (ROOT / "src" / "grpo_launch" / "recipe" / "trl_schema.py").read_text()
     assert trl.__version__ == trl_schema.TRL_VERSION

@@ -16,16 +16,16 @@ import time
 
 import pytest
 
-from grpo_launch.commands import vllm_server as render_vllm_command
+from grpo_launch.enums import RunState
+from grpo_launch.execute.session import SessionSpec, supervise
+from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.planning import make_plan
-from grpo_launch.probe import resolve_model_shape
+from grpo_launch.probe.model import resolve_model_shape
 from grpo_launch.recipe import build_recipe
-from grpo_launch.session import supervise
-from grpo_launch.spec import ProcessSpec, RunState
-from grpo_launch.topology import parse_gpu_spec
+from grpo_launch.render.processes import vllm_server as render_vllm_command
+from grpo_launch.spec import ProcessSpec
 
-from .conftest import ROOT, ensure_tiny_assets
-from .helpers import free_port
+from .helpers import ROOT, ensure_tiny_assets, free_port
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 pytestmark = [
@@ -72,16 +72,11 @@ def _server_plan(tmp_path, port, model=None):
 
 
 def _supervise(tmp_path, server, client, port, emit):
-    return supervise(
-        server,
-        [client],
-        health_url=f"http://127.0.0.1:{port}/health",
-        health_timeout_s=300,
-        log_dir=tmp_path / "logs",
+    session = SessionSpec(
+        server, [client], tmp_path / "logs", health_url=f"http://127.0.0.1:{port}/health", health_timeout_s=300,
         grace_s=20,
-        environ=dict(os.environ),
-        emit=emit,
-    )
+    )  # fmt: skip
+    return supervise(session, environ=dict(os.environ), emit=emit)
 
 
 def _leftovers(port: int) -> list[str]:

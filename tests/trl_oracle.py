@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 from unittest import mock
 
-from grpo_launch import trl_schema
+from grpo_launch.recipe import trl_schema
 
 _OUT = tempfile.mkdtemp(prefix="grpo-oracle-")
 

@@ -1,5 +1,6 @@
-"""The core choices as str-valued enums. They compare equal to their strings (``backend == "zero3"``) and print
-as their value, so plan.json, the rendered files and the CLI show plain words."""
+"""Every closed choice as a str-valued enum. They compare equal to their strings (``backend == "zero3"``) and
+print as their value, so plan.json, the rendered files and the CLI show plain words; the CLI's and the recipe's
+choice lists are read from them."""
 
 from __future__ import annotations
 
@@ -57,7 +58,52 @@ class Device(StrEnum):
 
 
 class Role(StrEnum):
-    """What a process (or a GPU) does in a run."""
+    """What a process does in a run: serve generation, or train."""
 
     VLLM = "vllm"
     TRAIN = "train"
+
+
+class GpuUse(StrEnum):
+    """What a GPU does in a plan."""
+
+    TRAIN = "train"
+    VLLM = "vllm"
+    SHARED = "train+vllm"  # colocated vLLM on a training GPU
+    IDLE = "idle"
+
+
+class OnOom(StrEnum):
+    """launch.on_oom: what a run does after an out-of-memory failure."""
+
+    STOP = "stop"
+    REPLAN = "replan"  # the plan's next memory fix, applied, and a restart
+
+
+class ResumeMode(StrEnum):
+    """--resume: where a run starts."""
+
+    AUTO = "auto"  # from the newest complete checkpoint, or fresh; a completed run is not trained again
+    NEVER = "never"  # fresh: earlier checkpoints are set aside
+    MUST = "must"  # from a checkpoint, or fail
+
+
+class RunState(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    STOPPED_FOR_CHECKPOINT = "stopped-for-checkpoint"
+
+
+class FailureKind(StrEnum):
+    """What a failure was, which says whether a restart can help."""
+
+    USER = "user"  # an exception in the user's code or configuration: a restart would fail the same way
+    INFRA = "infra"  # a process killed, a network or NCCL/gloo error, a dead server, a lost host: restartable
+    OOM = "oom"  # GPU (or host) memory ran out: replannable
+    DISK_FULL = "disk-full"
+    HANG = "hang"  # no progress within the watchdog's bound: restartable
+
+    @property
+    def retryable(self) -> bool:
+        return self in (FailureKind.INFRA, FailureKind.HANG)

@@ -4,11 +4,12 @@ exits."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from grpo_launch.spec import frozen
 
-@dataclass(frozen=True)
+
+@frozen
 class Fix:
     """A change that makes a refused plan valid: set ``setting`` to ``value`` (and the ``also`` settings).
 

@@ -1,24 +1,69 @@
-"""Processes as data, the bottom layer: a ProcessSpec to start (planning output becomes ProcessSpecs in
-:mod:`grpo_launch.commands`, backends place them on their hosts, the supervisor runs them), and the RunResult a run
-ends with (the CLI turns it into an exit code)."""
+"""Data, below every stage: :func:`frozen`, how every value type of the package is declared; the ProcessSpec a plan's
+processes become (render makes them, backends place them on their hosts, the supervisor starts them), the
+RunContext a run gets from the process that starts it, and the RunResult a run ends with, with its Failure (the CLI
+turns it into an exit code)."""
 
 from __future__ import annotations
 
+import os
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from grpo_launch.enums import Role, StrEnum
-from grpo_launch.errors import GrpoLaunchError
+from grpo_launch.enums import FailureKind, Role, RunState
+
+T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+def _compared(obj: Any) -> tuple[Any, ...]:
+    return tuple(getattr(obj, f.name) for f in fields(obj) if f.compare)
+
+
+def _eq(self: Any, other: Any) -> Any:
+    if other.__class__ is not self.__class__:
+        return NotImplemented
+    return _compared(self) == _compared(other)
+
+
+def _hash(self: Any) -> int:
+    hashed = (f for f in fields(self) if (f.compare if f.hash is None else f.hash))
+    return hash(tuple(getattr(self, f.name) for f in hashed))
+
+
+def _repr(self: Any) -> str:
+    shown = (f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+    return f"{type(self).__qualname__}({', '.join(shown)})"
+
+
+if TYPE_CHECKING or sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # Python 3.10: the decorator only informs type checkers
+
+    def dataclass_transform(**_: Any) -> Any:
+        return lambda f: f
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def frozen(cls: type[T]) -> type[T]:
+    """``@dataclass(frozen=True)`` with the same equality, hashing and repr, shared by every value type instead of
+    generated for each: before Python 3.13 dataclasses compile each generated method on its own, and with some 60
+    value types that was a quarter of ``grpo-launch plan``'s start-up."""
+    cls = dataclass(frozen=True, eq=False, repr=False)(cls)
+    cls.__eq__ = _eq  # type: ignore[method-assign]
+    cls.__hash__ = _hash  # type: ignore[method-assign]
+    cls.__repr__ = _repr  # type: ignore[method-assign]
+    return cls
+
+
+@frozen
 class ProcessSpec:
     """One process: argv, the environment it adds to the parent's, where it runs and which GPUs it may use.
 
     ``gpus`` are the planned GPU ids on ``host`` (visible ids: indices or UUIDs as the host names them); None
     leaves CUDA_VISIBLE_DEVICES as inherited, () hides every GPU. A local backend turns them into
-    CUDA_VISIBLE_DEVICES; a remote one hands them to :mod:`grpo_launch.task` as positions.
+    CUDA_VISIBLE_DEVICES; a remote one hands them to :mod:`grpo_launch.node.shim` as positions.
     """
 
     name: str  # vllm | train | train@host
@@ -29,8 +74,8 @@ class ProcessSpec:
     gpus: tuple[str, ...] | None = None
     # Names of variables sent on stdin as KEY=JSON lines (secrets: never on a command line or in a file).
     stdin_env: tuple[str, ...] = ()
-    # The process announces the id of a process group on a remote host (grpo_launch.task --announce-pgid), and
-    # teardown must signal that group there: killing the local client (ssh) does not stop it.
+    # The process announces the id of a process group on a remote host (grpo_launch.node.shim --announce-pgid),
+    # and teardown must signal that group there: killing the local client (ssh) does not stop it.
     remote_group: bool = False
 
     @property
@@ -50,19 +95,50 @@ class ProcessSpec:
         return line
 
 
-class RunState(StrEnum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    STOPPED_FOR_CHECKPOINT = "stopped-for-checkpoint"
+@frozen
+class RunContext:
+    """What a run needs from the process that starts it, read once (instead of sys.executable, os.getcwd() and
+    os.environ here and there). ``emit`` prints one line; the CLI owns it."""
+
+    python: str
+    workdir: str
+    environ: Mapping[str, str]
+    emit: Callable[[str], None]
+
+    @classmethod
+    def current(cls, environ: Mapping[str, str], emit: Callable[[str], None]) -> RunContext:
+        """This process's interpreter and working directory."""
+        return cls(sys.executable, os.getcwd(), dict(environ), emit)
 
 
-@dataclass(frozen=True)
+@frozen
+class Failure:
+    """Why a run failed, as :func:`grpo_launch.execute.faults.diagnose` found it across every process: its kind,
+    the root cause line (prefixes removed), where it happened ("train rank 1", "vllm EngineCore_DP0") and which
+    side of the run that was."""
+
+    kind: FailureKind
+    cause: str | None = None
+    where: str | None = None
+    side: Role | None = None  # the vLLM server or the trainers; None when no process is to blame
+
+    @property
+    def retryable(self) -> bool:
+        """A restart from the newest checkpoint may get past it (a lost process, host or network; a hang)."""
+        return self.kind.retryable
+
+    def headline(self) -> str | None:
+        if not self.cause:
+            return None
+        return f"[{self.where}] {self.cause}" if self.where else self.cause
+
+
+@frozen
 class RunResult:
     """How a run ended. ``exit_code`` is what the CLI returns: 0, 1 for a failure, 128+N after signal N.
 
     For a failure ``message`` names the failing process and its log, ``detail`` holds the root cause and the log's
-    last lines."""
+    last lines, ``failure`` what kind of failure it was and where."""
 
     state: RunState
     exit_code: int
@@ -71,14 +147,14 @@ class RunResult:
     failed_process: str | None = None
     log: str | None = None
     stopped_at_step: int | None = None
-    failure: str | None = None  # a grpo_launch.faults.FailureKind value: user, infra, oom, disk-full, hang
-    cause: str | None = None  # the root cause line, with where it happened
+    failure: Failure | None = None
     restarts: int = 0
 
     @property
     def ok(self) -> bool:
         return self.state in (RunState.SUCCEEDED, RunState.STOPPED_FOR_CHECKPOINT)
 
-    @classmethod
-    def failed(cls, exc: GrpoLaunchError, process: str | None, log: str | None) -> RunResult:
-        return cls(RunState.FAILED, 1, message=exc.message, detail=exc.hint, failed_process=process, log=log)
+    @property
+    def cause(self) -> str | None:
+        """The root cause line, with where it happened."""
+        return self.failure.headline() if self.failure else None

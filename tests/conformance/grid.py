@@ -10,13 +10,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_launch.catalog import MOE_CONFIGS, find_model_shape
-from grpo_launch.planning import make_plan
+from grpo_launch.models.builtin import MOE_CONFIGS
 from grpo_launch.planning.types import Plan
-from grpo_launch.recipe import load_recipe
 from grpo_launch.render import render_files
-from grpo_launch.rundir import write_run_files
-from grpo_launch.topology import parse_gpu_spec
+from grpo_launch.rundir.files import write_run_files
+
+from ..helpers import plan_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -91,9 +90,7 @@ GRID: tuple[Case, ...] = (
 
 def plan_case(case: Case, run_dir: Path) -> Plan:
     """Plan and render ``case`` into ``run_dir`` (its files are what the libraries read)."""
-    recipe = load_recipe(ROOT / case.recipe, list(case.overrides))
-    model = find_model_shape(str(recipe.get("model_name_or_path")))
-    plan = make_plan(parse_gpu_spec(case.gpus), recipe, model, run_dir=str(run_dir), python="python3")
+    plan = plan_recipe(ROOT / case.recipe, case.gpus, *case.overrides, run_dir=run_dir)
     write_run_files(plan.run_dir, render_files(plan))
     return plan
 

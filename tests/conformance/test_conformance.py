@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_launch.commands import trainers, vllm_server
-from grpo_launch.render import ACCELERATE_CONFIG, DEEPSPEED_CONFIG
-from grpo_launch.trl_schema import GRPO_CONFIG
+from grpo_launch.recipe.trl_schema import GRPO_CONFIG
+from grpo_launch.render.processes import trainers, vllm_server
 
 from ..trl_oracle import grpo_config
 from .grid import GRID, VLLM_PY, plan_case, vllm_oracle
@@ -174,7 +173,7 @@ def test_accelerate_launch_resolves_the_planned_world(case_id):
                 f"{plan.train.num_machines}:{plan.train.num_machines}",
             )
         if plan.train.backend.is_deepspeed:  # the stage and precision come from the JSON (the DeepSpeed test)
-            assert got["deepspeed_config_file"] == f"{plan.run_dir}/{DEEPSPEED_CONFIG}"
+            assert got["deepspeed_config_file"] == str(plan.paths.deepspeed_config)
         else:
             assert got["mixed_precision"] == plan.train.mixed_precision
 
@@ -187,7 +186,7 @@ def test_deepspeed_accepts_the_config_transformers_fills(case_id):
     world, lay = plan.train.num_processes, plan.layout
     spec = trainers(plan)[0]
     launch_env = accelerate_launch_env(list(spec.argv), spec.launch_env)["launch_env"]
-    ds = json.loads((Path(plan.run_dir) / DEEPSPEED_CONFIG).read_text())
+    ds = json.loads((plan.paths.deepspeed_config).read_text())
     kwargs = {k: v for k, v in plan.resolved_trainer_values.items() if k in GRPO_CONFIG}
     filled = deepspeed_filled(ds, kwargs, world, hidden_size=plan.model.hidden, launch_env=launch_env)
     parsed = deepspeed_accepts(filled, world)
@@ -205,13 +204,13 @@ def test_accelerate_configs_agree_with_trls_own():
 
     shipped = Path(trl.__file__).parent / "accelerate_configs"
     fsdp = next(p for i, p in PLANS.items() if p.train.backend == "fsdp")
-    ours = yaml.safe_load((Path(fsdp.run_dir) / ACCELERATE_CONFIG).read_text())["fsdp_config"]
+    ours = yaml.safe_load((fsdp.paths.accelerate_config).read_text())["fsdp_config"]
     theirs = yaml.safe_load((shipped / "fsdp2.yaml").read_text())["fsdp_config"]
     assert ours == theirs
     zero3 = next(p for i, p in PLANS.items() if p.train.backend == "zero3")
-    ours_ds = yaml.safe_load((Path(zero3.run_dir) / ACCELERATE_CONFIG).read_text())["deepspeed_config"]
+    ours_ds = yaml.safe_load((zero3.paths.accelerate_config).read_text())["deepspeed_config"]
     theirs_ds = yaml.safe_load((shipped / "zero3.yaml").read_text())["deepspeed_config"]
-    zero = json.loads((Path(zero3.run_dir) / DEEPSPEED_CONFIG).read_text())["zero_optimization"]
+    zero = json.loads((zero3.paths.deepspeed_config).read_text())["zero_optimization"]
     assert ours_ds["zero3_init_flag"] is theirs_ds["zero3_init_flag"] is True
     assert zero["stage"] == theirs_ds["zero_stage"] == 3
     assert zero["stage3_gather_16bit_weights_on_model_save"] is theirs_ds["zero3_save_16bit_model"] is True

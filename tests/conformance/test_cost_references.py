@@ -16,8 +16,9 @@ import functools
 
 import pytest
 
-from grpo_launch.catalog import MODEL_SHAPES, find_model_shape
-from grpo_launch.planning.costmodel import host_memory_per_node, model_states
+from grpo_launch.enums import DistBackend, Offload
+from grpo_launch.models.builtin import MODEL_SHAPES, find_model_shape
+from grpo_launch.planning.cost.memory import host_memory_per_node, model_states
 
 from .grid import VLLM_PY, hf_config, vllm_oracle
 
@@ -72,10 +73,11 @@ def test_model_states_match_deepspeeds_estimators(name, setting, gpus):
         cpu, gpu = estimate_zero2_model_states_mem_needs(total, num_gpus_per_node=gpus, **kwargs)
     else:
         cpu, gpu, _ = estimate_zero3_model_states_mem_needs(total, largest, num_gpus_per_node=gpus, **kwargs)
-    ours = sum(model_states(find_model_shape(name), gpus, *setting))
+    backend, offload = DistBackend(setting[0]), Offload(setting[1])
+    ours = sum(model_states(find_model_shape(name), gpus, backend, offload))
     assert ours == pytest.approx(gpu, rel=0.10)
     if setting[1] != "none":  # offload: the host side, per node, with DeepSpeed's buffer factor
-        host = host_memory_per_node(find_model_shape(name), gpus, 1, *setting)
+        host = host_memory_per_node(find_model_shape(name), gpus, 1, backend, offload)
         assert host == pytest.approx(cpu, rel=0.10)
 
 

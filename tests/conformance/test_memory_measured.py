@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_launch.catalog import ModelShape
-from grpo_launch.modelconfig import shape_from_config
-from grpo_launch.planning.activations import TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK, Precision, activation_memory
+from grpo_launch.models.config import shape_from_config
+from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.cost.activations import TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK, Precision, activation_memory
 
 pytestmark = pytest.mark.conformance
 

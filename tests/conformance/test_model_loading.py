@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from ..conftest import ensure_tiny_assets
+from ..helpers import ensure_tiny_assets
 
 pytestmark = pytest.mark.conformance
 

@@ -1,26 +1,19 @@
 """Backends: the ways grpo-launch runs a plan's processes, as plugins. A registry of names, imported lazily;
-:func:`select` picks the one the command line and environment ask for. Adding a backend means adding one module
-and one line here."""
+:func:`select` picks the one the options and environment ask for. Adding a backend means adding one module and one
+line here."""
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from grpo_launch.backends.base import Backend, Capability, RunContext, Submission, Submitter
+from grpo_launch.backends.base import Backend
 
-__all__ = [
-    "Backend",
-    "Capability",
-    "RunContext",
-    "Submission",
-    "Submitter",
-    "add_arguments",
-    "load",
-    "load_submitter",
-    "select",
-]
+if TYPE_CHECKING:
+    from grpo_launch.backends.submit import Submitter
+
+__all__ = ["Backend", "load", "load_submitter", "option_classes", "select"]
 
 # name → "module:class". Detection order: the first whose detect() answers yes wins; local is the fallback.
 REGISTRY: dict[str, str] = {
@@ -28,7 +21,7 @@ REGISTRY: dict[str, str] = {
     "slurm": "grpo_launch.backends.slurm:SlurmBackend",
     "local": "grpo_launch.backends.local:LocalBackend",
 }
-SUBMITTERS: dict[str, str] = {"slurm": "grpo_launch.backends.slurm:SlurmSubmitter"}
+SUBMITTERS: dict[str, str] = {"slurm": "grpo_launch.backends.slurm.submit:SlurmSubmitter"}
 
 
 def _import(target: str) -> type:
@@ -44,18 +37,18 @@ def load_submitter(name: str) -> type[Submitter]:
     return _import(SUBMITTERS[name])
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, run: bool) -> None:
-    """Every backend's options on ``parser``."""
-    for name in REGISTRY:
-        load(name).add_arguments(parser, run=run)
+def option_classes() -> dict[str, type]:
+    """Every backend's options dataclass, by backend name."""
+    return {name: load(name).Options for name in REGISTRY}
 
 
-def select(args: argparse.Namespace, environ: Mapping[str, str]) -> Backend:
-    """The backend for this command line and environment. A simulated topology (``--gpus``) plans for this
-    machine's backend whatever else is set."""
-    names = ["local"] if getattr(args, "gpus", None) else list(REGISTRY)
+def select(options: Mapping[str, Any], environ: Mapping[str, str], *, simulated: bool = False) -> Backend:
+    """The backend the options (by backend name) and the environment ask for. A simulated topology (``--gpus``)
+    plans for this machine's backend whatever else is set."""
+    names = ["local"] if simulated else list(REGISTRY)
     for name in names:
         cls = load(name)
-        if cls.detect(args, environ):
-            return cls.from_args(args, environ)
+        opts = options.get(name) or cls.Options()
+        if cls.detect(opts, environ):
+            return cls.create(opts, environ)
     raise AssertionError("the local backend always applies")

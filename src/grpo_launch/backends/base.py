@@ -1,71 +1,55 @@
-"""What a backend is: the Backend and Submitter protocols, their capabilities, and the RunContext every run gets.
+"""What a backend is: the Backend protocol and the options each one declares (a backend that hands runs to a
+batch system also has a Submitter: :mod:`.submit`).
 
-A backend owns everything about one way of running processes: how it is chosen (``detect``), its command-line
-options, how it reads the machines (``probe``), how a process is put on its host (``place``: pure, wraps the
-command in srun or ssh), what it checks before anything starts (``preflight``), how it stops a process tree on
-another host (``signal_remote``) and what it does after the run (``after_run``: e.g. requeue a Slurm job).
+A backend owns everything about one way of running processes: how it is chosen (``detect``), its options (a frozen
+dataclass whose fields say which command-line flag fills them: the CLI reads them, no backend sees argparse), how
+it reads the machines (``probe``), how a process is put on its host (``place``: pure, wraps the command in srun or
+ssh), what it checks before anything starts (``preflight``), how it stops a process tree on another host
+(``signal_remote``), what it does after the run (``after_run``: e.g. requeue a Slurm job), and the state of the
+batch job a run belongs to (``job_id`` / ``job_state``, for ``grpo-launch status``).
 """
 
 from __future__ import annotations
 
-import argparse
-import enum
-import os
-import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from grpo_launch.errors import LaunchError
-from grpo_launch.spec import ProcessSpec, RunResult
-from grpo_launch.topology import Topology
+from grpo_launch.machines.topology import Topology
+from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
-    from grpo_launch.recipe import Recipe
 
 
-class Capability(enum.Flag):
-    NONE = 0
-    MULTI_HOST = enum.auto()  # starts processes on other machines
-    REQUEUE = enum.auto()  # can requeue itself after a checkpoint-and-stop
-    SUBMIT = enum.auto()  # has a Submitter (a batch system)
+def option(flag: str, help: str, *, default: Any = None, metavar: str | None = None, **argparse: Any) -> Any:
+    """A field of a backend's options, filled from the command-line ``flag`` (``argparse`` keywords pass through:
+    ``type``, ``action``, ``required``; ``group`` names the help section)."""
+    meta = {"flag": flag, "help": help, "metavar": metavar, **argparse}
+    if isinstance(default, (list, tuple)):
+        return dataclasses.field(default=tuple(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
-@dataclass(frozen=True)
-class RunContext:
-    """What a run needs from the process that starts it, read once (instead of sys.executable, os.getcwd() and
-    os.environ here and there). ``emit`` prints one line; the CLI owns it."""
-
-    python: str
-    workdir: str
-    environ: Mapping[str, str]
-    emit: Callable[[str], None]
-
-    @classmethod
-    def current(cls, environ: Mapping[str, str], emit: Callable[[str], None]) -> RunContext:
-        """This process's interpreter and working directory."""
-        return cls(sys.executable, os.getcwd(), dict(environ), emit)
+@frozen
+class NoOptions:
+    """A backend without options of its own."""
 
 
 class Backend(Protocol):
     """One way of running the plan's processes (local, ssh hosts, a Slurm allocation, …)."""
 
     name: ClassVar[str]
-    capabilities: ClassVar[Capability]
+    Options: ClassVar[type]  # a frozen dataclass of option() fields
 
     @classmethod
-    def detect(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
-        """Whether this backend is the one the command line and environment ask for."""
+    def detect(cls, options: Any, environ: Mapping[str, str]) -> bool:
+        """Whether this backend is the one the options and environment ask for."""
         ...
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, *, run: bool) -> None:
-        """This backend's options (``run``: the options that only starting processes needs)."""
-        ...
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> Backend: ...
+    def create(cls, options: Any, environ: Mapping[str, str]) -> Backend: ...
 
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
         """The machines this backend runs on; ``local`` is this machine as probed here."""
@@ -89,16 +73,21 @@ class Backend(Protocol):
         """When the allocation ends (epoch seconds), if it does: the run saves a checkpoint before it."""
         ...
 
+    def job_id(self, ctx: RunContext) -> str | None:
+        """The batch job this run is part of (recorded in the run directory's lock), if any."""
+        ...
+
+    @classmethod
+    def job_state(cls, job_id: str) -> dict[str, str] | None:
+        """What the batch system says of ``job_id`` (state, restarts, …), or None when it says nothing."""
+        ...
+
 
 class BaseBackend:
     """Defaults for the optional parts of :class:`Backend`."""
 
     name: ClassVar[str] = "base"
-    capabilities: ClassVar[Capability] = Capability.NONE
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, *, run: bool) -> None:
-        return None
+    Options: ClassVar[type] = NoOptions
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
         return spec
@@ -113,6 +102,13 @@ class BaseBackend:
         return result
 
     def deadline(self, ctx: RunContext) -> float | None:
+        return None
+
+    def job_id(self, ctx: RunContext) -> str | None:
+        return None
+
+    @classmethod
+    def job_state(cls, job_id: str) -> dict[str, str] | None:
         return None
 
 
@@ -135,32 +131,3 @@ def check_addresses(plan: Plan) -> None:
             problems=problems,
             hint="Fix name resolution (DNS or /etc/hosts) on this node, or give the hosts by IP address.",
         )
-
-
-@dataclass(frozen=True)
-class Submission:
-    """What a Submitter would submit: the script text (``--dry-run`` prints it) and where it is written."""
-
-    text: str
-    path: str
-    summary: str = ""
-
-
-class Submitter(Protocol):
-    """A backend that hands the run to a batch system (``grpo-launch sbatch``)."""
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None: ...
-
-    @classmethod
-    def requested_topology(cls, args: argparse.Namespace, local: Topology) -> Topology:
-        """The machines the submission asks for, to plan before submitting."""
-        ...
-
-    def request(self, recipe: Recipe, plan: Plan, args: argparse.Namespace, ctx: RunContext) -> Submission:
-        """The submission as data (pure)."""
-        ...
-
-    def submit(self, submission: Submission, ctx: RunContext) -> str:
-        """Submit; returns the job id."""
-        ...

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from grpo_launch.catalog import GIB, find_gpu_spec
 from grpo_launch.errors import ProbeError, is_decimal, short
-from grpo_launch.probe import local_gpu_model, mixed_models_warning, reported_gpus
-from grpo_launch.topology import Gpu, Host, Topology
+from grpo_launch.machines.gpus import GIB, find_gpu_spec
+from grpo_launch.machines.topology import Gpu, Host, Topology
+from grpo_launch.probe.hosts import local_gpu_model, mixed_models_warning, reported_gpus
 
 __all__ = ["parse_hostfile", "parse_hostfile_gpus", "probe_hostfile"]
 

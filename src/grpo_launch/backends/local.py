@@ -2,35 +2,24 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import BaseBackend, Capability, RunContext
-from grpo_launch.commands import weight_sync_port
+from grpo_launch.backends.base import BaseBackend
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import LaunchError
-from grpo_launch.spec import ProcessSpec
-from grpo_launch.topology import Topology
+from grpo_launch.machines.topology import Topology
+from grpo_launch.render.processes import weight_sync_port
+from grpo_launch.spec import ProcessSpec, RunContext
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
 
 
-def port_free(port: int, host: str = "0.0.0.0") -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def check_ports(plan: Plan) -> None:
     """The server, weight-sync and rendezvous ports are free here."""
+    from grpo_launch.probe.local import port_free
+
     busy = []
     if plan.vllm.mode == VllmMode.SERVER:
         if not port_free(plan.vllm.port):
@@ -52,14 +41,13 @@ def check_ports(plan: Plan) -> None:
 
 class LocalBackend(BaseBackend):
     name: ClassVar[str] = "local"
-    capabilities: ClassVar[Capability] = Capability.NONE
 
     @classmethod
-    def detect(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+    def detect(cls, options: object, environ: Mapping[str, str]) -> bool:
         return True  # the fallback
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> LocalBackend:
+    def create(cls, options: object, environ: Mapping[str, str]) -> LocalBackend:
         return cls()
 
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:

@@ -1,5 +1,5 @@
 """The ssh backend: hostfile runs. Each process runs on its host as ``ssh HOST -- 'cd WORKDIR && exec PYTHON -m
-grpo_launch.task --announce-pgid --env-stdin --gpus P -- env K=V … COMMAND'``:
+grpo_launch.node.shim --announce-pgid --env-stdin --gpus P -- env K=V … COMMAND'``:
 
 - the shim starts a new session and prints its process-group id, so teardown can signal the whole remote tree
   (``ssh HOST kill -TERM -- -PGID``): a killed ssh client does not stop a remote process that has no tty;
@@ -12,26 +12,26 @@ the working directory and the recipe's local paths.
 
 from __future__ import annotations
 
-import argparse
 import shlex
-import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import BaseBackend, Capability, RunContext, check_addresses
-from grpo_launch.backends.hostfile import probe_hostfile, read_hostfile, topology_from_probes
-from grpo_launch.catalog import GIB
-from grpo_launch.commands import version_tuple, weight_sync_port
+from grpo_launch.backends.base import BaseBackend, check_addresses, option
 from grpo_launch.errors import LaunchError
-from grpo_launch.probe import HOST_REPORT_CODE, VLLM_VERSION_FUNCTION, collect_reports, looks_local
-from grpo_launch.reaper import RUN_ID_ENV
-from grpo_launch.spec import ProcessSpec
-from grpo_launch.topology import Topology
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.machines.topology import Topology
+from grpo_launch.probe.dataset import looks_local
+from grpo_launch.probe.pythons import version_tuple
+from grpo_launch.render.processes import weight_sync_port
+from grpo_launch.rundir.layout import RUN_ID_ENV
+from grpo_launch.spec import ProcessSpec, RunContext, frozen
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
+
+SSH_GROUP = "hostfile hosts (ssh: probed, then run)"
 
 # Variables passed from the launcher's environment to every remote process (through stdin). Exact names, or
 # prefixes ending in ``*``. Anything else stays local; add more with launch.train_env / launch.vllm_env.
@@ -53,12 +53,20 @@ PASSED_ENV: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class SshOptions:
-    port: int | None = None
-    identity: str | None = None
-    config: str | None = None  # ssh -F FILE
-    options: tuple[str, ...] = ()  # -o KEY=VALUE
+    """The ssh backend's options: the hostfile, and how to reach its hosts."""
+
+    hostfile: str | None = option(
+        "--hostfile", "DeepSpeed-style hostfile (HOST slots=N [gpu=MODEL] per line)", metavar="FILE"
+    )
+    port: int | None = option("--ssh-port", "ssh port of the hosts", metavar="PORT", type=int, group=SSH_GROUP)
+    identity: str | None = option("--ssh-identity", "private key for ssh (ssh -i)", metavar="FILE", group=SSH_GROUP)
+    config: str | None = option("--ssh-config", "ssh client config file (ssh -F)", metavar="FILE", group=SSH_GROUP)
+    options: tuple[str, ...] = option(
+        "--ssh-option", "extra ssh -o option (repeatable)", default=(), metavar="KEY=VALUE", action="append",
+        group=SSH_GROUP,
+    )  # fmt: skip
     connect_timeout_s: int = 10
 
     def argv(self, host: str) -> list[str]:
@@ -87,7 +95,7 @@ def remote_command(
     spec: ProcessSpec, *, python: str, workdir: str, gpu_positions: Sequence[str] | None, stdin_env: bool
 ) -> str:
     """The shell line run on the remote host for ``spec``."""
-    task = [python, "-m", "grpo_launch.task", "--announce-pgid"]
+    task = [python, "-m", "grpo_launch.node.shim", "--announce-pgid"]
     if stdin_env:
         task.append("--env-stdin")
     if spec.env.get(RUN_ID_ENV):  # the host's guard stops the run's processes there when the ssh session ends
@@ -101,7 +109,7 @@ def remote_command(
 
 def ssh_spec(spec: ProcessSpec, ssh: SshOptions, *, python: str, workdir: str, stdin_env: Sequence[str]) -> ProcessSpec:
     """``spec`` run on ``spec.host`` through ssh; ``stdin_env`` names the variables sent on stdin. Its planned GPUs
-    become positions in the host's own CUDA_VISIBLE_DEVICES (:mod:`grpo_launch.task`)."""
+    become positions in the host's own CUDA_VISIBLE_DEVICES (:mod:`grpo_launch.node.shim`)."""
     host = spec.host
     assert host, "ssh_spec needs a host"
     marker = {}
@@ -125,52 +133,37 @@ def kill_command(
 ) -> list[str]:
     """``ssh HOST -- kill -SIG -- -PGID``: signal a whole remote process group, and with ``run_id`` every process
     of the run on that host (torchrun's ranks leave the group: each starts its own session)."""
+    import signal
+
     name = signal.Signals(sig).name.removeprefix("SIG")
     line = f"kill -{name} -- -{int(pgid)}"
     if run_id:
-        line += f"; exec {shlex.quote(python)} -m grpo_launch.reaper signal {shlex.quote(run_id)} {int(sig)}"
+        line += f"; exec {shlex.quote(python)} -m grpo_launch.node.reaper signal {shlex.quote(run_id)} {int(sig)}"
     return [*ssh.argv(host), "--", line]
 
 
 def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequence[int] = ()) -> str:
-    """A remote shell line that prints grpo-launch's version, which of ``paths`` are missing, which of ``ports``
-    are taken, the vLLM version and the RAM of that host (JSON)."""
-    code = (
-        "import json, os, socket, sys\n"
-        "try:\n"
-        "    import grpo_launch\n"
-        "    version = grpo_launch.__version__\n"
-        "except Exception as exc:\n"
-        "    version = None\n"
-        f"missing = [p for p in {list(paths)!r} if not os.path.exists(p)]\n"
-        "busy = []\n"
-        f"for port in {[int(p) for p in ports]!r}:\n"
-        "    with socket.socket() as s:\n"
-        "        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-        "        try:\n"
-        "            s.bind(('0.0.0.0', port))\n"
-        "        except OSError:\n"
-        "            busy.append(port)\n" + VLLM_VERSION_FUNCTION + "mem = None\n"
-        "try:\n"
-        "    mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')\n"
-        "except (ValueError, OSError):\n"
-        "    pass\n"
-        "print(json.dumps({'version': version, 'missing': missing, 'busy': busy, 'vllm': vllm_version(), "
-        "'host': os.uname().nodename, 'memory_bytes': mem}))\n"
-    )
+    """A remote shell line that runs :mod:`grpo_launch.node.host_check` in ``workdir`` with ``python``: the host's
+    grpo-launch version, which of ``paths`` are missing, which of ``ports`` are taken, its vLLM version and RAM."""
+    import json
+
     q = shlex.quote
+    asked = json.dumps({"paths": list(paths), "ports": [int(p) for p in ports]})
     return (
         f"cd {q(workdir)} 2>/dev/null || {{ echo {q('no directory ' + workdir)}; exit 3; }}; "
         f"test -x {q(python)} || {{ echo {q('no python at ' + python)}; exit 4; }}; "
-        f"exec {q(python)} -c {q(code)}"
+        f"exec {q(python)} -m grpo_launch.node.host_check {q(asked)}"
     )
 
 
 def probe_over_ssh(hosts: list[str], ssh: SshOptions, environ: Mapping[str, str]) -> tuple[dict[str, dict], list[str]]:
-    """Each host's own report (HOST_REPORT_CODE, in parallel), and what went wrong on the hosts that did not answer."""
+    """Each host's own report (:mod:`grpo_launch.node.host_report`, in parallel), and what went wrong on the hosts
+    that did not answer."""
     import sys
 
-    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(HOST_REPORT_CODE)}"
+    from grpo_launch.probe.hosts import collect_reports, report_command
+
+    command = shlex.join(report_command(sys.executable))
     return collect_reports(hosts, lambda h: [*ssh.argv(h), "--", command], timeout_s=ssh.connect_timeout_s + 30,
                            env=environ)  # fmt: skip
 
@@ -203,7 +196,7 @@ def host_ports(plan: Plan) -> dict[str, dict[int, str]]:
 
 def host_ram_problem(plan: Plan, ram: object) -> str | None:
     """What is wrong when a host's RAM (as its check reported it) cannot hold the plan's offload."""
-    from grpo_launch.planning.costmodel import HOST_HEADROOM
+    from grpo_launch.planning.cost.constants import HOST_HEADROOM
 
     need = plan.estimate.host_memory_per_node_gib * GIB if plan.estimate else 0.0
     if not need or not isinstance(ram, int) or need <= HOST_HEADROOM * ram:
@@ -252,12 +245,12 @@ def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
             return f"{host}: unreachable over ssh ({(done.stderr.strip().splitlines() or ['no message'])[-1]})"
         if done.returncode in (3, 4):
             return f"{host}: {done.stdout.strip()}"
+        if "No module named grpo_launch" in done.stderr or "No module named 'grpo_launch" in done.stderr:
+            return f"{host}: {python} cannot import grpo_launch (install grpo-launch in that environment)"
         try:
             info = json.loads(done.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             return f"{host}: the environment check failed: {(done.stderr or done.stdout).strip()[-300:]}"
-        if info["version"] is None:
-            return f"{host}: {python} cannot import grpo_launch (install grpo-launch in that environment)"
         if info["version"] != __version__:
             return f"{host}: grpo-launch {info['version']} there, {__version__} here"
         if info["missing"]:
@@ -290,42 +283,26 @@ def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
 
 class SshBackend(BaseBackend):
     name: ClassVar[str] = "ssh"
-    capabilities: ClassVar[Capability] = Capability.MULTI_HOST
+    Options: ClassVar[type] = SshOptions
 
     def __init__(self, hostfile: str, options: SshOptions) -> None:
         self.hostfile = hostfile
         self.options = options
 
     @classmethod
-    def detect(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
-        return bool(getattr(args, "hostfile", None))
+    def detect(cls, options: SshOptions, environ: Mapping[str, str]) -> bool:
+        return bool(options.hostfile)
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, *, run: bool) -> None:
-        parser.add_argument(
-            "--hostfile", metavar="FILE", help="DeepSpeed-style hostfile (HOST slots=N [gpu=MODEL] per line)"
-        )
-        group = parser.add_argument_group("hostfile hosts (ssh: probed, then run)")
-        group.add_argument("--ssh-port", type=int, metavar="PORT", help="ssh port of the hosts")
-        group.add_argument("--ssh-identity", metavar="FILE", help="private key for ssh (ssh -i)")
-        group.add_argument("--ssh-config", metavar="FILE", help="ssh client config file (ssh -F)")
-        group.add_argument(
-            "--ssh-option", action="append", default=[], metavar="KEY=VALUE", help="extra ssh -o option (repeatable)"
-        )
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> SshBackend:
-        options = SshOptions(
-            port=getattr(args, "ssh_port", None),
-            identity=getattr(args, "ssh_identity", None),
-            config=getattr(args, "ssh_config", None),
-            options=tuple(getattr(args, "ssh_option", None) or ()),
-        )
-        return cls(args.hostfile, options)
+    def create(cls, options: SshOptions, environ: Mapping[str, str]) -> SshBackend:
+        assert options.hostfile
+        return cls(options.hostfile, options)
 
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
         """The hosts as each reports itself over ssh (GPUs, CPUs, RAM); a hostfile whose lines all name their GPUs
         (gpu=MODEL) is planned offline, and so is one whose hosts do not all answer (with a warning)."""
+        from grpo_launch.backends.hostfile import probe_hostfile, read_hostfile, topology_from_probes
+
         entries = read_hostfile(self.hostfile)
         offline = probe_hostfile(self.hostfile, local=local, cpu=local.is_cpu, entries=entries)
         if all(gpu for _, _, gpu in entries):

@@ -12,13 +12,31 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from types import ModuleType
+from typing import Any
 
 from grpo_launch import __version__
-from grpo_launch.cli.console import Console, drop
+from grpo_launch.cli.console import Console, drop, terminal_columns
 from grpo_launch.errors import GrpoLaunchError
 
 VERBS = ("run", "plan", "inspect", "sbatch", "status", "report")
 VALUE_OPTIONS = ("--gpus", "--hostfile", "--run-dir", "--nodes", "--gpus-per-node")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's, sized by :func:`terminal_columns`: argparse would import shutil (and with it bz2 and lzma) to
+    build a formatter, which it does for every option added."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
+        super().__init__(prog, indent_increment, max_help_position, width or terminal_columns() - 2)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help is formatted by :class:`HelpFormatter` unless told otherwise."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # `--gpus` must never be read as `--gpus-per-node`
+        super().__init__(*args, **kwargs)
 
 
 def _verb(name: str) -> ModuleType:
@@ -30,21 +48,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``only``, just that verb's subparser (the others' modules are then not imported)."""
     from grpo_launch.cli.common import EPILOG
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="grpo-launch",
-        allow_abbrev=False,
         description="Plan and launch GRPO training with TRL: split GPUs between vLLM and trainers, choose a batch "
         "layout TRL accepts, write accelerate/DeepSpeed configs, start and supervise everything.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"grpo-launch {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")
+    sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}", parser_class=Parser)
     for name in VERBS if only is None else (only,):
-        _verb(name).register(sub, argparse.RawDescriptionHelpFormatter, EPILOG)
-    for verb_parser in sub.choices.values():  # `--gpus` must never be read as `--gpus-per-node`
-        verb_parser.allow_abbrev = False
+        _verb(name).register(sub, HelpFormatter, EPILOG)
     return parser
 
 
@@ -77,8 +91,8 @@ def _error(text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    from grpo_launch.backends.base import RunContext
-    from grpo_launch.spec import RunResult, RunState
+    from grpo_launch.enums import RunState
+    from grpo_launch.spec import RunContext, RunResult
 
     argv = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ if environ is None else environ

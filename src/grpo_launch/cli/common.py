@@ -4,15 +4,19 @@ topology, and planning."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 
-from grpo_launch.backends import Backend, RunContext, add_arguments, select
+from grpo_launch.backends import load as load_backend
+from grpo_launch.backends import option_classes, select
+from grpo_launch.backends.base import Backend
+from grpo_launch.cli.options import add_options, read_options
+from grpo_launch.errors import ConfigError
+from grpo_launch.machines.topology import Topology
 from grpo_launch.planning import default_run_dir, make_plan
-from grpo_launch.planning.costmodel import Calibration
-from grpo_launch.planning.types import Plan
+from grpo_launch.planning.cost.workload import Calibration
+from grpo_launch.planning.types import Plan, Runtime
 from grpo_launch.recipe import Recipe, load_recipe
-from grpo_launch.topology import Topology
+from grpo_launch.spec import RunContext
 
 EPILOG = """\
 examples:
@@ -36,18 +40,20 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_topology_args(p: argparse.ArgumentParser, *, run: bool) -> None:
+def add_topology_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpus",
         metavar="SPEC",
         help="plan for simulated GPUs instead of probing: 4xL20-48GB, 8xH100-80GB, 2x8xH100-80GB, cpu",
     )
-    add_arguments(p, run=run)
+    groups: dict = {}
+    for options in option_classes().values():
+        add_options(p, options, groups)
 
 
-def add_planning_args(p: argparse.ArgumentParser, *, run: bool) -> None:
+def add_planning_args(p: argparse.ArgumentParser) -> None:
     add_recipe_args(p)
-    add_topology_args(p, run=run)
+    add_topology_args(p)
     p.add_argument("--run-dir", help="where to write the configs and logs (default: launch.run_dir or grpo_runs/NAME)")
     p.add_argument(
         "--gpu-hour-price",
@@ -63,8 +69,8 @@ def add_planning_args(p: argparse.ArgumentParser, *, run: bool) -> None:
     )
 
 
-def load(args: argparse.Namespace, ctx: RunContext) -> Recipe:
-    """The recipe with its overrides, its run directory made absolute."""
+def load(args: argparse.Namespace) -> Recipe:
+    """The recipe with its overrides (the command line's own flags among them)."""
     overrides = list(args.overrides)
     if getattr(args, "network_interface", None):
         overrides.append(f"launch.network_interface={args.network_interface}")
@@ -72,52 +78,64 @@ def load(args: argparse.Namespace, ctx: RunContext) -> Recipe:
         overrides.append(f"launch.gpu_hour_price={args.gpu_hour_price}")
     recipe = load_recipe(args.recipe, overrides)
     if not recipe.get("model_name_or_path"):
-        from grpo_launch.errors import ConfigError
-
         raise ConfigError(
             "the recipe names no model: set model_name_or_path",
             hint="e.g. model_name_or_path: Qwen/Qwen2.5-1.5B-Instruct (a hub id or a local directory)",
         )
-    if recipe.launch.dataset_rows is None:
-        from grpo_launch.probe import count_rows
-
-        rows = count_rows(str(recipe.get("dataset_name") or ""), ctx.workdir)
-        if rows:
-            recipe = dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, dataset_rows=rows))
-    run_dir = os.path.join(ctx.workdir, args.run_dir or default_run_dir(recipe))
-    return dataclasses.replace(recipe, launch=dataclasses.replace(recipe.launch, run_dir=os.path.normpath(run_dir)))
+    return recipe
 
 
 def topology(args: argparse.Namespace, ctx: RunContext, recipe: Recipe | None) -> tuple[Topology, Backend]:
     """The machines to plan for and the backend that runs on them: --gpus > --hostfile > Slurm > this machine."""
-    from grpo_launch import probe
-    from grpo_launch.topology import parse_gpu_spec
+    from grpo_launch.machines.topology import parse_gpu_spec
 
-    if args.gpus is not None and (getattr(args, "hostfile", None) or getattr(args, "slurm", False)):
-        from grpo_launch.errors import ConfigError
-
-        other = "--hostfile" if getattr(args, "hostfile", None) else "--slurm"
-        raise ConfigError(
-            f"--gpus and {other} both say which machines to plan for",
-            hint="Keep one: --gpus simulates GPUs; a hostfile line can name its own (node1 slots=8 gpu=H100-80GB).",
-        )
-    backend = select(args, ctx.environ)
+    options = {name: read_options(args, cls) for name, cls in option_classes().items()}
+    if args.gpus is not None:
+        asked = [name for name, opts in options.items() if name != "local" and load_backend(name).detect(opts, {})]
+        if asked:
+            other = {"ssh": "--hostfile", "slurm": "--slurm"}.get(asked[0], f"the {asked[0]} backend's options")
+            raise ConfigError(
+                f"--gpus and {other} both say which machines to plan for",
+                hint="Keep one: --gpus simulates GPUs; a hostfile line can name its own (node1 slots=8 gpu=H100-80GB).",
+            )
+    backend = select(options, ctx.environ, simulated=args.gpus is not None)
     if args.gpus is not None:
         cpu_processes = recipe.launch.num_processes if recipe else None
         return parse_gpu_spec(args.gpus, cpu_processes=cpu_processes), backend
-    return backend.probe(ctx.environ, probe.probe_local(ctx.environ)), backend
+    from grpo_launch.probe.local import probe_local
+
+    return backend.probe(ctx.environ, probe_local(ctx.environ)), backend
+
+
+def plan_on(
+    topo: Topology,
+    recipe: Recipe,
+    args: argparse.Namespace,
+    ctx: RunContext,
+    calibration: Calibration | None = None,
+) -> Plan:
+    """Plan ``recipe`` on ``topo`` with what this machine knows of the run: the run directory (--run-dir, else
+    the recipe's, made absolute), this interpreter, the vLLM version it imports, the training set's rows when it
+    is a local file, and the model's shape."""
+    from grpo_launch.probe.dataset import count_rows
+    from grpo_launch.probe.model import resolve_model_shape
+    from grpo_launch.probe.pythons import vllm_version_here
+
+    model, warning = resolve_model_shape(recipe.get("model_name_or_path"), ctx.environ)
+    run_dir = os.path.normpath(os.path.join(ctx.workdir, args.run_dir or default_run_dir(recipe)))
+    rows = None if recipe.launch.dataset_rows else count_rows(str(recipe.get("dataset_name") or ""), ctx.workdir)
+    runtime = Runtime(
+        run_dir=run_dir,
+        python=ctx.python,
+        vllm_version=vllm_version_here(),
+        dataset_rows=rows,
+        warnings=(warning,) if warning else (),
+    )
+    return make_plan(topo, recipe, model, runtime=runtime, calibration=calibration)
 
 
 def plan_for(args: argparse.Namespace, ctx: RunContext, calibration: Calibration | None = None) -> tuple[Plan, Backend]:
-    """Load, probe and plan: the plan carries the run directory and this interpreter."""
-    from grpo_launch.probe import resolve_model_shape, vllm_version_here
-
-    recipe = load(args, ctx)
+    """Load, probe and plan."""
+    recipe = load(args)
     topo, backend = topology(args, ctx, recipe)
-    model, warning = resolve_model_shape(recipe.get("model_name_or_path"), ctx.environ)
-    plan = make_plan(topo, recipe, model, run_dir=recipe.launch.run_dir, python=ctx.python, calibration=calibration)
-    if plan.vllm.mode != "off":
-        plan = dataclasses.replace(plan, vllm_version=vllm_version_here())
-    if warning:
-        plan = dataclasses.replace(plan, warnings=(*plan.warnings, warning))
-    return plan, backend
+    return plan_on(topo, recipe, args, ctx, calibration), backend

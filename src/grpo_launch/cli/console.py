@@ -13,6 +13,20 @@ from typing import TextIO
 STEP_LINE = re.compile(r"^\[train[^\]]*\] step \d+/\d+ done")
 
 
+def terminal_columns(stream: TextIO | None = None) -> int:
+    """The console's width: COLUMNS when set, else the terminal's, else 80 (a terminal that reports 0 columns, as
+    `script` and some `srun --pty` do, counts as none). os's, not shutil's: importing shutil (bz2, lzma) costs
+    the plan path a few ms."""
+    value = os.environ.get("COLUMNS", "")
+    if value.isascii() and value.isdigit() and int(value) > 0:
+        return int(value)
+    try:
+        columns = os.get_terminal_size((stream or sys.stdout).fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        columns = 0
+    return columns if columns > 0 else 80
+
+
 def drop(stream: TextIO) -> None:
     """Point ``stream``'s file descriptor at /dev/null (its reader is gone)."""
     null = os.open(os.devnull, os.O_WRONLY)
@@ -38,10 +52,7 @@ class Console:
     def __call__(self, line: str) -> None:
         try:
             if self.live and STEP_LINE.match(line):
-                try:  # os's, not shutil's: importing shutil costs the plan path a few ms
-                    width = os.get_terminal_size(self.stream.fileno()).columns
-                except (OSError, ValueError):
-                    width = 120
+                width = terminal_columns(self.stream)
                 self.stream.write("\r\x1b[2K" + line[: max(20, width - 1)])
                 self._open = True
             else:

@@ -6,13 +6,13 @@ import argparse
 import json
 from dataclasses import asdict
 
-from grpo_launch.backends import RunContext
 from grpo_launch.cli.common import add_topology_args, topology
+from grpo_launch.spec import RunContext
 
 
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
     p = sub.add_parser("inspect", help="show the GPUs / hosts grpo-launch sees")
-    add_topology_args(p, run=False)
+    add_topology_args(p)
     p.add_argument("--json", action="store_true", help="print as JSON")
 
 

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING
 
-from grpo_launch.backends import RunContext
 from grpo_launch.cli.common import add_planning_args, plan_for
+from grpo_launch.spec import RunContext
 
 if TYPE_CHECKING:
     from grpo_launch.planning.calibration import Comparison
-    from grpo_launch.planning.costmodel import Calibration
+    from grpo_launch.planning.cost.workload import Calibration
 
 
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
     p = sub.add_parser(
         "plan", help="print the plan and write the configs; start nothing", epilog=epilog, formatter_class=formatter
     )
-    add_planning_args(p, run=False)
+    add_planning_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--no-write", action="store_true", help="do not write files to the run directory")
     p.add_argument(
@@ -35,19 +34,25 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
-    from grpo_launch.render import plan_to_dict, render_files
-    from grpo_launch.rundir import write_run_files
-
     calibration: Calibration | None = None
     rows: list[Comparison] = []
     if args.calibrate_from:
-        from grpo_launch.measured import read_run
         from grpo_launch.planning.calibration import calibration_from
+        from grpo_launch.rundir.measured import read_run
 
         calibration, rows = calibration_from(read_run(args.calibrate_from))
     plan, _ = plan_for(args, ctx, calibration)
-    written = [] if args.no_write else [str(p) for p in write_run_files(plan.run_dir, render_files(plan))]
+    written: list[str] = []
+    if not args.no_write:
+        from grpo_launch.render import render_files
+        from grpo_launch.rundir.files import write_run_files
+
+        written = [str(p) for p in write_run_files(plan.run_dir, render_files(plan))]
     if args.json:
+        import json
+
+        from grpo_launch.render.plan_json import plan_to_dict
+
         data = plan_to_dict(plan)
         if rows:
             from grpo_launch.planning.calibration import comparison_to_dict

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from grpo_launch.backends import RunContext
+from grpo_launch.spec import RunContext
 
 
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     from grpo_launch.cli.status import newest_run
-    from grpo_launch.report import write_report
+    from grpo_launch.rundir.report import write_report
 
     run_dir = Path(args.run_dir) if args.run_dir else newest_run(ctx.workdir)
     ctx.emit(f"report: {write_report(run_dir)}")

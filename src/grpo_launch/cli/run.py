@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from grpo_launch.backends import RunContext
 from grpo_launch.cli.common import add_planning_args, plan_for
+from grpo_launch.enums import ResumeMode
 from grpo_launch.errors import ConfigError
-from grpo_launch.spec import RunResult
+from grpo_launch.spec import RunContext, RunResult
 
 
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
@@ -18,12 +18,12 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         epilog=epilog,
         formatter_class=formatter,
     )
-    add_planning_args(p, run=True)
+    add_planning_args(p)
     p.add_argument("--dry-run", action="store_true", help="print the commands that would run (per host); start nothing")
     p.add_argument(
         "--resume",
-        choices=("auto", "never", "must"),
-        default="auto",
+        choices=[str(m) for m in ResumeMode],
+        default=str(ResumeMode.AUTO),
         help="auto: from the newest complete checkpoint in output_dir, or fresh; a completed run is not trained "
         "again (default). never: fresh (earlier checkpoints are set aside, not deleted). must: fail without one",
     )
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
     from grpo_launch.cli.tables import summary_lines
-    from grpo_launch.run import run_plan
+    from grpo_launch.execute.run import run_plan
 
     plan, backend = plan_for(args, ctx)
     # Before anything starts: what was decided, and every notice and warning (a dry run prints them as comments).
@@ -47,4 +47,6 @@ def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
         ctx.emit(prefix + line)
     if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
         raise ConfigError(f"--max-restarts must be from 0 to 1000, got {args.max_restarts}")
-    return run_plan(plan, backend, ctx, dry_run=args.dry_run, resume=args.resume, max_restarts=args.max_restarts)
+    return run_plan(
+        plan, backend, ctx, dry_run=args.dry_run, resume=ResumeMode(args.resume), max_restarts=args.max_restarts
+    )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from grpo_launch.backends import RunContext
 from grpo_launch.backends import load_submitter as _load_submitter
-from grpo_launch.cli.common import add_recipe_args, load
+from grpo_launch.cli.common import add_recipe_args, load, plan_on
+from grpo_launch.cli.options import add_options, read_options
+from grpo_launch.spec import RunContext
 
 DESCRIPTION = (
     "Plan for N nodes × G GPUs, write RUN_DIR/job.sbatch and submit it. Inside the job grpo-launch plans for the real "
@@ -25,32 +26,34 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         formatter_class=formatter,
     )
     add_recipe_args(p)
-    _load_submitter("slurm").add_arguments(p)
+    add_options(p, _load_submitter("slurm").Options)
     p.add_argument("--run-dir", help="run directory on a file system all nodes share (default: grpo_runs/NAME)")
     p.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
+    import dataclasses
+    import os
+
+    from grpo_launch.backends.submit import SubmitJob
     from grpo_launch.cli.tables import summary_lines
-    from grpo_launch.planning import make_plan
-    from grpo_launch.probe import probe_local, resolve_model_shape
+    from grpo_launch.execute.preflight import preflight
+    from grpo_launch.probe.local import probe_local
     from grpo_launch.render import render_files
-    from grpo_launch.run import preflight
-    from grpo_launch.rundir import write_run_files
+    from grpo_launch.rundir.files import write_run_files
 
     submitter_cls = _load_submitter("slurm")
-    recipe = load(args, ctx)
-    if recipe.values.get("use_cpu") is True and args.gpus_per_node is None:
-        args.gpus_per_node = 0  # the recipe asks for CPU nodes
-    topology = submitter_cls.requested_topology(args, probe_local(ctx.environ))
-    model, warning = resolve_model_shape(recipe.get("model_name_or_path"), ctx.environ)
-    if warning:
-        ctx.emit(f"warning: {warning}")
+    options = read_options(args, submitter_cls.Options)
+    recipe = load(args)
+    if recipe.values.get("use_cpu") is True and options.gpus_per_node is None:
+        options = dataclasses.replace(options, gpus_per_node=0)  # the recipe asks for CPU nodes
+    topology = submitter_cls.requested_topology(options, probe_local(ctx.environ))
     # Refuse before submitting what cannot run.
-    plan = make_plan(topology, recipe, model, run_dir=recipe.launch.run_dir, python=ctx.python)
+    plan = plan_on(topology, recipe, args, ctx)
     preflight(plan, ctx.workdir)
     submitter = submitter_cls()
-    submission = submitter.request(recipe, plan, args, ctx)
+    job = SubmitJob(os.path.abspath(args.recipe), tuple(args.overrides), tuple(args.extra))
+    submission = submitter.request(job, plan, options, ctx)
     summary = summary_lines(plan)
     if args.dry_run:
         ctx.emit(submission.text.rstrip("\n"))
@@ -58,10 +61,11 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         return 0
     for line in summary:
         ctx.emit(line)
-    write_run_files(plan.run_dir, {**render_files(plan), submission.path.rsplit("/", 1)[-1]: submission.text})
-    job = submitter.submit(submission, ctx)
-    ctx.emit(f"submitted Slurm job {job}: {submission.summary}")
-    ctx.emit(f"  log:     {plan.run_dir}/slurm-{job}.out (and {plan.run_dir}/logs/ per process)")
+    files = {**render_files(plan), plan.paths.relative(plan.paths.sbatch_script): submission.text}
+    write_run_files(plan.run_dir, files)
+    job_id = submitter.submit(submission, ctx)
+    ctx.emit(f"submitted Slurm job {job_id}: {submission.summary}")
+    ctx.emit(f"  log:     {plan.run_dir}/slurm-{job_id}.out (and {plan.paths.logs}/ per process)")
     ctx.emit(f"  script:  {submission.path}")
-    ctx.emit(f"  follow:  tail -f {plan.run_dir}/slurm-{job}.out   cancel: scancel {job}")
+    ctx.emit(f"  follow:  tail -f {plan.run_dir}/slurm-{job_id}.out   cancel: scancel {job_id}")
     return 0

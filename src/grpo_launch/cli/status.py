@@ -9,9 +9,12 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from grpo_launch.backends import RunContext
+from grpo_launch.enums import RunState
 from grpo_launch.errors import ConfigError
-from grpo_launch.rundir import last_holder, lock_holder
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.rundir.files import last_holder, lock_holder
+from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.spec import RunContext
 
 # TRL's logged metrics worth a line, in this order, when present
 SHOWN = ("reward", "reward_std", "completions/mean_length", "kl", "entropy", "loss", "learning_rate")
@@ -29,31 +32,23 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 
 def newest_run(workdir: str) -> Path:
-    runs = [p.parent for p in Path(workdir, "grpo_runs").glob("*/plan.json")]
+    from grpo_launch.planning import DEFAULT_RUN_ROOT
+
+    runs = [p.parent for p in Path(workdir, DEFAULT_RUN_ROOT).glob("*/plan.json")]
     if not runs:
-        raise ConfigError("no run directory under grpo_runs/", hint="Give one: grpo-launch status RUN_DIR.")
+        raise ConfigError(f"no run directory under {DEFAULT_RUN_ROOT}/", hint="Give one: grpo-launch status RUN_DIR.")
     return max(runs, key=lambda p: p.stat().st_mtime)
 
 
-def _attempts(run_dir: Path) -> list[dict]:
-    """The run's attempts (RUN_DIR/control/attempts.jsonl: one line per supervised attempt, restarts included)."""
-    from grpo_launch.control import ATTEMPTS_FILE, control_dir, read_jsonl
+def _job_state(info: dict) -> tuple[str | None, dict[str, str] | None]:
+    """The batch job the run's lock names, and what its backend says of it now."""
+    from grpo_launch.backends import REGISTRY, load
 
-    try:
-        return read_jsonl(control_dir(run_dir) / ATTEMPTS_FILE)
-    except OSError:
-        return []
-
-
-def _slurm_state(job: str) -> dict[str, str] | None:
-    """JobState, Restarts, … of a Slurm job (``scontrol show job -o``), or None (finished long ago, no Slurm)."""
-    from grpo_launch.backends.slurm.env import run_scontrol
-
-    text = run_scontrol(["show", "job", "-o", job])
-    if not text:
-        return None
-    fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
-    return {k: fields[k] for k in ("JobState", "Restarts", "RunTime", "TimeLimit", "NodeList") if k in fields}
+    job = info.get("job_id") or info.get("slurm_job")  # lock files of earlier versions name only a Slurm job
+    name = info.get("backend") or ("slurm" if info.get("slurm_job") else None)
+    if not job or name not in REGISTRY:
+        return None, None
+    return str(job), load(name).job_state(str(job))
 
 
 def _hours(seconds: float | None) -> str:
@@ -63,28 +58,24 @@ def _hours(seconds: float | None) -> str:
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
-    from grpo_launch.control import STOPPED_MARKER, control_dir
-    from grpo_launch.measured import progress, read_run
+    from grpo_launch.rundir.control import stopped_at
+    from grpo_launch.rundir.measured import progress, read_run
+    from grpo_launch.rundir.records import read_attempts
 
     run_dir = Path(args.run_dir) if args.run_dir else newest_run(ctx.workdir)
+    paths = RunPaths(run_dir)
     m = read_run(run_dir)
-    marker = control_dir(run_dir) / STOPPED_MARKER
-    try:
-        stopped_at: int | None = int(marker.read_text().strip())
-    except (OSError, ValueError):
-        stopped_at = None
-    p = progress(m, time.time(), stopped_at)
-    logs = sorted(str(x) for x in (run_dir / "logs").glob("*.log"))
-    attempts = _attempts(run_dir)
+    p = progress(m, time.time(), stopped_at(run_dir))
+    logs = sorted(str(x) for x in paths.logs.glob("*.log"))
+    attempts = read_attempts(paths.attempts)
     holder = lock_holder(run_dir)
-    job = last_holder(run_dir).get("slurm_job")
-    slurm = _slurm_state(str(job)) if job else None
+    job, job_state = _job_state(last_holder(run_dir))
     last = attempts[-1] if attempts else None
-    if holder is None and p.state in ("running", "silent") and last and last.get("state") == "failed":
-        p = replace(p, state="failed", detail=f"{last.get('failure')}: {last.get('cause') or last.get('message')}")
+    if holder is None and p.state in ("running", "silent") and last and last.state == RunState.FAILED:
+        p = replace(p, state="failed", detail=f"{last.failure}: {last.why}")
     if args.json:
         data = {"run_dir": str(run_dir), "step": m.last_step, "max_steps": m.max_steps, **asdict(p)}
-        data |= {"launcher": holder, "attempts": attempts, "slurm_job": job, "slurm": slurm}
+        data |= {"launcher": holder, "attempts": [a.to_json() for a in attempts], "job": job, "job_state": job_state}
         data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
         data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
         ctx.emit(json.dumps(data | {"logs": logs}, indent=2))
@@ -99,19 +90,20 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     ]
     rows.append(("launcher", f"running ({holder})" if holder else "not running"))
     if job:
-        said = "unknown to scontrol" if slurm is None else f"{slurm.get('JobState')}, restarts {slurm.get('Restarts')}"
-        rows.append(("slurm job", f"{job}: {said}"))
+        said = (
+            "unknown to its scheduler"
+            if job_state is None
+            else (f"{job_state.get('JobState')}, restarts {job_state.get('Restarts')}")
+        )
+        rows.append(("batch job", f"{job}: {said}"))
     if attempts:
-        restarts = len(attempts) - 1
-        said = f"{len(attempts)} attempt(s), {restarts} restart(s)"
-        if last and last.get("failure"):
-            said += (
-                f"; last ended {last.get('state')} ({last.get('failure')}): {last.get('cause') or last.get('message')}"
-            )
+        said = f"{len(attempts)} attempt(s), {len(attempts) - 1} restart(s)"
+        if last and last.failure:
+            said += f"; last ended {last.state} ({last.failure}): {last.why}"
         rows.append(("attempts", said))
     rows += [(k, f"{m.last_log[k]:.4g}") for k in SHOWN if k in m.last_log]
     if m.peak_memory_bytes:
-        rows.append(("peak memory", f"{m.peak_memory_bytes / 2**30:.1f} GiB ({m.memory_kind}, largest rank)"))
-    rows.append(("logs", ", ".join(logs) or f"{run_dir}/logs (none yet)"))
+        rows.append(("peak memory", f"{m.peak_memory_bytes / GIB:.1f} GiB ({m.memory_kind}, largest rank)"))
+    rows.append(("logs", ", ".join(logs) or f"{paths.logs} (none yet)"))
     print_sections([Section(f"grpo-launch status: {run_dir}", rows)])
     return 0

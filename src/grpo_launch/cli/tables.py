@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING
 
-from grpo_launch.commands import trainers, vllm_server
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.machines.topology import Topology
 from grpo_launch.planning.types import Plan
-from grpo_launch.topology import Topology
+from grpo_launch.render.processes import trainers, vllm_server
+from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
     from grpo_launch.planning.calibration import Comparison
 
 
-@dataclass(frozen=True)
+@frozen
 class Section:
     """A titled table (``header`` None: key/value rows), or with no rows just a line of text."""
 
@@ -58,7 +59,7 @@ def topology_sections(topology: Topology) -> list[Section]:
                 ", ".join(sorted({g.name for g in h.gpus})) or "-",
                 ", ".join(sorted(mem)) or "-",
                 str(h.cpus) if h.cpus and h.gpus else "-",
-                f"{h.memory_bytes / 2**30:.0f} GiB" if h.memory_bytes else "-",
+                f"{h.memory_bytes / GIB:.0f} GiB" if h.memory_bytes else "-",
             )
         )
     title = f"Topology ({topology.source}): {topology.describe()}"

@@ -1,5 +1,5 @@
 """From a previous run's measurements to the scales the next plan uses (``grpo-launch plan --calibrate-from``).
-Pure: takes what :func:`grpo_launch.measured.read_run` read.
+Pure: takes what :func:`grpo_launch.rundir.measured.read_run` read.
 
 The trainer times generation and training per step. Its "generation" is TRL's _generate_and_score_completions:
 vLLM's generation plus the reward, the old-log-prob forward and (server mode) the weight sync. So:
@@ -16,19 +16,19 @@ vLLM's generation plus the reward, the old-log-prob forward and (server mode) th
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from grpo_launch.errors import ConfigError
-from grpo_launch.measured import Measured
-from grpo_launch.planning.costmodel import Calibration, Workload
-from grpo_launch.planning.steptime import padded_tokens
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.planning.cost.steptime import padded_tokens
+from grpo_launch.planning.cost.workload import Calibration, Workload
+from grpo_launch.rundir.measured import Measured
+from grpo_launch.spec import frozen
 
-GIB = 1024**3
 FLOOR = 0.05  # no scale below this: a term measured as nothing is a measurement problem, not a 20× speed-up
 
 
-@dataclass(frozen=True)
+@frozen
 class Comparison:
     term: str
     predicted: float | None
@@ -43,50 +43,38 @@ class Comparison:
         return None
 
 
-def _workload(w: dict[str, Any], mean: float | None) -> Workload:
-    return Workload(
-        prompt_len=int(w["prompt_len"]),
-        completion_len=int(w["max_completion_len"]),
-        completions=int(w["completions"]),
-        num_generations=1,
-        per_device=int(w["per_device"]),
-        gradient_checkpointing=False,
-        expected_completion_len=float(mean if mean is not None else w["mean_completion_len"]),
-    )
-
-
 def calibration_from(m: Measured) -> tuple[Calibration, list[Comparison]]:
-    est = m.estimate
-    if not est or not isinstance(est.get("time_s"), dict) or not isinstance(est.get("workload"), dict):
+    pred = m.prediction
+    if pred is None or pred.workload is None:
         raise ConfigError(
             f"{m.run_dir}/plan.json has no estimate to compare with (a CPU run, or a model or GPU the planner "
             "does not know)",
             hint="Calibrate from a GPU run planned with a known model and GPU.",
         )
-    t, w = est["time_s"], est["workload"]
-    assumed, mean = _workload(w, None), m.mean_completion_len
-    length = padded_tokens(_workload(w, mean)) / padded_tokens(assumed) if mean else 1.0
-    pred_train = float(t["training"]) * length
-    pred_old = float(t.get("old_logprobs") or 0.0) * length
+    assumed, mean = Workload.from_dict(pred.workload), m.mean_completion_len
+    measured_len = dataclasses.replace(assumed, expected_completion_len=mean) if mean else assumed
+    length = padded_tokens(measured_len) / padded_tokens(assumed) if mean else 1.0
+    pred_train = pred.training_s * length
+    pred_old = pred.old_logprobs_s * length
     train = max(FLOOR, m.training_s / pred_train) if pred_train > 0 else 1.0
-    gen_left = m.generation_s - pred_old * train - float(t.get("sync") or 0.0)
-    gen = max(FLOOR, gen_left / float(t["generation"])) if float(t["generation"]) > 0 else 1.0
+    gen_left = m.generation_s - pred_old * train - pred.sync_s
+    gen = max(FLOOR, gen_left / pred.generation_s) if pred.generation_s > 0 else 1.0
     rows = [
         Comparison(
             "generation (with scoring, old log-probs, sync)",
-            _sum(t, "generation", "old_logprobs", "sync"),
+            pred.trainer_generation_s,
             m.generation_s,
             "s",
             f"generation × {gen:.2f}",
         ),
         Comparison(
             "training",
-            float(t["training"]),
+            pred.training_s,
             m.training_s,
             "s",
             f"× {train:.2f}" + (f" (after the length correction × {length:.2f})" if mean else ""),
         ),
-        Comparison("step", float(t["step"]), m.step_s, "s"),
+        Comparison("step", pred.step_s, m.step_s, "s"),
         Comparison(
             "mean completion length",
             assumed.mean_completion_len,
@@ -96,7 +84,7 @@ def calibration_from(m: Measured) -> tuple[Calibration, list[Comparison]]:
         ),
     ]
     memory = 1.0
-    predicted_mem = (est.get("memory_per_training_gpu_gib") or {}).get("total")
+    predicted_mem = pred.train_memory_gib
     if m.peak_memory_bytes and predicted_mem and m.memory_kind == "cuda_max_allocated":
         memory = max(FLOOR, m.peak_memory_bytes / GIB / float(predicted_mem))
         rows.append(Comparison("peak memory per training GPU", float(predicted_mem), m.peak_memory_bytes / GIB,
@@ -106,10 +94,6 @@ def calibration_from(m: Measured) -> tuple[Calibration, list[Comparison]]:
         rows.append(Comparison("peak memory per training GPU", predicted_mem, None, "GiB", f"not calibrated: {why}"))
     source = f"{m.run_dir} ({m.steps} steps)"
     return Calibration(gen, train, memory, mean, source), rows
-
-
-def _sum(t: dict[str, Any], *keys: str) -> float:
-    return sum(float(t.get(k) or 0.0) for k in keys)
 
 
 def comparison_to_dict(rows: list[Comparison]) -> list[dict[str, Any]]:

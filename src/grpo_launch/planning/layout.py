@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.trl_schema import DEFAULTS
+from grpo_launch.recipe.trl_schema import DEFAULTS
+from grpo_launch.spec import frozen
 
 # TRL's defaults for the layout keys (generated from TRL's GRPOConfig).
 TRL_DEFAULTS: dict[str, int] = {
@@ -36,7 +36,7 @@ TRL_DEFAULTS: dict[str, int] = {
 MAX_AUTO = 256  # search bound for chosen sizes
 
 
-@dataclass(frozen=True)
+@frozen
 class Layout:
     num_processes: int
     per_device_train_batch_size: int
@@ -72,7 +72,7 @@ class Layout:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class LayoutRequest:
     """What the recipe says about the layout; None means "choose"."""
 

@@ -5,7 +5,7 @@ vLLM run gets both bounds. Pure."""
 from __future__ import annotations
 
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.planning.costmodel import DEFAULT_PROMPT_LEN, TRL_COMPLETION_LEN
+from grpo_launch.planning.cost.constants import DEFAULT_PROMPT_LEN, TRL_COMPLETION_LEN
 from grpo_launch.recipe import Recipe
 
 

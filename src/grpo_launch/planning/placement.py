@@ -3,19 +3,16 @@ colocation. Pure; every choice goes into the Trace."""
 
 from __future__ import annotations
 
-from grpo_launch.catalog import GIB, ModelShape
-from grpo_launch.enums import VllmMode
+from grpo_launch.enums import GpuUse, VllmMode
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.planning.costmodel import (
-    TRL_COLOCATE_UTILIZATION,
-    VLLM_SERVER_UTILIZATION,
-    VLLM_WEIGHTS_SHARE,
-    fits_server_gpu,
-)
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.machines.topology import Topology
+from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.cost.constants import TRL_COLOCATE_UTILIZATION, VLLM_SERVER_UTILIZATION, VLLM_WEIGHTS_SHARE
+from grpo_launch.planning.cost.memory import fits_server_gpu
 from grpo_launch.planning.lengths import max_model_len, prompt_bound
 from grpo_launch.planning.types import GpuRole, Trace, TrainHost, VllmPlan
 from grpo_launch.recipe import Recipe
-from grpo_launch.topology import Topology
 
 
 class NoGpuLeftForTraining(PlanError):
@@ -26,7 +23,7 @@ def auto_mode(recipe: Recipe) -> bool:
     """The recipe leaves the vLLM mode to the planner (server GPUs or a server TP size ask for a server)."""
     launch = recipe.launch
     return (
-        launch.vllm == "auto"
+        launch.vllm is None
         and not recipe.get("vllm_mode")
         and recipe.values.get("use_vllm") is not False
         and launch.vllm_gpus is None
@@ -35,25 +32,24 @@ def auto_mode(recipe: Recipe) -> bool:
 
 
 def choose_mode(topology: Topology, recipe: Recipe, trace: Trace) -> VllmMode:
-    wanted = recipe.launch.vllm
-    use_vllm = recipe.values.get("use_vllm", "auto")
-    trl_mode = recipe.get("vllm_mode")
-    if use_vllm is False:
-        if wanted not in ("auto", "off"):
+    wanted = recipe.launch.vllm  # None: auto
+    trl_mode = VllmMode(recipe.get("vllm_mode")) if recipe.get("vllm_mode") else None
+    if recipe.values.get("use_vllm") is False:
+        if wanted not in (None, VllmMode.OFF):
             raise PlanError(
                 f"the recipe sets use_vllm: false but launch.vllm={wanted}",
                 hint="Remove one of them: use_vllm: true with launch.vllm, or launch.vllm=off.",
             )
-        wanted = "off"
-    if trl_mode and wanted == "auto":
+        wanted = VllmMode.OFF
+    if trl_mode and wanted is None:
         wanted = trl_mode
-    elif trl_mode and wanted not in ("auto", trl_mode):
+    elif trl_mode and wanted not in (None, trl_mode):
         raise PlanError(
             f"the recipe sets vllm_mode: {trl_mode} but launch.vllm={wanted}",
             hint="Keep one: grpo-launch writes vllm_mode for the trainer from launch.vllm.",
         )
     if topology.is_cpu:
-        if wanted in ("server", "colocate"):
+        if wanted in (VllmMode.SERVER, VllmMode.COLOCATE):
             raise PlanError(
                 f"vLLM {wanted} mode needs CUDA GPUs, and this topology has none",
                 hint="On CPU, generate with transformers: launch.vllm=off (or use_vllm: false). "
@@ -61,9 +57,9 @@ def choose_mode(topology: Topology, recipe: Recipe, trace: Trace) -> VllmMode:
             )
         trace.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
         return VllmMode.OFF
-    if wanted != "auto":
-        trace.decide("vllm", VllmMode(wanted), "set in the recipe")
-        return VllmMode(wanted)
+    if wanted is not None:
+        trace.decide("vllm", wanted, "set in the recipe")
+        return wanted
     if recipe.launch.vllm_gpus is not None or recipe.launch.vllm_tensor_parallel_size is not None:
         trace.decide("vllm", VllmMode.SERVER, "launch.vllm_gpus / launch.vllm_tensor_parallel_size ask for a server")
         return VllmMode.SERVER
@@ -350,8 +346,8 @@ def gpu_roles(topology: Topology, vllm: VllmPlan, train_hosts: tuple[TrainHost, 
     for h in topology.hosts:
         for g in h.gpus:
             key = (h.name, g.visible_id)
-            role = "vllm" if key in serving else "train" if key in training else "idle"
-            if vllm.mode == VllmMode.COLOCATE and role == "train":
-                role = "train+vllm"
-            roles.append(GpuRole(h.name, g.visible_id, g.name, g.memory_gib, role))
+            use = GpuUse.VLLM if key in serving else GpuUse.TRAIN if key in training else GpuUse.IDLE
+            if vllm.mode == VllmMode.COLOCATE and use == GpuUse.TRAIN:
+                use = GpuUse.SHARED
+            roles.append(GpuRole(h.name, g.visible_id, g.name, g.memory_gib, use))
     return tuple(roles)

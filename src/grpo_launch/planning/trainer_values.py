@@ -8,7 +8,7 @@ from grpo_launch.enums import Device, DistBackend, VllmMode
 from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.types import Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
-from grpo_launch.recipe_keys import PLANNED_KEYS
+from grpo_launch.recipe.keys import PLANNED_KEYS
 
 # Keys the planner owns in each vLLM mode: the recipe's values are replaced by the plan's.
 _SERVER_ONLY_IN_PLAN = (

@@ -7,12 +7,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_launch.catalog import ModelShape
-from grpo_launch.enums import Device, DistBackend, Offload, Role, VllmMode
-from grpo_launch.planning.costmodel import TrainMemory, VllmMemory, Workload
+from grpo_launch.enums import Device, DistBackend, GpuUse, Offload, Role, VllmMode
+from grpo_launch.machines.topology import Topology
+from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.cost.memory import TrainMemory, VllmMemory
+from grpo_launch.planning.cost.workload import Workload
 from grpo_launch.planning.layout import Layout
 from grpo_launch.recipe import Recipe
-from grpo_launch.topology import Topology
+from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.spec import frozen
 
 __all__ = [
     "Candidate",
@@ -32,10 +35,22 @@ __all__ = [
     "VllmPlan",
 ]
 
-OUTPUT_SUBDIR = "output"  # output_dir when the recipe sets none: RUN_DIR/output
+
+@frozen
+class Runtime:
+    """What a plan needs to know of where it will run, read before planning (the CLI probes it): the run
+    directory (None: launch.run_dir, else grpo_runs/NAME), the Python on the hosts, the vLLM version the trainers
+    import (some server flags depend on it), the training set's rows when counted locally (for the whole-run
+    time), and what reading them warned about (an unknown model)."""
+
+    run_dir: str | None = None
+    python: str = "python3"
+    vllm_version: str | None = None
+    dataset_rows: int | None = None
+    warnings: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class Decision:
     what: str
     value: Any
@@ -61,7 +76,7 @@ class Trace:
         self.warnings.append(text)
 
 
-@dataclass(frozen=True)
+@frozen
 class VllmPlan:
     mode: VllmMode
     host: str | None = None
@@ -87,7 +102,7 @@ class VllmPlan:
         return f"{self.base_url}/health" if self.base_url else None
 
 
-@dataclass(frozen=True)
+@frozen
 class TrainHost:
     name: str
     address: str
@@ -96,7 +111,7 @@ class TrainHost:
     processes: int
 
 
-@dataclass(frozen=True)
+@frozen
 class TrainPlan:
     device: Device
     hosts: tuple[TrainHost, ...]
@@ -119,16 +134,16 @@ class TrainPlan:
         return self.hosts[0].address
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuRole:
     host: str
     gpu: str
     name: str
     memory_gib: float | None
-    role: str  # train | vllm | train+vllm | idle
+    role: GpuUse
 
 
-@dataclass(frozen=True)
+@frozen
 class StepTime:
     generation_s: float
     training_s: float
@@ -144,7 +159,7 @@ class StepTime:
         return "generation" if self.generation_s >= self.training_s else "training"
 
 
-@dataclass(frozen=True)
+@frozen
 class Total:
     """The whole run, before launch: optimizer steps (max_steps, or epochs × rows ÷ prompts per step), hours at the
     predicted step time, GPU-hours over every GPU the run holds, and the price when a GPU-hour price is given."""
@@ -156,7 +171,7 @@ class Total:
     source: str  # where the step count came from
 
 
-@dataclass(frozen=True)
+@frozen
 class Estimate:
     """Predicted memory and step time (:mod:`grpo_launch.planning.costmodel`), with the arithmetic behind them."""
 
@@ -172,7 +187,7 @@ class Estimate:
     workload: Workload | None = None  # what the estimate assumed one step processes (and its calibration)
 
 
-@dataclass(frozen=True)
+@frozen
 class Candidate:
     """One split the search considered: vLLM colocated, or a server of ``tensor_parallel_size`` GPUs.
 
@@ -195,10 +210,11 @@ class Candidate:
         return self.step.total_s / self.prompts_per_step
 
 
-@dataclass(frozen=True)
+@frozen
 class Plan:
-    """Everything decided for one run. ``run_dir`` and ``python`` are the runtime settings the renderers need:
-    every path of the run (configs, logs, control dir, the default output_dir) derives from ``run_dir``."""
+    """Everything decided for one run. ``run_dir``, ``python`` and ``vllm_version`` are the runtime settings the
+    renderers need (from :class:`Runtime`): every path of the run (configs, logs, control dir, the default
+    output_dir) derives from ``run_dir``."""
 
     recipe: Recipe
     topology: Topology
@@ -215,11 +231,17 @@ class Plan:
     estimate: Estimate | None = None
     candidates: tuple[Candidate, ...] = ()
     python: str = "python3"
-    vllm_version: str | None = None  # of the server's vLLM, when known (some flags depend on it)
+    vllm_version: str | None = None  # the trainers' (and so the server's) vLLM, when known (some flags depend on it)
+    runtime: Runtime = Runtime()  # what the plan was made with (a replan after an OOM reuses it)
+
+    @property
+    def paths(self) -> RunPaths:
+        """Every file of the plan's run directory."""
+        return RunPaths(self.run_dir)
 
     @property
     def output_dir(self) -> str:
-        return str(self.trainer_values.get("output_dir") or f"{self.run_dir}/{OUTPUT_SUBDIR}")
+        return str(self.trainer_values.get("output_dir") or self.paths.output)
 
     @property
     def resolved_trainer_values(self) -> dict[str, Any]:

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.checkpoints import COMPLETE_MARKER, RESUME_ENV
-from grpo_launch.control import CONTROL_DIR_ENV, METRICS_ENV, STACKS_DIR, STOPPED_MARKER
-from grpo_launch.recipe import yaml_load
+from grpo_launch.recipe.parse import yaml_load
+from grpo_launch.rundir.control import mark_stopped
+from grpo_launch.rundir.layout import COMPLETE_MARKER, NO_RESUME, RESUME_ENV, RunPaths
 from grpo_launch.train import console
 from grpo_launch.train.callbacks import make_callbacks
 from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset, split_values
@@ -55,16 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
     # grpo-launch's watchdog asks for every rank's stack when no step finishes in time (a hang): each rank writes it
-    # to CONTROL_DIR/stacks/rank-R.txt (on stderr without a control directory).
-    control = os.environ.get(CONTROL_DIR_ENV)
-    if control:
+    # to RUN_DIR/control/stacks/rank-R.txt (on stderr when grpo-launch did not start it).
+    paths = RunPaths.from_environ(os.environ)
+    if paths:
         # report_to's loggers write under the run directory unless told otherwise (TensorBoard, W&B).
-        run_dir = Path(control).parent
-        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(run_dir / "tensorboard"))
-        os.environ.setdefault("WANDB_DIR", str(run_dir))
-        stacks = Path(control) / STACKS_DIR
-        stacks.mkdir(parents=True, exist_ok=True)
-        _KEEP.append(open(stacks / f"rank-{os.environ.get('RANK', '0')}.txt", "w"))  # noqa: SIM115
+        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(paths.tensorboard))
+        os.environ.setdefault("WANDB_DIR", str(paths.root))
+        paths.stacks.mkdir(parents=True, exist_ok=True)
+        _KEEP.append(open(paths.rank_stack(os.environ.get("RANK", "0")), "w"))  # noqa: SIM115
         faulthandler.register(signal.SIGUSR1, file=_KEEP[-1], all_threads=True)
     else:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -136,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if script.get("reward_model_name_or_path"):
         rewards.insert(0, script["reward_model_name_or_path"])  # as trl grpo: GRPOTrainer loads the reward model
 
-    control_dir = os.environ.get(CONTROL_DIR_ENV)
-    step_log, stop = make_callbacks(control_dir, is_main, os.environ.get(METRICS_ENV))
+    step_log, stop = make_callbacks(paths, is_main)
     trainer = GRPOTrainer(
         model=path,
         reward_funcs=rewards,
@@ -167,16 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     output_dir = config.output_dir or "trainer_output"
     decided = os.environ.get(RESUME_ENV)  # grpo-launch decided (the same for every rank); else the Trainer's way
     if decided is not None:
-        checkpoint = None if decided == "none" else decided
+        checkpoint = None if decided == NO_RESUME else decided
     else:
         checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     if is_main:
         print(f"[grpo-launch] {'resuming from ' + checkpoint if checkpoint else 'starting fresh'}", flush=True)
     trainer.train(resume_from_checkpoint=checkpoint)
     if stop is not None and stop.stopped_at is not None:
-        if is_main and control_dir:
-            marker = Path(control_dir) / STOPPED_MARKER
-            marker.write_text(f"{stop.stopped_at}\n")
+        if is_main and paths:
+            mark_stopped(paths.root, stop.stopped_at)
             print(
                 f"[grpo-launch] stopped on request after step {stop.stopped_at}; checkpoint saved in "
                 f"{output_dir}/checkpoint-{stop.stopped_at}",
@@ -220,8 +216,8 @@ def _exit(code: int) -> None:
 def _entry() -> int:
     """Rank 0 on the console, the other ranks in their own log files (errors as one console line each)."""
     console.quiet_progress_bars()
-    control = os.environ.get(CONTROL_DIR_ENV)
-    own = console.to_own_log(Path(control).parent / "logs") if control else None
+    paths = RunPaths.from_environ(os.environ)
+    own = console.to_own_log(paths.logs) if paths else None
     try:
         return main()
     except BaseException as exc:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.control import STOP_REQUEST
+from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.records import LogRecord, SaveRecord, StepRecord, append
 
 
 def peak_memory_bytes() -> tuple[int, str]:
@@ -80,17 +81,19 @@ def gpu_utilization() -> int | None:
         return None
 
 
-def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | None = None) -> tuple[Any, Any]:
+def make_callbacks(paths: RunPaths | None, is_main: bool) -> tuple[Any, Any]:
     """(the step log, the stop-on-request callback or None). Imports transformers: call inside the trainer only.
 
-    With ``metrics_path`` the main process appends one JSON line per optimizer step: its wall, generation and
-    training seconds, the tokens processed so far, and every rank's peak memory (gathered from all ranks) — what
-    `grpo-launch plan` predicted, measured; and one line per logging step with TRL's logged metrics."""
-    import json
+    In a run directory the main process appends a record per optimizer step to its metrics (:mod:`records`): its
+    wall, generation and training seconds, the tokens processed so far, and every rank's peak memory (gathered from
+    all ranks) — what `grpo-launch plan` predicted, measured; one per save; one per logging step with TRL's logged
+    metrics."""
     import time
 
     import torch
     from transformers import TrainerCallback
+
+    metrics_path = paths.metrics if paths else None
 
     class StepLog(TrainerCallback):
         """One line per optimizer step on the main process: wall time, and how much of it went to generating
@@ -121,8 +124,7 @@ def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | N
         def on_save(self, args, state, control, **kwargs):
             """The checkpoint's save time (from the end of its step), for the walltime-aware stop."""
             if is_main and metrics_path:
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps({"step": state.global_step, "save_s": time.monotonic() - self.t_end}) + "\n")
+                append(metrics_path, SaveRecord(state.global_step, time.monotonic() - self.t_end))
 
         def on_step_end(self, args, state, control, **kwargs):
             self.t_end = time.monotonic()
@@ -159,35 +161,32 @@ def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | N
                 self.print_pending(logs)
             if is_main and metrics_path and logs:
                 numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps({"step": state.global_step, "log": numbers}) + "\n")
+                append(metrics_path, LogRecord(state.global_step, numbers))
 
         def write_metrics(self, state, dt: float, gen: float, peaks: list[int], kind: str) -> None:
             assert metrics_path is not None
-            line = {
-                "step": state.global_step,
-                "max_steps": state.max_steps,
-                "time": time.time(),
-                "step_s": dt,
-                "generation_s": gen,
-                "training_s": max(0.0, dt - gen),
-                "num_tokens": int(state.num_input_tokens_seen),  # TRL counts prompt + completion tokens here
-                "peak_memory_bytes": peaks,
-                "memory_kind": kind,
-            }
-            if any(u is not None for u in self.gpu_util):
-                line["gpu_utilization"] = self.gpu_util  # NVML's percent busy per rank, sampled at the step's end
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(line) + "\n")
+            record = StepRecord(
+                step=state.global_step,
+                max_steps=state.max_steps,
+                time=time.time(),
+                step_s=dt,
+                generation_s=gen,
+                training_s=max(0.0, dt - gen),
+                num_tokens=int(state.num_input_tokens_seen),  # TRL counts prompt + completion tokens here
+                peak_memory_bytes=tuple(peaks),
+                memory_kind=kind,
+                gpu_utilization=tuple(self.gpu_util),
+            )
+            append(metrics_path, record)
 
     class StopOnRequest(TrainerCallback):
-        """Save a checkpoint and stop at the end of the step in which ``CONTROL_DIR/stop-requested`` appears.
+        """Save a checkpoint and stop at the end of the step in which the run's stop request appears.
 
         Every rank must stop at the same step (saving is collective), so the flag is all-reduced each step.
         """
 
-        def __init__(self, directory: str) -> None:
-            self.request = Path(directory) / STOP_REQUEST
+        def __init__(self, request: Path) -> None:
+            self.request = request
             self.stopped_at: int | None = None
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -202,4 +201,4 @@ def make_callbacks(control_dir: str | None, is_main: bool, metrics_path: str | N
                 self.stopped_at = state.global_step
             return control
 
-    return StepLog(), (StopOnRequest(control_dir) if control_dir else None)
+    return StepLog(), (StopOnRequest(paths.stop_request) if paths else None)

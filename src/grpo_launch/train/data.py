@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from grpo_launch import trl_schema
-from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
+from grpo_launch.recipe import LOCAL_DATA_SUFFIXES, trl_schema
 
 
 def split_values(values: Mapping[str, Any]) -> tuple[dict, dict, dict]:

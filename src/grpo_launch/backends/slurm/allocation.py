@@ -8,9 +8,15 @@ from collections.abc import Callable, Mapping, Sequence
 
 from grpo_launch.backends.slurm.env import SLURM_VARIABLES, run_scontrol, slurm_values
 from grpo_launch.errors import ProbeError, is_decimal
-from grpo_launch.probe import HOST_REPORT_CODE, collect_reports, local_gpu_model, mixed_models_warning, reported_gpus
+from grpo_launch.machines.topology import Gpu, Host, Topology
+from grpo_launch.probe.hosts import (
+    collect_reports,
+    local_gpu_model,
+    mixed_models_warning,
+    report_command,
+    reported_gpus,
+)
 from grpo_launch.spec import ProcessSpec
-from grpo_launch.topology import Gpu, Host, Topology
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -86,7 +92,7 @@ def parse_node_addresses(text: str) -> dict[str, str]:
     return {**names, **_node_fields(text, "NodeAddr")}
 
 
-NodeReports = tuple[dict[str, dict], list[str]]  # node → its HOST_REPORT_CODE report; what failed, per node
+NodeReports = tuple[dict[str, dict], list[str]]  # node → its host report; what failed, per node
 PROBE_STEP_TIMEOUT_S = 60.0  # a step starts in seconds on a healthy allocation
 
 
@@ -100,7 +106,7 @@ def probe_nodes(
     def argv(node: str) -> list[str]:
         gres = [f"--gres=gpu:{gpus[node]}"] if gpus[node] else []
         return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--quiet",
-                "--job-name=grpo-launch-probe", *gres, python or sys.executable, "-c", HOST_REPORT_CODE]  # fmt: skip
+                "--job-name=grpo-launch-probe", *gres, *report_command(python or sys.executable)]  # fmt: skip
 
     return collect_reports(list(gpus), argv, timeout_s=timeout_s)
 
@@ -214,7 +220,7 @@ def srun_spec(spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node
     """``spec`` as one Slurm step on its node.
 
     The step asks for all of the node's GPUs and CPUs and overlaps with the node's other step (vLLM next to the
-    trainers); :mod:`grpo_launch.task` then narrows CUDA_VISIBLE_DEVICES to the planned positions of the list Slurm
+    trainers); :mod:`grpo_launch.node.shim` then narrows CUDA_VISIBLE_DEVICES to the planned positions of the list Slurm
     gives the step (Slurm numbers job GPUs its own way: with device cgroups 0..k-1, without them the node's
     indices). ``--kill-on-bad-exit`` ends the step when its task fails.
     """
@@ -233,7 +239,7 @@ def srun_spec(spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node
         argv.append(f"--cpus-per-task={cpus_on_node}")
     if gpus_on_node:
         argv.append(f"--gres=gpu:{gpus_on_node}")
-    task = [python, "-m", "grpo_launch.task"]
+    task = [python, "-m", "grpo_launch.node.shim"]
     if spec.gpus is not None:
         task += ["--gpus", ",".join(spec.gpus)]
     return ProcessSpec(

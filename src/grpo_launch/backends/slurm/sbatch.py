@@ -9,7 +9,7 @@ Why the script looks the way it does:
   appended); the requeued run resumes from the newest checkpoint in output_dir.
 - ``--exclusive`` and one task per node: grpo-launch starts its own steps (``srun -w NODE``), one per process
   group, and they share the node's CPUs and GPUs (``--overlap``); each narrows CUDA_VISIBLE_DEVICES to its planned
-  GPUs with :mod:`grpo_launch.task`.
+  GPUs with :mod:`grpo_launch.node.shim`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from grpo_launch import __version__
 from grpo_launch.errors import ConfigError, LaunchError, ProbeError
+from grpo_launch.spec import frozen
 
 PREEMPT_SIGNAL = "USR2"
 PREEMPT_WARNING_S = 90
@@ -28,7 +29,7 @@ PREEMPT_WARNING_S = 90
 _TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|unlimited|INFINITE|infinite)$", re.ASCII)
 
 
-@dataclass(frozen=True)
+@frozen
 class SbatchRequest:
     """What ``grpo-launch sbatch`` submits. Paths are absolute; ``python`` runs grpo-launch on the nodes."""
 

@@ -1,0 +1,100 @@
+"""The outside half of the Slurm backend: ``grpo-launch sbatch`` plans for the requested allocation, renders the
+batch script (:mod:`.sbatch`) into the run directory and submits it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from grpo_launch.backends.base import option
+from grpo_launch.backends.submit import Submission, SubmitJob
+from grpo_launch.errors import ConfigError
+from grpo_launch.machines.gpus import GIB, find_gpu_spec
+from grpo_launch.machines.topology import Gpu, Host, Topology
+from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.spec import frozen
+
+if TYPE_CHECKING:
+    from grpo_launch.planning.types import Plan
+    from grpo_launch.spec import RunContext
+
+
+@frozen
+class SbatchOptions:
+    """What ``grpo-launch sbatch`` asks Slurm for."""
+
+    nodes: int = option("--nodes", "number of nodes", default=0, type=int, required=True)
+    gpus_per_node: int | None = option(
+        "--gpus-per-node", "GPUs per node (default: this machine's count; 0 for CPU-only nodes)", type=int
+    )
+    gpu_type: str | None = option(
+        "--gpu-type", "GPU model to plan for, e.g. H100-80GB (default: this machine's GPU)", metavar="MODEL"
+    )
+    partition: str | None = option("--partition", "Slurm partition")
+    time: str | None = option("--time", "time limit (sbatch --time format, e.g. 04:00:00 or 1-00:00)")
+    account: str | None = option("--account", "Slurm account")
+    job_name: str | None = option("--job-name", "job name (default: grpo-RECIPE)")
+
+
+class SlurmSubmitter:
+    """``grpo-launch sbatch``: plan for the requested allocation, write RUN_DIR/job.sbatch, submit it."""
+
+    Options: ClassVar[type] = SbatchOptions
+
+    @classmethod
+    def requested_topology(cls, options: SbatchOptions, local: Topology) -> Topology:
+        """--nodes × --gpus-per-node GPUs of one model (by default this machine's count and model)."""
+        if options.nodes < 1:
+            raise ConfigError(f"--nodes must be at least 1, got {options.nodes}")
+        per_node = options.gpus_per_node
+        if per_node is None:
+            if local.is_cpu:
+                raise ConfigError(
+                    "how many GPUs per node? This machine has none to copy the count from",
+                    hint="Pass --gpus-per-node G (and --gpu-type, e.g. H100-80GB, to check memory); 0 for CPU nodes.",
+                )
+            per_node = len(local.hosts[0].gpus)
+        if per_node < 0:
+            raise ConfigError(f"--gpus-per-node must be 0 or more, got {per_node}")
+        name, memory = "unknown", None
+        if options.gpu_type:
+            spec = find_gpu_spec(options.gpu_type)
+            if spec is None:
+                raise ConfigError(
+                    f"unknown --gpu-type {options.gpu_type!r}",
+                    hint="Known: H100-80GB, H200, A100-80GB, L20, L40S, A10G, …",
+                )
+            name, memory = spec.name, int(spec.memory_gib * GIB)
+        elif local.hosts[0].gpus:
+            name, memory = local.hosts[0].gpus[0].name, local.hosts[0].gpus[0].memory_bytes
+        gpus = tuple(Gpu(visible_id=str(i), name=name, memory_bytes=memory) for i in range(per_node))
+        hosts = tuple(Host(name=f"node{i + 1}", gpus=gpus) for i in range(options.nodes))
+        warnings = () if memory or not per_node else ("GPU model unknown (pass --gpu-type): memory not checked",)
+        return Topology(hosts, "sbatch", warnings)
+
+    def request(self, job: SubmitJob, plan: Plan, options: SbatchOptions, ctx: RunContext) -> Submission:
+        from grpo_launch.backends.slurm.sbatch import SbatchRequest, render_sbatch_script
+
+        request = SbatchRequest(
+            recipe=job.recipe,
+            run_dir=plan.run_dir,
+            workdir=ctx.workdir,
+            python=ctx.python,
+            nodes=options.nodes,
+            gpus_per_node=len(plan.topology.hosts[0].gpus),
+            overrides=job.overrides,
+            job_name=options.job_name,
+            partition=options.partition,
+            time=options.time,
+            account=options.account,
+            extra_args=job.extra_args,
+        )
+        return Submission(
+            render_sbatch_script(request),
+            str(RunPaths(plan.run_dir).sbatch_script),
+            summary=f"{options.nodes} node(s), plan {plan.topology.describe()}",
+        )
+
+    def submit(self, submission: Submission, ctx: RunContext) -> str:
+        from grpo_launch.backends.slurm.sbatch import submit_batch_script
+
+        return submit_batch_script(submission.path, cwd=ctx.workdir)

@@ -1,0 +1,171 @@
+"""Checks before a run starts anything, reported together: the recipe's inputs (model, data, rewards), vLLM in
+every Python that will import it, the output directory (writable, with room for the checkpoints the plan implies),
+and torch extension build locks DeepSpeed would wait on forever."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from grpo_launch.enums import VllmMode
+from grpo_launch.errors import ConfigError, LaunchError
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.planning.types import Plan
+from grpo_launch.probe.dataset import looks_local
+from grpo_launch.probe.pythons import TRL_VLLM_RANGE, interpreter_of, version_tuple, vllm_version_of
+from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
+from grpo_launch.train.rewards import check_reward_names, is_import_path
+
+
+def preflight(plan: Plan, workdir: str) -> None:
+    """Everything about the recipe's inputs that can be checked before a process starts, reported together.
+    ``workdir`` (where the processes start; the CLI runs there) names the base of relative paths in messages."""
+    values = plan.trainer_values
+    problems: list[str] = []
+    model = str(values.get("model_name_or_path") or "")
+    if not model:
+        problems.append("model_name_or_path is not set")
+    elif looks_local(model) and not (Path(model).expanduser() / "config.json").is_file():
+        problems.append(
+            f"model path {model!r} has no config.json (is the path right? relative paths start from {workdir})"
+        )
+    data = str(values.get("dataset_name") or "")
+    if not data:
+        problems.append("dataset_name is not set")
+    elif Path(data).suffix in LOCAL_DATA_SUFFIXES and not Path(data).expanduser().is_file():
+        problems.append(f"dataset file {data!r} not found")
+    elif looks_local(data) and not Path(data).expanduser().exists():
+        problems.append(f"dataset path {data!r} not found")
+    rewards = values.get("reward_funcs") or []
+    names = [rewards] if isinstance(rewards, str) else [str(r) for r in rewards]
+    problems += check_reward_names(names) or missing_reward_modules(plan, names, workdir)
+    if problems:
+        raise ConfigError("cannot start the run:", problems=problems)
+
+
+def missing_reward_modules(plan: Plan, names: list[str], workdir: str) -> list[str]:
+    """Import-path rewards whose top-level module the trainers' Python cannot find (from the working directory,
+    with the run's PYTHONPATH), found without importing anything; only for a run on this machine."""
+    import subprocess
+
+    modules = sorted({n.partition(":")[0].split(".")[0] for n in names if is_import_path(n)})
+    if not modules or len(plan.topology.hosts) > 1:
+        return []
+    code = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+    env = dict(os.environ) | dict(plan.recipe.launch.train_env)
+    try:
+        out = subprocess.run(
+            [plan.python, "-c", code, *modules], cwd=workdir, env=env, capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []  # the interpreter itself is checked when the trainers start
+    return [
+        f"reward_funcs: module {m!r} is not importable from {workdir} by {plan.python} (check the name, or add "
+        "its directory to PYTHONPATH: launch.train_env)"
+        for m in out.stdout.split()
+    ]
+
+
+def check_vllm(plan: Plan) -> str | None:
+    """The trainers import vLLM in both modes (TRL's client and the NCCL weight transfer, whose wire format changes
+    between versions), so vLLM must be importable in the trainers' Python, within TRL 1.16's range, and (server
+    mode) the same version as the server's; and the plan (whose server flags depend on it) must have been made for
+    that version. Returns the server's version; raises one error with every problem."""
+    if plan.vllm.mode == VllmMode.OFF:
+        return None
+    low, high = TRL_VLLM_RANGE
+    problems = []
+    trainer = vllm_version_of(plan.python)
+    versions = {f"the trainers' Python ({plan.python})": trainer}
+    if plan.vllm.mode == VllmMode.SERVER:
+        command = plan.recipe.launch.vllm_command
+        python = interpreter_of(command[0])
+        if python is None:
+            problems.append(f"cannot find the Python behind the server command {command[0]!r} (launch.vllm_command)")
+        else:
+            versions[f"the server's Python ({python})"] = vllm_version_of(python)
+    for where, version in versions.items():
+        v = version_tuple(version)
+        if version == "missing":
+            problems.append(f"vLLM is not installed in {where}")
+        elif v is None:
+            problems.append(f"cannot read the vLLM version in {where}: {version}")
+        elif not low <= v <= high:
+            problems.append(f"vLLM {version} in {where} is outside TRL 1.16's range 0.22–0.31")
+    found = {version_tuple(v) for v in versions.values()}
+    if not problems and len(found) > 1:
+        problems.append(
+            "the trainers and the server run different vLLM versions: "
+            + ", ".join(f"{v} in {w}" for w, v in versions.items())
+        )
+    planned = version_tuple(plan.vllm_version)
+    if not problems and planned is not None and planned not in found:
+        problems.append(
+            f"the plan was made for vLLM {plan.vllm_version}, but the run's Pythons import "
+            + ", ".join(f"{v} ({w})" for w, v in versions.items())
+        )
+    if problems:
+        raise LaunchError(
+            "vLLM is not ready for this run:",
+            problems=problems,
+            hint="Install the same vLLM (0.22–0.31) where the trainers run and where the server runs: "
+            "pip install 'grpo-launch[train,vllm]', or point launch.vllm_command at the trainers' environment.",
+        )
+    return list(versions.values())[-1]  # the server's in server mode, else the trainers'
+
+
+def stale_build_locks(environ: Mapping[str, str]) -> list[Path]:
+    """Lock files of torch's JIT extension builds (DeepSpeed compiles its ops on first use)."""
+    root = Path(
+        environ.get("TORCH_EXTENSIONS_DIR") or Path(environ.get("HOME", "~")).expanduser() / ".cache/torch_extensions"
+    )
+    return sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})
+
+
+def output_dir_of(plan: Plan, workdir: str) -> Path:
+    """The trainers' output_dir as a path from ``workdir`` (where they start)."""
+    return Path(workdir) / Path(plan.output_dir).expanduser()
+
+
+def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], int] | None = None) -> list[str]:
+    """Problems with the output directory that would otherwise show after the model has loaded: not writable, or
+    too little free space for one checkpoint and the final model (what the plan implies). Returns warnings (space
+    for one checkpoint, not for every checkpoint the run keeps)."""
+    import shutil
+    import tempfile
+
+    from grpo_launch.planning.cost.storage import checkpoints_kept, save_bytes
+
+    out = output_dir_of(plan, workdir)
+    try:  # as the trainers will: create it, write in it (permission bits say nothing for root or read-only mounts)
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"output_dir {str(out)!r} cannot be written: {exc.strerror or exc}",
+            hint="Set output_dir to a writable directory (e.g. output_dir=runs/NAME).",
+        ) from None
+    base = out
+    if plan.model is None:
+        return []
+    free = (free_bytes or (lambda p: shutil.disk_usage(p).free))(base)
+    checkpoint, final = save_bytes(
+        plan.model, plan.train.backend, plan.trainer_values, mixed_precision=plan.train.mixed_precision
+    )
+    kept = checkpoints_kept(plan.trainer_values, int(plan.trainer_values.get("max_steps") or -1))
+    if free < checkpoint + final:
+        raise ConfigError(
+            f"output_dir {str(out)!r} has {free / GIB:.1f} GiB free, but one checkpoint ({checkpoint / GIB:.1f} GiB "
+            f"with {plan.train.backend}) and the final model ({final / GIB:.1f} GiB) need "
+            f"{(checkpoint + final) / GIB:.1f} GiB",
+            hint="Free space there, or set output_dir to a larger file system (a full disk leaves a damaged "
+            "checkpoint behind).",
+        )
+    if kept and free < kept * checkpoint + final:
+        return [
+            f"output_dir has {free / GIB:.1f} GiB free: room for {int((free - final) // checkpoint)} of the "
+            f"{kept} checkpoints this run keeps ({checkpoint / GIB:.1f} GiB each); set save_total_limit or free space"
+        ]
+    return []

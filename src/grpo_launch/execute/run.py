@@ -1,0 +1,247 @@
+"""run_plan(plan, backend, ctx) → RunResult: the checks, the run directory's lock and files, the resume decision,
+then supervised attempts (what follows each failed one is :mod:`.policy`'s decision: a restart from the newest
+complete checkpoint, a more frugal plan after an out-of-memory failure, or the end), then the backend's after-run
+step (e.g. a Slurm requeue). Every attempt is recorded in the run directory
+(:class:`~grpo_launch.rundir.records.Attempt`).
+
+A dry run and a real attempt prepare the same way (:func:`prepare_attempt`: the processes placed by the backend
+and the files rendered); the real one then starts them."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Mapping
+
+from grpo_launch.backends.base import Backend
+from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState
+from grpo_launch.execute.policy import Action, Spent, next_action
+from grpo_launch.execute.preflight import check_output_dir, check_vllm, output_dir_of, preflight, stale_build_locks
+from grpo_launch.execute.session import SessionSpec, supervise
+from grpo_launch.execute.watchdog import Watchdog
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.planning.types import Plan
+from grpo_launch.planning.verdict import split_verdict
+from grpo_launch.render import render_files
+from grpo_launch.render.processes import all_processes
+from grpo_launch.rundir import control
+from grpo_launch.rundir.checkpoints import decide_resume
+from grpo_launch.rundir.files import RunLock, write_run_files
+from grpo_launch.rundir.layout import RESUME_ENV, RUN_ID_ENV
+from grpo_launch.rundir.records import Attempt, append
+from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
+
+
+@frozen
+class Prepared:
+    """An attempt ready to start: the plan's processes as the backend places them on their hosts, and the run
+    directory's files (relative path → text)."""
+
+    plan: Plan
+    processes: tuple[ProcessSpec, ...]
+    files: Mapping[str, str]
+
+    @property
+    def server(self) -> ProcessSpec | None:
+        return next((s for s in self.processes if s.role == Role.VLLM), None)
+
+    @property
+    def trainers(self) -> tuple[ProcessSpec, ...]:
+        return tuple(s for s in self.processes if s.role == Role.TRAIN)
+
+
+def prepare_attempt(plan: Plan, backend: Backend, ctx: RunContext, env: Mapping[str, str] | None = None) -> Prepared:
+    """The plan's processes placed by the backend and its files rendered (pure). ``env`` is added to every process
+    first (the run id and the resume decision reach remote hosts that way)."""
+    specs = all_processes(plan)
+    if env:
+        specs = tuple(dataclasses.replace(s, env={**s.env, **env}) for s in specs)
+    placed = tuple(backend.place(spec, plan, ctx) for spec in specs)
+    return Prepared(plan, placed, render_files(plan))
+
+
+def run_plan(
+    plan: Plan,
+    backend: Backend,
+    ctx: RunContext,
+    *,
+    dry_run: bool = False,
+    resume: ResumeMode = ResumeMode.AUTO,
+    max_restarts: int | None = None,
+) -> RunResult:
+    """Run ``plan`` with ``backend``. Input problems raise (nothing has started then); once processes start, every
+    outcome is a RunResult. ``resume``: see :func:`grpo_launch.rundir.checkpoints.decide_resume`;
+    ``max_restarts`` overrides launch.max_restarts.
+
+    SIGUSR2, or the allocation's end drawing near, asks the trainers to save a checkpoint and stop
+    (STOPPED_FOR_CHECKPOINT); the backend may then requeue.
+    """
+    preflight(plan, ctx.workdir)
+    if dry_run:
+        prepared = prepare_attempt(plan, backend, ctx)
+        write_run_files(plan.run_dir, prepared.files)
+        ctx.emit(f"# run directory: {plan.run_dir}")
+        for spec in prepared.processes:
+            if spec.host:
+                ctx.emit(f"# on {spec.host}: {spec.name}")
+            ctx.emit(spec.shell())
+        return RunResult(RunState.SUCCEEDED, 0)
+    check_vllm(plan)
+    limit = plan.recipe.launch.max_restarts if max_restarts is None else max_restarts
+    with RunLock(plan.run_dir, backend=backend.name, job_id=backend.job_id(ctx)):
+        for warning in check_output_dir(plan, ctx.workdir):
+            ctx.emit(f"[grpo-launch] warning: {warning}")
+        backend.preflight(plan, ctx)
+        result = _attempts(plan, backend, ctx, ResumeMode(resume), limit)
+    result = backend.after_run(plan, result, ctx)  # first: a requeue before the time limit must not wait for plots
+    _report(plan, ctx)
+    return result
+
+
+def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode, max_restarts: int) -> RunResult:
+    spent = Spent()
+    started = time.time()
+    limit = plan.recipe.launch.time_limit_s
+    while True:
+        decision = decide_resume(output_dir_of(plan, ctx.workdir), resume, _max_steps(plan))
+        for note in decision.notes:
+            ctx.emit(f"[grpo-launch] {note}")
+        if decision.already_complete is not None:
+            done = decision.already_complete
+            ctx.emit(
+                f"[grpo-launch] this run is already complete (step {done.get('step')}/{done.get('max_steps')}, "
+                f"model in {output_dir_of(plan, ctx.workdir)}): nothing to do. To train again from scratch: "
+                "--resume never (earlier checkpoints are set aside, the final model is replaced)."
+            )
+            return RunResult(RunState.SUCCEEDED, 0, message="already complete")
+        deadlines = [d for d in (backend.deadline(ctx), started + limit if limit else None) if d]
+        result = _attempt(plan, backend, ctx, decision.env_value, min(deadlines) if deadlines else None)
+        result = dataclasses.replace(result, restarts=spent.attempts)
+        _record(plan, spent.attempts, result)
+        disk = result.failure is not None and result.failure.kind == FailureKind.DISK_FULL
+        step = next_action(plan, result, spent, max_restarts=max_restarts,
+                           disk_advice=_disk_advice(plan, ctx) if disk else None)  # fmt: skip
+        if step.note:
+            ctx.emit(f"[grpo-launch] {step.note}")
+        if step.action == Action.STOP:
+            return step.result
+        resume = ResumeMode.AUTO
+        if step.action == Action.REPLAN:
+            assert step.plan is not None
+            plan, spent = step.plan, dataclasses.replace(spent, replans=spent.replans + 1)
+            continue  # the next attempt writes the new plan's files
+        spent = dataclasses.replace(spent, restarts=spent.restarts + 1)
+        time.sleep(step.wait_s)
+
+
+def _disk_advice(plan: Plan, ctx: RunContext) -> str:
+    import shutil
+
+    out = output_dir_of(plan, ctx.workdir)
+    try:
+        free = f"{shutil.disk_usage(out).free / GIB:.2f} GiB free"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"the disk is full: output_dir {out} ({free}). Free space or move output_dir, then run again: the damaged "
+        "checkpoint is set aside and the run resumes from the newest complete one."
+    )
+
+
+def _report(plan: Plan, ctx: RunContext) -> None:
+    """The run report (plots of the run's measurements), when the run trained a step and matplotlib is there."""
+    from grpo_launch.errors import ConfigError
+    from grpo_launch.rundir.report import write_report
+
+    if not plan.paths.metrics.is_file():
+        return
+    try:
+        ctx.emit(f"[grpo-launch] run report: {write_report(plan.run_dir)}")
+    except ConfigError as exc:
+        ctx.emit(f"[grpo-launch] no run report: {exc.message} ({exc.hint})")
+    except (OSError, ValueError) as exc:
+        ctx.emit(f"[grpo-launch] no run report: {exc}")
+
+
+def _max_steps(plan: Plan) -> int | None:
+    value = plan.trainer_values.get("max_steps")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, deadline: float | None) -> RunResult:
+    """One supervised run of every process."""
+    run_id = uuid.uuid4().hex
+    prepared = prepare_attempt(plan, backend, ctx, {RUN_ID_ENV: run_id, RESUME_ENV: resume_from})
+    write_run_files(plan.run_dir, prepared.files, locked=True)
+    control.reset(plan.run_dir)
+    if plan.train.backend.is_deepspeed:
+        for lock in stale_build_locks(ctx.environ):
+            ctx.emit(
+                f"[grpo-launch] warning: {lock} exists. Another run is building that torch extension, or a killed "
+                "build left the lock, and DeepSpeed then waits for it forever: if no other run is building, "
+                "delete it."
+            )
+    launch = plan.recipe.launch
+
+    def stop_for_deadline(why: str) -> None:
+        ctx.emit(f"[grpo-launch] {why}")
+        control.request_stop(plan.run_dir)
+
+    planned = None
+    if plan.estimate is not None:
+        est = plan.estimate.step  # the trainer's "generation" includes the old log-probs and the weight sync
+        planned = (est.generation_s + est.old_logprobs_s + est.sync_s, est.training_s)
+
+    def show_split(generation_s: float, training_s: float) -> None:
+        verdict = split_verdict(generation_s, training_s, plan.vllm.mode, planned=planned, run_dir=plan.run_dir,
+                                cpu=plan.topology.is_cpu)  # fmt: skip
+        ctx.emit(f"[grpo-launch] {verdict}")
+
+    watchdog = Watchdog(
+        plan.paths.metrics,
+        first_step_s=launch.first_step_timeout_s,
+        hang_s=launch.hang_timeout_s,
+        deadline=deadline,
+        on_deadline=stop_for_deadline,
+        on_split=show_split,
+    )
+    session = SessionSpec(
+        server=prepared.server,
+        trainers=prepared.trainers,
+        log_dir=plan.paths.logs,
+        health_url=plan.vllm.health_url if prepared.server else None,
+        health_timeout_s=launch.vllm_health_timeout_s,
+        grace_s=launch.grace_period_s,
+        run_id=run_id,
+        paths=plan.paths,
+    )
+    result = supervise(
+        session,
+        environ=ctx.environ,
+        emit=ctx.emit,
+        on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
+        signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
+        watch=watchdog,
+    )
+    step = control.stopped_at(plan.run_dir)
+    if result.ok and step is not None:
+        ctx.emit(f"[grpo-launch] stopped after step {step} with a checkpoint; the next run resumes from it")
+        result = dataclasses.replace(result, state=RunState.STOPPED_FOR_CHECKPOINT, stopped_at_step=step)
+    return result
+
+
+def _record(plan: Plan, attempts_before: int, result: RunResult) -> None:
+    """One record per attempt (``grpo-launch status`` and the report show them)."""
+    failure = result.failure
+    attempt = Attempt(
+        attempt=attempts_before + 1,
+        ended=time.time(),
+        state=result.state,
+        exit_code=result.exit_code,
+        failure=failure.kind if failure else None,
+        side=failure.side if failure else None,
+        cause=result.cause,
+        message=result.message,
+    )
+    append(plan.paths.attempts, attempt)

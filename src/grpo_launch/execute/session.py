@@ -1,0 +1,223 @@
+"""One supervised session of a run: the signals grpo-launch forwards, the start order (server, then trainers,
+then the server's health), the watch until the trainers finish, and the RunResult with the root cause. It never
+raises for a failed child or a signal, and it prints nothing itself (``emit`` does)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from grpo_launch.enums import FailureKind, RunState
+from grpo_launch.errors import LaunchError
+from grpo_launch.execute import faults
+from grpo_launch.execute.supervisor import (
+    HEALTH_GRACE_S,
+    HEALTH_POLL_S,
+    ChildFailed,
+    RemoteSignaller,
+    Stalled,
+    Supervisor,
+    describe_exit,
+)
+from grpo_launch.node import reaper
+from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.spec import Failure, ProcessSpec, RunResult, frozen
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
+
+
+class Interrupted(Exception):
+    """A forwarded signal reached grpo-launch; raised on the main thread."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+class signal_guard:
+    """Turn the forwarded signals into :class:`Interrupted` on the main thread for the duration of a ``with``.
+
+    ``soft`` maps signals to callbacks that run instead (SIGUSR2: ask the trainers to checkpoint and stop).
+    """
+
+    def __init__(self, soft: Mapping[int, Callable[[int], None]] | None = None) -> None:
+        self.soft = dict(soft or {})
+
+    def __enter__(self) -> signal_guard:
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in FORWARDED_SIGNALS:
+                if signal.getsignal(sig) == signal.SIG_IGN and sig == signal.SIGHUP:
+                    continue  # started under nohup: a hangup must not stop the run
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if signum in self.soft:
+            self.soft[signum](signum)
+            return
+        raise Interrupted(signum)
+
+    def ignore(self) -> None:
+        """Ignore the forwarded signals until the scope ends: teardown must finish, and a second Ctrl-C must not
+        leave children running."""
+        for sig in self._old:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+@frozen
+class SessionSpec:
+    """One supervised session of a run: its processes (the vLLM server, if any, and the trainers) and how they are
+    watched and stopped."""
+
+    server: ProcessSpec | None
+    trainers: Sequence[ProcessSpec]
+    log_dir: Path
+    health_url: str | None = None  # the server's /health
+    health_timeout_s: float = 900.0  # for the server to become healthy
+    grace_s: float = 30.0  # between SIGTERM and SIGKILL at teardown
+    run_id: str | None = None  # marks every process of the run
+    paths: RunPaths | None = None  # the run directory: where the trainer ranks dump their stacks (hang watchdog)
+    health_poll_s: float = HEALTH_POLL_S  # /health while training runs …
+    health_grace_s: float = HEALTH_GRACE_S  # … and how long it may fail before the run stops
+
+
+def supervise(
+    session: SessionSpec,
+    *,
+    environ: Mapping[str, str],
+    emit: Callable[[str], None],
+    on_checkpoint_request: Callable[[], None] | None = None,
+    signal_remote: RemoteSignaller | None = None,
+    watch: Callable[[], str | None] | None = None,
+) -> RunResult:
+    """Start the server (if any) and the trainers, supervise until the trainers finish, tear everything down.
+
+    SUCCEEDED when every trainer exits 0; FAILED with the root cause across every process (and its kind);
+    INTERRUPTED (128+N) after signal N. SIGUSR2 calls ``on_checkpoint_request`` (without one it is like SIGTERM).
+    ``watch`` is the progress watchdog: when it returns a reason, every rank's stack is dumped and the run stops.
+    """
+    s = session
+    server, trainers, health_url, log_dir = s.server, s.trainers, s.health_url, s.log_dir
+    sup = Supervisor(log_dir, emit=emit, grace_s=s.grace_s, environ=environ, signal_remote=signal_remote,
+                     run_id=s.run_id)  # fmt: skip
+
+    def checkpoint(signum: int) -> None:
+        if on_checkpoint_request is None:
+            raise Interrupted(signum)
+        on_checkpoint_request()
+        sup.say("[grpo-launch] SIGUSR2: the trainers save a checkpoint at the end of this step and stop")
+
+    failed: LaunchError | None = None
+    stacks: dict[str, str] = {}
+    with signal_guard(soft={signal.SIGUSR2: checkpoint}) as guard:
+        try:
+            srv = sup.start(server) if server else None
+            # The trainers load their model while the server starts; TRL's client waits for /health before the
+            # first generation, and we watch the same deadline here to fail early with the server's log.
+            train_children = [sup.start(t) for t in trainers]
+            if srv is not None and health_url:
+                took = sup.wait_healthy(srv, health_url, s.health_timeout_s, train_children)
+                sup.say(f"[grpo-launch] vLLM server healthy after {took:.1f} s")
+            sup.wait_all(
+                train_children,
+                watch=watch,
+                health_url=health_url if srv is not None else None,
+                health_poll_s=s.health_poll_s,
+                health_grace_s=s.health_grace_s,
+            )
+            sup.say(f"[grpo-launch] training finished; logs in {log_dir}")
+            result = RunResult(RunState.SUCCEEDED, 0)
+        except Interrupted as sig:
+            sup.say(
+                f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s); tracebacks go to the logs"
+            )
+            guard.ignore()
+            sup.quiet = True
+            sup.stop_all(sig.signum)
+            for c in sup.children:
+                sup.say(f"[grpo-launch] {c.spec.name}: {describe_exit(c.proc.returncode)}; log: {c.log_path}")
+            result = RunResult(RunState.INTERRUPTED, 128 + sig.signum, message=f"interrupted by {sig}")
+        except Stalled as exc:
+            sup.say(f"[grpo-launch] {exc.message}: dumping every rank's stack, then stopping")
+            stacks = dump_stacks(sup, s.paths)
+            failed = exc
+        except LaunchError as exc:
+            failed = exc
+        finally:
+            guard.ignore()
+            sup.stop_all()
+    if failed is not None:
+        result = _failure_result(sup, failed, stacks)
+    return result
+
+
+def _failure_result(sup: Supervisor, exc: LaunchError, stacks: Mapping[str, str]) -> RunResult:
+    """The failed run's result, once every process has stopped and every log is drained: the root cause across
+    processes (or, after a hang, where each rank was), its kind, and the failing process's last lines."""
+    child = exc.child if isinstance(exc, ChildFailed) else None
+    diagnosis = sup.diagnose()
+    if isinstance(exc, Stalled):
+        diagnosis = Failure(FailureKind.HANG, exc.message)
+    lines = []
+    if stacks:
+        lines.append("where each rank was (innermost frame of its main thread):")
+        lines += [f"  {who}: {frame}" for who, frame in sorted(stacks.items())]
+    elif isinstance(exc, Stalled):
+        lines.append("no trainer stack could be read (a rank on another host, or no rank running)")
+    headline = diagnosis.headline()
+    if headline and not isinstance(exc, Stalled):
+        lines.append(f"root cause: {headline}")
+    if exc.hint:
+        lines.append(exc.hint)
+    if child is not None:
+        lines.append(child.tail())
+    return RunResult(
+        RunState.FAILED,
+        1,
+        message=exc.message,
+        detail="\n".join(lines) or None,
+        failed_process=child.spec.name if child else None,
+        log=str(child.log_path) if child else None,
+        failure=diagnosis,
+    )
+
+
+def dump_stacks(sup: Supervisor, paths: RunPaths | None, wait_s: float = 3.0) -> dict[str, str]:
+    """Every local trainer rank's Python stack (the training entry dumps it into the run directory on SIGUSR1),
+    and where each one is: {"train rank R": innermost frame of its main thread}."""
+    ranks = [p for p in reaper.marked(sup.run_id) if reaper.runs_module(p, "grpo_launch.train")]
+    if not ranks or paths is None:
+        return {}
+    t0 = time.time()
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGUSR1)
+
+    def fresh() -> dict[str, Path]:
+        out = {}
+        for rank, f in paths.rank_stacks().items():
+            with contextlib.suppress(OSError):
+                if f.stat().st_mtime >= t0 - 1 and f.stat().st_size:
+                    out[rank] = f
+        return out
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and len(fresh()) < len(ranks):
+        time.sleep(0.1)
+    where: dict[str, str] = {}
+    for rank, f in fresh().items():
+        with contextlib.suppress(OSError):
+            frame = faults.stuck_frames(f.read_text(errors="replace")).get("")
+            if frame:
+                where[f"train rank {rank}"] = frame
+    return where

@@ -1,0 +1,106 @@
+"""Progress, read from the run's metrics records (rank 0 appends one per optimizer step and per save): the
+hang bound, and the walltime-aware stop.
+
+- **Hang**: no optimizer step within ``first_step_s`` of the start (model loading, compilation, the first
+  generation), then within ``hang_s``, or else ``factor`` × the median measured step time but at least ``floor_s``.
+  The supervisor then dumps every rank's stack and stops the run.
+- **Deadline** (a Slurm job's end time, or ``launch.time_limit``): when the time left no longer covers
+  ``DEADLINE_SAFETY`` × (one step + one save, as measured) plus ``DEADLINE_SLACK_S``, the trainers are asked to
+  save a checkpoint and stop at the end of the current step; a Slurm job is then requeued.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_launch.rundir.records import SaveRecord, StepRecord, metric_record, parse_lines
+
+FIRST_STEP_S = 3600.0  # loading and compiling a large model, its first generation
+HANG_FACTOR = 10.0  # × the median step
+HANG_FLOOR_S = 300.0  # never less than this after the first step
+DEADLINE_SAFETY = 2.0  # × (step + save)
+DEADLINE_SLACK_S = 30.0  # the processes' own exit after the save
+
+
+@dataclass
+class Watchdog:
+    metrics: Path
+    first_step_s: float = FIRST_STEP_S
+    hang_s: float | None = None
+    factor: float = HANG_FACTOR
+    floor_s: float = HANG_FLOOR_S
+    deadline: float | None = None  # epoch seconds
+    on_deadline: Callable[[str], None] | None = None
+    # called with the new steps' mean (generation s, training s) at the 5th step of an attempt and every 20th
+    on_split: Callable[[float, float], None] | None = None
+    clock: Callable[[], float] = time.time
+    steps: list[float] = field(default_factory=list)  # measured step seconds (earlier attempts' too)
+    saves: list[float] = field(default_factory=list)
+    _offset: int = 0
+    _last: float = 0.0  # when the last step of this attempt finished (or the attempt started)
+    _new_steps: int = 0
+    _asked: bool = False
+    _split: list[tuple[float, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._last = self.clock()
+        self._read(count=False)  # an earlier attempt's measurements seed the bound; its steps are not progress
+
+    def _read(self, *, count: bool = True) -> None:
+        try:
+            with self.metrics.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset += end
+        for row in parse_lines(data[:end]):
+            record = metric_record(row)
+            if isinstance(record, StepRecord):
+                self.steps.append(record.step_s)
+                if count:
+                    self._new_steps += 1
+                    self._last = self.clock()
+                    self._split.append((record.generation_s or 0.0, record.training_s or 0.0))
+                    if self.on_split is not None and (self._new_steps == 5 or self._new_steps % 20 == 0):
+                        recent = self._split[-20:]
+                        self.on_split(*(sum(x) / len(recent) for x in zip(*recent, strict=True)))
+            elif isinstance(record, SaveRecord):
+                self.saves.append(record.save_s)
+
+    def bound(self) -> float:
+        """Seconds without a step before the run counts as hung."""
+        if not self._new_steps:
+            return self.first_step_s
+        if self.hang_s is not None:
+            return self.hang_s
+        return max(self.floor_s, self.factor * statistics.median(self.steps))
+
+    def __call__(self) -> str | None:
+        """None while the run progresses; a reason when it is hung. Asks for the deadline stop on the way."""
+        self._read()
+        now = self.clock()
+        if self.deadline is not None and not self._asked and self.on_deadline is not None:
+            step = statistics.median(self.steps) if self.steps else 0.0
+            save = max(self.saves) if self.saves else step
+            needed = DEADLINE_SAFETY * (step + save) + DEADLINE_SLACK_S
+            if now + needed >= self.deadline:
+                self._asked = True
+                self.on_deadline(
+                    f"{max(0.0, self.deadline - now):.0f} s left before the time limit, and a step plus a save take "
+                    f"{step + save:.0f} s as measured: saving a checkpoint now"
+                )
+        quiet = now - self._last
+        bound = self.bound()
+        if quiet > bound:
+            if not self._new_steps:
+                return f"no progress: the first optimizer step did not finish within {bound:.0f} s " + (
+                    "(launch.first_step_timeout_s)"
+                )
+            return f"no progress: no optimizer step for {quiet:.0f} s (bound {bound:.0f} s: launch.hang_timeout_s)"
+        return None

@@ -1,0 +1,162 @@
+"""What the job runs on: hosts and their GPUs. Frozen data plus the pure parser for ``--gpus`` spec strings."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import field
+
+from grpo_launch.errors import ProbeError, short
+from grpo_launch.machines.gpus import GIB, GPU_SPECS, find_gpu_spec
+from grpo_launch.spec import frozen
+
+
+@frozen
+class Gpu:
+    """One GPU as the processes on its host address it.
+
+    ``visible_id`` is the token to put in ``CUDA_VISIBLE_DEVICES`` for a child (an index, a ``GPU-`` UUID or a MIG
+    id, exactly as the user's own ``CUDA_VISIBLE_DEVICES`` named it), so a child's view is a subset of the parent's.
+    """
+
+    visible_id: str
+    name: str = "unknown"
+    memory_bytes: int | None = None
+    uuid: str | None = None
+
+    @property
+    def memory_gib(self) -> float | None:
+        return None if self.memory_bytes is None else self.memory_bytes / GIB
+
+
+@frozen
+class Host:
+    name: str
+    gpus: tuple[Gpu, ...] = ()
+    address: str | None = None  # reachable address (IP or resolvable name); None → the name
+    cpus: int | None = None
+    memory_bytes: int | None = None  # host RAM, when known (offload needs it)
+
+    @property
+    def addr(self) -> str:
+        return self.address or self.name
+
+
+@frozen
+class Topology:
+    """Hosts in launch order. ``source`` says where it was read from (nvml, cuda_visible_devices, slurm, …)."""
+
+    hosts: tuple[Host, ...]
+    source: str
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(len(h.gpus) for h in self.hosts)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.num_gpus == 0
+
+    @property
+    def gpus_per_host(self) -> tuple[int, ...]:
+        return tuple(len(h.gpus) for h in self.hosts)
+
+    @property
+    def gpu_name(self) -> str:
+        names = {g.name for h in self.hosts for g in h.gpus}
+        return names.pop() if len(names) == 1 else ("mixed" if names else "cpu")
+
+    @property
+    def planning_gpu_name(self) -> str:
+        """The GPU model step times are planned for: the only one, or of mixed models the slowest the table knows
+        (every GPU steps together); "mixed" when one of them is not in the table."""
+        names = {g.name for h in self.hosts for g in h.gpus}
+        if len(names) < 2:
+            return self.gpu_name
+        specs = {n: find_gpu_spec(n) for n in names}
+        if any(s is None for s in specs.values()):
+            return "mixed"
+        return min(names, key=lambda n: (specs[n].bf16_tflops, specs[n].bandwidth_tbs, n))  # type: ignore[union-attr]
+
+    @property
+    def min_host_memory_bytes(self) -> int | None:
+        """The smallest host RAM of the hosts, when every host's is known."""
+        mems = [h.memory_bytes for h in self.hosts]
+        return None if not mems or None in mems else min(m for m in mems if m is not None)
+
+    @property
+    def min_gpu_memory_bytes(self) -> int | None:
+        mems = [g.memory_bytes for h in self.hosts for g in h.gpus]
+        return None if not mems or None in mems else min(m for m in mems if m is not None)
+
+    def describe(self) -> str:
+        if self.is_cpu:
+            return f"{len(self.hosts)} host(s), no GPU (CPU)"
+        counts = set(self.gpus_per_host)
+        per = f"{counts.pop()}" if len(counts) == 1 else "/".join(map(str, self.gpus_per_host))
+        mem = self.min_gpu_memory_bytes
+        mem_s = f" {mem / GIB:.0f} GiB" if mem else ""
+        prefix = f"{len(self.hosts)} × " if len(self.hosts) > 1 else ""
+        return f"{prefix}{per} × {self.gpu_name}{mem_s}"
+
+
+# The model: a table name (hyphens included: H100-PCIe, RTX6000-Ada), or any name without hyphens plus its memory.
+_TABLE_NAMES = "|".join(re.escape(g.name) for g in sorted(GPU_SPECS, key=lambda g: -len(g.name)))
+SPEC_PATTERN = re.compile(
+    rf"^(?:(?P<nodes>\d+)x)?(?P<count>\d+)x(?P<model>{_TABLE_NAMES}|[A-Za-z0-9][A-Za-z0-9_.]*?)"
+    r"(?:-(?P<mem>\d+(?:\.\d+)?)(?P<unit>GB|G|GiB))?$",
+    re.IGNORECASE | re.ASCII,
+)
+MAX_GPU_GB = 4096  # no GPU comes near this
+SPEC_HELP = "Examples: --gpus 4xL20-48GB, --gpus 8xH100-80GB, --gpus 2x8xH100-80GB (nodes × GPUs), --gpus cpu."
+
+
+def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
+    """``"2x8xH100-80GB"`` → a simulated topology of 2 hosts with 8 H100s each.
+
+    The memory suffix may be left out for GPUs in the built-in table (``8xH100``). ``cpu`` (or ``0``) is a host
+    without GPUs.
+    """
+    text = spec.strip()
+    if not text:
+        raise ProbeError("--gpus is empty", hint=SPEC_HELP)
+    if text.lower() in ("cpu", "0", "none"):
+        return Topology(hosts=(Host(name="localhost", cpus=cpu_processes),), source="spec")
+    m = SPEC_PATTERN.match(text)
+    if not m:
+        raise ProbeError(f"cannot read --gpus {short(spec)}", hint=SPEC_HELP)
+    nodes = int(m["nodes"] or 1)
+    count = int(m["count"])
+    if nodes < 1 or count < 1:
+        raise ProbeError(f"--gpus {short(spec)}: node and GPU counts must be at least 1", hint=SPEC_HELP)
+    if nodes > 4096 or count > 64:
+        raise ProbeError(f"--gpus {short(spec)}: at most 4096 nodes and 64 GPUs per node", hint=SPEC_HELP)
+    model = m["model"].strip()
+    # "8xA100-40GB" names the 40 GB part; a size the table knows for the model is its real memory (NVML's), any
+    # other is read as written: GB = 10^9 bytes, GiB = 2^30.
+    known = (find_gpu_spec(f"{model}-{m['mem']}GB") if m["mem"] else None) or find_gpu_spec(model)
+    name = known.name if known else model
+    if m["mem"]:
+        size = float(m["mem"])
+        if not 0 < size <= MAX_GPU_GB:
+            raise ProbeError(f"--gpus {short(spec)}: GPU memory must be between 0 and {MAX_GPU_GB} GB", hint=SPEC_HELP)
+        nominal = known is not None and known.name.upper().endswith(f"-{m['mem']}GB".upper())
+        if nominal and known is not None:
+            memory = int(known.memory_gib * GIB)
+        else:
+            memory = int(size * (GIB if m["unit"].lower() == "gib" else 1e9))
+    elif known:
+        memory = int(known.memory_gib * GIB)
+    else:
+        raise ProbeError(
+            f"--gpus {spec!r}: unknown GPU model {model!r}; add its memory, e.g. {count}x{model}-48GB",
+            hint=SPEC_HELP,
+        )
+    hosts = tuple(
+        Host(
+            name=f"node{n}" if nodes > 1 else "localhost",
+            gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=memory) for i in range(count)),
+        )
+        for n in range(nodes)
+    )
+    return Topology(hosts=hosts, source="spec")

@@ -1,0 +1,144 @@
+"""Every process a run starts, found and stopped, whatever became of its parent.
+
+Each run has an id, set as ``GRPO_LAUNCH_RUN_ID`` in the environment of every process it starts. The environment is
+inherited by every descendant (torchrun's ranks in their own sessions, vLLM's EngineCore and workers, a rank's
+dataloader workers) and stays readable in ``/proc/PID/environ`` whatever their process group, session or parent
+becomes, so ``marked(run_id)`` finds them all.
+
+A guard process (``python -m grpo_launch.node.reaper RUN_ID GRACE``, started by the supervisor in its own session) holds
+a pipe from the launcher. When the pipe closes without the launcher's ``done`` line (the launcher was killed, even
+with SIGKILL), it stops every marked process: SIGTERM, the grace period, SIGKILL. On an ssh host
+:mod:`grpo_launch.node.shim` runs a guard that watches the ssh session's sshd, which ends when the launcher or its ssh
+client goes (each host marks its processes ``RUN_ID@HOST``, so a host's guard stops only its own).
+
+Standard library only, Linux ``/proc``: it must start fast and run on every host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterable
+
+from grpo_launch.rundir.layout import RUN_ID_ENV
+
+DONE = "done"
+
+
+def environ_has(pid: int, needle: bytes) -> bool:
+    """Whether process ``pid`` was started with ``needle`` (``KEY=VALUE``) in its environment (a zombie's is empty)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return needle in f.read().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return False
+
+
+def argv_of(pid: int) -> list[str]:
+    """The command line of process ``pid`` ([] when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def runs_module(pid: int, module: str) -> bool:
+    """Whether ``pid`` is ``python … -m MODULE …`` (a trainer rank is ``-m grpo_launch.train``; the accelerate
+    launcher above it only names the module after ``--module``)."""
+    argv = argv_of(pid)
+    return any(a == "-m" and b == module for a, b in itertools.pairwise(argv))
+
+
+def marked(run_id: str, *, exclude: Iterable[int] = ()) -> list[int]:
+    """PIDs of the live processes whose environment carries ``GRPO_LAUNCH_RUN_ID=run_id`` (never this one)."""
+    needle = f"{RUN_ID_ENV}={run_id}".encode()
+    skip = {os.getpid(), *exclude}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    return [int(n) for n in names if n.isdigit() and int(n) not in skip and environ_has(int(n), needle)]
+
+
+def _signal(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def sweep(run_id: str, grace_s: float, *, exclude: Iterable[int] = (), first: int = signal.SIGTERM) -> list[int]:
+    """Stop every marked process: ``first`` (SIGTERM), up to ``grace_s`` for them to exit, then SIGKILL. Returns the
+    PIDs that needed SIGKILL."""
+    skip = tuple(exclude)
+    pids = marked(run_id, exclude=skip)
+    if not pids:
+        return []
+    _signal(pids, first)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not marked(run_id, exclude=skip):
+            return []
+        time.sleep(0.05)
+    left = marked(run_id, exclude=skip)
+    _signal(left, signal.SIGKILL)
+    return left
+
+
+def guard(run_id: str, grace_s: float) -> int:
+    """Wait for the launcher's pipe (stdin) to close; unless it said ``done``, stop every marked process."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):  # only the pipe ends the guard
+        signal.signal(sig, signal.SIG_IGN)
+    last = b""
+    stdin = sys.stdin.buffer
+    while True:
+        try:
+            chunk = stdin.readline()
+        except OSError:
+            break
+        if not chunk:
+            break
+        last = chunk.strip()
+    if last == DONE.encode():
+        return 0
+    sweep(run_id, grace_s)
+    return 0
+
+
+def watch_pid(pid: int, run_id: str, grace_s: float, poll_s: float = 1.0) -> int:
+    """Wait until process ``pid`` is gone (an ssh session's sshd), then stop every marked process."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            pass
+        time.sleep(poll_s)
+    sweep(run_id, grace_s)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """``RUN_ID GRACE``: the guard on a pipe; ``watch PID RUN_ID GRACE``: the guard on a process (an ssh session);
+    ``signal RUN_ID SIGNUM``: signal every marked process on this host once."""
+    if argv[:1] == ["signal"] and len(argv) == 3:
+        _signal(marked(argv[1]), int(argv[2]))
+        return 0
+    if argv[:1] == ["watch"] and len(argv) == 4:
+        return watch_pid(int(argv[1]), argv[2], float(argv[3]))
+    if len(argv) == 2:
+        return guard(argv[0], float(argv[1]))
+    print("usage: python -m grpo_launch.node.reaper RUN_ID GRACE | watch PID RUN_ID GRACE | signal RUN_ID SIGNUM",
+          file=sys.stderr)  # fmt: skip
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

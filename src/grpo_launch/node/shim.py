@@ -1,0 +1,116 @@
+"""Process shim run on a node before the real command: ``python -m grpo_launch.node.shim [options] -- COMMAND…``.
+
+- ``--gpus P``: CUDA_VISIBLE_DEVICES becomes the entries at positions P (e.g. ``2,3``) of the inherited list, or P
+  itself when nothing is inherited; ``--gpus ''`` hides every GPU. Slurm and ssh hosts number GPUs their own way;
+  the plan only knows positions.
+- ``--env-stdin``: read ``KEY=VALUE`` lines (values JSON-encoded) from stdin up to a blank line and add them to the
+  environment, so secrets such as HF_TOKEN never appear on a command line.
+- ``--announce-pgid``: lead a process group and print ``[grpo-launch-task] pgid=N`` first, so the launcher can
+  stop the whole remote process tree (a killed ssh client does not stop it).
+- ``--guard RUN_ID``: fork a guard (:mod:`grpo_launch.node.reaper`) that watches this process's parent (the ssh
+  session's sshd); when the session ends (the launcher or its ssh client died, or the command finished) it stops
+  every process marked with RUN_ID on this host.
+
+Then it ``exec``s COMMAND. Standard library only: it must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from grpo_launch.rundir.layout import PGID_ANNOUNCE
+
+
+def select_gpus(inherited: str | None, positions: str) -> str:
+    """The CUDA_VISIBLE_DEVICES value for ``positions`` of the ``inherited`` list."""
+    wanted = [p.strip() for p in positions.split(",") if p.strip()]
+    if not wanted:
+        return ""
+    have = [t.strip() for t in (inherited or "").split(",") if t.strip()]
+    if not have:
+        return ",".join(wanted)
+    out = []
+    for p in wanted:
+        if not (p.isascii() and p.isdigit()) or int(p) >= len(have):
+            raise SystemExit(
+                f"grpo_launch.node.shim: GPU position {p!r} is not in CUDA_VISIBLE_DEVICES={inherited!r}; "
+                "the allocation has fewer GPUs than planned"
+            )
+        out.append(have[int(p)])
+    return ",".join(out)
+
+
+def read_env(stream) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for raw in stream:
+        line = raw.rstrip("\n")
+        if not line:
+            break
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise SystemExit(f"grpo_launch.node.shim: bad environment line for {key!r}")
+        env[key] = json.loads(value)
+    return env
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv:
+        raise SystemExit(
+            "usage: python -m grpo_launch.node.shim [--gpus P] [--env-stdin] [--announce-pgid] -- COMMAND…"
+        )
+    split = argv.index("--")
+    opts, command = argv[:split], argv[split + 1 :]
+    if not command:
+        raise SystemExit("grpo_launch.node.shim: no command after --")
+    i = 0
+    guard_id = None
+    while i < len(opts):
+        opt = opts[i]
+        if opt == "--gpus":
+            os.environ["CUDA_VISIBLE_DEVICES"] = select_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), opts[i + 1])
+            i += 2
+        elif opt == "--env-stdin":
+            os.environ.update(read_env(sys.stdin))
+            i += 1
+        elif opt == "--guard":
+            guard_id = opts[i + 1]
+            i += 2
+        elif opt == "--announce-pgid":
+            if os.getpid() != os.getpgid(0):
+                os.setsid()
+            print(f"{PGID_ANNOUNCE}{os.getpgid(0)}", flush=True)
+            i += 1
+        else:
+            raise SystemExit(f"grpo_launch.node.shim: unknown option {opt!r}")
+    if guard_id:
+        _fork_guard(guard_id)
+    try:
+        os.execvp(command[0], command)
+    except FileNotFoundError:
+        raise SystemExit(f"grpo_launch.node.shim: command {command[0]!r} not found on {os.uname().nodename}") from None
+
+
+GUARD_GRACE_S = 10.0
+
+
+def _fork_guard(run_id: str) -> None:
+    """A child in its own session watches the ssh session (this process's parent) and stops the run's processes
+    here when it ends; this process goes on to exec the command."""
+    session = os.getppid()
+    sys.stdout.flush()
+    if os.fork() == 0:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # hold none of the session's pipes: the ssh client must end with the command
+            os.dup2(null, fd)
+        guard = [sys.executable, "-m", "grpo_launch.node.reaper", "watch", str(session), run_id, str(GUARD_GRACE_S)]
+        try:
+            os.execv(sys.executable, guard)
+        finally:
+            os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,2 @@
+"""The cost model: every memory and time term of a GRPO step, from constants with sources (:mod:`.constants`).
+Pure arithmetic."""

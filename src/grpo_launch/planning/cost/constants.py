@@ -1,0 +1,144 @@
+"""Every constant of the cost model, with its unit and source, in one table (the tests compare each with its
+reference); the training MFU per GPU class; and TRL's own defaults the estimates assume."""
+
+from __future__ import annotations
+
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
+from grpo_launch.spec import frozen
+
+
+@frozen
+class Constant:
+    value: float
+    unit: str
+    source: str
+
+
+# Every number the model uses. The sources say where each comes from; the cost-model issue calibrates them.
+CONSTANTS: dict[str, Constant] = {
+    "adam_state_bytes": Constant(12.0, "B/param", "fp32 master weights + two fp32 Adam moments (ZeRO paper, §3)"),
+    "deepspeed_host_buffer_factor": Constant(
+        1.5, "×", "additional_buffer_factor of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs"
+    ),
+    "overhead_bytes": Constant(2 * GIB, "B", "CUDA context + NCCL buffers, typical of a PyTorch process on H100"),
+    "overhead_fraction": Constant(0.05, "of the total", "allocator fragmentation allowance (rule of thumb)"),
+    "headroom": Constant(0.90, "of GPU memory", "planning margin: use at most 90 % of a training GPU"),
+    "host_headroom": Constant(
+        0.80, "of host RAM", "leave a fifth of a node's RAM to the OS, dataloaders and page cache"
+    ),
+    "autocast_weight_bytes": Constant(
+        2.0, "B/param", "bf16 copies of float32 weights that torch.autocast caches for the forward and backward"
+    ),
+    "vllm_server_utilization": Constant(
+        0.90, "of GPU memory", "TRL's vllm-serve default --gpu-memory-utilization (vLLM 0.31's own is 0.92)"
+    ),
+    "vllm_overhead_bytes": Constant(1.5 * GIB, "B", "vLLM activations + CUDA graphs outside the KV cache"),
+    "vllm_weights_share": Constant(0.5, "of a vLLM GPU", "leave at least half of a server GPU for the KV cache"),
+    "vllm_utilization_margin": Constant(0.02, "of GPU memory", "slack on a sized colocate share"),
+    "vllm_max_num_seqs": Constant(1024, "sequences", "upper bound on the planned --max-num-seqs"),
+    "prefill_mfu": Constant(0.50, "of peak bf16", "vLLM prefill is compute-bound at large batch"),
+    "decode_bw_efficiency": Constant(0.85, "of peak HBM bandwidth", "memory-bound decode kernels"),
+    "decode_step_overhead_s": Constant(0.003, "s/decode step", "vLLM scheduling, sampling and kernel launches"),
+    "tp_allreduce_factor": Constant(0.1, "per doubling of TP", "decode slowdown from TP all-reduces"),
+    "zero3_slowdown": Constant(1.1, "×", "ZeRO-3 parameter gathers not hidden behind compute (assumed)"),
+    "cpu_adam_params_per_s": Constant(
+        3.9e9,
+        "params/s per node",
+        "ZeRO-Offload (Ren et al., USENIX ATC 2021) Table 4: DeepSpeed CPU-Adam 2.57 s for 10B parameters "
+        "(0.22 s for 1B) on a DGX-2 host",
+    ),
+    "sync_bytes_per_s_node": Constant(20e9, "B/s", "NCCL broadcast within a node"),
+    "sync_bytes_per_s_net": Constant(10e9, "B/s", "NCCL broadcast across nodes"),
+    "colocate_switch_s": Constant(1.0, "s", "vLLM sleep/wake fixed cost"),
+    "pcie_bytes_per_s": Constant(
+        25e9,
+        "B/s",
+        "PCIe 4.0 x16 pinned host↔device: CUDA bandwidthTest on A100-SXM4 measures 25.7–26.1 GB/s "
+        "(Gen5 parts are faster; no measured figure published, so Gen4's is kept)",
+    ),
+    "default_prompt_len": Constant(512, "tokens", "assumed when the recipe has no max_prompt_length"),
+}
+
+
+def _c(name: str) -> float:
+    return CONSTANTS[name].value
+
+
+# Training MFU (model FLOPs over peak dense bf16) per GPU class, from published dense-transformer training runs.
+TRAIN_MFU: dict[str, Constant] = {
+    "H100": Constant(
+        0.40,
+        "of peak bf16",
+        "llm-foundry benchmarks (8×H100, seq 2048): 41.8 % at 1B, 46.4 % at 7B; Llama 3 "
+        "paper Table 4: 38–43 %; torchtitan Llama 3.1 8B: 33–39 %",
+    ),
+    "H200": Constant(0.40, "of peak bf16", "same Hopper cores as H100 (no published bf16 MFU): H100's figure"),
+    "H20": Constant(0.40, "of peak bf16", "Hopper (no published bf16 MFU): H100's figure"),
+    "A100": Constant(
+        0.50,
+        "of peak bf16",
+        "Megatron-LM (Narayanan et al. 2021) Table 1: 44 % at 1.7B, 52 % at 1T; "
+        "llm-foundry A100-80GB: 60 % at 1B, 64 % at 7B",
+    ),
+    "B200": Constant(0.38, "of peak bf16", "no published dense bf16 MFU; third-party 70B report 38 % on 8×B200"),
+}
+
+
+# GPUs without a published training MFU (L40S, L4, A10, RTX…): assumed below the data-centre parts.
+FALLBACK_MFU = Constant(0.35, "of peak bf16", "no published figure for this GPU class: assumed")
+
+
+def train_mfu(gpu_name: str) -> Constant:
+    """The training MFU of a GPU class (the longest table key the GPU's name starts with)."""
+    keys = sorted((k for k in TRAIN_MFU if gpu_name.upper().startswith(k)), key=len, reverse=True)
+    return TRAIN_MFU[keys[0]] if keys else FALLBACK_MFU
+
+
+ADAM_STATE_BYTES = _c("adam_state_bytes")
+
+
+OVERHEAD_BYTES = _c("overhead_bytes")
+
+
+OVERHEAD_FRACTION = _c("overhead_fraction")
+
+
+HEADROOM = _c("headroom")
+
+
+HOST_HEADROOM = _c("host_headroom")
+
+
+VLLM_SERVER_UTILIZATION = _c("vllm_server_utilization")
+
+
+VLLM_OVERHEAD_BYTES = _c("vllm_overhead_bytes")
+
+
+VLLM_WEIGHTS_SHARE = _c("vllm_weights_share")
+
+
+VLLM_UTILIZATION_MARGIN = _c("vllm_utilization_margin")
+
+
+PREFILL_MFU = _c("prefill_mfu")
+
+
+DECODE_BW_EFFICIENCY = _c("decode_bw_efficiency")
+
+
+DECODE_STEP_OVERHEAD_S = _c("decode_step_overhead_s")
+
+
+DEFAULT_PROMPT_LEN = int(_c("default_prompt_len"))
+
+
+# TRL's own defaults (generated from TRL: grpo_launch.recipe.trl_schema).
+TRL_COMPLETION_LEN = int(TRL_DEFAULTS["max_completion_length"])
+
+
+TRL_COLOCATE_UTILIZATION = float(TRL_DEFAULTS["vllm_gpu_memory_utilization"])
+
+
+TRL_EPOCHS = float(TRL_DEFAULTS["num_train_epochs"])

@@ -1,0 +1,145 @@
+"""Step time: one optimizer step of TRL 1.16, which generates, computes the old log-probs, trains and syncs the
+weights one after the other. Pure arithmetic on the cost model's constants (:mod:`.costmodel`).
+
+- generation: prefill is compute-bound (2·P FLOPs per prompt token, one prompt per group thanks to prefix
+  caching); decode is memory-bound: each decode step reads the weights and the batch's KV cache, on each of the
+  DP replicas (TP GPUs each, at a bandwidth efficiency, slowed by TP all-reduces), plus a fixed scheduling and
+  sampling cost per step whatever the model size. A decode batch runs as many steps as its longest completion;
+- training: 6·P FLOPs per token forward + backward, +2·P with gradient checkpointing, +2·P for a reference model,
+  at the GPU class's published MFU, over the padded micro-batches (each runs to its longest completion);
+  offload adds its transfers (PCIe) and DeepSpeed's CPU Adam as time;
+- old log-probs: TRL's extra forward pass (2·P per token) when it runs it;
+- weight sync (server mode): bf16 weights broadcast to the server; colocate: vLLM sleep/wake and weight moves.
+
+A previous run's calibration (``Workload.scale``) multiplies generation and training time.
+"""
+
+from __future__ import annotations
+
+import math
+
+from grpo_launch.enums import DistBackend, Offload
+from grpo_launch.machines.gpus import GpuSpec
+from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.cost.constants import DECODE_BW_EFFICIENCY, DECODE_STEP_OVERHEAD_S, PREFILL_MFU, _c, train_mfu
+from grpo_launch.planning.cost.workload import Workload
+
+
+def generation_time(
+    model: ModelShape, gpu: GpuSpec, tp: int, replicas: int, max_num_seqs: int, work: Workload, *, ep: bool = False
+) -> tuple[float, str]:
+    """Seconds to generate one optimizer step's completions on ``replicas`` × TP ``tp`` GPUs, and the arithmetic.
+    With ``ep`` (expert parallelism over all of them) each GPU reads its share of the experts the whole batch
+    touches instead of its TP share of every replica's."""
+    flops = gpu.bf16_tflops * 1e12
+    bw = gpu.bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY
+    tp_factor = 1 + _c("tp_allreduce_factor") * math.log2(tp) if tp > 1 else 1.0
+    prompts = work.completions / max(1, work.num_generations)
+    active = model.active_params  # compute runs through the active parameters; memory holds them all
+    prefill = 2 * active * prompts * work.prompt_len / (replicas * tp * flops * PREFILL_MFU)
+    per_replica = math.ceil(work.completions / replicas)
+    batches = math.ceil(per_replica / max(1, max_num_seqs))
+    batch = min(per_replica, max_num_seqs)
+    steps = work.longest_of(batch)
+    avg_ctx = work.prompt_len + work.mean_completion_len / 2
+    if ep:
+        dense = 2.0 * (model.params - model.routed_params)
+        weights = dense / tp + (model.decode_read_bytes(batch * replicas) - dense) / (tp * replicas)
+    else:
+        weights = model.decode_read_bytes(batch) / tp
+    read = weights + batch * avg_ctx * model.kv_bytes_per_token_per_gpu(tp)
+    step_mem = read / bw
+    step_compute = 2 * active * batch / (tp * flops * PREFILL_MFU)
+    decode = batches * steps * (max(step_mem, step_compute) * tp_factor + DECODE_STEP_OVERHEAD_S)
+    scale = work.scale.generation
+    why = (
+        f"prefill 2·{active / 1e9:.2f}B·{prompts:.0f} prompts·{work.prompt_len} tok / ({replicas}×{tp} GPU · "
+        f"{gpu.bf16_tflops:.0f} TFLOP/s · {PREFILL_MFU:.0%}) = {prefill:.2f} s; decode {batches} batch(es) × "
+        f"{steps:.0f} steps × ({max(step_mem, step_compute) * 1e3:.1f} ms "
+        f"{'memory' if step_mem >= step_compute else 'compute'}-bound at batch {batch}"
+        + (f" × TP {tp_factor:.2f}" if tp > 1 else "")
+        + f" + {DECODE_STEP_OVERHEAD_S * 1e3:.0f} ms overhead) = {decode:.1f} s"
+        + (f"; × {scale:.2f} measured" if scale != 1.0 else "")
+    )
+    return (prefill + decode) * scale, why
+
+
+def transformers_generation_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:
+    """Generation without vLLM: the trainers decode with transformers at about half the bandwidth efficiency."""
+    per_token = 2 * model.decode_read_bytes(n * work.per_device) / (gpu.bandwidth_tbs * 1e12 * 0.5)
+    batches = math.ceil(work.completions / max(1, n * work.per_device))
+    return work.longest_of(work.per_device) * per_token * batches * work.scale.generation
+
+
+def padded_tokens(work: Workload) -> float:
+    """Tokens the trainers run through per optimizer step: every micro-batch padded to its longest completion."""
+    return work.completions * (work.prompt_len + work.longest_of(work.per_device))
+
+
+def offload_time(
+    model: ModelShape, n: int, nodes: int, backend: DistBackend, offload: Offload, work: Workload
+) -> float:
+    """Seconds per optimizer step that offload adds, as transfers and CPU work (ZeRO-Offload's data flow):
+
+    - optimizer offload: each GPU sends its bf16 gradient partition to the host and receives its updated bf16
+      parameters (2 × 2P/n bytes over its PCIe link), and the node's CPUs run Adam on the node's share (P/nodes);
+    - parameter offload (ZeRO-3): each micro-batch's forward and backward fetch the GPU's parameter partition from
+      the host again (2 × 2P/n bytes), plus one fetch per micro-batch of the old-log-prob forward.
+    """
+    o = offload
+    if o == Offload.NONE:
+        return 0.0
+    p, pcie = model.params, _c("pcie_bytes_per_s")
+    seconds = 4 * p / n / pcie + p / max(1, nodes) / _c("cpu_adam_params_per_s")
+    if o.params and backend == DistBackend.ZERO3:
+        micro = math.ceil(work.completions / max(1, n * work.per_device))
+        passes = 2 + (1 if work.old_logprobs else 0)
+        seconds += micro * passes * 2 * p / n / pcie
+    return seconds
+
+
+def training_time(
+    model: ModelShape, gpu: GpuSpec, n: int, backend: DistBackend, offload: Offload, work: Workload, *, nodes: int = 1
+) -> tuple[float, str]:
+    """Seconds of forward + backward over one optimizer step's tokens on ``n`` training GPUs (plus offload's
+    transfers and CPU Adam), and the arithmetic."""
+    tokens = padded_tokens(work)
+    per_token = 6.0 + (2.0 if work.gradient_checkpointing else 0.0) + (2.0 if work.reference_model else 0.0)
+    if work.lora:
+        per_token -= 2.0  # no weight gradients for the frozen base
+    factor = _c("zero3_slowdown") if backend == DistBackend.ZERO3 else 1.0
+    mfu = train_mfu(gpu.name).value
+    compute = per_token * model.active_params * tokens * factor / (n * gpu.bf16_tflops * 1e12 * mfu)
+    moved = offload_time(model, n, nodes, backend, offload, work)
+    seconds = (compute + moved) * work.scale.training
+    why = (
+        f"{per_token:.0f}·{model.active_params / 1e9:.2f}B{' active' if model.is_moe else ''}·{tokens:,.0f} padded tok"
+        + (f" ×{factor:.2f} ({backend})" if factor != 1.0 else "")
+        + f" / ({n} GPU · {gpu.bf16_tflops:.0f} TFLOP/s · {mfu:.0%} MFU) = {compute:.1f} s"
+        + (f" + offload {moved:.1f} s (PCIe + CPU Adam)" if moved else "")
+        + (f"; × {work.scale.training:.2f} measured" if work.scale.training != 1.0 else "")
+    )
+    return seconds, why
+
+
+def old_logprobs_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:
+    """TRL's extra forward pass (2·P FLOPs per token) that computes the old log-probs before training, at the
+    training MFU; 0 when TRL skips it."""
+    if not work.old_logprobs:
+        return 0.0
+    mfu = train_mfu(gpu.name).value
+    flops = 2.0 * model.active_params * padded_tokens(work)
+    return flops / (n * gpu.bf16_tflops * 1e12 * mfu) * work.scale.training
+
+
+def sync_time(model: ModelShape, *, across_nodes: bool) -> float:
+    rate = _c("sync_bytes_per_s_net") if across_nodes else _c("sync_bytes_per_s_node")
+    return model.weight_bytes_bf16 / rate
+
+
+def colocate_switch_time(model: ModelShape, n: int, *, sleep_mode: bool) -> float:
+    """Colocated vLLM per step: with sleep mode, a fixed sleep/wake cost plus moving the weights off and back over
+    PCIe; without it nothing moves (vLLM keeps its memory share while the trainers run)."""
+    if not sleep_mode:
+        return 0.0
+    return _c("colocate_switch_s") + 2 * model.weight_bytes_bf16 / n / _c("pcie_bytes_per_s")

@@ -1,0 +1,67 @@
+"""What one optimizer step processes (the Workload every memory and time term reads), and a previous run's
+calibration of it. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from grpo_launch.spec import frozen
+
+
+@frozen
+class Calibration:
+    """Measured over predicted, from a previous run (``grpo-launch plan --calibrate-from RUN_DIR``): generation
+    and training time, peak training memory, and the mean completion length measured."""
+
+    generation: float = 1.0
+    training: float = 1.0
+    memory: float = 1.0
+    mean_completion_len: float | None = None
+    source: str = ""
+
+
+@frozen
+class Workload:
+    """What one optimizer step processes, and a previous run's calibration when there is one."""
+
+    prompt_len: int
+    completion_len: int
+    completions: int  # completions per optimizer step (all processes, all accumulation steps)
+    num_generations: int
+    per_device: int
+    gradient_checkpointing: bool
+    lora: bool = False
+    reference_model: bool = False  # beta > 0
+    generation_batch: int = 0  # completions per generation round (TRL sends them in one request); 0: completions
+    old_logprobs: bool = False  # TRL's extra forward pass over the completions for the old log-probs
+    expected_completion_len: float = 0.0  # the mean completion length; 0: every completion runs to the maximum
+    scale: Calibration = Calibration()
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.completion_len
+
+    @property
+    def mean_completion_len(self) -> float:
+        return min(self.completion_len, self.expected_completion_len or self.completion_len)
+
+    def longest_of(self, batch: int) -> float:
+        """The expected longest of ``batch`` completions, which a padded batch (or a decode batch) runs to, for
+        lengths spread evenly around the mean up to the maximum (order statistics of a uniform distribution:
+        mean + (max − mean)·(B − 1)/(B + 1))."""
+        mean, top = self.mean_completion_len, self.completion_len
+        b = max(1, batch)
+        return mean + (top - mean) * (b - 1) / (b + 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The workload as plan.json records it (its calibration is recorded beside it), with the derived figures
+        a reader may want: the mean completion length assumed."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "scale"}
+        return out | {"mean_completion_len": self.mean_completion_len}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], scale: Calibration | None = None) -> Workload:
+        """The workload :meth:`to_dict` recorded (derived figures ignored)."""
+        names = {f.name for f in fields(cls)} - {"scale"}
+        return cls(**{k: v for k, v in data.items() if k in names}, scale=scale or Calibration())

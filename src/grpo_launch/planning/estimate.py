@@ -1,0 +1,217 @@
+"""The plan's estimate: one step's workload from the recipe and the layout, vLLM's sizing (sequences and memory
+share), and the predicted step time, memory and whole-run total. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from grpo_launch.enums import VllmMode
+from grpo_launch.errors import Fix, PlanError
+from grpo_launch.machines.gpus import GIB, find_gpu_spec
+from grpo_launch.machines.topology import Topology
+from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.cost.constants import (
+    TRL_COMPLETION_LEN,
+    TRL_EPOCHS,
+    VLLM_SERVER_UTILIZATION,
+)
+from grpo_launch.planning.cost.memory import (
+    VllmMemory,
+    vllm_memory,
+    vllm_share_needed,
+)
+from grpo_launch.planning.cost.steptime import (
+    colocate_switch_time,
+    generation_time,
+    old_logprobs_time,
+    sync_time,
+    training_time,
+    transformers_generation_time,
+)
+from grpo_launch.planning.cost.workload import Calibration, Workload
+from grpo_launch.planning.layout import Layout
+from grpo_launch.planning.lengths import prompt_bound
+from grpo_launch.planning.refusal.explain import vllm_explain
+from grpo_launch.planning.training import Training
+from grpo_launch.planning.types import Estimate, StepTime, Total, Trace, TrainPlan, VllmPlan
+from grpo_launch.recipe import Recipe
+
+
+def workload(recipe: Recipe, layout: Layout, calibration: Calibration | None = None) -> Workload:
+    """One optimizer step's work, from the recipe (TRL's defaults where unset) and the layout; the mean completion
+    length from a previous run's measurement, else launch.expected_completion_length, else the maximum."""
+    ckpt = recipe.get("gradient_checkpointing")
+    cal = calibration or Calibration()
+    expected = cal.mean_completion_len or recipe.launch.expected_completion_length or 0
+    return Workload(
+        prompt_len=prompt_bound(recipe),
+        completion_len=int(recipe.get("max_completion_length") or TRL_COMPLETION_LEN),
+        completions=layout.completions_per_optimizer_step,
+        num_generations=layout.num_generations,
+        per_device=layout.per_device_train_batch_size,
+        gradient_checkpointing=True if ckpt is None else bool(ckpt),
+        lora=bool(recipe.get("use_peft")),
+        reference_model=float(recipe.get("beta") or 0.0) > 0.0,
+        generation_batch=layout.generation_batch_size,
+        old_logprobs=_old_logprobs(recipe, layout),
+        expected_completion_len=float(expected),
+        scale=cal,
+    )
+
+
+def _old_logprobs(recipe: Recipe, layout: Layout) -> bool:
+    """Whether TRL 1.16 runs the extra forward for the old log-probs (trl/trainer/grpo_trainer.py): with vLLM's
+    importance-sampling correction (on by default), or when a generation serves more than one optimizer step."""
+    iterations = int(recipe.get("num_iterations") or 1)
+    off_policy = layout.gradient_accumulation_steps % (layout.steps_per_generation * iterations) != 0
+    vllm = recipe.launch.vllm is not VllmMode.OFF and recipe.values.get("use_vllm") is not False
+    correction = recipe.get("vllm_importance_sampling_correction")
+    return off_policy or (vllm and correction is not False)
+
+
+def size_vllm(
+    topology: Topology, model: ModelShape | None, vllm: VllmPlan, work: Workload, trace: Trace, n: int = 1
+) -> tuple[VllmPlan, VllmMemory | None]:
+    """max_num_seqs (and the colocated memory share) from the KV cache the concurrent sequences need; and the
+    sizing itself, which the estimate reports."""
+    mem = topology.min_gpu_memory_bytes
+    if vllm.mode == VllmMode.OFF or model is None or mem is None:
+        return vllm, None
+    # The memory vLLM may use: the colocated share, or the server's --gpu-memory-utilization (launch setting or
+    # vLLM's default); the server's value stays as planned, only the sequences are sized to it.
+    share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
+    limit = vllm.gpu_memory_utilization if vllm.mode == VllmMode.SERVER else None
+    tp, ep = vllm.tensor_parallel_size, vllm.expert_parallel
+    # one engine per TP group of trainers (colocate), one per data-parallel rank (server)
+    replicas = max(1, n // tp) if vllm.mode == VllmMode.COLOCATE else vllm.data_parallel_size
+    sized = vllm_memory(model, tp, mem, work, share=share, limit=limit, replicas=replicas, ep=ep)
+    if sized is None:
+        weights = model.weight_bytes_per_gpu(tp, replicas, ep=ep)
+        need = vllm_share_needed(model, tp, mem, work.seq_len, replicas, ep=ep)
+        fixes = [
+            Fix("gpus", None, "more GPUs (a larger tensor-parallel size spreads the weights)", 3, in_recipe=False),
+            Fix("launch.vllm", "off", "generate with transformers in the trainers; slow", rank=4),
+        ]
+        if need < VLLM_SERVER_UTILIZATION and (vllm.mode == VllmMode.COLOCATE or (share or limit or 0) < need):
+            why = "leaves less for training" if vllm.mode == VllmMode.COLOCATE else "the weights need at least that"
+            fixes.append(Fix("launch.vllm_gpu_memory_utilization", round(need, 2), why, 0))
+        util = share or limit or VLLM_SERVER_UTILIZATION
+        explain = vllm_explain(model, tp, mem, work.seq_len, util, weights, need, replicas if ep else None)
+        raise PlanError(
+            f"vLLM ({vllm.mode}) does not fit: {weights / GIB:.1f} GiB of weights per GPU leave no room for the KV "
+            f"cache of one {work.seq_len}-token sequence at gpu_memory_utilization {util:.2f}",
+            fixes=fixes,
+            explain=explain,
+        )
+    trace.decide("vllm_max_num_seqs", sized.max_num_seqs, sized.lines()[0])
+    sized_plan = dataclasses.replace(
+        vllm,
+        max_num_seqs=sized.max_num_seqs,
+        max_model_len=vllm.max_model_len or sized.max_model_len,
+    )
+    return sized_plan, sized
+
+
+def run_total(topology: Topology, recipe: Recipe, layout: Layout, step: StepTime, rows: int | None) -> Total | None:
+    """Steps, hours, GPU-hours and price of the whole run, when the step count is known (``rows``: the training
+    set's, when known)."""
+    max_steps = int(recipe.get("max_steps") or -1)
+    if max_steps > 0:
+        steps, source = max_steps, f"max_steps={max_steps}"
+    elif rows:
+        epochs = float(recipe.get("num_train_epochs") or TRL_EPOCHS)
+        prompts = layout.completions_per_optimizer_step / layout.num_generations
+        iterations = int(recipe.get("num_iterations") or 1)  # TRL's sampler repeats each batch that often
+        steps = max(1, math.ceil(epochs * rows * iterations / prompts))
+        source = f"{epochs:g} epoch(s) × {rows} rows" + (f" × {iterations} iterations" if iterations > 1 else "")
+        source += f" ÷ {prompts:g} prompts per step"
+    else:
+        return None
+    hours = steps * step.total_s / 3600
+    gpu_hours = hours * topology.num_gpus
+    price = recipe.launch.gpu_hour_price
+    return Total(steps, hours, gpu_hours, gpu_hours * price if price is not None else None, source)
+
+
+def estimate_plan(
+    topology: Topology,
+    recipe: Recipe,
+    model: ModelShape | None,
+    vllm: VllmPlan,
+    train: TrainPlan,
+    layout: Layout,
+    work: Workload,
+    training: Training,
+    sizing: VllmMemory | None = None,
+    *,
+    rows: int | None = None,
+) -> Estimate | None:
+    """Predicted step time and memory, when the model and the GPU model are known."""
+    gpu = find_gpu_spec(topology.planning_gpu_name) if not topology.is_cpu else None
+    mem = topology.min_gpu_memory_bytes
+    if model is None or gpu is None or mem is None:
+        return None
+    n, train_mem = train.num_processes, training.memory
+    explain: list[str] = [
+        f"workload per optimizer step: {work.completions} completions ({work.completions // work.num_generations} "
+        f"prompts × {work.num_generations}), {work.prompt_len} prompt + {work.completion_len} completion tokens "
+        + (
+            f"at most, {work.mean_completion_len:.0f} on average"
+            + (" (measured)" if work.scale.mean_completion_len else " (launch.expected_completion_length)")
+            if work.expected_completion_len
+            else "(every completion assumed to run to the maximum: set launch.expected_completion_length, or "
+            "plan --calibrate-from RUN_DIR)"
+        ),
+    ]
+    if train_mem is not None:
+        explain.append("memory per training GPU: " + train_mem.lines()[0])
+    vllm_gib = None
+    seqs = vllm.max_num_seqs or work.completions
+    tp = vllm.tensor_parallel_size
+    if vllm.mode == VllmMode.SERVER:
+        dp = vllm.data_parallel_size
+        gen, gen_why = generation_time(model, gpu, tp, dp, seqs, work, ep=vllm.expert_parallel)
+        # Trainer rank 0 (the first training host) broadcasts the weights to the server.
+        sync = sync_time(model, across_nodes=vllm.host != train.hosts[0].name)
+        vllm_gib = (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB
+        shape = f"TP {tp} × DP {dp}" + (" with expert parallelism" if vllm.expert_parallel else "")
+        explain.append(f"generation on the server ({tp * dp} GPU, {shape}): {gen_why}")
+        explain.append(f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s")
+    elif vllm.mode == VllmMode.COLOCATE:
+        replicas = max(1, n // tp)
+        gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work)
+        sync = colocate_switch_time(model, n, sleep_mode=vllm.sleep_mode)
+        vllm_gib = (vllm.gpu_memory_utilization or 0.0) * mem / GIB
+        explain.append(f"generation colocated ({replicas} engine(s) × TP {tp}): {gen_why}")
+        if vllm.sleep_mode:
+            explain.append(f"vLLM sleep/wake and weight load per step: {sync:.2f} s")
+    else:
+        gen, sync = transformers_generation_time(model, gpu, n, work), 0.0
+        explain.append(f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s")
+    nodes = len(train.hosts)
+    train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work, nodes=nodes)
+    explain.append(f"training: {train_why}")
+    old = old_logprobs_time(model, gpu, n, work) if vllm.mode != VllmMode.OFF or work.old_logprobs else 0.0
+    if old:
+        explain.append(f"old log-probs (TRL's extra forward, 2·P per token): {old:.1f} s")
+    step = StepTime(gen, train_s, sync, old)
+    explain.append(
+        f"step ≈ {step.generation_s:.1f} s generation + {step.old_logprobs_s:.1f} s old log-probs + "
+        f"{step.training_s:.1f} s training + {step.sync_s:.1f} s sync = {step.total_s:.1f} s; "
+        f"bottleneck: {step.bottleneck}"
+    )
+    if training.host_memory:
+        explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
+    return Estimate(
+        total=run_total(topology, recipe, layout, step, rows),
+        step=step,
+        train_memory_gib=train_mem.total / GIB if train_mem else None,
+        vllm_memory_gib=vllm_gib,
+        gpu_memory_gib=mem / GIB,
+        explain=tuple(explain),
+        train_memory=train_mem,
+        vllm_memory=sizing,
+        host_memory_per_node_gib=training.host_memory / GIB,
+        workload=work,
+    )

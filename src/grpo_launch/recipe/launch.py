@@ -1,0 +1,146 @@
+"""grpo-launch's own settings, the recipe's ``launch:`` block: the fields with their ranges and choices, and their
+conversion from YAML values (every problem collected, none raised alone)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import field
+from typing import Any
+
+from grpo_launch.enums import DistBackend, Offload, OnOom, VllmMode
+from grpo_launch.errors import did_you_mean, short
+from grpo_launch.recipe.values import AUTO, ENV_NAME, finite
+from grpo_launch.spec import frozen
+
+
+@frozen
+class LaunchSettings:
+    """grpo-launch's own settings: the recipe's optional ``launch:`` block."""
+
+    vllm: VllmMode | None = field(default=None, metadata={"enum": VllmMode})  # None: auto (the planner chooses)
+    vllm_gpus: int | None = field(default=None, metadata={"min": 1, "max": 4096})
+    vllm_tensor_parallel_size: int | None = field(default=None, metadata={"min": 1, "max": 4096})
+    vllm_port: int = field(default=8000, metadata={"min": 1, "max": 65535})
+    vllm_host: str | None = field(default=None, metadata={"kind": "str"})
+    vllm_gpu_memory_utilization: float | None = field(
+        default=None, metadata={"min": 0.05, "max": 0.99, "kind": "float"}
+    )
+    vllm_max_model_len: int | None = field(default=None, metadata={"min": 1, "max": 10_000_000})
+    vllm_command: tuple[str, ...] = field(default=("vllm", "serve"), metadata={"nonempty": True})
+    vllm_extra_args: tuple[str, ...] = ()
+    vllm_env: Mapping[str, str] = field(default_factory=dict)
+    vllm_health_timeout_s: float = field(default=900.0, metadata={"min": 1, "max": 7 * 86400})
+    backend: DistBackend | None = field(default=None, metadata={"enum": DistBackend})  # None: auto
+    offload: Offload | None = field(default=None, metadata={"enum": Offload})  # None: auto
+    num_processes: int | None = field(default=None, metadata={"min": 1, "max": 4096})
+    main_process_port: int = field(default=29500, metadata={"min": 1, "max": 65535})
+    run_dir: str | None = field(default=None, metadata={"kind": "str"})
+    grace_period_s: float = field(default=30.0, metadata={"min": 0, "max": 3600})
+    train_env: Mapping[str, str] = field(default_factory=dict)
+    # → GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for every process
+    network_interface: str | None = field(
+        default=None, metadata={"kind": "str", "pattern": r"[A-Za-z0-9_.:@-]{1,15}", "what": "an interface name"}
+    )
+    # Rows of the training set, for the time and cost to train (counted from a local file when unset).
+    dataset_rows: int | None = field(default=None, metadata={"min": 1, "max": 10**12})
+    gpu_hour_price: float | None = field(
+        default=None, metadata={"min": 0, "kind": "float"}
+    )  # price of one GPU-hour, any currency
+    # Mean completion length in tokens, for the step time (default: every completion runs to max_completion_length).
+    expected_completion_length: int | None = field(default=None, metadata={"min": 1, "max": 10_000_000})
+    # Supervision: restarts after failures that are not the user's code, from the newest complete checkpoint.
+    max_restarts: int = field(default=0, metadata={"min": 0, "max": 1000})
+    restart_backoff_s: float = field(default=10.0, metadata={"min": 0, "max": 3600})  # doubles per restart
+    on_oom: OnOom = field(default=OnOom.STOP, metadata={"enum": OnOom})
+    # The progress watchdog: no optimizer step within these bounds stops the run with every rank's stack.
+    first_step_timeout_s: float = field(default=3600.0, metadata={"min": 1, "max": 7 * 86400})
+    hang_timeout_s: float | None = field(default=None, metadata={"min": 1, "max": 7 * 86400, "kind": "float"})
+    # Wall-clock limit of a run in seconds: save a checkpoint and stop before it (a Slurm job's own limit applies too).
+    time_limit_s: float | None = field(default=None, metadata={"min": 1, "max": 365 * 86400, "kind": "float"})
+
+
+LAUNCH_FIELDS = {f.name: f for f in dataclasses.fields(LaunchSettings)}
+
+
+def build_launch(raw: Mapping[str, Any], problems: list[str]) -> LaunchSettings:
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        f = LAUNCH_FIELDS.get(key)
+        if f is None:
+            problems.append(f"unknown launch setting {short(key)}{did_you_mean(str(key), LAUNCH_FIELDS)}")
+            continue
+        problem, converted = convert_launch(key, value)
+        if problem:
+            problems.append(problem)
+        else:
+            kwargs[key] = converted
+    return LaunchSettings(**kwargs)
+
+
+def convert_launch(key: str, value: Any) -> tuple[str | None, Any]:
+    """(the problem, None) or (None, the value as the launch setting ``key`` holds it: a YAML value converted and
+    checked against the field's kind, range or choices)."""
+    f = LAUNCH_FIELDS[key]
+    factory = f.default_factory
+    default = f.default if f.default is not dataclasses.MISSING else (factory() if callable(factory) else None)
+    meta = f.metadata
+    name = f"launch.{key}"
+    if value is None or (value == AUTO and default in (None, AUTO)):
+        return None, default
+    if "enum" in meta:
+        choices = [str(c) for c in meta["enum"]]
+        if value is False and "off" in choices:
+            value = "off"  # YAML 1.1 reads a bare `off` as false
+        if value not in choices:
+            shown = ([AUTO] if default is None else []) + choices
+            return f"{name} must be one of {', '.join(shown)}; got {short(value)}", None
+        return None, meta["enum"](value)
+    if isinstance(default, tuple):
+        if isinstance(value, str):
+            value = value.split()
+        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
+            return f"{name} must be a list of strings, got {short(value)}", None
+        if meta.get("nonempty") and not value:
+            return f"{name} must not be empty (e.g. [vllm, serve])", None
+        return None, tuple(str(v) for v in value)
+    if isinstance(default, Mapping):
+        if not isinstance(value, dict):
+            return f"{name} must be a mapping of NAME: value, got {short(value)}", None
+        bad = [k for k in value if not (isinstance(k, str) and ENV_NAME.match(k))]
+        if bad:
+            return f"{name}: {short(bad[0])} is not an environment variable name (letters, digits, _)", None
+        if not all(isinstance(v, (str, int, float, bool)) for v in value.values()):
+            return f"{name} values must be strings, got {short(value)}", None
+        return None, {str(k): str(v) for k, v in value.items()}
+    if meta.get("kind") == "str":
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            return f"{name} must be a string, got {short(value)}", None
+        pattern = meta.get("pattern")
+        if pattern and not re.fullmatch(pattern, str(value)):
+            return f"{name}: {short(value)} is not {meta.get('what', 'valid')}", None
+        return None, str(value)
+    if isinstance(default, float) or meta.get("kind") == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{name} must be a number, got {short(value)}", None
+        if not finite(value):
+            return f"{name} must be a finite number, got {short(value, 40)}", None
+    elif isinstance(value, bool) or not isinstance(value, int):
+        return f"{name} must be an integer, got {short(value)}", None
+    lo, hi = meta.get("min"), meta.get("max")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        return f"{name} must be {bounds}, got {short(value, 40)}", None
+    return None, value
+
+
+def check_launch(launch: LaunchSettings) -> list[str]:
+    """Problems between launch settings."""
+    problems = []
+    if launch.vllm is not VllmMode.OFF and launch.vllm_port == launch.main_process_port:
+        problems.append(
+            f"launch.vllm_port and launch.main_process_port are both {launch.vllm_port}: the vLLM server and the "
+            "trainers' rendezvous need different ports"
+        )
+    return problems

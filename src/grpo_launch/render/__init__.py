@@ -1,0 +1,32 @@
+"""Render: a Plan turned into what runs it (pure, no I/O). :mod:`.processes` gives the processes to start (the vLLM
+server and one ``accelerate launch`` per training host), :mod:`.configs` the configuration files and
+:mod:`.plan_json` the plan's record; :func:`render_files` gathers the run directory's files."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpo_launch.planning.types import Plan
+
+
+def render_files(plan: Plan) -> dict[str, str]:
+    """Relative path (under ``plan.run_dir``) → text for every file of a run directory."""
+    # Imported here: the processes alone (what `plan` prints, what a backend places) need neither.
+    import json
+
+    import yaml
+
+    from grpo_launch.render.configs import render_accelerate_config, render_deepspeed_config, render_trainer_recipe
+    from grpo_launch.render.plan_json import plan_to_dict
+
+    paths = plan.paths
+    files = {
+        paths.accelerate_config: yaml.safe_dump(render_accelerate_config(plan), sort_keys=True),
+        paths.trainer_recipe: render_trainer_recipe(plan),
+        paths.plan_json: json.dumps(plan_to_dict(plan), indent=2, default=str) + "\n",
+    }
+    ds = render_deepspeed_config(plan)
+    if ds is not None:
+        files[paths.deepspeed_config] = json.dumps(ds, indent=2) + "\n"
+    return {paths.relative(path): text for path, text in files.items()}

@@ -1,0 +1,131 @@
+"""Plan → ``plan.json`` (pure): everything decided, with its reasons, the estimate and the commands, as plain
+JSON-able data."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from grpo_launch import __version__
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.planning.types import Plan
+from grpo_launch.render.processes import trainers, vllm_server
+from grpo_launch.rundir.records import Prediction
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """Everything decided, with reasons, as plain JSON-able data."""
+    vllm_spec = vllm_server(plan)
+    return {
+        "grpo_launch_version": __version__,
+        "recipe": plan.recipe.source,
+        "run_dir": plan.run_dir,
+        "topology": {
+            "source": plan.topology.source,
+            "description": plan.topology.describe(),
+            "hosts": [
+                {
+                    "name": h.name,
+                    "address": h.addr,
+                    "gpus": [asdict(g) for g in h.gpus],
+                    "cpus": h.cpus,
+                    "memory_bytes": h.memory_bytes,
+                }
+                for h in plan.topology.hosts
+            ],
+        },
+        "model": asdict(plan.model) if plan.model else None,
+        "roles": [asdict(r) for r in plan.roles],
+        "vllm": {
+            **asdict(plan.vllm),
+            "base_url": plan.vllm.base_url,
+            "command": list(vllm_spec.argv) if vllm_spec else None,
+            "env": vllm_spec.launch_env if vllm_spec else None,
+            "shell": vllm_spec.shell() if vllm_spec else None,
+        },
+        "train": {
+            "device": plan.train.device,
+            "backend": plan.train.backend,
+            "offload": plan.train.offload,
+            "mixed_precision": plan.train.mixed_precision,
+            "num_processes": plan.train.num_processes,
+            "num_machines": plan.train.num_machines,
+            "main_process_ip": plan.train.main_process_ip,
+            "main_process_port": plan.train.main_process_port,
+            "hosts": [asdict(h) for h in plan.train.hosts],
+            "commands": [
+                {"name": s.name, "host": s.host, "argv": list(s.argv), "env": s.launch_env, "shell": s.shell()}
+                for s in trainers(plan)
+            ],
+        },
+        "layout": {
+            **asdict(plan.layout),
+            "prompts_per_generation": plan.layout.prompts_per_generation,
+            "completions_per_optimizer_step": plan.layout.completions_per_optimizer_step,
+        },
+        "estimate": estimate_to_dict(plan),
+        "candidates": [
+            {
+                "label": c.label,
+                "mode": c.mode,
+                "tensor_parallel_size": c.tensor_parallel_size,
+                "step": asdict(c.step) if c.step else None,
+                "per_prompt_s": c.per_prompt_s,
+                "chosen": c.chosen,
+                "rejected": c.rejected,
+            }
+            for c in plan.candidates
+        ],
+        "decisions": [asdict(d) for d in plan.decisions],
+        "notices": list(plan.notices),
+        "warnings": list(plan.warnings),
+        "trainer_values": plan.resolved_trainer_values,
+    }
+
+
+def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
+    """The estimate as data: memory terms per training GPU, per vLLM GPU and per node, and the step's times."""
+    est = plan.estimate
+    if est is None:
+        return None
+    step = est.step
+    prediction = Prediction(step.generation_s, step.old_logprobs_s, step.training_s, step.sync_s,
+                            workload=est.workload.to_dict() if est.workload else None)  # fmt: skip
+    out: dict[str, Any] = {
+        **prediction.to_json(),
+        "bottleneck": est.step.bottleneck,
+        "gpu_memory_gib": est.gpu_memory_gib,
+        "host_memory_per_node_gib": est.host_memory_per_node_gib,
+        "memory_per_training_gpu_gib": None,
+        "vllm_memory_per_gpu_gib": None,
+        "explain": list(est.explain),
+        "total": asdict(est.total) if est.total else None,
+        "calibration": asdict(est.workload.scale) if est.workload and est.workload.scale.source else None,
+    }
+    if est.train_memory is not None:
+        m = est.train_memory
+        terms = (
+            "weights",
+            "gradients",
+            "optimizer",
+            "reference",
+            "activations",
+            "lm_head",
+            "autocast_weights",
+            "overhead",
+        )
+        out["memory_per_training_gpu_gib"] = {t: getattr(m, t) / GIB for t in terms} | {"total": m.total / GIB}
+    if est.vllm_memory is not None:
+        v = est.vllm_memory
+        kv = v.max_num_seqs * v.kv_per_seq
+        out["vllm_memory_per_gpu_gib"] = {
+            "weights": v.weights_per_gpu / GIB,
+            "kv_cache": kv / GIB,
+            # the rest of the share: activations, CUDA graphs and KV blocks beyond the planned sequences
+            "overhead_and_spare": (v.gpu_memory_utilization * est.gpu_memory_gib * GIB - v.weights_per_gpu - kv) / GIB,
+            "total": v.gpu_memory_utilization * est.gpu_memory_gib,
+            "kv_bytes_per_token_per_gpu": plan.model.kv_bytes_per_token_per_gpu(plan.vllm.tensor_parallel_size)
+            if plan.model
+            else None,
+        }
+    return out

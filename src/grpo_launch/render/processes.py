@@ -1,0 +1,156 @@
+"""Plan → the processes to start (pure): the vLLM server for TRL's server mode and one ``accelerate launch`` per
+training host. Backends place them on their hosts (:mod:`grpo_launch.backends`)."""
+
+from __future__ import annotations
+
+from grpo_launch.enums import Device, Role, VllmMode
+from grpo_launch.planning.types import Plan, TrainHost
+from grpo_launch.probe.pythons import TRL_VLLM_RANGE, version_tuple
+from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
+from grpo_launch.rundir.layout import RUN_DIR_ENV
+from grpo_launch.spec import ProcessSpec
+
+NCCL_WEIGHT_TRANSFER = '{"backend": "nccl"}'
+
+
+SCALE_OUT_SINCE = (0, 30)  # TRL adds --enable-scale-out for vLLM >= 0.30 (trl/scripts/vllm_serve.py)
+
+
+def weight_sync_port(plan: Plan) -> int:
+    """The port TRL's trainer rank 0 hosts the NCCL weight-sync group on (vllm_group_port, TRL's default 51216)."""
+    return int(plan.trainer_values.get("vllm_group_port") or TRL_DEFAULTS["vllm_group_port"])
+
+
+def vllm_server(plan: Plan) -> ProcessSpec | None:
+    """The vLLM server for TRL 1.16's server mode, or None when the plan has no server.
+
+    TRL's weight sync needs vLLM's dev endpoints (VLLM_SERVER_DEV_MODE=1), NCCL weight transfer, processed
+    logprobs and unlimited logprobs. ``vllm serve`` takes the model as its first argument; any other server
+    command (e.g. ``python -m vllm.entrypoints.openai.api_server``) gets ``--model``.
+    """
+    v = plan.vllm
+    if v.mode != VllmMode.SERVER:
+        return None
+    launch = plan.recipe.launch
+    model = str(plan.trainer_values["model_name_or_path"])
+    cmd = list(launch.vllm_command)
+    argv = [*cmd, model] if cmd[-1] == "serve" else [*cmd, "--model", model]
+    revision = plan.trainer_values.get("model_revision")
+    if revision and revision != "main":
+        argv += ["--revision", str(revision)]
+    argv += [
+        "--host",
+        v.bind_host,
+        "--port",
+        str(v.port),
+        "--tensor-parallel-size",
+        str(v.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        f"{v.gpu_memory_utilization}",
+    ]
+    if v.data_parallel_size > 1:  # a mixture of experts: DP ranks with the experts spread over all of them
+        argv += ["--data-parallel-size", str(v.data_parallel_size)]
+    if v.expert_parallel:
+        argv.append("--enable-expert-parallel")
+    if v.max_model_len:
+        argv += ["--max-model-len", str(v.max_model_len)]
+    if v.max_num_seqs:
+        argv += ["--max-num-seqs", str(v.max_num_seqs)]
+    # As TRL's own build_command: its model implementation (GRPOConfig.vllm_model_impl), remote code when the
+    # recipe trusts it, and the scale-out endpoints on vLLM >= 0.30 (an unknown version is taken as the newest TRL
+    # supports; the run's preflight reads the real one).
+    argv += ["--model-impl", str(plan.trainer_values.get("vllm_model_impl") or "vllm")]
+    if plan.trainer_values.get("trust_remote_code"):
+        argv.append("--trust-remote-code")
+    if (version_tuple(plan.vllm_version) or TRL_VLLM_RANGE[1]) >= SCALE_OUT_SINCE:
+        argv.append("--enable-scale-out")
+    argv += [
+        "--weight-transfer-config",
+        NCCL_WEIGHT_TRANSFER,
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-logprobs",
+        "-1",
+        *launch.vllm_extra_args,
+    ]
+    env = {"VLLM_SERVER_DEV_MODE": "1", **network_env(plan), **launch.vllm_env}
+    return ProcessSpec(
+        name="vllm", argv=tuple(argv), env=env, host=_host(plan, v.host), role=Role.VLLM, gpus=tuple(v.gpus)
+    )
+
+
+def _host(plan: Plan, name: str | None) -> str | None:
+    """Hosts are named only when the plan spans several (a one-host plan runs here)."""
+    return name if len(plan.topology.hosts) > 1 else None
+
+
+def train_env(plan: Plan, host: TrainHost) -> dict[str, str]:
+    """The environment a host's `accelerate launch` adds (its GPUs travel as ProcessSpec.gpus)."""
+    env: dict[str, str] = {}
+    if plan.train.device == Device.CPU and not plan.train.backend.is_deepspeed:
+        # Not `--cpu`/`use_cpu: true` in the config: those quietly run one process. (DeepSpeed on CPU needs
+        # neither: its CPU accelerator takes over; see planning.trainer_values.)
+        env["ACCELERATE_USE_CPU"] = "true"
+    if plan.train.device == Device.CPU:
+        env["DS_ACCELERATOR"] = "cpu"  # said, not detected: DeepSpeed (imported by transformers) warns when it guesses
+        cpus = next((h.cpus for h in plan.topology.hosts if h.name == host.name), None)
+        if cpus:
+            env["OMP_NUM_THREADS"] = str(max(1, cpus // host.processes))
+    # The trainers write their records there and watch it for a checkpoint-and-stop request (SIGUSR2 to
+    # grpo-launch; Slurm preemption).
+    env[RUN_DIR_ENV] = str(plan.run_dir)
+    if host.machine_rank == 0 and plan.vllm.mode == VllmMode.SERVER and len(plan.topology.hosts) > 1:
+        # TRL's rank 0 advertises vLLM's get_ip() for the weight-sync group: VLLM_HOST_IP, else the default-route
+        # address, which on a multi-homed node need not be the network the server reaches.
+        env["VLLM_HOST_IP"] = host.address
+    env.update(network_env(plan))
+    env.update(plan.recipe.launch.train_env)
+    return env
+
+
+def network_env(plan: Plan) -> dict[str, str]:
+    """The interface torch (gloo) and NCCL bind to, when the hosts have several (launch.network_interface)."""
+    iface = plan.recipe.launch.network_interface
+    return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface} if iface else {}
+
+
+def trainers(plan: Plan) -> tuple[ProcessSpec, ...]:
+    """One `accelerate launch` per training host, each with its own machine_rank."""
+    train, paths = plan.train, plan.paths
+    specs = []
+    for h in train.hosts:
+        argv = [
+            plan.python,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(paths.accelerate_config),
+            "--num_processes",
+            str(train.num_processes),
+            "--num_machines",
+            str(train.num_machines),
+            "--machine_rank",
+            str(h.machine_rank),
+        ]
+        if train.num_machines > 1:
+            argv += ["--main_process_ip", train.main_process_ip]
+        argv += ["--main_process_port", str(train.main_process_port)]
+        argv += ["--module", "grpo_launch.train", "--recipe", str(paths.trainer_recipe)]
+        name = "train" if train.num_machines == 1 else f"train@{h.name}"
+        specs.append(
+            ProcessSpec(
+                name=name,
+                argv=tuple(argv),
+                env=train_env(plan, h),
+                host=_host(plan, h.name),
+                role=Role.TRAIN,
+                gpus=tuple(h.gpus),  # () on CPU: never let a CPU plan touch a GPU
+            )
+        )
+    return tuple(specs)
+
+
+def all_processes(plan: Plan) -> tuple[ProcessSpec, ...]:
+    """The server (if any) first, then the trainers."""
+    server = vllm_server(plan)
+    return (*([server] if server else []), *trainers(plan))

@@ -1,0 +1,4 @@
+"""The run directory: the contract between the launcher, the processes it starts and ``status``/``report``.
+Standard library only (the training entry and the node programs import it): the layout (:mod:`.layout`: every
+file name and environment name), the records written there (:mod:`.records`), the lock and atomic writes
+(:mod:`.files`), the stop request (:mod:`.control`), checkpoints, what a run measured, and the report."""

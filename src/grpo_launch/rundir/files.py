@@ -1,0 +1,132 @@
+"""Write a run directory's files (the one place planning output touches the disk), and the run directory's lock.
+
+A run holds ``RUN_DIR/.grpo-launch.lock`` (an flock, released by the kernel when the holder dies, even by SIGKILL)
+from before it writes anything until its processes are gone; the file names the holder. A second run in the same
+directory is refused with the holder's pid, host and start time, and so is a ``plan`` or ``--dry-run`` that would
+overwrite a running run's files."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from grpo_launch.errors import ConfigError, LaunchError
+from grpo_launch.rundir.layout import RunPaths
+
+
+def _in_use(run_dir: Path, holder: str) -> LaunchError:
+    return LaunchError(
+        f"run directory {str(run_dir)!r} is in use by another grpo-launch run ({holder})",
+        hint="Wait for it to finish (grpo-launch status RUN_DIR), stop it, or use another --run-dir.",
+    )
+
+
+def _holder_text(run_dir: Path) -> str:
+    info = last_holder(run_dir)
+    if not {"pid", "host", "started"} <= set(info):
+        return "holder unknown"
+    return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+
+
+class RunLock:
+    """The run directory's lock, taken before anything is written there and held until the run's processes are
+    gone (``with RunLock(run_dir):``)."""
+
+    def __init__(self, run_dir: str | Path, *, backend: str | None = None, job_id: str | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = RunPaths(self.run_dir).lock
+        self.job = {"backend": backend, "job_id": job_id}  # the batch job the run belongs to, for status
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        import fcntl
+        import socket
+        import sys
+
+        _make_dir(self.run_dir)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _in_use(self.run_dir, _holder_text(self.run_dir)) from None
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(sys.argv),
+            **self.job,
+        }
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(info) + "\n").encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # the lock goes with the descriptor; the file stays (it may be read meanwhile)
+            self._fd = None
+
+
+def last_holder(run_dir: str | Path) -> dict:
+    """What the run directory's lock file says about the last run that held it (pid, host, start, its backend and
+    batch job)."""
+    try:
+        info = json.loads(RunPaths(run_dir).lock.read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def lock_holder(run_dir: str | Path) -> str | None:
+    """Who holds the run directory's lock (a running run), or None."""
+    import fcntl
+
+    path = RunPaths(run_dir).lock
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder_text(Path(run_dir))
+    finally:
+        os.close(fd)
+    return None
+
+
+def _make_dir(root: Path) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create run directory {str(root)!r}: {exc.strerror}", hint="Choose another with --run-dir DIR."
+        ) from None
+
+
+def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bool = False) -> list[Path]:
+    """Write each file atomically (temp file + rename), so a crash never leaves a half-written config. Refused
+    while another run holds the directory (``locked``: the caller holds it)."""
+    root = Path(run_dir)
+    if not locked and (holder := lock_holder(root)) is not None:
+        raise _in_use(root, holder)
+    _make_dir(root)
+    written = []
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        written.append(path)
+    return written

@@ -1,0 +1,122 @@
+"""The contract between the launcher and the processes it starts, in one place (standard library only): every
+environment variable grpo-launch sets for them, the line a remote shim announces its process group with, and
+every file of a run directory (:class:`RunPaths`). The launcher, the trainers, ``status``, ``report`` and the node
+programs name these files and variables only through this module."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from grpo_launch.spec import frozen
+
+# The environment every process of a run gets.
+RUN_DIR_ENV = "GRPO_LAUNCH_RUN_DIR"  # the run directory: the trainers find their control files and logs there
+RUN_ID_ENV = "GRPO_LAUNCH_RUN_ID"  # marks every descendant, so teardown finds them all (grpo_launch.node.reaper)
+RESUME_ENV = "GRPO_LAUNCH_RESUME"  # the checkpoint every rank resumes from, or "none"
+NO_RESUME = "none"
+
+# grpo_launch.node.shim prints this, then its process-group id, so the launcher can stop the remote tree.
+PGID_ANNOUNCE = "[grpo-launch-task] pgid="
+
+# Written by the training entry into output_dir after the final save (a finished run is not trained again).
+COMPLETE_MARKER = "grpo_launch_complete.json"
+
+
+@frozen
+class RunPaths:
+    """Every file of a run directory, by what it is."""
+
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> RunPaths | None:
+        """The run directory a process was started for (None when grpo-launch did not start it)."""
+        value = environ.get(RUN_DIR_ENV)
+        return cls(value) if value else None
+
+    # What the launcher writes before anything starts (render/ makes the text).
+    @property
+    def plan_json(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def accelerate_config(self) -> Path:
+        return self.root / "accelerate_config.yaml"
+
+    @property
+    def deepspeed_config(self) -> Path:
+        return self.root / "deepspeed.json"
+
+    @property
+    def trainer_recipe(self) -> Path:
+        return self.root / "trainer_recipe.yaml"
+
+    @property
+    def sbatch_script(self) -> Path:
+        return self.root / "job.sbatch"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".grpo-launch.lock"
+
+    @property
+    def output(self) -> Path:
+        """The trainers' output_dir when the recipe sets none."""
+        return self.root / "output"
+
+    # What the run writes while it runs.
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def metrics(self) -> Path:
+        """Rank 0's records: one per optimizer step, per save, per logging step (:mod:`.records`)."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def control(self) -> Path:
+        return self.root / "control"
+
+    @property
+    def stop_request(self) -> Path:
+        """Created by the launcher: the trainers save a checkpoint at the end of the step and stop."""
+        return self.control / "stop-requested"
+
+    @property
+    def stopped_marker(self) -> Path:
+        """Written by rank 0 when it stopped on request: the step it stopped after."""
+        return self.control / "stopped-at-step"
+
+    @property
+    def attempts(self) -> Path:
+        """One record per supervised attempt, written by the launcher (:class:`.records.Attempt`)."""
+        return self.control / "attempts.jsonl"
+
+    @property
+    def stacks(self) -> Path:
+        """Each trainer rank's Python stack, dumped there on SIGUSR1 (the hang watchdog)."""
+        return self.control / "stacks"
+
+    def rank_stack(self, rank: int | str) -> Path:
+        return self.stacks / f"rank-{rank}.txt"
+
+    def rank_stacks(self) -> dict[str, Path]:
+        """The stack files the trainer ranks have dumped, by rank."""
+        return {f.stem.removeprefix("rank-"): f for f in sorted(self.stacks.glob("rank-*.txt"))}
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    def relative(self, path: Path) -> str:
+        """A file of the run directory as its path under it (the keys of render_files)."""
+        return str(path.relative_to(self.root))

@@ -1,0 +1,121 @@
+"""Read what a run measured: its metrics records (:mod:`.records`) and the prediction its plan.json made.
+Standard library only; raises ConfigError naming the missing file."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from grpo_launch.errors import ConfigError
+from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.records import LogRecord, MetricRecord, Prediction, StepRecord, read_metrics
+from grpo_launch.spec import frozen
+
+
+@frozen
+class Measured:
+    """Means over a run's optimizer steps (the first is left out when there are more: it compiles and warms up)."""
+
+    run_dir: str
+    steps: int  # step records read
+    last_step: int
+    max_steps: int | None
+    step_s: float
+    generation_s: float  # generation, scoring, the old log-probs and the weight sync, as the trainer times them
+    training_s: float
+    last_time: float | None  # wall-clock time of the last step
+    peak_memory_bytes: int | None  # the largest peak of any rank
+    memory_kind: str | None  # cuda_max_allocated or rss_max
+    mean_completion_len: float | None  # TRL's completions/mean_length, averaged over its logs
+    last_log: dict[str, float] = field(default_factory=dict)  # the latest value of each logged metric
+    prediction: Prediction | None = None  # what plan.json predicted
+    plan: dict[str, Any] | None = None  # the rest of plan.json
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def metric_records(run_dir: str | Path) -> list[MetricRecord]:
+    """The run's metrics records (a line cut short by a crash is skipped)."""
+    metrics = RunPaths(run_dir).metrics
+    try:
+        return read_metrics(metrics)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read {metrics}: {exc.strerror or exc}",
+            hint="Give the run directory of a run that trained at least one step (it holds metrics.jsonl).",
+        ) from None
+
+
+def read_plan_json(run_dir: str | Path) -> dict[str, Any]:
+    """The run's plan.json ({} when there is none or it cannot be read)."""
+    try:
+        data = json.loads(RunPaths(run_dir).plan_json.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_run(run_dir: str | Path) -> Measured:
+    root = Path(run_dir)
+    records = metric_records(root)
+    steps = [r for r in records if isinstance(r, StepRecord)]
+    logs = [r.log for r in records if isinstance(r, LogRecord)]
+    if not steps:
+        metrics = RunPaths(root).metrics
+        raise ConfigError(f"{metrics} has no step lines", hint="Let the run train at least one optimizer step.")
+    use = steps[1:] if len(steps) > 1 else steps
+    peaks = [p for s in steps for p in s.peak_memory_bytes]
+    lengths = [g["completions/mean_length"] for g in logs if "completions/mean_length" in g]
+    plan = read_plan_json(root) or None
+    return Measured(
+        run_dir=str(root),
+        steps=len(steps),
+        last_step=steps[-1].step or len(steps),
+        max_steps=steps[-1].max_steps,
+        step_s=_mean([s.step_s for s in use]),
+        generation_s=_mean([s.generation_s or 0.0 for s in use]),
+        training_s=_mean([s.training_s or 0.0 for s in use]),
+        last_time=steps[-1].time,
+        peak_memory_bytes=max(peaks) if peaks else None,
+        memory_kind=steps[-1].memory_kind,
+        mean_completion_len=_mean(lengths) if lengths else None,
+        last_log={k: v for g in logs for k, v in g.items()},  # each key's latest value
+        prediction=Prediction.from_json((plan or {}).get("estimate")),
+        plan=plan,
+    )
+
+
+@frozen
+class Progress:
+    """Where a run stands, from its measurements: state, ETA from the measured step time and from the plan's."""
+
+    state: str  # finished | stopped | running | silent
+    detail: str
+    remaining_steps: int | None
+    eta_s: float | None  # at the measured mean step time
+    planned_eta_s: float | None  # at the plan's predicted step time
+    since_last_step_s: float | None
+
+
+def progress(m: Measured, now: float, stopped_at: int | None = None) -> Progress:
+    """``stopped_at``: the step the control dir says the run stopped at to checkpoint (SIGUSR2, preemption)."""
+    remaining = max(0, int(m.max_steps) - m.last_step) if m.max_steps else None
+    since = now - m.last_time if m.last_time is not None else None
+    predicted = m.prediction.step_s if m.prediction else None
+    planned = None
+    if remaining is not None and predicted is not None and math.isfinite(predicted):
+        planned = remaining * predicted
+    eta = remaining * m.step_s if remaining is not None else None
+    if remaining == 0:
+        return Progress("finished", f"step {m.last_step}/{m.max_steps}", 0, 0.0, planned, since)
+    if stopped_at is not None and stopped_at >= m.last_step:
+        return Progress("stopped", f"checkpointed and stopped at step {stopped_at}", remaining, eta, planned, since)
+    quiet = since is not None and since > 3 * m.step_s + 60
+    state = "silent" if quiet else "running"
+    detail = f"no step for {since:.0f} s (stopped, or hung)" if quiet and since is not None else "stepping"
+    return Progress(state, detail, remaining, eta, planned, since)

@@ -1,0 +1,150 @@
+"""The run report: RUN_DIR/report/report.html (self-contained: the plots are embedded) and the PNGs beside it,
+written at the end of a run and by ``grpo-launch report RUN_DIR``.
+
+Plots, from the trainers' ``metrics.jsonl`` and the plan's ``plan.json``: the reward and each reward function over
+steps; completion lengths; the step time split into generation and training against the plan's prediction; the
+peak memory of every rank against the estimate; each rank's GPU utilisation when NVML was there. The series
+themselves are embedded in the HTML as JSON (``<script id="series">``), so what was plotted can be read back.
+matplotlib is an optional extra (``pip install 'grpo-launch[report]'``): the planner never imports it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_launch.errors import ConfigError
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.measured import metric_records, read_plan_json
+from grpo_launch.rundir.records import LogRecord, Prediction, StepRecord
+
+
+@dataclass
+class Series:
+    """One plotted line: its name and (step, value) points."""
+
+    name: str
+    steps: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+    def add(self, step: int, value: Any) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            self.steps.append(int(step))
+            self.values.append(float(value))
+
+
+def read_series(run_dir: Path) -> dict[str, dict[str, Series]]:
+    """{plot: {line: Series}} from the run's metrics records (steps and TRL's logged metrics)."""
+    plots: dict[str, dict[str, Series]] = {"reward": {}, "length": {}, "time": {}, "memory": {}, "gpu": {}}
+
+    def line(plot: str, name: str) -> Series:
+        return plots[plot].setdefault(name, Series(name))
+
+    for record in metric_records(run_dir):
+        step = record.step
+        if isinstance(record, LogRecord):
+            log = record.log
+            line("reward", "reward").add(step, log.get("reward"))
+            for key, value in log.items():
+                if key.startswith("rewards/") and key.endswith("/mean"):
+                    line("reward", key.removeprefix("rewards/").removesuffix("/mean")).add(step, value)
+            for key in ("mean_length", "min_length", "max_length"):
+                line("length", key.replace("_", " ")).add(step, log.get(f"completions/{key}"))
+        elif isinstance(record, StepRecord):
+            line("time", "generation").add(step, record.generation_s)
+            line("time", "training").add(step, record.training_s)
+            for rank, peak in enumerate(record.peak_memory_bytes):
+                line("memory", f"rank {rank}").add(step, peak / GIB)
+            for rank, busy in enumerate(record.gpu_utilization):
+                line("gpu", f"rank {rank}").add(step, busy)
+    return {p: {k: s for k, s in lines.items() if s.steps} for p, lines in plots.items()}
+
+
+TITLES = {
+    "reward": ("Reward (mean) and each reward function", "reward"),
+    "length": ("Completion length", "tokens"),
+    "time": ("Step time: generation and training", "seconds"),
+    "memory": ("Peak memory per rank", "GiB"),
+    "gpu": ("GPU utilisation per rank (NVML, sampled at each step's end)", "%"),
+}
+
+
+def _predicted(plan: dict[str, Any], plot: str) -> dict[str, float]:
+    """The plan's predicted values for a plot, drawn as dashed lines."""
+    pred = Prediction.from_json(plan.get("estimate"))
+    if pred is None:
+        return {}
+    if plot == "time":
+        return {"planned generation": pred.trainer_generation_s, "planned training": pred.training_s}
+    if plot == "memory" and pred.train_memory_gib is not None:
+        return {"estimate per training GPU": pred.train_memory_gib}
+    return {}
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write RUN_DIR/report/{report.html, *.png}; returns the HTML's path."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError(
+            "the run report needs matplotlib", hint="pip install 'grpo-launch[report]' (or pip install matplotlib)."
+        ) from None
+    root = Path(run_dir)
+    series = read_series(root)
+    plan = read_plan_json(root)
+    out = RunPaths(root).report
+    out.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for plot, lines in series.items():
+        if not lines:
+            continue
+        title, unit = TITLES[plot]
+        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+        colors = {}
+        for s in lines.values():
+            (drawn,) = ax.plot(s.steps, s.values, marker="o" if len(s.steps) < 30 else None, markersize=3, label=s.name)
+            colors[s.name] = drawn.get_color()
+        for name, value in _predicted(plan, plot).items():  # a prediction in its measured line's colour
+            color = colors.get(name.removeprefix("planned "), "gray")
+            ax.axhline(value, linestyle="--", linewidth=1.2, color=color, label=name)
+        ax.set_title(title)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        png = out / f"{plot}.png"
+        fig.savefig(png)
+        plt.close(fig)
+        data = base64.b64encode(png.read_bytes()).decode()
+        sections.append(f"<h2>{html.escape(title)}</h2><img alt='{plot}' src='data:image/png;base64,{data}'>")
+    name = html.escape(str(plan.get("recipe") or root.name))
+    page = (
+        "<!doctype html><meta charset='utf-8'><title>grpo-launch report</title>"
+        "<style>body{font-family:sans-serif;max-width:820px;margin:2em auto}img{max-width:100%}</style>"
+        f"<h1>grpo-launch run report</h1><p>{name}: {html.escape(str(root))}</p>"
+        + "".join(sections)
+        + "<script type='application/json' id='series'>"
+        + html.escape(json.dumps({p: {k: vars(s) for k, s in lines.items()} for p, lines in series.items()}))
+        + "</script>"
+    )
+    path = out / "report.html"
+    path.write_text(page)
+    return path
+
+
+def embedded_series(report_html: str) -> dict[str, Any]:
+    """The series a report embeds (for checks and tools)."""
+    start = report_html.index("<script type='application/json' id='series'>") + len(
+        "<script type='application/json' id='series'>"
+    )
+    return json.loads(html.unescape(report_html[start : report_html.index("</script>", start)]))
