@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# A private Slurm cluster on this machine for the tests: slurmctld + 2 slurmd nodes (n1, n2), 4 fake GPUs each
+# A private Slurm cluster on this machine for the tests: slurmctld + 3 slurmd nodes (n1, n2, n3), 4 fake GPUs each
 # (gres on character devices, so scheduling of --gpus-per-node is real). Needs root and Debian's slurm-wlm
 # (scripts/install_system_packages.sh installs it).
 #
-#   scripts/slurm_cluster.sh start [DIR]   write DIR/slurm.conf, start the daemons, wait until both nodes are idle
+#   scripts/slurm_cluster.sh start [DIR]   write DIR/slurm.conf, start the daemons, wait until every node is idle
 #   scripts/slurm_cluster.sh stop  [DIR]   stop the daemons started from DIR (by their recorded PIDs)
 #
 # Clients find the cluster with SLURM_CONF=DIR/slurm.conf. Every wait is bounded.
@@ -11,7 +11,7 @@ set -euo pipefail
 action=${1:?usage: slurm_cluster.sh start|stop [DIR]}
 DIR=$(realpath -m "${2:-${GRPO_SLURM_DIR:-/tmp/grpo-launch-slurm}}")
 CONF=$DIR/slurm.conf
-NODES=(n1 n2)
+NODES=(n1 n2 n3)
 CTLD_PORT=${GRPO_SLURM_CTLD_PORT:-16817}
 
 stop() {
@@ -86,12 +86,14 @@ JobRequeue=1
 GresTypes=gpu
 NodeName=n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17001 CPUs=2 RealMemory=2000 Gres=gpu:4 State=UNKNOWN
 NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17002 CPUs=2 RealMemory=2000 Gres=gpu:4 State=UNKNOWN
-PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
+NodeName=n3 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17003 CPUs=2 RealMemory=2000 Gres=gpu:4 State=UNKNOWN
+PartitionName=debug Nodes=n1,n2,n3 Default=YES MaxTime=INFINITE State=UP
 CONF
 cat >"$DIR/gres.conf" <<CONF
 AutoDetect=off
 NodeName=n1 Name=gpu File=$DIR/dev/nvidia[0-3]
 NodeName=n2 Name=gpu File=$DIR/dev/nvidia[0-3]
+NodeName=n3 Name=gpu File=$DIR/dev/nvidia[0-3]
 CONF
 
 slurmctld -D -i -f "$CONF" >"$DIR/log/slurmctld.out" 2>&1 &

@@ -24,15 +24,17 @@ def run_cli(*args, env=None):
 
 
 def test_plan_json_and_files(tmp_path, capsys):
-    rc = main(["plan", QWEN, "--gpus", "4xL20-48GB", "--run-dir", str(tmp_path), "--json"], environ={})
-    assert rc == 0
+    # Seed case 1: vLLM on one of 4 × L20 (the user's choice), 3 trainers.
+    args = ["plan", QWEN, "launch.vllm_gpus=1", "--gpus", "4xL20-48GB", "--run-dir", str(tmp_path), "--json"]
+    assert main(args, environ={}) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["layout"]["num_generations"] == 8 and data["vllm"]["gpus"] == ["3"]
     assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "accelerate_config.yaml", "trainer_recipe.yaml"}
 
 
 def test_plan_table(tmp_path, capsys):
-    assert main(["plan", QWEN, "--gpus", "8xH100-80GB", "--run-dir", str(tmp_path)], environ={}) == 0
+    args = ["plan", QWEN, "launch.vllm=server", "--gpus", "8xH100-80GB", "--run-dir", str(tmp_path)]
+    assert main(args, environ={}) == 0
     out = capsys.readouterr().out
     assert "Batch layout" in out and "vllm serve Qwen/Qwen2.5-1.5B-Instruct" in out and "Why" in out
 

@@ -74,21 +74,25 @@ def test_seed_case_4_generation_is_the_bottleneck_of_long_completions():
 
 
 def test_trl_docs_72b_on_four_training_nodes_and_one_vllm_node():
-    """TRL's GRPO docs run Qwen2.5-72B on 5 nodes of 8 × H100: 4 train, 1 serves vLLM with TP 8."""
-    p = plan(
-        {
-            "model_name_or_path": "Qwen/Qwen2.5-72B-Instruct",
-            "num_generations": 8,
-            "per_device_train_batch_size": 1,
-            "max_prompt_length": 512,
-            "max_completion_length": 1024,
-            "gradient_checkpointing": True,
-        },
-        "5x8xH100-80GB",
-    )
-    assert p.vllm.mode == "server" and p.vllm.tensor_parallel_size == 8 and p.vllm.host == "node4"
-    assert p.train.num_processes == 32 and p.train.backend == "zero3"
-    assert p.estimate.train_memory_gib <= HEADROOM * 80
+    """TRL's GRPO docs run Qwen2.5-72B on 5 nodes of 8 × H100: 4 train, 1 serves vLLM with TP 8. That layout plans
+    (ZeRO-3, within memory), and what the planner chooses at the same batch predicts a step no longer than it."""
+    values = {
+        "model_name_or_path": "Qwen/Qwen2.5-72B-Instruct",
+        "num_generations": 8,
+        "per_device_train_batch_size": 1,
+        "max_prompt_length": 512,
+        "max_completion_length": 1024,
+        "gradient_checkpointing": True,
+    }
+    chosen = plan(values, "5x8xH100-80GB")
+    prompts = chosen.layout.completions_per_optimizer_step // 8
+    docs = plan({**values, "launch": {"vllm_gpus": 8, "vllm_tensor_parallel_size": 8, "prompts_per_step": prompts}},
+                "5x8xH100-80GB")  # fmt: skip
+    assert docs.vllm.mode == "server" and docs.vllm.tensor_parallel_size == 8 and docs.vllm.host == "node4"
+    assert docs.train.num_processes == 32 and docs.train.backend == "zero3"
+    assert docs.estimate.train_memory_gib <= HEADROOM * 80
+    assert docs.layout.completions_per_optimizer_step == chosen.layout.completions_per_optimizer_step
+    assert chosen.estimate.step.total_s <= docs.estimate.step.total_s
 
 
 def test_open_r1_small_model_on_one_node_needs_no_offload():

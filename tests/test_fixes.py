@@ -88,8 +88,15 @@ def test_explain_shows_the_training_settings_tried_nearest_first():
 def test_explain_names_every_split_the_search_refused():
     with pytest.raises(PlanError) as e:
         _plan("recipes/llama70b.yaml", "4xA100-80GB", ())
-    splits = [line for line in e.value.explain if line.startswith("split ")]
-    assert [s.split(":")[0] for s in splits] == ["split colocate", "split server TP 1", "split server TP 2"]
+    assert "vLLM (colocate) does not fit" in e.value.message  # the one split whose weights fit a GPU
+    splits = [line.split(":")[0] for line in e.value.explain if line.startswith("split ")]
+    # Every server 4 A100s could host, each named with the weights that keep it out.
+    assert splits == [
+        "split server on 1 GPU(s) (TP 1)",
+        "split server on 2 GPU(s) (TP 1 × DP 2)",
+        "split server on 2 GPU(s) (TP 2)",
+        "split server on 3 GPU(s) (TP 1 × DP 3)",
+    ]
 
 
 def test_plan_explain_prints_the_arithmetic_of_a_refusal(capsys):

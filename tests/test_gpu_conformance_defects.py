@@ -43,7 +43,7 @@ def test_colocate_passes_the_vllm_max_length():
 def test_without_max_prompt_length_prompts_are_bounded_and_filtered():
     """2. vLLM rejects a prompt longer than max_model_len − max_tokens with HTTP 400 and TRL ends the run: the
     server's length and the trainers' prompt filter always agree."""
-    p = plan({"max_completion_length": 1024, "launch": {"vllm": "server"}}, "4xL20-48GB")
+    p = plan({"max_completion_length": 1024, "launch": {"vllm": "server", "vllm_gpus": 1}}, "4xL20-48GB")
     argv = list(vllm_server(p).argv)
     assert int(argv_value(argv, "--max-model-len")) == p.trainer_values["max_prompt_length"] + 1024
     assert any("max_prompt_length=512" in n and "dropped" in n for n in p.notices)
@@ -84,7 +84,9 @@ def test_tp_shards_the_whole_model(tp):
 
 def test_trust_remote_code_reaches_the_server_and_the_trainers(tmp_path):
     """4. Neither side honoured trust_remote_code (a GRPOConfig key in TRL 1.16, read by its model loading)."""
-    p = plan({"trust_remote_code": True, "launch": {"vllm": "server"}}, "4xL20-48GB", run_dir=str(tmp_path))
+    p = plan(
+        {"trust_remote_code": True, "launch": {"vllm": "server", "vllm_gpus": 1}}, "4xL20-48GB", run_dir=str(tmp_path)
+    )
     assert "--trust-remote-code" in vllm_server(p).argv
     assert yaml.safe_load(render_files(p)["trainer_recipe.yaml"])["trust_remote_code"] is True
 
@@ -121,26 +123,32 @@ def test_fsdp_saves_a_full_state_dict():
 
 def test_server_flags_as_trl_builds_them():
     """9. --model-impl (GRPOConfig.vllm_model_impl, TRL's default "vllm"), --enable-scale-out on vLLM >= 0.30."""
-    p = plan({"vllm_model_impl": "transformers", "launch": {"vllm": "server"}}, "4xL20-48GB")
+    p = plan({"vllm_model_impl": "transformers", "launch": {"vllm": "server", "vllm_gpus": 1}}, "4xL20-48GB")
     argv = list(vllm_server(p).argv)
     assert argv_value(argv, "--model-impl") == "transformers" and "--enable-scale-out" in argv
     old = dataclasses.replace(p, vllm_version="0.28.1")
     assert "--enable-scale-out" not in vllm_server(old).argv
-    assert argv_value(list(vllm_server(plan({"launch": {"vllm": "server"}}, "4xL20-48GB")).argv), "--model-impl") == (
-        "vllm"
-    )
+    assert argv_value(
+        list(vllm_server(plan({"launch": {"vllm": "server", "vllm_gpus": 1}}, "4xL20-48GB")).argv), "--model-impl"
+    ) == ("vllm")
 
 
 def test_max_num_seqs_covers_the_whole_generation_batch():
     """9. TRL sends a whole generation batch (steps_per_generation optimizer steps) in one request."""
-    p = plan({"per_device_train_batch_size": 2, "steps_per_generation": 4, "launch": {"vllm": "server"}}, "4xL20-48GB")
+    p = plan(
+        {"per_device_train_batch_size": 2, "steps_per_generation": 4, "launch": {"vllm": "server", "vllm_gpus": 1}},
+        "4xL20-48GB",
+    )
     assert p.layout.generation_batch_size == 24
     assert p.vllm.max_num_seqs == 24 > p.layout.completions_per_optimizer_step
 
 
 def test_replaced_server_settings_are_announced():
     """9. A recipe's vllm_server_timeout / host / port were replaced without a notice."""
-    p = plan({"vllm_server_timeout": 60, "vllm_server_port": 9000, "launch": {"vllm": "server"}}, "4xL20-48GB")
+    p = plan(
+        {"vllm_server_timeout": 60, "vllm_server_port": 9000, "launch": {"vllm": "server", "vllm_gpus": 1}},
+        "4xL20-48GB",
+    )
     assert any("vllm_server_port" in n and "vllm_server_timeout" in n for n in p.notices)
 
 
@@ -154,7 +162,7 @@ def test_colocate_decides_sleep_mode_and_writes_it():
 
 
 def test_trainer_processes_get_their_gpus_as_data():
-    p = plan({"launch": {"vllm": "server"}}, "4xL20-48GB")
+    p = plan({"launch": {"vllm": "server", "vllm_gpus": 1}}, "4xL20-48GB")
     assert trainers(p)[0].gpus == ("0", "1", "2") and vllm_server(p).gpus == ("3",)
 
 
@@ -216,7 +224,7 @@ def test_review_lengths_must_fit_an_explicit_vllm_max_length():
 
 def test_review_server_is_sized_to_its_own_memory_share():
     """launch.vllm_gpu_memory_utilization below what the weights need is refused (vLLM would not start)."""
-    values = {"model_name_or_path": "Qwen/Qwen2.5-7B-Instruct", "launch": {"vllm": "server"}}
+    values = {"model_name_or_path": "Qwen/Qwen2.5-7B-Instruct", "launch": {"vllm": "server", "vllm_gpus": 1}}
     with pytest.raises(PlanError, match="vLLM \\(server\\) does not fit") as e:
         plan({**values, "launch": {**values["launch"], "vllm_gpu_memory_utilization": 0.2}}, "4xL20-48GB")
     assert any(f.setting == "launch.vllm_gpu_memory_utilization" for f in e.value.fixes)

@@ -18,11 +18,23 @@ from .trl_oracle import grpo_config
         # Seed case 2: single GPU: per-device batch a multiple of num_generations, or accumulation.
         (1, dict(per_device=4, num_generations=8), dict(gradient_accumulation_steps=2, generation_batch_size=8)),
         (4, dict(per_device=2, num_generations=8), dict(gradient_accumulation_steps=1, generation_batch_size=8)),
-        # Accumulation fixed by the user: steps_per_generation grows instead, accumulation kept.
+        # The recipe's own generation rhythm: steps_per_generation set, accumulation kept (its off-policy choice).
         (
             3,
-            dict(per_device=1, grad_accum=2, num_generations=8),
+            dict(per_device=1, grad_accum=2, steps_per_generation=8, num_generations=8),
             dict(gradient_accumulation_steps=2, steps_per_generation=8),
+        ),
+        # A split search's target: 48 completions per step over 3 processes, per-device 1 kept: accumulate 16.
+        (
+            3,
+            dict(per_device=1, num_generations=8, completions=48),
+            dict(gradient_accumulation_steps=16, steps_per_generation=16, generation_batch_size=48),
+        ),
+        # … and with no per-device batch set: the divisor of the 16 per process nearest TRL's 8.
+        (
+            3,
+            dict(num_generations=8, completions=48),
+            dict(per_device_train_batch_size=8, gradient_accumulation_steps=2, steps_per_generation=2),
         ),
         # Nothing set: TRL's defaults (8 per device, 8 generations) already work.
         (7, dict(), dict(per_device_train_batch_size=8, gradient_accumulation_steps=1)),
@@ -40,7 +52,9 @@ from .trl_oracle import grpo_config
     ],
 )
 def test_layouts_are_accepted_by_trl(n, req, expect):
-    layout, _why = solve_layout(n, LayoutRequest(**req))
+    req = dict(req)
+    completions = req.pop("completions", None)
+    layout, _why = solve_layout(n, LayoutRequest(**req), completions=completions)
     for key, value in expect.items():
         assert getattr(layout, key) == value, key
     cfg = grpo_config(
@@ -53,6 +67,26 @@ def test_layouts_are_accepted_by_trl(n, req, expect):
     )
     assert cfg.generation_batch_size == layout.generation_batch_size
     assert cfg.steps_per_generation == layout.steps_per_generation
+
+
+def test_accumulation_that_does_not_fill_groups_is_refused_not_made_off_policy():
+    """Seed case 1 with the accumulation fixed at 2: 3 × 1 × 2 = 6 completions do not hold whole groups of 8. The
+    planner once made one generation serve 4 optimizer steps (3 of them off policy) without saying so; now it
+    refuses, on-policy fixes first, and names the off-policy one with its lag."""
+    with pytest.raises(PlanError) as e:
+        solve_layout(3, LayoutRequest(per_device=1, grad_accum=2, num_generations=8))
+    text = e.value.render()
+    assert "would train off policy" in text
+    fixes = [str(f) for f in e.value.fixes]
+    assert fixes[0].startswith("set gradient_accumulation_steps=8")
+    off = next(f for f in fixes if f.startswith("set steps_per_generation="))
+    assert "steps_per_generation=8" in off and "serves 4 optimizer steps" in off and "3 step(s) old" in off
+    grpo_config(dict(per_device_train_batch_size=1, gradient_accumulation_steps=8, num_generations=8), 3)
+
+
+def test_a_target_that_does_not_split_is_refused():
+    with pytest.raises(PlanError, match=r"64 completions .* do not split over 7 processes"):
+        solve_layout(7, LayoutRequest(num_generations=8), completions=64)
 
 
 def test_explicit_values_are_kept():

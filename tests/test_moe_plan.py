@@ -28,16 +28,22 @@ def test_the_moe_recipe_plans_on_one_and_two_nodes_with_reasons():
     one = _plan("8xH100-80GB")
     assert one.vllm.mode == "colocate" and one.train.backend == "zero3"
     assert one.estimate.train_memory_gib <= 0.9 * 80 - 0.3 * 80 + 1e-6
-    two = _plan("2x8xH100-80GB")
+    # On two nodes the search compares colocated engines with servers; asked for a server, the MoE one takes a
+    # whole node as TP × DP ranks with the experts spread over them.
+    assert _plan("2x8xH100-80GB").vllm.mode in ("colocate", "server")
+    two = _plan("2x8xH100-80GB", "launch.vllm=server")
     v = two.vllm
-    assert (v.mode, v.tensor_parallel_size, v.data_parallel_size, v.expert_parallel) == ("server", 1, 8, True)
+    assert (v.mode, v.tensor_parallel_size * v.data_parallel_size, v.expert_parallel) == ("server", 8, True)
+    assert v.data_parallel_size > 1 and two.train.num_processes == 8  # the other node trains
     argv = vllm_server(two).argv
-    assert argv[argv.index("--data-parallel-size") + 1] == "8" and "--enable-expert-parallel" in argv
+    assert argv[argv.index("--data-parallel-size") + 1] == str(v.data_parallel_size)
+    assert "--enable-expert-parallel" in argv
     assert len(vllm_server(two).gpus) == 8  # the server's CUDA_VISIBLE_DEVICES holds all TP × DP GPUs
     why = {d.what: d.why for d in two.decisions}
-    assert "mixture of experts" in why["vllm_data_parallel_size"] and "expert parallelism" in why[
+    assert "mixture of experts" in why["vllm_data_parallel_size"] and "experts spread" in why[
         "vllm_data_parallel_size"]  # fmt: skip
-    weights = two.model.weight_bytes_per_gpu(1, 8, ep=True)
+    assert "expert parallelism" in why["vllm_tensor_parallel_size"]
+    weights = two.model.weight_bytes_per_gpu(v.tensor_parallel_size, v.data_parallel_size, ep=True)
     assert weights < two.model.weight_bytes_bf16 / 4  # the experts spread over all 8 GPUs
 
 
@@ -79,5 +85,5 @@ def test_a_refusal_offers_lora_on_the_attention_and_the_fix_fits():
 def test_a_server_too_large_for_a_node_is_refused_not_misplanned():
     """DeepSeek-V3's 1.3 TB of bf16 weights cannot be served from one 8 × H100 node (a multi-node vLLM server is
     not planned): the refusal names the size instead of planning an OOM."""
-    with pytest.raises(PlanError, match="does not fit a vLLM server"):
+    with pytest.raises(PlanError, match="does not fit vLLM on up to 8 GPUs"):
         _plan("4x8xH100-80GB", "model_name_or_path=deepseek-ai/DeepSeek-V3")

@@ -80,11 +80,18 @@ def _check(plan):
     if plan.vllm.mode == "server":
         tp, dp = plan.vllm.tensor_parallel_size, plan.vllm.data_parallel_size
         assert len(plan.vllm.gpus) == tp * dp  # the server sees TP × DP GPUs
-        assert dp == 1 or (plan.model is not None and plan.model.is_moe and plan.vllm.expert_parallel)
+        # Data parallel for any model (vllm serve); expert parallelism only for a mixture of experts with DP.
+        assert not plan.vllm.expert_parallel or (plan.model is not None and plan.model.is_moe and dp > 1)
         assert plan.model is None or tp in plan.model.valid_tp_sizes(tp)
         assert tp * dp <= len(plan.topology.hosts[0].gpus)
     if plan.vllm.mode == "colocate":
         assert n % plan.vllm.tensor_parallel_size == 0
+    # One generation per optimizer step unless the recipe set its own generation rhythm.
+    if not {"steps_per_generation", "generation_batch_size"} & set(plan.recipe.values):
+        assert plan.layout.steps_per_generation == plan.layout.gradient_accumulation_steps
+    # No GPU idles without a reason in the plan.
+    idle = sum(r.role == "idle" for r in plan.roles)
+    assert not idle or any(d.what == "idle_gpus" and d.value == idle for d in plan.decisions)
     est, model = plan.estimate, plan.model
     if est is not None and model is not None:
         # Nothing planned holds more than its GPU: training within the planned 90 %, vLLM's weights within its share.

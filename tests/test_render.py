@@ -108,7 +108,7 @@ def test_api_server_command_gets_model_flag():
 
 
 def test_trainer_recipe_and_plan_json(tmp_path):
-    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "4xL20-48GB", run_dir=str(tmp_path))
+    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "4xL20-48GB", "launch.vllm_gpus=1", run_dir=str(tmp_path))
     files = render_files(plan)
     trainer = yaml.safe_load(files["trainer_recipe.yaml"])
     assert trainer["gradient_accumulation_steps"] == 8 and trainer["steps_per_generation"] == 8
@@ -122,7 +122,7 @@ def test_trainer_recipe_and_plan_json(tmp_path):
 
 def test_golden_accelerate_config_4xL20(tmp_path):
     """Golden file: the accelerate config for the seed case (update tests/golden/ deliberately)."""
-    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "4xL20-48GB", run_dir="/RUN")
+    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "4xL20-48GB", "launch.vllm_gpus=1", run_dir="/RUN")
     text = render_files(plan)["accelerate_config.yaml"]
     golden = ROOT / "tests" / "golden" / "qwen1.5b-4xL20.accelerate_config.yaml"
     assert text == golden.read_text()

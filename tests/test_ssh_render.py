@@ -103,10 +103,10 @@ def test_ports_checked_per_host_and_the_weight_sync_address():
     gpus = tuple(Gpu(str(i), "H100-80GB", 80 * 2**30) for i in range(8))
     topo = Topology((Host("a", gpus, "10.0.0.1"), Host("b", gpus, "10.0.0.2")), "hostfile")
     model = "Qwen/Qwen2.5-7B-Instruct"
-    plan = make_plan(
-        topo, build_recipe({"model_name_or_path": model, "vllm_group_port": 51999}), find_model_shape(model)
-    )
-    assert plan.vllm.mode == "server"
+    recipe = {"model_name_or_path": model, "vllm_group_port": 51999, "launch": {"vllm": "server", "vllm_gpus": 8}}
+    plan = make_plan(topo, build_recipe(recipe), find_model_shape(model))
+    assert plan.vllm.mode == "server" and plan.vllm.host == "b"  # a dedicated vLLM host; "a" trains
+    assert [h.name for h in plan.train.hosts] == ["a"]
     ports = host_ports(plan)
     assert set(ports["a"]) == {29500, 51999} and plan.vllm.port in ports[plan.vllm.host]
     head, *rest = trainers(plan)

@@ -197,30 +197,26 @@ def explain_sections(plan: Plan) -> list[Section]:
     lines = [(line,) for line in plan.estimate.explain] if plan.estimate else []
     if plan.estimate is None:
         lines = [("no estimate: the model shape or the GPU model is unknown (a CPU plan, or pass --gpus MODEL)",)]
-    out = [Section("Arithmetic (estimates, see grpo_launch/planning/costmodel.py for the model)", lines, ())]
+    out = [Section("Arithmetic (estimates, see grpo_launch/planning/cost/ for the model)", lines, ())]
     if not plan.candidates:
         return out
     best = next((c for c in plan.candidates if c.chosen), None)
     rows = []
     for c in plan.candidates:
+        gpus = f"{c.server_gpus}/{c.trainers}" + (f"/{c.idle}" if c.idle else "")
         if c.step is None:
-            rows.append((c.label, "-", "-", "-", "-", "-", "-", "-", f"not possible: {c.rejected}"))
+            why = f"not possible: {c.rejected}" if c.rejected else f"lower bound {c.bound_s:.1f} s: cannot win"
+            rows.append((c.label, gpus, "-", "-", "-", "-", "-", why))
             continue
         note = "chosen" if c.chosen else ""
-        if not c.chosen and best is not None and best.per_prompt_s and c.per_prompt_s:
-            note = f"{c.per_prompt_s / best.per_prompt_s:.2f}× slower"
-        per_prompt = f"{c.per_prompt_s:.2f}" if c.per_prompt_s is not None else "-"
+        if not c.chosen and best is not None and best.step is not None:
+            note = f"{c.step.total_s / best.step.total_s:.2f}× slower"
         s = c.step
-        times = (
-            f"{s.generation_s:.1f}",
-            f"{s.old_logprobs_s:.1f}",
-            f"{s.training_s:.1f}",
-            f"{s.sync_s:.1f}",
-            f"{s.total_s:.1f}",
-        )
-        rows.append((c.label, *times, f"{c.prompts_per_step:g}", per_prompt, note))
-    header = ("split", "gen s", "old-logp s", "train s", "sync s", "step s", "prompts", "s/prompt", "vs chosen")
-    out.append(Section("Split candidates (time per prompt group decides)", rows, header))
+        times = (f"{s.trainer_generation_s:.1f}", f"{s.training_s:.1f}", f"{s.total_s:.1f}")
+        balance = f"{c.balance:.2f}" if c.balance is not None else "-"
+        rows.append((c.label, gpus, *times, balance, f"{c.prompts_per_step:g}", note))
+    header = ("split", "vLLM/train/idle GPUs", "gen s", "train s", "step s", "gen÷train", "prompts", "vs chosen")
+    out.append(Section("Split candidates (all at the same prompts per step; the shortest step wins)", rows, header))
     return out
 
 

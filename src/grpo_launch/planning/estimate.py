@@ -8,7 +8,7 @@ import math
 
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.machines.gpus import GIB, find_gpu_spec
+from grpo_launch.machines.gpus import GIB, GpuSpec, find_gpu_spec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import (
@@ -34,7 +34,7 @@ from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.lengths import prompt_bound
 from grpo_launch.planning.refusal.explain import vllm_explain
 from grpo_launch.planning.training import Training
-from grpo_launch.planning.types import Estimate, StepTime, Total, Trace, TrainPlan, VllmPlan
+from grpo_launch.planning.types import Estimate, StepTime, Total, Trace, TrainHost, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
 
 
@@ -134,6 +134,41 @@ def run_total(topology: Topology, recipe: Recipe, layout: Layout, step: StepTime
     return Total(steps, hours, gpu_hours, gpu_hours * price if price is not None else None, source)
 
 
+def generation_part(
+    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, hosts: tuple[TrainHost, ...], work: Workload
+) -> tuple[float, float, list[str]]:
+    """Seconds of generation and of the weight sync (or colocated sleep/wake) per optimizer step, and the
+    arithmetic: on the server's TP × DP GPUs, on every TP group of colocated trainers (``hosts``), or in the
+    trainers."""
+    n = sum(h.processes for h in hosts)
+    seqs = vllm.max_num_seqs or work.completions
+    tp = vllm.tensor_parallel_size
+    if vllm.mode == VllmMode.SERVER:
+        dp = vllm.data_parallel_size
+        gen, gen_why = generation_time(model, gpu, tp, dp, seqs, work, ep=vllm.expert_parallel)
+        # Trainer rank 0 (the first training host) broadcasts the weights to the server.
+        sync = sync_time(model, across_nodes=vllm.host != hosts[0].name)
+        shape = f"TP {tp} × DP {dp}" + (" with expert parallelism" if vllm.expert_parallel else "")
+        return (
+            gen,
+            sync,
+            [
+                f"generation on the server ({tp * dp} GPU, {shape}): {gen_why}",
+                f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s",
+            ],
+        )
+    if vllm.mode == VllmMode.COLOCATE:
+        replicas = max(1, n // tp)
+        gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work)
+        sync = colocate_switch_time(model, n, sleep_mode=vllm.sleep_mode)
+        lines = [f"generation colocated ({replicas} engine(s) × TP {tp}): {gen_why}"]
+        if vllm.sleep_mode:
+            lines.append(f"vLLM sleep/wake and weight load per step: {sync:.2f} s")
+        return gen, sync, lines
+    gen = transformers_generation_time(model, gpu, n, work)
+    return gen, 0.0, [f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s"]
+
+
 def estimate_plan(
     topology: Topology,
     recipe: Recipe,
@@ -167,28 +202,12 @@ def estimate_plan(
     if train_mem is not None:
         explain.append("memory per training GPU: " + train_mem.lines()[0])
     vllm_gib = None
-    seqs = vllm.max_num_seqs or work.completions
-    tp = vllm.tensor_parallel_size
     if vllm.mode == VllmMode.SERVER:
-        dp = vllm.data_parallel_size
-        gen, gen_why = generation_time(model, gpu, tp, dp, seqs, work, ep=vllm.expert_parallel)
-        # Trainer rank 0 (the first training host) broadcasts the weights to the server.
-        sync = sync_time(model, across_nodes=vllm.host != train.hosts[0].name)
         vllm_gib = (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB
-        shape = f"TP {tp} × DP {dp}" + (" with expert parallelism" if vllm.expert_parallel else "")
-        explain.append(f"generation on the server ({tp * dp} GPU, {shape}): {gen_why}")
-        explain.append(f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s")
     elif vllm.mode == VllmMode.COLOCATE:
-        replicas = max(1, n // tp)
-        gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work)
-        sync = colocate_switch_time(model, n, sleep_mode=vllm.sleep_mode)
         vllm_gib = (vllm.gpu_memory_utilization or 0.0) * mem / GIB
-        explain.append(f"generation colocated ({replicas} engine(s) × TP {tp}): {gen_why}")
-        if vllm.sleep_mode:
-            explain.append(f"vLLM sleep/wake and weight load per step: {sync:.2f} s")
-    else:
-        gen, sync = transformers_generation_time(model, gpu, n, work), 0.0
-        explain.append(f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s")
+    gen, sync, gen_lines = generation_part(model, gpu, vllm, train.hosts, work)
+    explain += gen_lines
     nodes = len(train.hosts)
     train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work, nodes=nodes)
     explain.append(f"training: {train_why}")

@@ -36,6 +36,10 @@ TRL_DEFAULTS: dict[str, int] = {
 MAX_AUTO = 256  # search bound for chosen sizes
 
 
+class LayoutError(PlanError):
+    """The recipe's batch values admit no layout TRL accepts for this many training processes."""
+
+
 @frozen
 class Layout:
     num_processes: int
@@ -113,9 +117,16 @@ def _nearest(target: int, ok: Any, lo: int = 1, hi: int = MAX_AUTO) -> int | Non
     return None
 
 
-def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -> tuple[Layout, list[str]]:
+def solve_layout(
+    n: int, req: LayoutRequest, *, completions: int | None = None, colocate_n: int | None = None
+) -> tuple[Layout, list[str]]:
     """Choose a valid layout for ``n`` trainer processes; returns it and the reasons for each choice.
 
+    On policy: ``steps_per_generation`` equals ``gradient_accumulation_steps`` (one fresh generation per optimizer
+    step) unless the recipe sets ``steps_per_generation`` or ``generation_batch_size`` itself. ``completions`` (the
+    split search's prompts per step × num_generations) is the number every optimizer step must process exactly:
+    the accumulation (and a per-device batch the recipe leaves unset) is chosen to meet it. Without it, the recipe's
+    own values at ``n`` processes decide, with the least accumulation that fills whole prompt groups.
     ``colocate_n`` (the process count with colocated vLLM) is only used to suggest an alternative split.
     """
     if n < 1:
@@ -141,39 +152,65 @@ def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -
             problems.append(gbs_problem)
             alternatives += _alternatives_gbs(n, req, k, colocate_n)
         s = gbs // (p * n) if p else 1
-    else:
+    elif s is not None:  # the recipe's own generation rhythm (off policy when it differs from the accumulation)
         if p is None:
-            # Keep TRL's default when it works; otherwise the nearest per-device batch that fills whole groups
-            # without accumulation.
-            base_s = s or g
-            p = _nearest(TRL_DEFAULTS["per_device_train_batch_size"], lambda v: (v * n * base_s) % k == 0)
+            p = _nearest(TRL_DEFAULTS["per_device_train_batch_size"], lambda v: (v * n * s) % k == 0)
             if p is None:
                 p = TRL_DEFAULTS["per_device_train_batch_size"]
             elif p != TRL_DEFAULTS["per_device_train_batch_size"]:
-                why.append(f"per_device_train_batch_size={p}: {p}×{n} processes×{base_s} is a multiple of {k}")
-        if s is None:
-            unit = k // math.gcd(p * n * g, k)
-            if unit == 1:
-                s = g
-            elif req.grad_accum is None:
-                g = unit
-                s = g
-                why.append(
-                    f"gradient_accumulation_steps={g}: {p}×{n} processes is not a multiple of num_generations={k}; "
-                    f"accumulating {g} steps gives {p * n * g} completions = {p * n * g // k} prompts × {k}"
-                )
-            else:
-                s = g * unit
-                why.append(
-                    f"steps_per_generation={s}: with gradient_accumulation_steps={g} fixed, one generation of "
-                    f"{p * n * s} completions serves {unit} optimizer steps"
-                )
-        elif (p * n * s) % k:
+                why.append(f"per_device_train_batch_size={p}: {p}×{n} processes×{s} is a multiple of {k}")
+        if (p * n * s) % k:
             problems.append(
                 f"generation batch {p}×{n} processes×{s} steps_per_generation = {p * n * s} is not divisible by "
                 f"num_generations={k}"
             )
             alternatives += _alternatives_spg(n, p, s, k, req, colocate_n)
+    elif completions is not None:
+        p, g, target_problem = _meet(n, completions, req)
+        if target_problem:
+            problems.append(target_problem)
+        else:
+            s = g
+            if req.grad_accum is not None and g != req.grad_accum:
+                why.append(
+                    f"gradient_accumulation_steps={g} (the recipe says {req.grad_accum}): {p} per device × {n} "
+                    f"processes × {g} = {completions} completions, the {completions // k} prompts per step every "
+                    "split is planned for"
+                )
+            elif req.grad_accum is None and g != TRL_DEFAULTS["gradient_accumulation_steps"]:
+                why.append(
+                    f"gradient_accumulation_steps={g}: {p} per device × {n} processes × {g} = {completions} "
+                    f"completions = {completions // k} prompts × {k}"
+                )
+            if req.per_device is None and p != TRL_DEFAULTS["per_device_train_batch_size"]:
+                why.append(f"per_device_train_batch_size={p}: {completions} completions over {n} processes")
+    else:
+        if p is None:
+            # Keep TRL's default when it works; otherwise the nearest per-device batch that fills whole groups
+            # without accumulation.
+            p = _nearest(TRL_DEFAULTS["per_device_train_batch_size"], lambda v: (v * n * g) % k == 0)
+            if p is None:
+                p = TRL_DEFAULTS["per_device_train_batch_size"]
+            elif p != TRL_DEFAULTS["per_device_train_batch_size"]:
+                why.append(f"per_device_train_batch_size={p}: {p}×{n} processes×{g} is a multiple of {k}")
+        unit = k // math.gcd(p * n * g, k)
+        if unit == 1:
+            s = g
+        elif req.grad_accum is None:
+            g = s = unit
+            why.append(
+                f"gradient_accumulation_steps={g}: {p}×{n} processes is not a multiple of num_generations={k}; "
+                f"accumulating {g} steps gives {p * n * g} completions = {p * n * g // k} prompts × {k}"
+            )
+        else:
+            s = g
+            problems.append(
+                f"global batch {p}×{n} processes×{g} gradient_accumulation_steps = {p * n * g} is not divisible "
+                f"by num_generations={k}, and a generation that served more than one optimizer step would train "
+                "off policy"
+            )
+            alternatives += _alternatives_on_policy(n, p, g, k, req, colocate_n)
+    if s is not None and gbs is None and p is not None:
         gbs = p * n * s
 
     pe, ke = None, None
@@ -198,7 +235,7 @@ def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -
                     alternatives.append(Fix("num_generations_eval", d, rank=2, cost=1.0 + abs(math.log(d / ke))))
 
     if problems:
-        raise PlanError(
+        raise LayoutError(
             f"no valid batch layout for {n} training process{'es' if n > 1 else ''}:",
             problems=problems,
             fixes=alternatives,
@@ -216,6 +253,65 @@ def solve_layout(n: int, req: LayoutRequest, *, colocate_n: int | None = None) -
         generation_batch_size_given=req.generation_batch_size is not None,
     )
     return layout, why
+
+
+def _meet(n: int, completions: int, req: LayoutRequest) -> tuple[int, int, str | None]:
+    """(per-device batch, accumulation, problem) for ``n`` processes to take exactly ``completions`` per step: the
+    recipe's per-device batch when it sets one, else the divisor of the per-process share nearest TRL's default."""
+    k = req.num_generations or TRL_DEFAULTS["num_generations"]
+    share, rest = divmod(completions, n)
+    if rest:
+        return 1, 1, f"{completions} completions ({completions // k} prompts × {k}) do not split over {n} processes"
+    p = req.per_device
+    if p is None and req.grad_accum is not None:
+        if share % req.grad_accum == 0:
+            return share // req.grad_accum, req.grad_accum, None
+        p = _nearest(TRL_DEFAULTS["per_device_train_batch_size"], lambda v: share % v == 0, hi=share)
+    if p is None:
+        p = _nearest(TRL_DEFAULTS["per_device_train_batch_size"], lambda v: share % v == 0, hi=share)
+    if p is None or share % p:
+        return (
+            p or 1,
+            1,
+            (
+                f"{completions} completions over {n} processes are {share} each, not a whole number of "
+                f"per_device_train_batch_size={p}"
+            ),
+        )
+    return p, share // p, None
+
+
+def _alternatives_on_policy(n: int, p: int, g: int, k: int, req: LayoutRequest, colocate_n: int | None) -> list[Fix]:
+    """Fixes for a per-device batch and accumulation that do not fill whole prompt groups, on policy first."""
+    out: list[Fix] = []
+    unit = k // math.gcd(p * n, k)
+    for v in {max(unit, (g // unit) * unit), (g // unit + 1) * unit}:
+        out.append(Fix("gradient_accumulation_steps", v, "one generation per optimizer step", rank=0,
+                       cost=abs(math.log(v / g))))  # fmt: skip
+    pv = _nearest(p, lambda v: (v * n * g) % k == 0)
+    if pv:
+        out.append(Fix("per_device_train_batch_size", pv, rank=1, cost=abs(math.log(pv / p))))
+    total = p * n * g
+    near = sorted((d for d in _divisors(total) if d >= 2), key=lambda d: (abs(d - k), d))[:2]
+    if near:
+        cost = min(abs(math.log(d / k)) for d in near) + 0.5  # changing the algorithm costs more than the batch
+        out.append(Fix("num_generations", tuple(sorted(near)), "a different group size", rank=2, cost=cost))
+    lag = k // math.gcd(total, k)
+    out.append(
+        Fix(
+            "steps_per_generation",
+            g * lag,
+            f"off policy: one generation serves {lag} optimizer steps, the last trains on completions from a policy "
+            f"{lag - 1} step(s) old",
+            rank=3,
+            cost=1.0,
+        )
+    )
+    if colocate_n and colocate_n != n and (p * colocate_n * g) % k == 0:
+        out.append(
+            Fix("launch.vllm", "colocate", f"use colocated vLLM: {colocate_n} training processes", rank=3, cost=0.9)
+        )
+    return out
 
 
 def _divisors(value: int) -> list[int]:
@@ -262,10 +358,24 @@ def _alternatives_gbs(n: int, req: LayoutRequest, k: int, colocate_n: int | None
 
 
 def _alternatives_spg(n: int, p: int, s: int, k: int, req: LayoutRequest, colocate_n: int | None) -> list[Fix]:
+    """Fixes for a generation rhythm (steps_per_generation) that does not fill whole groups: on policy first (the
+    accumulation moves with it), then an off-policy one with its lag said."""
     out: list[Fix] = []
+    g = req.grad_accum or TRL_DEFAULTS["gradient_accumulation_steps"]
     s_unit = k // math.gcd(p * n, k)
     for v in {max(s_unit, (s // s_unit) * s_unit), (s // s_unit + 1) * s_unit}:
-        out.append(Fix("steps_per_generation", v, rank=0, cost=abs(math.log(v / s))))
+        cost = abs(math.log(v / s))
+        if v == g:
+            out.append(Fix("steps_per_generation", v, "one generation per optimizer step", rank=0, cost=cost))
+            continue
+        out.append(Fix("steps_per_generation", v, "one generation per optimizer step", rank=0, cost=cost,
+                       also=(("gradient_accumulation_steps", v),)))  # fmt: skip
+        if v > g and v % g == 0:
+            lag = v // g
+            out.append(
+                Fix("steps_per_generation", v, f"off policy: one generation serves {lag} optimizer steps of "
+                    f"{p * n * g} completions, the last on a policy {lag - 1} step(s) old", rank=3, cost=1.0 + cost)
+            )  # fmt: skip
     if req.per_device is not None:
         pv = _nearest(p, lambda v: (v * n * s) % k == 0)
         if pv:

@@ -1,5 +1,5 @@
-"""Placement: the vLLM mode, the server's tensor-parallel size and GPUs, which GPUs of which hosts train, and
-colocation. Pure; every choice goes into the Trace."""
+"""Placement: which splits the recipe allows (its vLLM mode, server GPUs and tensor-parallel size, and what fits),
+and a split turned into the vLLM plan and the training hosts. Pure; every choice goes into the Trace."""
 
 from __future__ import annotations
 
@@ -9,30 +9,20 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import TRL_COLOCATE_UTILIZATION, VLLM_SERVER_UTILIZATION, VLLM_WEIGHTS_SHARE
-from grpo_launch.planning.cost.memory import fits_server_gpu
 from grpo_launch.planning.lengths import max_model_len, prompt_bound
+from grpo_launch.planning.split import Split, SplitKind, enumerate_splits, off_split
 from grpo_launch.planning.types import GpuRole, Trace, TrainHost, VllmPlan
 from grpo_launch.recipe import Recipe
 
 
 class NoGpuLeftForTraining(PlanError):
-    """A vLLM server would take every GPU; in auto mode the planner then colocates."""
+    """The vLLM server the recipe asks for would take every GPU."""
 
 
-def auto_mode(recipe: Recipe) -> bool:
-    """The recipe leaves the vLLM mode to the planner (server GPUs or a server TP size ask for a server)."""
-    launch = recipe.launch
-    return (
-        launch.vllm is None
-        and not recipe.get("vllm_mode")
-        and recipe.values.get("use_vllm") is not False
-        and launch.vllm_gpus is None
-        and launch.vllm_tensor_parallel_size is None
-    )
-
-
-def choose_mode(topology: Topology, recipe: Recipe, trace: Trace) -> VllmMode:
-    wanted = recipe.launch.vllm  # None: auto
+def requested_mode(topology: Topology, recipe: Recipe) -> VllmMode | None:
+    """The vLLM mode the recipe asks for (launch.vllm, TRL's use_vllm / vllm_mode, a server size), or None: the
+    split search chooses. On CPU there is no vLLM."""
+    wanted = recipe.launch.vllm
     trl_mode = VllmMode(recipe.get("vllm_mode")) if recipe.get("vllm_mode") else None
     if recipe.values.get("use_vllm") is False:
         if wanted not in (None, VllmMode.OFF):
@@ -55,159 +45,197 @@ def choose_mode(topology: Topology, recipe: Recipe, trace: Trace) -> VllmMode:
                 hint="On CPU, generate with transformers: launch.vllm=off (or use_vllm: false). "
                 "To plan for GPUs from here, pass --gpus, e.g. --gpus 4xL20-48GB.",
             )
-        trace.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
         return VllmMode.OFF
-    if wanted is not None:
-        trace.decide("vllm", wanted, "set in the recipe")
-        return wanted
-    if recipe.launch.vllm_gpus is not None or recipe.launch.vllm_tensor_parallel_size is not None:
-        trace.decide("vllm", VllmMode.SERVER, "launch.vllm_gpus / launch.vllm_tensor_parallel_size ask for a server")
-        return VllmMode.SERVER
-    if topology.num_gpus == 1:
-        trace.decide("vllm", VllmMode.COLOCATE, "one GPU: vLLM shares it with the trainer (sleep between phases)")
-        return VllmMode.COLOCATE
-    trace.decide(
-        "vllm",
-        VllmMode.SERVER,
-        f"{topology.num_gpus} GPUs: a dedicated vLLM server keeps generation off the trainers",
-    )
-    return VllmMode.SERVER
-
-
-def _requested_tp(recipe: Recipe, trace: Trace, *, moe: bool = False) -> int | None:
-    """The server's GPU count the recipe asks for (launch.vllm_gpus, else its tensor-parallel size)."""
     launch = recipe.launch
-    tp = launch.vllm_tensor_parallel_size
-    if launch.vllm_gpus is not None:
-        if tp is not None and tp != launch.vllm_gpus and not (moe and launch.vllm_gpus % tp == 0):
-            raise PlanError(
-                f"launch.vllm_gpus={launch.vllm_gpus} and launch.vllm_tensor_parallel_size={tp} differ",
-                hint="A dense model's server runs one tensor-parallel group: set only one of them (a "
-                "mixture-of-experts model may run data parallel: vllm_gpus a multiple of the TP size).",
-            )
-        tp = launch.vllm_gpus
+    if wanted is None and (launch.vllm_gpus is not None or launch.vllm_tensor_parallel_size is not None):
+        return VllmMode.SERVER  # a server size asks for a server
+    return wanted
+
+
+def requested_tp(recipe: Recipe, mode: VllmMode | None, trace: Trace) -> int | None:
+    """The tensor-parallel size the recipe sets (launch.vllm_tensor_parallel_size, or TRL's key)."""
+    tp = recipe.launch.vllm_tensor_parallel_size
     if tp is None and recipe.is_set("vllm_tensor_parallel_size"):
         tp = int(recipe.values["vllm_tensor_parallel_size"])
-        trace.notice(f"vllm_tensor_parallel_size={tp}: used as the vLLM server's --tensor-parallel-size")
+        if mode == VllmMode.SERVER:
+            trace.notice(f"vllm_tensor_parallel_size={tp}: used as the vLLM server's --tensor-parallel-size")
     return tp
 
 
-def whole_gpu_train_hosts(topology: Topology) -> tuple[TrainHost, ...]:
-    """Every GPU of every host trains (colocate, or no vLLM)."""
-    return tuple(
-        TrainHost(h.name, h.addr, r, tuple(g.visible_id for g in h.gpus), len(h.gpus))
-        for r, h in enumerate(topology.hosts)
-    )
+def server_weights(model: ModelShape | None, split: Split) -> float:
+    """bf16 weight bytes on each server GPU (experts spread over every GPU of a mixture of experts with DP)."""
+    if model is None:
+        return 0.0
+    return model.weight_bytes_per_gpu(split.tp, split.dp, ep=model.is_moe and split.dp > 1)
 
 
-def plan_server(
-    topology: Topology, recipe: Recipe, model: ModelShape | None, trace: Trace, *, forced_tp: int | None = None
-) -> tuple[VllmPlan, tuple[TrainHost, ...]]:
-    """The vLLM server's TP size and GPUs, and the training hosts left.
-
-    Raises :class:`NoGpuLeftForTraining` when the server would take every GPU of a single host.
-    """
-    hosts = topology.hosts
-    per_host = len(hosts[0].gpus)
-    mem = topology.min_gpu_memory_bytes
-    if forced_tp and not fits_server_gpu(model, mem, forced_tp):
-        raise PlanError(f"split candidate TP {forced_tp}: the weights take over half of each server GPU")
-    tp_fixed = forced_tp or _requested_tp(recipe, trace, moe=bool(model and model.is_moe))
-    valid = model.valid_tp_sizes(per_host) if model else tuple(range(1, per_host + 1))
-    tp_asked = recipe.launch.vllm_tensor_parallel_size if recipe.launch.vllm_gpus else None
-    if tp_fixed is not None:
-        problems = []
-        if tp_fixed > per_host:
-            problems.append(
-                f"tensor-parallel size {tp_fixed} exceeds the {per_host} GPUs of one host (TP stays in a node)"
-            )
-        if model and model.tp_problems(tp_fixed) and moe_split(model, tp_fixed, mem, tp_asked) is None:
-            problems.append(
-                f"vLLM cannot shard {model.name} over {tp_fixed} GPUs: {tp_fixed} does not divide its "
-                + ", ".join(model.tp_problems(tp_fixed))
-            )
-        if problems:
+def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None, trace: Trace) -> list[Split]:
+    """The splits the recipe allows on ``topology``, each of whose vLLM weights fit; one PlanError otherwise."""
+    mode = requested_mode(topology, recipe)
+    if topology.is_cpu or mode == VllmMode.OFF:
+        return [off_split(len(topology.hosts), len(topology.hosts[0].gpus))]
+    if len(set(topology.gpus_per_host)) > 1:
+        raise PlanError(
+            "hosts have different GPU counts: " + ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts),
+            hint="accelerate runs the same number of processes on every machine: give every host the same "
+            "number of GPUs (hostfile slots / --gpus-per-node).",
+        )
+    n, g, mem = len(topology.hosts), topology.gpus_per_host[0], topology.min_gpu_memory_bytes
+    tp = requested_tp(recipe, mode, trace)
+    if tp is not None:
+        _check_tp(model, tp, g)
+    gpus = recipe.launch.vllm_gpus
+    if gpus is not None and tp is not None and gpus % tp:
+        raise PlanError(
+            f"launch.vllm_gpus={gpus} is not a multiple of the tensor-parallel size {tp}",
+            hint="A server of TP × DP GPUs: set launch.vllm_gpus to a multiple of the TP size, or leave one unset.",
+        )
+    if gpus is not None and n == 1 and gpus >= g:
+        _refuse_no_trainer(model, gpus, g, mem)
+    splits = [s for s in enumerate_splits(n, g, model) if tp is None or s.tp == tp]
+    colocated = [s for s in splits if s.kind == SplitKind.COLOCATE]
+    served = [s for s in splits if s.kind != SplitKind.COLOCATE and (gpus is None or s.server_gpus == gpus)]
+    if mode != VllmMode.COLOCATE and gpus is None and tp is None and n * g == 1:
+        served = []  # one GPU: nothing left to train beside a server
+    fitting = [s for s in served if mem is None or server_weights(model, s) <= VLLM_WEIGHTS_SHARE * mem]
+    if mode == VllmMode.SERVER:
+        if not served:
             raise PlanError(
-                "the vLLM tensor-parallel size is not possible:",
-                problems=problems,
-                hint=f"Valid sizes here: {', '.join(map(str, valid))} (or leave it unset to choose).",
+                f"no vLLM server of {gpus} GPU(s) leaves whole hosts or equal trainers on {n} host(s) of {g} GPUs",
+                hint="On several hosts the server takes whole hosts (vllm_gpus a multiple of the GPUs per host) or "
+                "fewer GPUs than a host has.",
             )
-        tp_min = tp_fixed
-    else:
-        fitting = [t for t in valid if fits_server_gpu(model, mem, t)]
         if not fitting:
             need = model.weight_bytes_bf16 / GIB if model else 0
             raise PlanError(
                 f"{model.name if model else 'the model'} ({need:.0f} GiB of bf16 weights) does not fit a vLLM server "
-                f"on up to {per_host} GPUs of {mem / GIB if mem else 0:.0f} GiB",
+                f"on up to {g} GPUs of {mem / GIB if mem else 0:.0f} GiB",
                 hint="Use GPUs with more memory or more GPUs per node, or a smaller model.",
             )
-        tp_min = fitting[0]
+        return fitting
+    if mode == VllmMode.COLOCATE or gpus is None:
+        colocated = _fitting_colocate(colocated, recipe, model, mem, trace)
+    if mode == VllmMode.COLOCATE:
+        return colocated
+    if not fitting and not colocated and model is not None and mem is not None:
+        raise PlanError(
+            f"{model.name} ({model.weight_bytes_bf16 / GIB:.0f} GiB of bf16 weights) does not fit vLLM on up to {g} "
+            f"GPUs of {mem / GIB:.0f} GiB: not as a server (the weights take over half of each GPU) nor colocated "
+            f"(they take over {VLLM_SERVER_UTILIZATION:.0%} of each GPU)",
+            hint="Use GPUs with more memory or more GPUs per node, or a smaller model.",
+        )
+    return colocated + fitting
 
-    # Which GPUs serve. One host: the last tp GPUs; the rest train. Several hosts: accelerate needs the same number
-    # of processes per machine, so either a whole host serves (its spare GPUs idle) or every host gives up tp GPUs
-    # (all but one set idle). Pick whichever idles fewer GPUs.
-    if len(hosts) == 1:
-        tp, dedicated = tp_min, False
-        if per_host - tp < 1:
-            fixes = [Fix("launch.vllm", "colocate", "vLLM shares the training GPUs", rank=1)]
-            smaller = [t for t in valid if t < per_host and fits_server_gpu(model, mem, t)]
-            if smaller:
-                fixes.insert(0, Fix("launch.vllm_gpus", max(smaller), "a smaller server leaves GPUs to train", 0))
-            fixes.append(Fix("gpus", None, "more GPUs", rank=3, in_recipe=False))
-            raise NoGpuLeftForTraining(
-                f"the vLLM server needs {tp} GPU(s), leaving none of the {per_host} for training", fixes=fixes
+
+def unfit_servers(topology: Topology, model: ModelShape | None) -> list[str]:
+    """Each server split left out because its weights take over the allowed share of a GPU, with its numbers
+    (``--explain`` of a refusal)."""
+    mem = topology.min_gpu_memory_bytes
+    if model is None or mem is None or topology.is_cpu or len(set(topology.gpus_per_host)) > 1:
+        return []
+    out = []
+    for s in enumerate_splits(len(topology.hosts), topology.gpus_per_host[0], model):
+        w = server_weights(model, s)
+        if s.kind != SplitKind.COLOCATE and w > VLLM_WEIGHTS_SHARE * mem:
+            out.append(
+                f"split {s.label}: {w / GIB:.1f} GiB of weights per GPU is over {VLLM_WEIGHTS_SHARE:.0%} of "
+                f"{mem / GIB:.1f} GiB"
             )
-    else:
-        tp_dedicated = tp_fixed or max(t for t in valid if t >= tp_min)
-        idle_dedicated = per_host - tp_dedicated
-        idle_shared = (len(hosts) - 1) * tp_min
-        dedicated = idle_dedicated <= idle_shared or per_host - tp_min < 1
-        tp = tp_dedicated if dedicated else tp_min
-    server_host = hosts[-1]
-    server_gpus = tuple(g.visible_id for g in server_host.gpus[per_host - tp :])
-    if dedicated:
-        train_hosts = tuple(
-            TrainHost(h.name, h.addr, r, tuple(g.visible_id for g in h.gpus), per_host)
-            for r, h in enumerate(hosts[:-1])
-        )
-        where = f"all of {server_host.name} serves ({tp} GPU(s)); {per_host - tp} GPU(s) there idle"
-    else:
-        keep = per_host - tp
-        train_hosts = tuple(
-            TrainHost(h.name, h.addr, r, tuple(g.visible_id for g in h.gpus[:keep]), keep) for r, h in enumerate(hosts)
-        )
-        idle = (len(hosts) - 1) * tp
-        where = f"last {tp} GPU(s) of {server_host.name}" + (
-            f"; {idle} GPU(s) idle elsewhere so every machine runs {keep} trainers" if idle else ""
-        )
-    split = moe_split(model, tp, mem, tp_asked)
-    dp, gpus_why = 1, ""
-    if split is not None and model is not None:
-        tp, dp = split
-        gpus_why = f"TP {tp} within each of the {dp} data-parallel ranks (see vllm_data_parallel_size)"
-        trace.decide(
-            "vllm_data_parallel_size",
-            dp,
-            f"{model.name} is a mixture of experts: {tp * dp} server GPUs as {dp} data-parallel rank(s) of TP {tp} "
-            f"with expert parallelism (the {model.experts} experts spread over all of them: "
-            f"{model.weight_bytes_per_gpu(tp, dp, ep=True) / GIB:.1f} GiB of weights per GPU), fewer TP all-reduces "
-            "per token and a KV cache per rank",
-        )
-    if gpus_why:
-        why_tp = gpus_why
-    elif tp_fixed:
-        why_tp = "the split search's candidate" if forced_tp else "set in the recipe"
-    elif model and tp == tp_min:
-        why_tp = (
-            f"smallest size whose bf16 weights ({model.weight_bytes_bf16 / GIB:.1f} GiB) take ≤ "
-            f"{VLLM_WEIGHTS_SHARE:.0%} of a GPU, sharding heads, MLP and vocabulary evenly"
-        )
-    else:
-        why_tp = f"a whole host serves: the largest size that shards {model.name}" if model else "model unknown"
-    trace.decide("vllm_tensor_parallel_size", tp, why_tp)
-    trace.decide("server_gpus", f"{server_host.name}:{','.join(server_gpus)}", where)
+    return out
 
+
+def _check_tp(model: ModelShape | None, tp: int, per_host: int) -> None:
+    problems = []
+    if tp > per_host:
+        problems.append(f"tensor-parallel size {tp} exceeds the {per_host} GPUs of one host (TP stays in a node)")
+    if model and model.tp_problems(tp):
+        problems.append(
+            f"vLLM cannot shard {model.name} over {tp} GPUs: {tp} does not divide its "
+            + ", ".join(model.tp_problems(tp))
+        )
+    if problems:
+        valid = model.valid_tp_sizes(per_host) if model else tuple(range(1, per_host + 1))
+        raise PlanError(
+            "the vLLM tensor-parallel size is not possible:",
+            problems=problems,
+            hint=f"Valid sizes here: {', '.join(map(str, valid))} (or leave it unset to choose).",
+        )
+
+
+def _refuse_no_trainer(model: ModelShape | None, gpus: int, per_host: int, mem: int | None) -> None:
+    fixes = [Fix("launch.vllm", "colocate", "vLLM shares the training GPUs", rank=1)]
+    smaller = [
+        t
+        for t in (model.valid_tp_sizes(per_host - 1) if model else range(1, per_host))
+        if mem is None or model is None or model.weight_bytes_bf16 / t <= VLLM_WEIGHTS_SHARE * mem
+    ]
+    if smaller:
+        fixes.insert(0, Fix("launch.vllm_gpus", max(smaller), "a smaller server leaves GPUs to train", 0))
+    fixes.append(Fix("gpus", None, f"more GPUs: at least {gpus + 1}", rank=3, in_recipe=False))
+    raise NoGpuLeftForTraining(
+        f"the vLLM server needs {gpus} GPU(s), leaving none of the {per_host} for training", fixes=fixes
+    )
+
+
+def _fitting_colocate(
+    splits: list[Split], recipe: Recipe, model: ModelShape | None, mem: int | None, trace: Trace
+) -> list[Split]:
+    """Colocated engines whose weights take at most the allowed share of their vLLM share of a GPU; when none
+    does, the largest TP, with a warning."""
+    util = colocate_utilization(recipe)
+    share = VLLM_WEIGHTS_SHARE * util * mem if mem else None
+    fits = [s for s in splits if model is None or share is None or model.weight_bytes_bf16 / s.tp <= share]
+    if fits or not splits:
+        return fits
+    last = splits[-1]
+    if model is not None and mem is not None and model.weight_bytes_bf16 / last.tp >= VLLM_SERVER_UTILIZATION * mem:
+        return []  # not even the weights fit a GPU, whatever its share
+    if model is not None and mem is not None:
+        trace.warn(
+            f"colocated vLLM: {model.weight_bytes_bf16 / last.tp / GIB:.1f} GiB of weights per GPU at TP {last.tp} is "
+            f"over half of the {util:.0%} vLLM share ({util * mem / GIB:.1f} GiB): expect a small KV cache"
+        )
+    return [last]
+
+
+def colocate_utilization(recipe: Recipe) -> float:
+    return float(
+        recipe.launch.vllm_gpu_memory_utilization
+        or recipe.get("vllm_gpu_memory_utilization")
+        or TRL_COLOCATE_UTILIZATION
+    )
+
+
+def place(
+    topology: Topology, recipe: Recipe, model: ModelShape | None, split: Split, trace: Trace
+) -> tuple[VllmPlan, tuple[TrainHost, ...]]:
+    """The vLLM plan and the training hosts of ``split`` (machine ranks from 0, the first training host the main
+    process's)."""
+    hosts = topology.hosts
+    per = split.trainers_per_host
+    train_hosts = tuple(
+        TrainHost(hosts[i].name, hosts[i].addr, r, tuple(g.visible_id for g in hosts[i].gpus[:per]), per)
+        for r, i in enumerate(split.train_hosts)
+    )
+    if topology.is_cpu or split.kind == SplitKind.OFF:
+        return VllmPlan(VllmMode.OFF), train_hosts
+    if split.kind == SplitKind.COLOCATE:
+        return _colocate(recipe, split, trace), train_hosts
+    host = hosts[split.server_hosts[0]]
+    gpus = tuple(g.visible_id for g in host.gpus[len(host.gpus) - split.server_gpus_per_host :])
+    moe = bool(model and model.is_moe and split.dp > 1)
+    shape = f"TP {split.tp} × DP {split.dp}" + (" with expert parallelism" if moe else "")
+    trace.decide("vllm_tensor_parallel_size", split.tp, f"{split.server_gpus} server GPU(s) as {shape}")
+    if split.dp > 1:
+        why = (
+            f"{model.name} is a mixture of experts: the {model.experts} experts spread over all {split.server_gpus} "
+            f"GPUs ({server_weights(model, split) / GIB:.1f} GiB of weights per GPU), a KV cache per rank"
+            if moe and model
+            else f"{split.dp} replicas of the model, each with its own KV cache and decode batch"
+        )
+        trace.decide("vllm_data_parallel_size", split.dp, why)
+    where = f"{host.name}:{','.join(gpus)}"
+    trace.decide("server_gpus", where, split.label)
     launch = recipe.launch
     util = launch.vllm_gpu_memory_utilization
     if util is None and recipe.is_set("vllm_gpu_memory_utilization"):
@@ -219,12 +247,12 @@ def plan_server(
     multi = len(hosts) > 1
     vllm = VllmPlan(
         mode=VllmMode.SERVER,
-        host=server_host.name,
-        address=server_host.addr if multi else "127.0.0.1",
-        gpus=server_gpus,
-        tensor_parallel_size=tp,
-        data_parallel_size=dp,
-        expert_parallel=dp > 1,
+        host=host.name,
+        address=host.addr if multi else "127.0.0.1",
+        gpus=gpus,
+        tensor_parallel_size=split.tp,
+        data_parallel_size=split.dp,
+        expert_parallel=moe,
         port=launch.vllm_port,
         bind_host=launch.vllm_host or ("0.0.0.0" if multi else "127.0.0.1"),
         gpu_memory_utilization=util or VLLM_SERVER_UTILIZATION,
@@ -234,61 +262,9 @@ def plan_server(
     return vllm, train_hosts
 
 
-def moe_split(model: ModelShape | None, gpus: int, mem: int | None, tp: int | None = None) -> tuple[int, int] | None:
-    """(TP, DP) for a mixture-of-experts server on ``gpus`` GPUs with the experts spread over all of them (vLLM's
-    --data-parallel-size with --enable-expert-parallel, as TRL's docs advise for MoE models): the smallest TP (or
-    the recipe's ``tp``) that shards the model and divides ``gpus``, whose weights per GPU fit the server's share.
-    None for a dense model, one GPU, or no such split."""
-    if model is None or not model.is_moe or gpus < 2:
-        return None
-    sizes = [tp] if tp else [t for t in range(1, gpus + 1) if gpus % t == 0]
-    for t in sizes:
-        if gpus % t or model.tp_problems(t):
-            continue
-        if mem is None or model.weight_bytes_per_gpu(t, gpus // t, ep=True) <= VLLM_WEIGHTS_SHARE * mem:
-            return t, gpus // t
-    return None
-
-
-def plan_colocate(
-    topology: Topology, recipe: Recipe, model: ModelShape | None, train_hosts: tuple[TrainHost, ...], trace: Trace
-) -> VllmPlan:
-    per_host = train_hosts[0].processes
-    n = sum(h.processes for h in train_hosts)
-    util = float(
-        recipe.launch.vllm_gpu_memory_utilization
-        or recipe.get("vllm_gpu_memory_utilization")
-        or TRL_COLOCATE_UTILIZATION
-    )
-    fixed = recipe.launch.vllm_tensor_parallel_size or recipe.get("vllm_tensor_parallel_size")
-    if fixed:
-        tp = int(fixed)
-        if tp > per_host:
-            raise PlanError(
-                f"colocated vLLM tensor_parallel_size={tp} exceeds the {per_host} GPUs of a host",
-                hint="Use a smaller vllm_tensor_parallel_size.",
-            )
-        if model and model.tp_problems(tp):
-            raise PlanError(
-                f"vLLM cannot shard {model.name} over {tp} GPUs: {tp} does not divide its "
-                + ", ".join(model.tp_problems(tp)),
-                hint=f"Valid sizes here: {', '.join(map(str, model.valid_tp_sizes(per_host)))}.",
-            )
-        why = "set in the recipe"
-    else:
-        # Each colocated engine gets `util` of a GPU; its weights should take at most the allowed share of that.
-        valid = [t for t in (model.valid_tp_sizes(per_host) if model else (1,)) if n % t == 0]
-        mem = topology.min_gpu_memory_bytes
-        share = VLLM_WEIGHTS_SHARE * util * mem if mem else None
-        fits = [t for t in valid if model is None or share is None or model.weight_bytes_bf16 / t <= share]
-        tp = fits[0] if fits else valid[-1]
-        why = "smallest size whose weights fit the vLLM share of a GPU" if fits else "largest size possible"
-        if not fits and model is not None and mem is not None:
-            trace.warn(
-                f"colocated vLLM: {model.weight_bytes_bf16 / tp / GIB:.1f} GiB of weights per GPU at TP {tp} is over "
-                f"half of the {util:.0%} vLLM share ({util * mem / GIB:.1f} GiB): expect a small KV cache"
-            )
-    trace.decide("vllm_tensor_parallel_size", tp, f"colocate: {why}")
+def _colocate(recipe: Recipe, split: Split, trace: Trace) -> VllmPlan:
+    util = colocate_utilization(recipe)
+    trace.decide("vllm_tensor_parallel_size", split.tp, f"colocate: {split.dp} engine(s) of TP {split.tp}")
     trace.decide("vllm_gpu_memory_utilization", util, "vLLM shares each training GPU (colocate)")
     sleep = bool(recipe.get("vllm_enable_sleep_mode"))
     trace.decide(
@@ -300,7 +276,7 @@ def plan_colocate(
     )
     return VllmPlan(
         mode=VllmMode.COLOCATE,
-        tensor_parallel_size=tp,
+        tensor_parallel_size=split.tp,
         gpu_memory_utilization=util,
         max_model_len=max_model_len(recipe),
         max_prompt_length=prompt_bound(recipe),

@@ -1,9 +1,9 @@
 """make_plan(topology, recipe, model) → Plan. Pure: no torch/trl import, no environment reads, no files.
 
-The steps, each in its own module: placement (vLLM mode, server TP and GPUs, which GPUs train), layout (TRL's
-batch rules), resources (backend, offload, checkpointing, vLLM sizing, the estimate) and the trainer values; the
-cost model holds every memory and time term. When the GPU split is free, every split is planned as a Candidate and
-the shortest predicted time per prompt group wins; the candidates stay in the plan for ``--explain``.
+Every split the recipe allows (:mod:`.split`, :mod:`.placement`) is compared by the split search (:mod:`.search`)
+at the same prompts per optimizer step and the same algorithm; each split is planned by the same steps, each in its
+own module: placement, layout (TRL's batch rules), training settings, vLLM sizing, the estimate (the cost model,
+:mod:`.cost`) and the trainer values.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.estimate import estimate_plan, size_vllm, workload
 from grpo_launch.planning.layout import LayoutRequest, solve_layout
 from grpo_launch.planning.refusal import verify
+from grpo_launch.planning.search import Search, search_splits
+from grpo_launch.planning.split import Split, SplitKind, prompts_target
 from grpo_launch.planning.trainer_values import trainer_values
 from grpo_launch.planning.training import choose_training
-from grpo_launch.planning.types import Candidate, Decision, Plan, Runtime, Trace, TrainPlan, VllmPlan
+from grpo_launch.planning.types import Plan, Runtime, Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
 
 __all__ = ["DEFAULT_RUN_ROOT", "Plan", "default_run_dir", "make_plan", "plan_split"]
@@ -59,17 +61,71 @@ def make_plan(
 def _plan(
     topology: Topology, recipe: Recipe, model: ModelShape | None, calibration: Calibration | None, runtime: Runtime
 ) -> Plan:
-    rejected: list[Candidate] = []
-    free = _split_is_free(topology, recipe, model)
-    plan = _search(topology, recipe, model, calibration, runtime, rejected) if free else None
-    if plan is not None:
-        return plan
-    try:
-        return _plan_one(topology, recipe, model, None, calibration, runtime)
-    except PlanError as exc:
-        if rejected:  # every split the search tried was refused: say why, for --explain
-            exc.explain = (*exc.explain, *(f"split {c.label}: {c.rejected}" for c in rejected))
-        raise
+    base = Trace(notices=list(recipe.notices), warnings=list(topology.warnings))
+    if recipe.values.get("use_cpu") is True and not topology.is_cpu:
+        topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
+        base.decide("device", Device.CPU, "use_cpu: true in the recipe: the GPUs are left unused")
+    _refuse_silent_cpu_fallback(topology, recipe, model)
+    search = Search(topology, recipe, model, calibration, runtime, base)
+    if topology.is_cpu:
+        placement.requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
+        base.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
+        return _plan_one(search, None, None)
+    splits = placement.allowed_splits(topology, recipe, model, base)
+    req = LayoutRequest.from_values(recipe.values)
+    pinned = recipe.launch.prompts_per_step
+    counts = {s.trainers for s in splits}
+    target: int | None = None
+    if pinned is not None or len(counts) > 1:
+        prompts, why = prompts_target(req, pinned, counts, topology.num_gpus)
+        target = prompts * (req.num_generations or 8)
+        base.decide("prompts_per_step", prompts, why)
+    if len(splits) == 1 or not _estimable(topology, model):
+        split = splits[0] if len(splits) == 1 else _default_split(splits)
+        if len(splits) > 1:
+            base.decide("split", split.label, "no estimate (model or GPU unknown): the default split")
+            target = pinned * (req.num_generations or 8) if pinned else None
+        if split.idle:
+            base.decide("idle_gpus", split.idle, _only_split_reason(split, model))
+        try:
+            return _plan_one(search, split, target)
+        except PlanError as exc:
+            if len(splits) == 1:  # the others were left out for their weights: say which, and why
+                exc.explain = (*exc.explain, *placement.unfit_servers(topology, model))
+            raise
+    return search_splits(search, splits, target, _plan_one)
+
+
+def _only_split_reason(split: Split, model: ModelShape | None) -> str:
+    """Why GPUs idle when the recipe and the model leave one split."""
+    if len(split.train_hosts) > 1 and split.kind == SplitKind.SHARED:
+        why = (
+            f"the only split that fits: accelerate runs {split.trainers_per_host} trainers on every host, so the "
+            f"{split.server_gpus_per_host} GPU(s) the server takes on one host stay free on the others"
+        )
+    else:
+        why = "the only split the recipe and the model allow"
+    if model is not None:
+        why += f" (vLLM can shard {model.name} over {', '.join(map(str, model.valid_tp_sizes(split.gpus_per_host)))} "
+        why += "GPUs of a host; no split that uses every GPU fits its weights)"
+    return why
+
+
+def _estimable(topology: Topology, model: ModelShape | None) -> bool:
+    return (
+        model is not None
+        and find_gpu_spec(topology.planning_gpu_name) is not None
+        and topology.min_gpu_memory_bytes is not None
+    )
+
+
+def _default_split(splits: list[Split]) -> Split:
+    """Without an estimate: colocate on one GPU, else the smallest server (one whole host of several)."""
+    order = {SplitKind.SERVER: 0, SplitKind.NODES: 0, SplitKind.COLOCATE: 1, SplitKind.SHARED: 2, SplitKind.OFF: 3}
+    gpus = splits[0].hosts * splits[0].gpus_per_host
+    if gpus == 1:
+        order[SplitKind.COLOCATE] = -1
+    return min(splits, key=lambda s: (order[s.kind], s.server_gpus, s.tp))
 
 
 # A model this large trains at a few tokens per second on CPU, in float32: planned there only when asked for.
@@ -102,125 +158,29 @@ def _mixed_precision(device: Device, values: Mapping[str, Any]) -> str:
     return "no" if values.get("bf16") is False else "bf16"
 
 
-def plan_split(topology: Topology, recipe: Recipe, model: ModelShape | None, mode: VllmMode, tp: int) -> Plan:
-    """One split candidate of the search, planned on its own (what the search compares; benchmarks use it)."""
-    return _plan_one(topology, recipe, model, (VllmMode(mode), tp), None, Runtime())
-
-
-def _split_is_free(topology: Topology, recipe: Recipe, model: ModelShape | None) -> bool:
-    launch = recipe.launch
-    return (
-        len(topology.hosts) == 1
-        and not topology.is_cpu
-        and topology.num_gpus > 1
-        and model is not None
-        and find_gpu_spec(topology.planning_gpu_name) is not None
-        and topology.min_gpu_memory_bytes is not None
-        and placement.auto_mode(recipe)
-        and launch.vllm_gpus is None
-        and launch.vllm_tensor_parallel_size is None
-        and not recipe.is_set("vllm_tensor_parallel_size")
-    )
-
-
-def _search(
-    topology: Topology,
-    recipe: Recipe,
-    model: ModelShape | None,
-    calibration: Calibration | None,
-    runtime: Runtime,
-    rejected: list[Candidate],
-) -> Plan | None:
-    """Plan colocate and every server size (TP 1, 2, 4, …); the shortest predicted time per prompt group wins.
-    None when no candidate plans with an estimate (the caller then plans without the search, for its error);
-    ``rejected`` receives the refused candidates."""
-    assert model is not None
-    choices = [(VllmMode.COLOCATE, 1), *((VllmMode.SERVER, t) for t in model.valid_tp_sizes(topology.num_gpus - 1))]
-    scored: list[tuple[Candidate, Plan]] = []
-    for mode, tp in choices:
-        label = f"server TP {tp}" if mode == VllmMode.SERVER else "colocate"
-        try:
-            plan = _plan_one(topology, recipe, model, (mode, tp), calibration, runtime)
-        except PlanError as exc:
-            rejected.append(
-                Candidate(
-                    label,
-                    mode,
-                    tp,
-                    rejected=": ".join([exc.message.rstrip(":"), "; ".join(exc.problems)])
-                    if exc.problems
-                    else exc.message,
-                )
-            )
-            continue
-        if plan.estimate is None:
-            return None
-        # Splits give different optimizer steps (more trainers, more completions per step): compare per prompt.
-        prompts = plan.layout.completions_per_optimizer_step / plan.layout.num_generations
-        v = plan.vllm
-        if v.data_parallel_size > 1:  # a MoE server: its GPUs as TP × DP ranks
-            label = f"server {len(v.gpus)} GPUs (TP {v.tensor_parallel_size} × DP {v.data_parallel_size})"
-        scored.append((Candidate(label, mode, tp, step=plan.estimate.step, prompts_per_step=prompts), plan))
-    if not scored:
-        return None
-    scored.sort(key=lambda cp: cp[0].per_prompt_s or 0.0)
-    best, plan = scored[0]
-    others = ", ".join(f"{c.label} {c.per_prompt_s:.2f} s" for c, _ in scored[1:])
-    why = f"shortest predicted time per prompt group: {best.label} {best.per_prompt_s:.2f} s" + (
-        f" (vs {others})" if others else ""
-    )
-    candidates = (dataclasses.replace(best, chosen=True), *(c for c, _ in scored[1:]), *rejected)
-    return dataclasses.replace(
-        plan, decisions=(Decision("split", best.label, why), *plan.decisions), candidates=candidates
-    )
-
-
-def _plan_one(
-    topology: Topology,
-    recipe: Recipe,
-    model: ModelShape | None,
-    forced: tuple[VllmMode, int] | None,
-    calibration: Calibration | None,
-    runtime: Runtime,
+def plan_split(
+    topology: Topology, recipe: Recipe, model: ModelShape | None, split: Split, *, prompts: int | None = None
 ) -> Plan:
-    trace = Trace(notices=list(recipe.notices), warnings=list(topology.warnings))
+    """One split, planned on its own (what the search compares; benchmarks use it), at ``prompts`` per step when
+    given, else at the recipe's own batch for its trainers."""
+    k = LayoutRequest.from_values(recipe.values).num_generations or 8
+    search = Search(topology, recipe, model, None, Runtime(), Trace(notices=list(recipe.notices)))
+    return _plan_one(search, split, prompts * k if prompts else None)
+
+
+def _plan_one(search: Search, split: Split | None, completions: int | None) -> Plan:
+    """Plan one split (None: CPU) at ``completions`` per optimizer step (None: the recipe's own batch)."""
+    topology, recipe, model, runtime = search.topology, search.recipe, search.model, search.runtime
+    trace = Trace(list(search.base.decisions), list(search.base.notices), list(search.base.warnings))
     values = recipe.values
-    if values.get("use_cpu") is True and not topology.is_cpu:
-        topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
-        trace.decide("device", Device.CPU, "use_cpu: true in the recipe: the GPUs are left unused")
-    _refuse_silent_cpu_fallback(topology, recipe, model)
-    mode = forced[0] if forced else placement.choose_mode(topology, recipe, trace)
-    vllm = None
-    if topology.is_cpu:
+    if split is None:
         vllm, train_hosts = VllmPlan(VllmMode.OFF), placement.cpu_train_hosts(topology, recipe, trace)
     else:
-        if len(set(topology.gpus_per_host)) > 1:
-            raise PlanError(
-                "hosts have different GPU counts: " + ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts),
-                hint="accelerate runs the same number of processes on every machine: give every host the same "
-                "number of GPUs (hostfile slots / --gpus-per-node).",
-            )
-        if mode == VllmMode.SERVER:
-            try:
-                vllm, train_hosts = placement.plan_server(
-                    topology, recipe, model, trace, forced_tp=forced[1] if forced else None
-                )
-            except placement.NoGpuLeftForTraining as exc:
-                if forced or not placement.auto_mode(recipe):
-                    raise
-                trace.decide("vllm", VllmMode.COLOCATE, f"a server would not leave a GPU to train: {exc.message}")
-                mode = VllmMode.COLOCATE
-        if vllm is None:
-            train_hosts = placement.whole_gpu_train_hosts(topology)
-            vllm = (
-                placement.plan_colocate(topology, recipe, model, train_hosts, trace)
-                if mode == VllmMode.COLOCATE
-                else VllmPlan(VllmMode.OFF)
-            )
-
+        vllm, train_hosts = placement.place(topology, recipe, model, split, trace)
     n = sum(h.processes for h in train_hosts)
-    colocate_n = topology.num_gpus if mode == VllmMode.SERVER else None
-    layout, layout_why = solve_layout(n, LayoutRequest.from_values(values), colocate_n=colocate_n)
+    colocate_n = topology.num_gpus if vllm.mode == VllmMode.SERVER else None
+    layout, layout_why = solve_layout(n, LayoutRequest.from_values(values), completions=completions,
+                                      colocate_n=colocate_n)  # fmt: skip
     for why in layout_why:
         trace.decide("layout", None, why)
     if vllm.mode == VllmMode.COLOCATE and n % vllm.tensor_parallel_size:
@@ -229,8 +189,7 @@ def _plan_one(
             f"{n} training processes to be a multiple of it",
             hint=f"Set vllm_tensor_parallel_size to a divisor of {n}.",
         )
-
-    work = workload(recipe, layout, calibration)
+    work = workload(recipe, layout, search.calibration)
     training = choose_training(topology, recipe, model, n, vllm, work, trace, nodes=len(train_hosts))
     vllm, sizing = size_vllm(topology, model, vllm, work, trace, n)
     device = Device.CPU if topology.is_cpu else Device.CUDA

@@ -158,6 +158,11 @@ class StepTime:
     def bottleneck(self) -> str:
         return "generation" if self.generation_s >= self.training_s else "training"
 
+    @property
+    def trainer_generation_s(self) -> float:
+        """What the trainers time as generation: generating, the old log-probs and the weight sync."""
+        return self.generation_s + self.old_logprobs_s + self.sync_s
+
 
 @frozen
 class Total:
@@ -189,25 +194,36 @@ class Estimate:
 
 @frozen
 class Candidate:
-    """One split the search considered: vLLM colocated, or a server of ``tensor_parallel_size`` GPUs.
-
-    Splits give optimizer steps of different sizes, so they are compared per prompt group (``per_prompt_s``).
-    ``rejected`` says why a candidate could not be planned at all.
-    """
+    """One split the search considered, planned at the prompts per step every split is compared at: how its GPUs
+    are used, its predicted step, or why it could not be planned (``rejected``) or was not planned in full (its
+    lower bound already lost: ``bound_s``)."""
 
     label: str
     mode: VllmMode
     tensor_parallel_size: int
+    data_parallel_size: int = 1
+    server_gpus: int = 0
+    trainers: int = 0
+    idle: int = 0
     step: StepTime | None = None
     prompts_per_step: float = 0.0
     rejected: str | None = None
     chosen: bool = False
+    bound_s: float | None = None
 
     @property
     def per_prompt_s(self) -> float | None:
         if self.step is None or not self.prompts_per_step:
             return None
         return self.step.total_s / self.prompts_per_step
+
+    @property
+    def balance(self) -> float | None:
+        """Generation over training, as the trainers time them (generation includes the old log-probs and the
+        weight sync)."""
+        if self.step is None or not self.step.training_s:
+            return None
+        return self.step.trainer_generation_s / self.step.training_s
 
 
 @frozen

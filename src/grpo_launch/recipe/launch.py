@@ -32,6 +32,9 @@ class LaunchSettings:
     vllm_extra_args: tuple[str, ...] = ()
     vllm_env: Mapping[str, str] = field(default_factory=dict)
     vllm_health_timeout_s: float = field(default=900.0, metadata={"min": 1, "max": 7 * 86400})
+    # Prompts per optimizer step (× num_generations completions): the algorithm's batch, the same whatever split the
+    # planner picks. Unset: the recipe's per-device values decide it (see planning/split.py).
+    prompts_per_step: int | None = field(default=None, metadata={"min": 1, "max": 1_000_000})
     backend: DistBackend | None = field(default=None, metadata={"enum": DistBackend})  # None: auto
     offload: Offload | None = field(default=None, metadata={"enum": Offload})  # None: auto
     num_processes: int | None = field(default=None, metadata={"min": 1, "max": 4096})
@@ -39,6 +42,12 @@ class LaunchSettings:
     run_dir: str | None = field(default=None, metadata={"kind": "str"})
     grace_period_s: float = field(default=30.0, metadata={"min": 0, "max": 3600})
     train_env: Mapping[str, str] = field(default_factory=dict)
+    # The module `accelerate launch --module` runs in every training process, given `--recipe trainer_recipe.yaml`
+    # (the planned TRL values, vLLM URL included): grpo_launch.train, or your own GRPO script.
+    train_module: str = field(
+        default="grpo_launch.train",
+        metadata={"kind": "str", "pattern": r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "what": "a module"},
+    )
     # → GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for every process
     network_interface: str | None = field(
         default=None, metadata={"kind": "str", "pattern": r"[A-Za-z0-9_.:@-]{1,15}", "what": "an interface name"}

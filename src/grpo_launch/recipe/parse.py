@@ -94,6 +94,10 @@ def yaml_load(text: str) -> Any:
         data = yaml.load(text, Loader=_Loader)
     except RecursionError:
         raise yaml.YAMLError(f"nested deeper than {MAX_DEPTH} levels") from None
+    except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):  # libyaml's own limit (CSafeLoader), met before ours
+            raise yaml.YAMLError(f"nested deeper than {MAX_DEPTH} levels ({exc})") from None
+        raise
     _check_tree(data)
     return data
 

@@ -135,7 +135,7 @@ def trainers(plan: Plan) -> tuple[ProcessSpec, ...]:
         if train.num_machines > 1:
             argv += ["--main_process_ip", train.main_process_ip]
         argv += ["--main_process_port", str(train.main_process_port)]
-        argv += ["--module", "grpo_launch.train", "--recipe", str(paths.trainer_recipe)]
+        argv += ["--module", plan.recipe.launch.train_module, "--recipe", str(paths.trainer_recipe)]
         name = "train" if train.num_machines == 1 else f"train@{h.name}"
         specs.append(
             ProcessSpec(

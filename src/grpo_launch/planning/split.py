@@ -1,0 +1,181 @@
+"""The splits: every way the GPUs may be divided between vLLM and the trainers, and the batch every split is
+compared at. Pure.
+
+A split is one of:
+
+- **colocate**: every GPU trains, and each TP group of trainers also runs a vLLM engine (TRL's colocate mode);
+- **server**: on one host, ``k`` of its GPUs run the vLLM server as TP × DP, the others train;
+- **nodes**: ``j`` whole hosts run the server (TP × DP over their GPUs), the other hosts train;
+- **shared**: every host gives ``k`` GPUs up, and the server runs on ``k`` GPUs of one host: accelerate runs the
+  same number of trainers on every machine, so the other hosts' ``k`` GPUs idle (a split the search only picks
+  when every use of those GPUs is slower, and says so);
+- **off**: no vLLM, the trainers generate (CPU, ``use_vllm: false``).
+
+Every split is planned at the same prompts per optimizer step (:func:`prompts_target`), so the search compares like
+with like: the recipe's algorithm (group size, prompts per step, one generation per step) is the same whatever
+wins, and only the accumulation (and a per-device batch the recipe leaves unset) adapts to the trainer count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from grpo_launch.enums import StrEnum
+from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.layout import TRL_DEFAULTS, LayoutRequest
+from grpo_launch.spec import frozen
+
+
+class SplitKind(StrEnum):
+    COLOCATE = "colocate"
+    SERVER = "server"
+    NODES = "nodes"
+    SHARED = "shared"
+    OFF = "off"
+
+
+@frozen
+class Split:
+    """Which GPUs of which hosts serve and which train. Hosts are indices into the topology's hosts; a host serves
+    its last ``server_gpus_per_host`` GPUs (all of them for ``nodes``)."""
+
+    kind: SplitKind
+    hosts: int  # hosts in the topology
+    gpus_per_host: int
+    trainers_per_host: int
+    train_hosts: tuple[int, ...]
+    tp: int = 1
+    dp: int = 1  # server: data-parallel ranks; colocate: engines (one per TP group of trainers)
+    server_hosts: tuple[int, ...] = ()
+    server_gpus_per_host: int = 0
+
+    @property
+    def trainers(self) -> int:
+        return self.trainers_per_host * len(self.train_hosts)
+
+    @property
+    def server_gpus(self) -> int:
+        return self.server_gpus_per_host * len(self.server_hosts)
+
+    @property
+    def idle(self) -> int:
+        if self.kind in (SplitKind.COLOCATE, SplitKind.OFF):
+            return 0
+        return self.hosts * self.gpus_per_host - self.trainers - self.server_gpus
+
+    @property
+    def shape(self) -> str:
+        return f"TP {self.tp} × DP {self.dp}" if self.dp > 1 else f"TP {self.tp}"
+
+    @property
+    def label(self) -> str:
+        if self.kind == SplitKind.COLOCATE:
+            return f"colocate ({self.dp} engine(s) × TP {self.tp})"
+        if self.kind == SplitKind.OFF:
+            return "no vLLM"
+        if self.kind == SplitKind.NODES:
+            return f"{len(self.server_hosts)} whole host(s) serve ({self.server_gpus} GPUs, {self.shape})"
+        where = f"server on {self.server_gpus} GPU(s) ({self.shape})"
+        return where + (f", {self.idle} GPU(s) idle elsewhere" if self.idle else "")
+
+
+def server_shapes(model: ModelShape | None, gpus: int, limit: int) -> list[tuple[int, int]]:
+    """(TP, DP) ways to run a server on ``gpus`` GPUs with TP at most ``limit`` (one host): TP must shard the model
+    (:meth:`ModelShape.tp_problems`) and divide the GPUs."""
+    tps = model.valid_tp_sizes(min(gpus, limit)) if model else tuple(t for t in (1, 2, 4, 8) if t <= limit)
+    return [(t, gpus // t) for t in tps if gpus % t == 0]
+
+
+def enumerate_splits(hosts: int, per_host: int, model: ModelShape | None) -> list[Split]:
+    """Every split of ``hosts`` × ``per_host`` GPUs, each server size with each TP × DP that shards the model."""
+    everyone = tuple(range(hosts))
+    out = [
+        Split(SplitKind.COLOCATE, hosts, per_host, per_host, everyone, tp=t, dp=hosts * per_host // t)
+        for t, _ in server_shapes(model, per_host, per_host)
+    ]
+    if hosts == 1:
+        for k in range(1, per_host):
+            for t, d in server_shapes(model, k, per_host):
+                out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), t, d, (0,), k))
+        return out
+    last = hosts - 1
+    # A server on the last host; whole hosts beyond one would need vLLM's multi-node serving (not planned).
+    for t, d in server_shapes(model, per_host, per_host):
+        out.append(Split(SplitKind.NODES, hosts, per_host, per_host, tuple(range(last)), t, d, (last,), per_host))
+    for k in range(1, per_host):
+        for t, d in server_shapes(model, k, per_host):
+            out.append(Split(SplitKind.SHARED, hosts, per_host, per_host - k, everyone, t, d, (last,), k))
+    return out
+
+
+def off_split(hosts: int, processes_per_host: int) -> Split:
+    return Split(SplitKind.OFF, hosts, processes_per_host, processes_per_host, tuple(range(hosts)))
+
+
+def feasible(completions: int, trainers: int, per_device: int | None) -> bool:
+    """``trainers`` processes can take exactly ``completions`` per optimizer step (with the recipe's per-device
+    batch when it sets one)."""
+    return completions % (trainers * (per_device or 1)) == 0
+
+
+# When the recipe leaves the accumulation to the planner, it may take up to this many times the least batch with
+# every GPU training, to find one that more splits can take exactly.
+TARGET_GROWTH = 4
+
+
+def prompts_target(req: LayoutRequest, pinned: int | None, trainer_counts: Iterable[int], gpus: int) -> tuple[int, str]:
+    """The prompts per optimizer step every split is planned at, and why.
+
+    - ``launch.prompts_per_step`` pins it;
+    - a recipe that sets its accumulation (or its generation rhythm) fixes it through its per-device values: their
+      batch with as many trainers as can take it, every GPU training first (TRL's own default layout);
+    - otherwise the planner chooses the accumulation: the least batch that fills whole prompt groups with every GPU
+      training, or a multiple of it (up to :data:`TARGET_GROWTH` ×) that the most trainer counts can take exactly,
+      so the splits are compared at one batch."""
+    k = req.num_generations or TRL_DEFAULTS["num_generations"]
+    counts = sorted(set(trainer_counts) | {gpus}, reverse=True)
+    if pinned is not None:
+        return pinned, "launch.prompts_per_step"
+    p = req.per_device
+    if req.grad_accum is not None or req.steps_per_generation is not None:
+        g = req.steps_per_generation or req.grad_accum or 1
+        pd = p or TRL_DEFAULTS["per_device_train_batch_size"]
+        for n in counts:
+            if (pd * n * g) % k == 0:
+                said = "steps_per_generation" if req.steps_per_generation else "gradient_accumulation_steps"
+                return pd * n * g // k, (
+                    f"the recipe's per_device_train_batch_size {pd} × {n} trainers × {said} {g} ÷ num_generations {k}"
+                )
+        g = req.grad_accum or 1
+        return _least(pd, gpus, k), f"the least batch of {pd} per device on {gpus} trainers that fills groups of {k}"
+    pd = p or _default_per_device(gpus, k)
+    base = _least(pd, gpus, k)
+    best, best_count = base, -1
+    for m in range(1, TARGET_GROWTH + 1):
+        count = sum(feasible(base * m * k, n, p) for n in counts)
+        if count > best_count:
+            best, best_count = base * m, count
+    why = f"the least batch of {pd} per device on all {gpus} GPUs that fills whole groups of {k} is {base}"
+    if best != base:
+        why += f"; {best}, {best // base}× that, is one more of the compared splits can take exactly"
+    return best, why + " (pin it with launch.prompts_per_step)"
+
+
+def _least(per_device: int, trainers: int, k: int) -> int:
+    """Prompts per step of the least accumulation that fills whole groups of ``k``."""
+    return per_device * trainers * (k // math.gcd(per_device * trainers, k)) // k
+
+
+def _default_per_device(trainers: int, k: int) -> int:
+    """TRL's default per-device batch, or the nearest that fills whole groups without accumulation."""
+    base = TRL_DEFAULTS["per_device_train_batch_size"]
+    for d in range(base):
+        for v in (base - d, base + d):
+            if v >= 1 and (v * trainers) % k == 0:
+                return v
+    return base
+
+
+def summary(splits: Sequence[Split]) -> str:
+    return ", ".join(s.label for s in splits)
