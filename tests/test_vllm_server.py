@@ -45,7 +45,7 @@ CLIENT = textwrap.dedent(
 )
 
 
-def _server_plan(tmp_path, port, model=None):
+def _server_plan(tmp_path, port, model=None, gpus="2xL4-24GB", **launch):
     tiny = ensure_tiny_assets()
     values = {
         "model_name_or_path": str(model or tiny / "model"),
@@ -57,6 +57,7 @@ def _server_plan(tmp_path, port, model=None):
             "vllm_port": port,
             "vllm_command": [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server"],
             "vllm_extra_args": ["--enforce-eager"],
+            **launch,
             "vllm_env": {
                 "VLLM_CPU_KVCACHE_SPACE": "1",
                 "HF_HUB_OFFLINE": "1",
@@ -68,7 +69,7 @@ def _server_plan(tmp_path, port, model=None):
     }
     shape, _ = resolve_model_shape(str(model or tiny / "model"))
     # Planned as if on 2 GPUs (server mode is GPU-only); the CPU build of vLLM ignores CUDA_VISIBLE_DEVICES.
-    return make_plan(parse_gpu_spec("2xL4-24GB"), build_recipe(values), shape)
+    return make_plan(parse_gpu_spec(gpus), build_recipe(values), shape)
 
 
 def _supervise(tmp_path, server, client, port, emit):
@@ -117,4 +118,25 @@ def test_server_that_dies_at_start_is_reported(tmp_path):
     outcome = _supervise(tmp_path, bad, waiter, port, lambda _line: None)
     assert outcome.state == RunState.FAILED and outcome.failed_process == "vllm"
     assert re.search(r"vllm exited .* before the vLLM server was healthy", outcome.message)
+    assert _leftovers(port) == []
+
+
+def test_real_vllm_server_runs_a_planned_data_parallel_server(tmp_path):
+    """A dense model's server planned as TP 1 × DP 2 (3 GPUs, 2 for vLLM): the rendered command starts vLLM's CPU
+    build with two data-parallel engines, and TRL's client sees a weight-sync world of TP × DP = 2 (TRL adds the
+    trainer as one more rank) and gets its completions, spread over both replicas."""
+    port = free_port()
+    plan = _server_plan(tmp_path, port, gpus="3xL4-24GB", vllm_gpus=2, vllm_tensor_parallel_size=1)
+    assert (plan.vllm.tensor_parallel_size, plan.vllm.data_parallel_size) == (1, 2)
+    server = render_vllm_command(plan)
+    assert server is not None and list(server.argv)[list(server.argv).index("--data-parallel-size") + 1] == "2"
+    result = tmp_path / "result.json"
+    (tmp_path / "client.py").write_text(CLIENT)
+    client = ProcessSpec("train", (str(VLLM_PY), str(tmp_path / "client.py"), f"http://127.0.0.1:{port}", str(result)))
+    lines: list[str] = []
+    outcome = _supervise(tmp_path, server, client, port, lines.append)
+    assert outcome.exit_code == 0, "\n".join(lines[-40:]) + f"\n{outcome}"
+    data = json.loads(result.read_text())
+    assert data["world_size"] == 2 and len(data["completions"]) == 4
+    time.sleep(1)
     assert _leftovers(port) == []
