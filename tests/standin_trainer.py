@@ -60,6 +60,11 @@ def main() -> None:
     args = parser.parse_args()
     values = yaml.safe_load(Path(args.recipe).read_text())
     url = values["vllm_server_base_url"]
+    if "RANK" not in os.environ:  # one training process: accelerate runs it directly, without torchrun
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     total = torch.tensor([rank], dtype=torch.int64)

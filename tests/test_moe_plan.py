@@ -13,7 +13,7 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning.cost.steptime import training_time
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.render.processes import vllm_server
+from grpo_launch.render.processes import vllm_server, vllm_servers
 
 from .helpers import ROOT, plan_recipe
 
@@ -28,8 +28,8 @@ def test_the_moe_recipe_plans_on_one_and_two_nodes_with_reasons():
     one = _plan("8xH100-80GB")
     assert one.vllm.mode == "colocate" and one.train.backend == "zero3"
     assert one.estimate.train_memory_gib <= 0.9 * 80 - 0.3 * 80 + 1e-6
-    # On two nodes the search compares colocated engines with servers; asked for a server, the MoE one takes a
-    # whole node as TP × DP ranks with the experts spread over them.
+    # On two nodes the search compares colocated engines with servers; asked for a server, the MoE one runs
+    # TP × DP ranks over 8 GPUs (a whole node, or spread over both) with the experts spread over them.
     assert _plan("2x8xH100-80GB").vllm.mode in ("colocate", "server")
     two = _plan("2x8xH100-80GB", "launch.vllm=server")
     v = two.vllm
@@ -38,7 +38,8 @@ def test_the_moe_recipe_plans_on_one_and_two_nodes_with_reasons():
     argv = vllm_server(two).argv
     assert argv[argv.index("--data-parallel-size") + 1] == str(v.data_parallel_size)
     assert "--enable-expert-parallel" in argv
-    assert len(vllm_server(two).gpus) == 8  # the server's CUDA_VISIBLE_DEVICES holds all TP × DP GPUs
+    # The server's processes (one per host of a multi-node server) see all TP × DP GPUs between them.
+    assert sum(len(p.gpus) for p in vllm_servers(two)) == 8
     why = {d.what: d.why for d in two.decisions}
     assert "mixture of experts" in why["vllm_data_parallel_size"] and "experts spread" in why[
         "vllm_data_parallel_size"]  # fmt: skip

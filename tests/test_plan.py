@@ -86,6 +86,47 @@ def test_no_gpu_idles_without_a_stated_reason():
                 assert "slower" in why, (spec, model, why)
 
 
+def test_open_r1_codeforces_on_four_nodes_uses_every_gpu():
+    """The batch of open-r1's codeforces recipe (4 per device × 32 GPUs × 32 steps = 256 prompts of 16) cannot be
+    taken by 24 trainers: with a server on one host only, the old search kept 8 trainers and idled 18 GPUs. A
+    data-parallel server over several hosts (vLLM's multi-node data parallel) takes the batch with every GPU busy."""
+    model = "Qwen/Qwen2.5-7B-Instruct"
+    values = {"model_name_or_path": model, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 32,
+              "num_generations": 16, "max_prompt_length": 2000, "max_completion_length": 8192,
+              "gradient_checkpointing": True, "vllm_gpu_memory_utilization": 0.7}  # fmt: skip
+    plan = plan_for(values, "4x8xH100-80GB", model=find_model_shape(model))
+    assert not [r for r in plan.roles if r.role == "idle"]
+    v = plan.vllm
+    assert v.mode == "server" and v.nodes, "a server on several hosts"
+    assert plan.layout.completions_per_optimizer_step == 256 * 16  # the recipe's batch, kept
+    assert plan.layout.steps_per_generation == plan.layout.gradient_accumulation_steps
+    hosts = {r.host for r in plan.roles if r.role == "vllm"}
+    assert hosts == {v.host, *(n.name for n in v.nodes)} and len(hosts) == len(v.nodes) + 1
+    assert len(v.gpus) + sum(len(n.gpus) for n in v.nodes) == v.tensor_parallel_size * v.data_parallel_size
+
+
+def test_a_multi_node_server_renders_an_api_server_and_headless_engines():
+    from grpo_launch.render.processes import all_processes, vllm_servers
+
+    model = "Qwen/Qwen2.5-7B-Instruct"
+    plan = plan_for({"model_name_or_path": model, "launch": {"vllm": "server", "vllm_gpus": 16}}, "3x8xH100-80GB",
+                    model=find_model_shape(model))  # fmt: skip
+    v = plan.vllm
+    head, worker = vllm_servers(plan)
+    assert (head.host, worker.host) == ("node1", "node2") and [t.host for t in all_processes(plan)[2:]] == ["node0"]
+    local = v.local_data_parallel_size
+    assert local * v.tensor_parallel_size == 8 and v.data_parallel_size == 2 * local
+    for spec in (head, worker):
+        a = list(spec.argv)
+        assert a[a.index("--data-parallel-size") + 1] == str(v.data_parallel_size)
+        assert a[a.index("--data-parallel-size-local") + 1] == str(local)
+        assert a[a.index("--data-parallel-address") + 1] == v.address == "node1"
+        assert spec.gpus == tuple(str(i) for i in range(8))
+    assert "--headless" not in head.argv and list(worker.argv)[-3:] == ["--data-parallel-start-rank", str(local),
+                                                                           "--headless"]  # fmt: skip
+    assert plan.trainer_values["vllm_server_base_url"] == "http://node1:8000"  # TRL talks to the API server only
+
+
 def test_tp_must_fit_heads():
     with pytest.raises(PlanError, match=r"vLLM cannot shard Qwen2.5-1.5B over 3 GPUs: 3 does not divide its 2 KV"):
         plan_for({"model_name_or_path": "q", "launch": {"vllm_tensor_parallel_size": 3}}, "8xH100-80GB")

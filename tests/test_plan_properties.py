@@ -73,17 +73,20 @@ def _check(plan):
     assert cfg.generation_batch_size == plan.layout.generation_batch_size
     assert cfg.generation_batch_size % cfg.num_generations == 0
     train = {(h.name, g) for h in plan.train.hosts for g in h.gpus}
-    serve = {(plan.vllm.host, g) for g in plan.vllm.gpus}
+    v = plan.vllm
+    serve = {(v.host, g) for g in v.gpus} | {(node.name, g) for node in v.nodes for g in node.gpus}
     assert not train & serve, "a GPU both trains and serves"
     assert len(train) == n
     assert len({h.processes for h in plan.train.hosts}) == 1, "accelerate needs equal processes per machine"
     if plan.vllm.mode == "server":
         tp, dp = plan.vllm.tensor_parallel_size, plan.vllm.data_parallel_size
-        assert len(plan.vllm.gpus) == tp * dp  # the server sees TP × DP GPUs
+        assert len(serve) == tp * dp  # the server's processes see TP × DP GPUs between them, …
+        assert all(len(node.gpus) == len(v.gpus) == v.local_data_parallel_size * tp for node in v.nodes)  # … alike
+        assert len({v.host, *(node.name for node in v.nodes)}) == len(v.nodes) + 1  # one process per host
         # Data parallel for any model (vllm serve); expert parallelism only for a mixture of experts with DP.
         assert not plan.vllm.expert_parallel or (plan.model is not None and plan.model.is_moe and dp > 1)
         assert plan.model is None or tp in plan.model.valid_tp_sizes(tp)
-        assert tp * dp <= len(plan.topology.hosts[0].gpus)
+        assert tp <= len(plan.topology.hosts[0].gpus)  # TP stays within a host; DP may span hosts
     if plan.vllm.mode == "colocate":
         assert n % plan.vllm.tensor_parallel_size == 0
     # One generation per optimizer step unless the recipe set its own generation rhythm.

@@ -317,11 +317,13 @@ def test_every_node_of_the_allocation_is_probed_in_its_own_step(cluster, tmp_pat
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 
 
-def dedicated_node_recipe(path: Path, tiny: Path, port: int) -> Path:
-    """A server-mode plan whose server takes one whole host (launch.vllm_gpus = the GPUs per host), run by the real
-    vLLM CPU build; the trainers run tests/standin_trainer.py (launch.train_module): TRL's NCCL weight sync needs
-    CUDA on both sides. The planned TP 1 × DP 4 is judged by vLLM's parser in the conformance suite; the CPU build
-    here serves 2 data-parallel replicas (this machine has 2 cores), which the extra arguments set."""
+def dedicated_node_recipe(path: Path, tiny: Path, port: int, *, vllm_gpus: int = 4, dp_here: int | None = 2) -> Path:
+    """A server-mode plan whose server takes whole hosts (launch.vllm_gpus), run by the real vLLM CPU build; the
+    trainers run tests/standin_trainer.py (launch.train_module): TRL's NCCL weight sync needs CUDA on both sides.
+
+    With 4 (fake) GPUs per host the plan's TP 1 × DP 4 is judged by vLLM's parser in the conformance suite and the
+    CPU build serves 2 data-parallel replicas (this machine has 2 cores; ``dp_here`` sets them). With 1 GPU per host
+    and 2 serving hosts the planned server runs as planned: vLLM's multi-node data parallel, one engine per host."""
     import yaml
 
     recipe = {
@@ -335,13 +337,13 @@ def dedicated_node_recipe(path: Path, tiny: Path, port: int) -> Path:
         "max_steps": 1,
         "launch": {
             "vllm": "server",
-            "vllm_gpus": 4,
+            "vllm_gpus": vllm_gpus,
             "vllm_tensor_parallel_size": 1,
             "vllm_port": port,
             "backend": "ddp",
             "train_module": "tests.standin_trainer",
-            "vllm_command": [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server"],
-            "vllm_extra_args": ["--enforce-eager", "--data-parallel-size", "2"],
+            "vllm_command": [str(VLLM_PY.parent / "vllm"), "serve"],  # `vllm serve`: its --headless mode
+            "vllm_extra_args": ["--enforce-eager", *(("--data-parallel-size", str(dp_here)) if dp_here else ())],
             "vllm_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
             "vllm_health_timeout_s": 400,
         },
@@ -350,25 +352,48 @@ def dedicated_node_recipe(path: Path, tiny: Path, port: int) -> Path:
     return path
 
 
-def check_dedicated_node_run(run: Path, server_host: str, train_hosts: list[str]) -> None:
-    """What the trainers saw: one process group over both training hosts, each host its machine rank and its GPUs,
-    and the vLLM server on the third host generating for every host."""
+def check_dedicated_node_run(
+    run: Path, server_hosts: list[str], train_hosts: list[str], per_host: int = 4, server_world: int = 2
+) -> None:
+    """What the trainers saw: one process group over the training hosts, each host its machine rank and its GPUs,
+    and the vLLM server on the other host(s) generating for every host."""
     import json
 
     plan = json.loads((run / "plan.json").read_text())
-    assert plan["vllm"]["host"] == server_host
+    assert [plan["vllm"]["host"], *(n["name"] for n in plan["vllm"]["nodes"])] == server_hosts
     ranks = [(h["name"], h["machine_rank"]) for h in plan["train"]["hosts"]]
     assert ranks == [(h, r) for r, h in enumerate(train_hosts)]
+    world = per_host * len(train_hosts)
     records = [json.loads(p.read_text()) for p in sorted((run / "standin").glob("rank*.json"))]
-    assert sorted(r["rank"] for r in records) == list(range(8))
-    assert {r["world_size"] for r in records} == {8} and {r["rank_sum"] for r in records} == {28}
-    assert {r["rank"]: r["machine_rank"] for r in records} == {i: i // 4 for i in range(8)}
-    assert {r["cuda_visible_devices"] for r in records} == {"0,1,2,3"}
-    assert {r["master_addr"] for r in records} == {plan["train"]["main_process_ip"]}
+    assert sorted(r["rank"] for r in records) == list(range(world))
+    assert {r["world_size"] for r in records} == {world} and {r["rank_sum"] for r in records} == {sum(range(world))}
+    assert {r["rank"]: r["machine_rank"] for r in records} == {i: i // per_host for i in range(world)}
+    assert {r["cuda_visible_devices"] for r in records} == {",".join(map(str, range(per_host)))}
+    if world > 1:  # torchrun's rendezvous at the main process's address (one process runs without one)
+        assert {r["master_addr"] for r in records} == {plan["train"]["main_process_ip"]}
     asked = [r for r in records if "completions" in r]
-    assert len(asked) == 2 and all(len(r["completions"]) == 2 and r["server_world_size"] == 2 for r in asked)
+    assert len(asked) == len(train_hosts)
+    assert all(len(r["completions"]) == 2 and r["server_world_size"] == server_world for r in asked)
     assert {r["vllm_mode"] for r in records} == {"server"}
-    assert {r["vllm_url"] for r in records} == {plan["vllm"]["base_url"]}  # the serving host's address
+    assert {r["vllm_url"] for r in records} == {plan["vllm"]["base_url"]}  # the API server's host
+
+
+def run_dedicated_job(cluster, tmp_path: Path, nodes: int, gpus_per_node: int, recipe: Path) -> tuple[Path, str]:
+    run, out = tmp_path / "run", tmp_path / "job.out"
+    # The launcher and the trainers run from the vLLM environment: TRL's server mode needs vLLM where it trains.
+    launch = f"{VLLM_PY} -m grpo_launch run --slurm {recipe} --run-dir {run}"
+    # --exclusive would give each job every GPU of its nodes: only a whole node's 4 are asked for exclusively.
+    whole = ("--exclusive",) if gpus_per_node == 4 else ()
+    job = sh(cluster, "sbatch", "--parsable", f"-N{nodes}", *whole, f"--gpus-per-node={gpus_per_node}",
+             f"--output={out}", f"--chdir={ROOT}", "--wrap", launch).strip()  # fmt: skip
+    try:
+        state = wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 420)
+    finally:
+        sh(cluster, "scancel", job, check=False)
+    text = out.read_text(errors="replace")
+    assert state == "COMPLETED", text[-4000:]
+    assert "vLLM server healthy after" in text and "training finished" in text
+    return run, text
 
 
 @pytest.mark.vllm
@@ -378,20 +403,24 @@ def test_a_dedicated_vllm_node_serves_two_training_nodes(cluster, tmp_path):
     on the other node; the job completes and nothing is left running."""
     if not VLLM_PY.exists():
         pytest.fail("the vLLM CPU environment is missing: run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
-
-    run = tmp_path / "run"
     recipe = dedicated_node_recipe(tmp_path / "dedicated.yaml", ensure_tiny_assets(), free_port())
-    out = tmp_path / "job.out"
-    # The launcher and the trainers run from the vLLM environment: TRL's server mode needs vLLM where it trains.
-    launch = f"{VLLM_PY} -m grpo_launch run --slurm {recipe} --run-dir {run}"
-    job = sh(cluster, "sbatch", "--parsable", "-N3", "--exclusive", "--gpus-per-node=4", f"--output={out}",
-             f"--chdir={ROOT}", "--wrap", launch).strip()  # fmt: skip
-    try:
-        state = wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 420)
-    finally:
-        sh(cluster, "scancel", job, check=False)
-    text = out.read_text(errors="replace")
-    assert state == "COMPLETED", text[-4000:]
-    assert "vLLM server healthy after" in text and "training finished" in text
-    check_dedicated_node_run(run, "n3", ["n1", "n2"])
+    run, _ = run_dedicated_job(cluster, tmp_path, 3, 4, recipe)
+    check_dedicated_node_run(run, ["n3"], ["n1", "n2"])
+    assert wait_no_processes(run) == []
+
+
+@pytest.mark.vllm
+def test_a_data_parallel_server_over_two_nodes_serves_the_third(cluster, tmp_path):
+    """Three nodes of 1 (fake) GPU, the server on 2: vLLM's multi-node data parallel as planned, unchanged: the API
+    server and rank 0 on n2, rank 1 headless on n3 (its own srun step); the stand-in trainer on n1 gets completions
+    and a weight-sync world of 2 (TRL's client would join as rank 2)."""
+    if not VLLM_PY.exists():
+        pytest.fail("the vLLM CPU environment is missing: run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+    recipe = dedicated_node_recipe(tmp_path / "dp.yaml", ensure_tiny_assets(), free_port(), vllm_gpus=2, dp_here=None)
+    run, text = run_dedicated_job(cluster, tmp_path, 3, 1, recipe)
+    import json
+
+    headless = json.loads((run / "plan.json").read_text())["vllm"]["headless"]
+    assert [h["host"] for h in headless] == ["n3"] and "--headless" in headless[0]["argv"] and "[vllm@n3]" in text
+    check_dedicated_node_run(run, ["n2", "n3"], ["n1"], per_host=1, server_world=2)
     assert wait_no_processes(run) == []

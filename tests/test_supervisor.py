@@ -210,3 +210,19 @@ def test_sigkill_of_the_supervisor_leaves_no_process(tmp_path):
     proc.kill()
     proc.wait()
     assert _all_gone(pids_in(pids), within=8)
+
+
+def test_a_headless_server_host_dying_stops_the_run(tmp_path):
+    """A data-parallel server over several hosts: its headless engines are supervised like the API server. One
+    that dies while training runs stops the run, names itself, and nothing is left."""
+    srv, trn, url, pids = _specs(tmp_path, "ok", "sleep")
+    port2 = free_port()
+    worker = ProcessSpec("vllm@node2", (srv.argv[0], srv.argv[1], str(port2), str(pids), "die-after-1s"))
+    session = SessionSpec(srv, [trn], tmp_path / "logs", health_url=url, health_timeout_s=20, grace_s=5,
+                          server_workers=[worker])  # fmt: skip
+    lines: list[str] = []
+    result = supervise(session, environ={"PATH": "/usr/bin:/bin"}, emit=lines.append)
+    assert result.state == RunState.FAILED and result.failed_process == "vllm@node2"
+    assert "vllm@node2" in result.message
+    assert _all_gone(pids_in(pids))
+    assert {p.name.rsplit("-", 2)[0] for p in (tmp_path / "logs").iterdir()} == {"vllm", "vllm-node2", "train"}

@@ -20,6 +20,7 @@ from grpo_launch.enums import RunState
 from grpo_launch.execute.session import SessionSpec, supervise
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.planning import make_plan
+from grpo_launch.planning.cost.steptime import server_prompt_copies
 from grpo_launch.probe.model import resolve_model_shape
 from grpo_launch.recipe import build_recipe
 from grpo_launch.render.processes import vllm_server as render_vllm_command
@@ -45,11 +46,11 @@ CLIENT = textwrap.dedent(
 )
 
 
-def _server_plan(tmp_path, port, model=None, gpus="2xL4-24GB", **launch):
+def _server_plan(tmp_path, port, model=None, gpus="2xL4-24GB", prompt_len=64, **launch):
     tiny = ensure_tiny_assets()
     values = {
         "model_name_or_path": str(model or tiny / "model"),
-        "max_prompt_length": 64,
+        "max_prompt_length": prompt_len,
         "max_completion_length": 16,
         "trust_remote_code": True,
         "launch": {
@@ -121,22 +122,60 @@ def test_server_that_dies_at_start_is_reported(tmp_path):
     assert _leftovers(port) == []
 
 
+PREFIX_CLIENT = textwrap.dedent(
+    """
+    import json, re, sys, urllib.request
+    from trl.generation.vllm_client import VLLMClient
+
+    def counters():
+        text = urllib.request.urlopen(sys.argv[1] + "/metrics").read().decode()
+        out = {}
+        for name in ("prefix_cache_queries", "prefix_cache_hits"):
+            found = re.findall(r"vllm:" + name + r"_total\\{[^}]*\\} ([0-9.e+]+)", text)
+            out[name] = sum(float(v) for v in found)
+        return out
+
+    client = VLLMClient(base_url=sys.argv[1], connection_timeout=240)
+    out = client.generate(["What is 1 + 1?", "What is 2 + 3?"], n=2, max_tokens=8, temperature=1.0)
+    # Prompts with nothing in common, long enough for whole KV blocks: how often is each prefilled?
+    prompts = [" ".join(f"p{j}x{i}" for i in range(60)) for j in range(3)]
+    before = counters()
+    long = client.generate(prompts, n=4, max_tokens=2, temperature=1.0)
+    after = counters()
+    json.dump({"world_size": client.get_world_size(), "completions": out["completion_ids"],
+               "prompt_tokens": [len(p) for p in long["prompt_ids"]],
+               "queried": after["prefix_cache_queries"] - before["prefix_cache_queries"],
+               "hits": after["prefix_cache_hits"] - before["prefix_cache_hits"]}, open(sys.argv[2], "w"))
+    """
+)
+
+
 def test_real_vllm_server_runs_a_planned_data_parallel_server(tmp_path):
     """A dense model's server planned as TP 1 × DP 2 (3 GPUs, 2 for vLLM): the rendered command starts vLLM's CPU
     build with two data-parallel engines, and TRL's client sees a weight-sync world of TP × DP = 2 (TRL adds the
     trainer as one more rank) and gets its completions, spread over both replicas."""
     port = free_port()
-    plan = _server_plan(tmp_path, port, gpus="3xL4-24GB", vllm_gpus=2, vllm_tensor_parallel_size=1)
+    plan = _server_plan(tmp_path, port, gpus="3xL4-24GB", prompt_len=400, vllm_gpus=2, vllm_tensor_parallel_size=1)
     assert (plan.vllm.tensor_parallel_size, plan.vllm.data_parallel_size) == (1, 2)
     server = render_vllm_command(plan)
     assert server is not None and list(server.argv)[list(server.argv).index("--data-parallel-size") + 1] == "2"
     result = tmp_path / "result.json"
-    (tmp_path / "client.py").write_text(CLIENT)
+    (tmp_path / "client.py").write_text(PREFIX_CLIENT)
     client = ProcessSpec("train", (str(VLLM_PY), str(tmp_path / "client.py"), f"http://127.0.0.1:{port}", str(result)))
     lines: list[str] = []
     outcome = _supervise(tmp_path, server, client, port, lines.append)
     assert outcome.exit_code == 0, "\n".join(lines[-40:]) + f"\n{outcome}"
     data = json.loads(result.read_text())
     assert data["world_size"] == 2 and len(data["completions"]) == 4
+    # The cost model's prefill count (planning/cost/steptime.py server_prompt_copies): each prompt is prefilled on
+    # min(num_generations, DP) replicas, here 2 for its 4 samples. Measured, it is at least that (2.0 per prompt
+    # when the samples reach a replica one step apart, up to 2.5 when two meet in one scheduler step before either
+    # has filled the cache) and at most one per sample; one prefill per prompt (a perfect shared cache) is refuted.
+    length = data["prompt_tokens"][0]
+    assert set(data["prompt_tokens"]) == {length} and length > 64 and data["queried"] == 3 * 4 * length
+    prefilled = (data["queried"] - data["hits"]) / length  # prompts' worth of tokens computed
+    predicted = 3 * server_prompt_copies(4, 2)
+    assert 0.95 * predicted <= prefilled <= 3 * 4, (prefilled, predicted, data)
+    assert prefilled > 1.5 * 3 * server_prompt_copies(4, 1), (prefilled, data)
     time.sleep(1)
     assert _leftovers(port) == []

@@ -61,6 +61,20 @@ GRID: tuple[Case, ...] = (
     Case("colocate-tp2", QWEN7, "4xH100-80GB", ("launch.vllm=colocate", "vllm_tensor_parallel_size=2")),
     Case("colocate-sleep", QWEN15, "2xH100-80GB", ("launch.vllm=colocate", "vllm_enable_sleep_mode=true")),
     Case("server-tp4", QWEN7, "8xH100-80GB", ("launch.vllm=server", "launch.vllm_tensor_parallel_size=4")),
+    # vLLM's multi-node data parallel: two whole hosts serve (API server + headless), one trains; and a server
+    # spread over every host beside its trainers.
+    Case("dense-dp-2nodes", QWEN7, "3x8xH100-80GB", ("launch.vllm=server", "launch.vllm_gpus=16")),
+    Case(
+        "dense-dp-spread",
+        QWEN7,
+        "4x8xH100-80GB",
+        (
+            "launch.vllm=server",
+            "launch.vllm_gpus=4",
+            "launch.vllm_tensor_parallel_size=1",
+            "launch.prompts_per_step=56",
+        ),
+    ),
     Case("no-vllm", QWEN15, "4xH100-80GB", ("launch.vllm=off",)),
     # Precision, remote code, LoRA, model implementation, evaluation, lengths.
     Case("fp16-ddp", QWEN15, "4xL20-48GB", ("bf16=false", "fp16=true", "dtype=float16", "launch.backend=ddp")),

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from grpo_launch.recipe.trl_schema import GRPO_CONFIG
-from grpo_launch.render.processes import trainers, vllm_server
+from grpo_launch.render.processes import trainers, vllm_server, vllm_servers
 
 from ..trl_oracle import grpo_config
 from .grid import GRID, VLLM_PY, plan_case, vllm_oracle
@@ -76,9 +76,19 @@ def vllm_verdicts() -> dict[str, dict]:
         item: dict = {"id": case_id}
         if case_id in SERVER:
             argv = list(vllm_server(plan).argv)
-            item.update(argv=argv[argv.index("serve") + 1 :], trl=_trl_script_args(plan), parse_trl=True)
+            item.update(argv=argv[argv.index("serve") + 1 :], trl=_trl_script_args(plan), parse_trl=True,
+                        fields=list(MULTI_NODE_FIELDS))  # fmt: skip
+            extra = []
             if plan.vllm.expert_parallel:  # TRL's vllm-serve has no flag for it: passed as vLLM's own extra argument
-                item["trl_extra_args"] = ["--enable-expert-parallel"]
+                extra.append("--enable-expert-parallel")
+            if plan.vllm.nodes:  # nor for the multi-node data parallel: the same
+                extra += argv[argv.index("--data-parallel-size-local") : argv.index("--data-parallel-rpc-port") + 2]
+            if extra:
+                item["trl_extra_args"] = extra
+            for i, worker in enumerate(vllm_servers(plan)[1:], start=1):
+                w = list(worker.argv)
+                cases.append({"id": f"{case_id}#headless{i}", "argv": w[w.index("serve") + 1 :],
+                              "fields": list(MULTI_NODE_FIELDS)})  # fmt: skip
         if case_id in WITH_VLLM:
             m = plan.model
             item["shard"] = {
@@ -101,7 +111,13 @@ def test_vllm_parses_the_server_command_as_planned(vllm_verdicts, case_id):
     got, v = verdict["parsed"], plan.vllm
     assert got["tensor_parallel_size"] == v.tensor_parallel_size
     assert got["data_parallel_size"] == v.data_parallel_size and got["enable_expert_parallel"] is v.expert_parallel
-    assert len(v.gpus) == v.tensor_parallel_size * v.data_parallel_size  # CUDA_VISIBLE_DEVICES holds them all
+    # CUDA_VISIBLE_DEVICES of the server's processes hold TP × DP GPUs, its local ranks' on each host.
+    assert len(v.gpus) + sum(len(n.gpus) for n in v.nodes) == v.tensor_parallel_size * v.data_parallel_size
+    assert got["headless"] is False
+    if v.nodes:
+        assert (got["data_parallel_size_local"], got["data_parallel_address"], got["data_parallel_rpc_port"]) == (
+            v.local_data_parallel_size, v.address, v.rpc_port)  # fmt: skip
+        assert len(v.gpus) == v.local_data_parallel_size * v.tensor_parallel_size
     assert got["gpu_memory_utilization"] == v.gpu_memory_utilization
     assert got["max_model_len"] == v.max_model_len and got["max_num_seqs"] == v.max_num_seqs
     assert got["host"] == v.bind_host and got["port"] == v.port
@@ -109,6 +125,34 @@ def test_vllm_parses_the_server_command_as_planned(vllm_verdicts, case_id):
     assert got["model_impl"] == (plan.trainer_values.get("vllm_model_impl") or "vllm")
     assert got["weight_transfer_config"]["backend"] == "nccl" and got["enable_scale_out"] is True
     assert got["logprobs_mode"] == "processed_logprobs" and got["max_logprobs"] == -1
+
+
+MULTI_NODE = [i for i in SERVER if PLANS[i].vllm.nodes]
+MULTI_NODE_FIELDS = ("data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
+                     "data_parallel_start_rank")  # fmt: skip
+
+
+def test_the_grid_has_multi_node_servers():
+    assert {len(PLANS[i].vllm.nodes) for i in MULTI_NODE} >= {1, 3}
+
+
+@pytest.mark.parametrize("case_id", MULTI_NODE)
+def test_vllm_parses_every_headless_host_of_a_multi_node_server(vllm_verdicts, case_id):
+    """vLLM's multi-node data parallel: each other host runs the same engine settings headless, with its first
+    rank; together the hosts hold every rank once."""
+    v, head = PLANS[case_id].vllm, vllm_verdicts[case_id]["parsed"]
+    starts = [0]
+    for i, node in enumerate(v.nodes, start=1):
+        verdict = vllm_verdicts[f"{case_id}#headless{i}"]
+        assert verdict["error"] is None, verdict["error"]
+        got = verdict["parsed"]
+        assert got["headless"] is True and got["data_parallel_start_rank"] == i * v.local_data_parallel_size
+        assert len(node.gpus) == v.local_data_parallel_size * v.tensor_parallel_size
+        same = ("tensor_parallel_size", "data_parallel_size", "data_parallel_size_local", "data_parallel_address",
+                "data_parallel_rpc_port", "model", "max_model_len", "gpu_memory_utilization")  # fmt: skip
+        assert {k: got[k] for k in same} == {k: head[k] for k in same}
+        starts.append(got["data_parallel_start_rank"])
+    assert sorted(r + j for r in starts for j in range(v.local_data_parallel_size)) == list(range(v.data_parallel_size))
 
 
 @pytest.mark.parametrize("case_id", SERVER)
@@ -136,10 +180,10 @@ def test_trainer_recipe_is_a_grpo_config_that_matches_the_server(case_id):
     if plan.vllm.mode == "server":
         assert cfg.vllm_mode == "server" and cfg.vllm_server_base_url == plan.vllm.base_url
         assert values["max_prompt_length"] + values.get("max_completion_length", 512) <= plan.vllm.max_model_len
-        server = vllm_server(plan)
-        for t in trainers(plan):  # disjoint GPU sets on the server's host
-            if (t.host or "") == (server.host or ""):
-                assert not set(t.gpus or ()) & set(server.gpus or ())
+        for server in vllm_servers(plan):  # disjoint GPU sets on each of the server's hosts
+            for t in trainers(plan):
+                if (t.host or "") == (server.host or ""):
+                    assert not set(t.gpus or ()) & set(server.gpus or ())
     elif plan.vllm.mode == "colocate":
         assert cfg.vllm_mode == "colocate" and cfg.vllm_tensor_parallel_size == plan.vllm.tensor_parallel_size
         assert cfg.vllm_max_model_length == plan.vllm.max_model_len

@@ -133,7 +133,7 @@ ENGINE_FIELDS = (
     "max_logprobs",
     "weight_transfer_config",
 )
-NAMESPACE_FIELDS = ("host", "port", "enable_scale_out")
+NAMESPACE_FIELDS = ("host", "port", "enable_scale_out", "headless")
 
 
 def _jsonable(value: Any) -> Any:

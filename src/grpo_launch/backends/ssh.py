@@ -191,6 +191,8 @@ def host_ports(plan: Plan) -> dict[str, dict[int, str]]:
         group = weight_sync_port(plan)
         out[head][group] = "weight sync: set vllm_group_port"
         out.setdefault(plan.vllm.host, {})[plan.vllm.port] = "vLLM server: set launch.vllm_port"
+        if plan.vllm.nodes:
+            out[plan.vllm.host][plan.vllm.rpc_port] = "vLLM data-parallel coordination (launch.vllm_port + 1)"
     return out
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
 from grpo_launch.planning.types import Plan
-from grpo_launch.render.processes import trainers, vllm_server
+from grpo_launch.render.processes import trainers, vllm_servers
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
@@ -107,7 +107,9 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
             + (f" × DP {v.data_parallel_size}" if v.data_parallel_size > 1 else "")
             + (", expert parallel" if v.expert_parallel else "")
         )
-        gen.append(("vLLM server", f"{v.host} GPUs {_ranges(list(v.gpus))}, {shape}, {v.base_url}"))
+        where = "; ".join(f"{name} GPUs {_ranges(list(ids))}" for name, ids in
+                          ((v.host, v.gpus), *((n.name, n.gpus) for n in v.nodes)))  # fmt: skip
+        gen.append(("vLLM server", f"{where}, {shape}, {v.base_url}"))
     elif v.mode == "colocate":
         gen.append(
             ("vLLM colocated", f"TP {v.tensor_parallel_size}, gpu_memory_utilization {v.gpu_memory_utilization}")
@@ -147,8 +149,7 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
         out.append(Section("Why", why))
     out += [Section(f"notice: {n}", style="cyan") for n in plan.notices]
     out += [Section(f"warning: {w}", style="yellow") for w in plan.warnings]
-    spec = vllm_server(plan)
-    commands = ([("[vllm]", spec.shell())] if spec else []) + [(f"[{t.name}]", t.shell()) for t in trainers(plan)]
+    commands = [(f"[{p.name}]", p.shell()) for p in (*vllm_servers(plan), *trainers(plan))]
     out.append(Section("Commands", commands, table=False))
     files = list(written)
     if files:

@@ -47,6 +47,11 @@ class Prepared:
         return next((s for s in self.processes if s.role == Role.VLLM), None)
 
     @property
+    def server_workers(self) -> tuple[ProcessSpec, ...]:
+        """The server's headless processes on its other hosts (multi-node data parallel)."""
+        return tuple(s for s in self.processes if s.role == Role.VLLM)[1:]
+
+    @property
     def trainers(self) -> tuple[ProcessSpec, ...]:
         return tuple(s for s in self.processes if s.role == Role.TRAIN)
 
@@ -208,6 +213,7 @@ def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, de
     )
     session = SessionSpec(
         server=prepared.server,
+        server_workers=prepared.server_workers,
         trainers=prepared.trainers,
         log_dir=plan.paths.logs,
         health_url=plan.vllm.health_url if prepared.server else None,

@@ -89,6 +89,7 @@ class SessionSpec:
     paths: RunPaths | None = None  # the run directory: where the trainer ranks dump their stacks (hang watchdog)
     health_poll_s: float = HEALTH_POLL_S  # /health while training runs …
     health_grace_s: float = HEALTH_GRACE_S  # … and how long it may fail before the run stops
+    server_workers: Sequence[ProcessSpec] = ()  # the server's headless processes on its other hosts
 
 
 def supervise(
@@ -122,11 +123,12 @@ def supervise(
     with signal_guard(soft={signal.SIGUSR2: checkpoint}) as guard:
         try:
             srv = sup.start(server) if server else None
+            workers = [sup.start(w) for w in s.server_workers] if server else []
             # The trainers load their model while the server starts; TRL's client waits for /health before the
             # first generation, and we watch the same deadline here to fail early with the server's log.
             train_children = [sup.start(t) for t in trainers]
             if srv is not None and health_url:
-                took = sup.wait_healthy(srv, health_url, s.health_timeout_s, train_children)
+                took = sup.wait_healthy(srv, health_url, s.health_timeout_s, [*workers, *train_children])
                 sup.say(f"[grpo-launch] vLLM server healthy after {took:.1f} s")
             sup.wait_all(
                 train_children,

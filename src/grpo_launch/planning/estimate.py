@@ -22,9 +22,11 @@ from grpo_launch.planning.cost.memory import (
     vllm_share_needed,
 )
 from grpo_launch.planning.cost.steptime import (
+    colocate_prompt_copies,
     colocate_switch_time,
     generation_time,
     old_logprobs_time,
+    server_prompt_copies,
     sync_time,
     training_time,
     transformers_generation_time,
@@ -145,9 +147,10 @@ def generation_part(
     tp = vllm.tensor_parallel_size
     if vllm.mode == VllmMode.SERVER:
         dp = vllm.data_parallel_size
-        gen, gen_why = generation_time(model, gpu, tp, dp, seqs, work, ep=vllm.expert_parallel)
-        # Trainer rank 0 (the first training host) broadcasts the weights to the server.
-        sync = sync_time(model, across_nodes=vllm.host != hosts[0].name)
+        copies = server_prompt_copies(work.num_generations, dp)
+        gen, gen_why = generation_time(model, gpu, tp, dp, seqs, work, ep=vllm.expert_parallel, prompt_copies=copies)
+        # Trainer rank 0 (the first training host) broadcasts the weights to every server rank (one NCCL group).
+        sync = sync_time(model, across_nodes=bool(vllm.nodes) or vllm.host != hosts[0].name)
         shape = f"TP {tp} × DP {dp}" + (" with expert parallelism" if vllm.expert_parallel else "")
         return (
             gen,
@@ -159,7 +162,9 @@ def generation_part(
         )
     if vllm.mode == VllmMode.COLOCATE:
         replicas = max(1, n // tp)
-        gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work)
+        per_engine = (work.generation_batch or work.completions) // max(1, n) * tp  # each rank's slice, per call
+        copies = colocate_prompt_copies(work.num_generations, replicas, per_engine)
+        gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work, prompt_copies=copies)
         sync = colocate_switch_time(model, n, sleep_mode=vllm.sleep_mode)
         lines = [f"generation colocated ({replicas} engine(s) × TP {tp}): {gen_why}"]
         if vllm.sleep_mode:

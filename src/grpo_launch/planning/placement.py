@@ -11,7 +11,7 @@ from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import TRL_COLOCATE_UTILIZATION, VLLM_SERVER_UTILIZATION, VLLM_WEIGHTS_SHARE
 from grpo_launch.planning.lengths import max_model_len, prompt_bound
 from grpo_launch.planning.split import Split, SplitKind, enumerate_splits, off_split
-from grpo_launch.planning.types import GpuRole, Trace, TrainHost, VllmPlan
+from grpo_launch.planning.types import GpuRole, ServerNode, Trace, TrainHost, VllmPlan
 from grpo_launch.recipe import Recipe
 
 
@@ -93,6 +93,14 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     if gpus is not None and n == 1 and gpus >= g:
         _refuse_no_trainer(model, gpus, g, mem)
     splits = [s for s in enumerate_splits(n, g, model) if tp is None or s.tp == tp]
+    if recipe.launch.vllm_command[-1] != "serve" and any(len(s.server_hosts) > 1 for s in splits):
+        # Only `vllm serve` runs the other hosts' engines headless (vllm/entrypoints/cli/serve.py); the API server
+        # module alone would start them as API servers, which TRL's weight sync cannot reach.
+        splits = [s for s in splits if len(s.server_hosts) <= 1]
+        trace.notice(
+            "launch.vllm_command does not end in `serve`: a vLLM server over several hosts (which needs `vllm "
+            "serve --headless` on the others) is not considered"
+        )
     colocated = [s for s in splits if s.kind == SplitKind.COLOCATE]
     served = [s for s in splits if s.kind != SplitKind.COLOCATE and (gpus is None or s.server_gpus == gpus)]
     if mode != VllmMode.COLOCATE and gpus is None and tp is None and n * g == 1:
@@ -102,8 +110,9 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
         if not served:
             raise PlanError(
                 f"no vLLM server of {gpus} GPU(s) leaves whole hosts or equal trainers on {n} host(s) of {g} GPUs",
-                hint="On several hosts the server takes whole hosts (vllm_gpus a multiple of the GPUs per host) or "
-                "fewer GPUs than a host has.",
+                hint="On several hosts the server takes whole hosts (launch.vllm_gpus a multiple of the GPUs per "
+                "host, fewer than all of them), the same number of GPUs on every host (a multiple of the hosts), or "
+                "fewer GPUs than a host has on one of them.",
             )
         if not fitting:
             need = model.weight_bytes_bf16 / GIB if model else 0
@@ -221,8 +230,13 @@ def place(
         return VllmPlan(VllmMode.OFF), train_hosts
     if split.kind == SplitKind.COLOCATE:
         return _colocate(recipe, split, trace), train_hosts
+
+    def serving(i: int) -> tuple[str, ...]:  # a host serves its last GPUs
+        return tuple(g.visible_id for g in hosts[i].gpus[len(hosts[i].gpus) - split.server_gpus_per_host :])
+
     host = hosts[split.server_hosts[0]]
-    gpus = tuple(g.visible_id for g in host.gpus[len(host.gpus) - split.server_gpus_per_host :])
+    gpus = serving(split.server_hosts[0])
+    nodes = tuple(ServerNode(hosts[i].name, hosts[i].addr, serving(i)) for i in split.server_hosts[1:])
     moe = bool(model and model.is_moe and split.dp > 1)
     shape = f"TP {split.tp} × DP {split.dp}" + (" with expert parallelism" if moe else "")
     trace.decide("vllm_tensor_parallel_size", split.tp, f"{split.server_gpus} server GPU(s) as {shape}")
@@ -234,8 +248,16 @@ def place(
             else f"{split.dp} replicas of the model, each with its own KV cache and decode batch"
         )
         trace.decide("vllm_data_parallel_size", split.dp, why)
-    where = f"{host.name}:{','.join(gpus)}"
+    where = " ".join(f"{name}:{','.join(ids)}" for name, ids in ((host.name, gpus), *((n.name, n.gpus) for n in nodes)))
     trace.decide("server_gpus", where, split.label)
+    if nodes:
+        trace.decide(
+            "vllm_nodes",
+            len(nodes) + 1,
+            f"vLLM's multi-node data parallel: the API server and {len(gpus) // split.tp} rank(s) on {host.name}, "
+            f"{len(nodes)} more host(s) run their ranks headless; TRL's weight sync reaches every rank through the "
+            "API server",
+        )
     launch = recipe.launch
     util = launch.vllm_gpu_memory_utilization
     if util is None and recipe.is_set("vllm_gpu_memory_utilization"):
@@ -250,6 +272,7 @@ def place(
         host=host.name,
         address=host.addr if multi else "127.0.0.1",
         gpus=gpus,
+        nodes=nodes,
         tensor_parallel_size=split.tp,
         data_parallel_size=split.dp,
         expert_parallel=moe,
@@ -317,7 +340,9 @@ def cpu_train_hosts(topology: Topology, recipe: Recipe, trace: Trace) -> tuple[T
 
 def gpu_roles(topology: Topology, vllm: VllmPlan, train_hosts: tuple[TrainHost, ...]) -> tuple[GpuRole, ...]:
     training = {(h.name, g) for h in train_hosts for g in h.gpus}
-    serving = {(vllm.host, g) for g in vllm.gpus} if vllm.mode == VllmMode.SERVER else set()
+    serving = set()
+    if vllm.mode == VllmMode.SERVER:
+        serving = {(vllm.host, g) for g in vllm.gpus} | {(n.name, g) for n in vllm.nodes for g in n.gpus}
     roles = []
     for h in topology.hosts:
         for g in h.gpus:

@@ -5,7 +5,11 @@ A split is one of:
 
 - **colocate**: every GPU trains, and each TP group of trainers also runs a vLLM engine (TRL's colocate mode);
 - **server**: on one host, ``k`` of its GPUs run the vLLM server as TP × DP, the others train;
-- **nodes**: ``j`` whole hosts run the server (TP × DP over their GPUs), the other hosts train;
+- **nodes**: ``j`` whole hosts run the server (TP within a host × DP over their GPUs; for ``j`` > 1 vLLM's
+  multi-node data parallel: the first serving host runs the API server, the others run headless engines), the other
+  hosts train;
+- **spread**: every host gives ``k`` GPUs to one data-parallel server (TP × DP, its engines on every host, the API
+  server on the first) and trains on the rest: no GPU idles, the same trainers on every machine;
 - **shared**: every host gives ``k`` GPUs up, and the server runs on ``k`` GPUs of one host: accelerate runs the
   same number of trainers on every machine, so the other hosts' ``k`` GPUs idle (a split the search only picks
   when every use of those GPUs is slower, and says so);
@@ -31,6 +35,7 @@ class SplitKind(StrEnum):
     COLOCATE = "colocate"
     SERVER = "server"
     NODES = "nodes"
+    SPREAD = "spread"
     SHARED = "shared"
     OFF = "off"
 
@@ -76,6 +81,11 @@ class Split:
             return "no vLLM"
         if self.kind == SplitKind.NODES:
             return f"{len(self.server_hosts)} whole host(s) serve ({self.server_gpus} GPUs, {self.shape})"
+        if self.kind == SplitKind.SPREAD:
+            return (
+                f"server spread over {len(self.server_hosts)} hosts ({self.server_gpus_per_host} GPU(s) each, "
+                f"{self.shape})"
+            )
         where = f"server on {self.server_gpus} GPU(s) ({self.shape})"
         return where + (f", {self.idle} GPU(s) idle elsewhere" if self.idle else "")
 
@@ -100,13 +110,25 @@ def enumerate_splits(hosts: int, per_host: int, model: ModelShape | None) -> lis
                 out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), t, d, (0,), k))
         return out
     last = hosts - 1
-    # A server on the last host; whole hosts beyond one would need vLLM's multi-node serving (not planned).
-    for t, d in server_shapes(model, per_host, per_host):
-        out.append(Split(SplitKind.NODES, hosts, per_host, per_host, tuple(range(last)), t, d, (last,), per_host))
+    for j in serving_host_counts(hosts):
+        # The last j hosts serve, the first API server on the first of them; the others train.
+        for t, d in server_shapes(model, per_host, per_host):
+            out.append(Split(SplitKind.NODES, hosts, per_host, per_host, tuple(range(hosts - j)), t, d * j,
+                             tuple(range(hosts - j, hosts)), per_host))  # fmt: skip
     for k in range(1, per_host):
         for t, d in server_shapes(model, k, per_host):
+            out.append(Split(SplitKind.SPREAD, hosts, per_host, per_host - k, everyone, t, d * hosts, everyone, k))
             out.append(Split(SplitKind.SHARED, hosts, per_host, per_host - k, everyone, t, d, (last,), k))
     return out
+
+
+# Whole serving hosts tried on many nodes: every count up to 8, then about √2 apart (a 128-node search stays small).
+def serving_host_counts(hosts: int) -> list[int]:
+    counts, j = [], 1
+    while j < hosts:
+        counts.append(j)
+        j = j + 1 if j < 8 else round(j * 1.41)
+    return counts
 
 
 def off_split(hosts: int, processes_per_host: int) -> Split:

@@ -77,11 +77,21 @@ class Trace:
 
 
 @frozen
+class ServerNode:
+    """One more host of a data-parallel vLLM server spread over several (its engines run headless there)."""
+
+    name: str
+    address: str
+    gpus: tuple[str, ...]
+
+
+@frozen
 class VllmPlan:
     mode: VllmMode
-    host: str | None = None
+    host: str | None = None  # the host of the API server (the first data-parallel ranks)
     address: str | None = None
     gpus: tuple[str, ...] = ()  # visible ids on ``host`` (server mode)
+    nodes: tuple[ServerNode, ...] = ()  # the server's other hosts (vLLM multi-node data parallel), headless
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1  # server: DP ranks of TP GPUs each (the server holds TP × DP GPUs)
     expert_parallel: bool = False  # server: --enable-expert-parallel (the experts spread over all its GPUs)
@@ -96,6 +106,20 @@ class VllmPlan:
     @property
     def base_url(self) -> str | None:
         return f"http://{self.address}:{self.port}" if self.mode == VllmMode.SERVER else None
+
+    @property
+    def local_data_parallel_size(self) -> int:
+        """Data-parallel ranks on each of the server's hosts."""
+        return max(1, len(self.gpus) // self.tensor_parallel_size)
+
+    @property
+    def rpc_port(self) -> int:
+        """The port the API server's host coordinates the other hosts' engines on (--data-parallel-rpc-port)."""
+        return self.port + 1
+
+    @property
+    def server_hosts(self) -> tuple[str, ...]:
+        return (self.host or "", *(n.name for n in self.nodes)) if self.mode == VllmMode.SERVER else ()
 
     @property
     def health_url(self) -> str | None:

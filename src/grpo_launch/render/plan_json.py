@@ -9,7 +9,7 @@ from typing import Any
 from grpo_launch import __version__
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.planning.types import Plan
-from grpo_launch.render.processes import trainers, vllm_server
+from grpo_launch.render.processes import trainers, vllm_server, vllm_servers
 from grpo_launch.rundir.records import Prediction
 
 
@@ -42,6 +42,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "command": list(vllm_spec.argv) if vllm_spec else None,
             "env": vllm_spec.launch_env if vllm_spec else None,
             "shell": vllm_spec.shell() if vllm_spec else None,
+            "headless": [  # the server's other hosts (multi-node data parallel)
+                {"name": w.name, "host": w.host, "argv": list(w.argv), "shell": w.shell()}
+                for w in vllm_servers(plan)[1:]
+            ],
         },
         "train": {
             "device": plan.train.device,

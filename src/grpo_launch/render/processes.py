@@ -3,6 +3,8 @@ training host. Backends place them on their hosts (:mod:`grpo_launch.backends`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from grpo_launch.enums import Device, Role, VllmMode
 from grpo_launch.planning.types import Plan, TrainHost
 from grpo_launch.probe.pythons import TRL_VLLM_RANGE, version_tuple
@@ -48,8 +50,11 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         "--gpu-memory-utilization",
         f"{v.gpu_memory_utilization}",
     ]
-    if v.data_parallel_size > 1:  # a mixture of experts: DP ranks with the experts spread over all of them
+    if v.data_parallel_size > 1:  # replicas (a dense model), or DP ranks with the experts spread over them
         argv += ["--data-parallel-size", str(v.data_parallel_size)]
+    if v.nodes:  # vLLM's multi-node data parallel: the ranks of each host, and where the API server's host is
+        argv += ["--data-parallel-size-local", str(v.local_data_parallel_size), "--data-parallel-address",
+                 str(v.address), "--data-parallel-rpc-port", str(v.rpc_port)]  # fmt: skip
     if v.expert_parallel:
         argv.append("--enable-expert-parallel")
     if v.max_model_len:
@@ -77,6 +82,20 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
     return ProcessSpec(
         name="vllm", argv=tuple(argv), env=env, host=_host(plan, v.host), role=Role.VLLM, gpus=tuple(v.gpus)
     )
+
+
+def vllm_servers(plan: Plan) -> tuple[ProcessSpec, ...]:
+    """The vLLM server's processes: the API server, then, for a data-parallel server spread over several hosts, one
+    headless process per other host with its first data-parallel rank (vLLM's multi-node data parallel)."""
+    head = vllm_server(plan)
+    if head is None:
+        return ()
+    v = plan.vllm
+    others = []
+    for i, node in enumerate(v.nodes, start=1):
+        argv = [*head.argv, "--data-parallel-start-rank", str(i * v.local_data_parallel_size), "--headless"]
+        others.append(replace(head, name=f"vllm@{node.name}", argv=tuple(argv), host=node.name, gpus=node.gpus))
+    return (head, *others)
 
 
 def _host(plan: Plan, name: str | None) -> str | None:
@@ -151,6 +170,5 @@ def trainers(plan: Plan) -> tuple[ProcessSpec, ...]:
 
 
 def all_processes(plan: Plan) -> tuple[ProcessSpec, ...]:
-    """The server (if any) first, then the trainers."""
-    server = vllm_server(plan)
-    return (*([server] if server else []), *trainers(plan))
+    """The server's processes (if any) first, then the trainers."""
+    return (*vllm_servers(plan), *trainers(plan))

@@ -26,17 +26,29 @@ from grpo_launch.planning.cost.workload import Workload
 
 
 def generation_time(
-    model: ModelShape, gpu: GpuSpec, tp: int, replicas: int, max_num_seqs: int, work: Workload, *, ep: bool = False
+    model: ModelShape,
+    gpu: GpuSpec,
+    tp: int,
+    replicas: int,
+    max_num_seqs: int,
+    work: Workload,
+    *,
+    ep: bool = False,
+    prompt_copies: int = 1,
 ) -> tuple[float, str]:
     """Seconds to generate one optimizer step's completions on ``replicas`` × TP ``tp`` GPUs, and the arithmetic.
     With ``ep`` (expert parallelism over all of them) each GPU reads its share of the experts the whole batch
-    touches instead of its TP share of every replica's."""
+    touches instead of its TP share of every replica's.
+
+    ``prompt_copies``: on how many replicas each prompt is prefilled. vLLM's prefix cache (on by default) prefills
+    a prompt once per engine whatever the number of its samples there, but a data-parallel server routes each sample
+    on its own (:func:`server_prompt_copies`), so a prompt is prefilled on up to ``num_generations`` replicas."""
     flops = gpu.bf16_tflops * 1e12
     bw = gpu.bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY
     tp_factor = 1 + _c("tp_allreduce_factor") * math.log2(tp) if tp > 1 else 1.0
     prompts = work.completions / max(1, work.num_generations)
     active = model.active_params  # compute runs through the active parameters; memory holds them all
-    prefill = 2 * active * prompts * work.prompt_len / (replicas * tp * flops * PREFILL_MFU)
+    prefill = 2 * active * prompts * prompt_copies * work.prompt_len / (replicas * tp * flops * PREFILL_MFU)
     per_replica = math.ceil(work.completions / replicas)
     batches = math.ceil(per_replica / max(1, max_num_seqs))
     batch = min(per_replica, max_num_seqs)
@@ -53,7 +65,9 @@ def generation_time(
     decode = batches * steps * (max(step_mem, step_compute) * tp_factor + DECODE_STEP_OVERHEAD_S)
     scale = work.scale.generation
     why = (
-        f"prefill 2·{active / 1e9:.2f}B·{prompts:.0f} prompts·{work.prompt_len} tok / ({replicas}×{tp} GPU · "
+        f"prefill 2·{active / 1e9:.2f}B·{prompts:.0f} prompts"
+        + (f"×{prompt_copies} replicas" if prompt_copies > 1 else "")
+        + f"·{work.prompt_len} tok / ({replicas}×{tp} GPU · "
         f"{gpu.bf16_tflops:.0f} TFLOP/s · {PREFILL_MFU:.0%}) = {prefill:.2f} s; decode {batches} batch(es) × "
         f"{steps:.0f} steps × ({max(step_mem, step_compute) * 1e3:.1f} ms "
         f"{'memory' if step_mem >= step_compute else 'compute'}-bound at batch {batch}"
@@ -62,6 +76,24 @@ def generation_time(
         + (f"; × {scale:.2f} measured" if scale != 1.0 else "")
     )
     return (prefill + decode) * scale, why
+
+
+def server_prompt_copies(num_generations: int, replicas: int) -> int:
+    """Replicas of a data-parallel vLLM server that prefill each prompt. TRL sends a prompt once with
+    ``n = num_generations``; vLLM splits such a request into ``n`` child requests (vllm/v1/engine/async_llm.py,
+    ``ParentRequest``) and its data-parallel client sends each to the least loaded engine
+    (vllm/v1/engine/core_client.py, ``DPLBAsyncMPClient.get_core_engine_for_request``), so the samples of one prompt
+    spread over the replicas and each prefills it (its prefix cache is per engine). Measured on vLLM's CPU build with
+    data parallel 2 by tests/test_vllm_server.py: 2.0–2.5 prefills per prompt of 4 samples, the excess when two
+    samples meet a replica in one scheduler step (this count is the lower end)."""
+    return max(1, min(num_generations, replicas))
+
+
+def colocate_prompt_copies(num_generations: int, engines: int, per_engine: int) -> int:
+    """Colocated engines that prefill each prompt: TRL's sampler repeats a prompt ``num_generations`` times in a row
+    and each rank generates its own consecutive slice (``per_engine`` completions per engine and call), so a
+    prompt's samples reach about ⌈num_generations ÷ per_engine⌉ engines."""
+    return max(1, min(engines, math.ceil(num_generations / max(1, per_engine))))
 
 
 def transformers_generation_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:
