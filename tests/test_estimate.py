@@ -262,3 +262,35 @@ def test_step_time_counts_trls_old_logprob_forward():
     expected = flops / (on.train.num_processes * find_gpu_spec("H100").bf16_tflops * 1e12 * mfu)
     assert on.estimate.step.old_logprobs_s == pytest.approx(expected, rel=1e-6)
     assert on.estimate.step.total_s > off.estimate.step.total_s
+
+
+# vLLM's custom all-reduce on 8 × H100 (NVLink), sglang PR #2904 (github.com/sgl-project/sglang/pull/2904), the
+# "vllm" table: (TP, bytes) → µs.
+PR_2904_VLLM_ALLREDUCE_US = {
+    (2, 512): 9.5, (4, 512): 9.1, (8, 512): 10.1,
+    (2, 32768): 8.7, (4, 32768): 9.2, (8, 32768): 11.8,
+    (2, 262144): 12.9, (4, 262144): 20.6, (8, 262144): 24.1,
+    (2, 524288): 17.7, (4, 524288): 26.9, (8, 524288): 30.4,
+    (2, 1048576): 26.6, (4, 1048576): 40.2, (8, 1048576): 45.0,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("tp", "nbytes"), list(PR_2904_VLLM_ALLREDUCE_US))
+def test_tp_allreduce_time_matches_the_published_measurement(tp, nbytes):
+    """The decode step's TP all-reduces (two per layer) cost what vLLM's kernel measured, within 25 %."""
+    from grpo_launch.planning.cost.steptime import allreduce_time
+
+    measured = PR_2904_VLLM_ALLREDUCE_US[(tp, nbytes)] * 1e-6
+    assert allreduce_time(tp, nbytes) == pytest.approx(measured, rel=0.25)
+
+
+def test_tp_communication_is_charged_per_layer_and_step():
+    """Decode at TP 2 costs 2 × layers all-reduces per step more than the same engine's share of memory reads."""
+    from grpo_launch.planning.cost.steptime import allreduce_time
+
+    model, gpu = find_model_shape(QWEN7), find_gpu_spec("H100")
+    one, why1 = generation_time(model, gpu, 1, 1, 64, WORK)
+    two, why2 = generation_time(model, gpu, 2, 1, 64, WORK)
+    assert "TP all-reduces" in why2 and "TP all-reduces" not in why1
+    per_step = 2 * model.layers * allreduce_time(2, 64 * model.hidden * 2)
+    assert 0 < per_step < 0.005 and two < one  # half the weights to read outweighs the all-reduces at 7B

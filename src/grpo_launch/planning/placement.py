@@ -118,8 +118,8 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
             need = model.weight_bytes_bf16 / GIB if model else 0
             raise PlanError(
                 f"{model.name if model else 'the model'} ({need:.0f} GiB of bf16 weights) does not fit a vLLM server "
-                f"on up to {g} GPUs of {mem / GIB if mem else 0:.0f} GiB",
-                hint="Use GPUs with more memory or more GPUs per node, or a smaller model.",
+                f"{_reach(served, g, mem)}",
+                hint=_BIGGER,
             )
         return fitting
     if mode == VllmMode.COLOCATE or gpus is None:
@@ -128,12 +128,26 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
         return colocated
     if not fitting and not colocated and model is not None and mem is not None:
         raise PlanError(
-            f"{model.name} ({model.weight_bytes_bf16 / GIB:.0f} GiB of bf16 weights) does not fit vLLM on up to {g} "
-            f"GPUs of {mem / GIB:.0f} GiB: not as a server (the weights take over half of each GPU) nor colocated "
-            f"(they take over {VLLM_SERVER_UTILIZATION:.0%} of each GPU)",
-            hint="Use GPUs with more memory or more GPUs per node, or a smaller model.",
+            f"{model.name} ({model.weight_bytes_bf16 / GIB:.0f} GiB of bf16 weights) does not fit vLLM "
+            f"{_reach(served, g, mem)}: not as a server (the weights take over half of each GPU) "
+            f"nor colocated (they take over {VLLM_SERVER_UTILIZATION:.0%} of each GPU)",
+            hint=_BIGGER,
         )
     return colocated + fitting
+
+
+_BIGGER = (
+    "Use GPUs with more memory, more GPUs per node, or more nodes (a mixture of experts spreads its experts over a "
+    "data-parallel server's GPUs), or a smaller model. A dense model spans at most one node's tensor parallelism "
+    "(pipeline parallelism across nodes is not planned)."
+)
+
+
+def _reach(served: list[Split], per_host: int, mem: int | None) -> str:
+    """How far the servers that were tried reach: "on up to 24 GPUs of 80 GiB (tensor parallel within a node of 8)"."""
+    most = max((s.server_gpus for s in served), default=per_host)
+    size = f" of {mem / GIB:.0f} GiB" if mem else ""
+    return f"on up to {most} GPUs{size} (tensor parallel within a node of {per_host})"
 
 
 def unfit_servers(topology: Topology, model: ModelShape | None) -> list[str]:

@@ -40,7 +40,15 @@ CONSTANTS: dict[str, Constant] = {
     "prefill_mfu": Constant(0.50, "of peak bf16", "vLLM prefill is compute-bound at large batch"),
     "decode_bw_efficiency": Constant(0.85, "of peak HBM bandwidth", "memory-bound decode kernels"),
     "decode_step_overhead_s": Constant(0.003, "s/decode step", "vLLM scheduling, sampling and kernel launches"),
-    "tp_allreduce_factor": Constant(0.1, "per doubling of TP", "decode slowdown from TP all-reduces"),
+    # vLLM's custom all-reduce on 8 × H100 (NVLink), measured by sglang PR #2904 (github.com/sgl-project/sglang/
+    # pull/2904, 2025-01-15, "vllm" rows, without CUDA graphs): 8.7/9.2/11.8 µs at 32 KB and 26.6/40.2/45.0 µs at
+    # 1 MB for TP 2/4/8. Each is a fixed latency (the 32 KB figure) plus a cost per MiB (the slope to 1 MB).
+    "tp_allreduce_latency_s_tp2": Constant(8.7e-6, "s per all-reduce", "TP 2, ≤ 32 KB: sglang PR #2904"),
+    "tp_allreduce_latency_s_tp4": Constant(9.2e-6, "s per all-reduce", "TP 4, ≤ 32 KB: sglang PR #2904"),
+    "tp_allreduce_latency_s_tp8": Constant(11.8e-6, "s per all-reduce", "TP 8, ≤ 32 KB: sglang PR #2904"),
+    "tp_allreduce_s_per_mib_tp2": Constant(18.5e-6, "s/MiB", "TP 2: (26.6 − 8.7) µs over 1 MiB − 32 KiB, ibid."),
+    "tp_allreduce_s_per_mib_tp4": Constant(32.0e-6, "s/MiB", "TP 4: (40.2 − 9.2) µs over 1 MiB − 32 KiB, ibid."),
+    "tp_allreduce_s_per_mib_tp8": Constant(34.3e-6, "s/MiB", "TP 8: (45.0 − 11.8) µs over 1 MiB − 32 KiB, ibid."),
     "zero3_slowdown": Constant(1.1, "×", "ZeRO-3 parameter gathers not hidden behind compute (assumed)"),
     "cpu_adam_params_per_s": Constant(
         3.9e9,

@@ -45,7 +45,6 @@ def generation_time(
     on its own (:func:`server_prompt_copies`), so a prompt is prefilled on up to ``num_generations`` replicas."""
     flops = gpu.bf16_tflops * 1e12
     bw = gpu.bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY
-    tp_factor = 1 + _c("tp_allreduce_factor") * math.log2(tp) if tp > 1 else 1.0
     prompts = work.completions / max(1, work.num_generations)
     active = model.active_params  # compute runs through the active parameters; memory holds them all
     prefill = 2 * active * prompts * prompt_copies * work.prompt_len / (replicas * tp * flops * PREFILL_MFU)
@@ -62,7 +61,9 @@ def generation_time(
     read = weights + batch * avg_ctx * model.kv_bytes_per_token_per_gpu(tp)
     step_mem = read / bw
     step_compute = 2 * active * batch / (tp * flops * PREFILL_MFU)
-    decode = batches * steps * (max(step_mem, step_compute) * tp_factor + DECODE_STEP_OVERHEAD_S)
+    # Two all-reduces per layer and decode step (after attention and after the MLP), of the batch's hidden states.
+    comm = 2 * model.layers * allreduce_time(tp, batch * model.hidden * 2) if tp > 1 else 0.0
+    decode = batches * steps * (max(step_mem, step_compute) + comm + DECODE_STEP_OVERHEAD_S)
     scale = work.scale.generation
     why = (
         f"prefill 2·{active / 1e9:.2f}B·{prompts:.0f} prompts"
@@ -71,11 +72,18 @@ def generation_time(
         f"{gpu.bf16_tflops:.0f} TFLOP/s · {PREFILL_MFU:.0%}) = {prefill:.2f} s; decode {batches} batch(es) × "
         f"{steps:.0f} steps × ({max(step_mem, step_compute) * 1e3:.1f} ms "
         f"{'memory' if step_mem >= step_compute else 'compute'}-bound at batch {batch}"
-        + (f" × TP {tp_factor:.2f}" if tp > 1 else "")
+        + (f" + {comm * 1e3:.2f} ms TP all-reduces" if tp > 1 else "")
         + f" + {DECODE_STEP_OVERHEAD_S * 1e3:.0f} ms overhead) = {decode:.1f} s"
         + (f"; × {scale:.2f} measured" if scale != 1.0 else "")
     )
     return (prefill + decode) * scale, why
+
+
+def allreduce_time(tp: int, nbytes: float) -> float:
+    """Seconds of one tensor-parallel all-reduce of ``nbytes`` within a node (vLLM's custom all-reduce over NVLink,
+    constants.py): a fixed latency plus a cost per MiB, the TP 8 figures beyond 8."""
+    key = 2 if tp <= 2 else 4 if tp <= 4 else 8
+    return _c(f"tp_allreduce_latency_s_tp{key}") + nbytes / 2**20 * _c(f"tp_allreduce_s_per_mib_tp{key}")
 
 
 def server_prompt_copies(num_generations: int, replicas: int) -> int:
