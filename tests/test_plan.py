@@ -178,3 +178,19 @@ def test_tiny_recipe_plans_on_cpu():
     plan = make_plan(parse_gpu_spec("cpu"), r, None)
     assert plan.train.num_processes == 2 and plan.vllm.mode == "off"
     grpo_config(plan.trainer_values, 2)
+
+
+def test_a_latency_bound_batch_is_named_not_changed():
+    """The shipped 1.5B recipe on 8 × H100 generates 28× longer than it trains at its least batch (3 prompts):
+    decode latency. The plan keeps the recipe's batch and names the larger one that would use the GPUs, with what it
+    gains per prompt, which a plan pinned at that batch confirms."""
+    from .helpers import ROOT, plan_recipe
+
+    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB")
+    prompts = plan.layout.completions_per_optimizer_step // plan.layout.num_generations
+    larger = next(d for d in plan.decisions if d.what == "prompts_per_step_larger")
+    assert larger.value == 4 * prompts and "your choice" in larger.why and larger.why in plan.notices
+    pinned = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB", f"launch.prompts_per_step={larger.value}")
+    assert pinned.layout.completions_per_optimizer_step == larger.value * plan.layout.num_generations
+    per_prompt = plan.estimate.step.total_s / prompts
+    assert pinned.estimate.step.total_s / larger.value < 0.95 * per_prompt

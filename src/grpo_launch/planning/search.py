@@ -75,6 +75,7 @@ def search_splits(search: Search, splits: list[Split], target: int | None, plan_
             bounded.append(found)
     bounded.sort(key=lambda b: b[0])
     scored: list[tuple[Candidate, Plan]] = []
+    planned: dict[str, Split] = {}
     skipped: list[Candidate] = []
     for bound, split in bounded:
         if scored and bound >= min(c.step.total_s for c, _ in scored if c.step):
@@ -87,6 +88,7 @@ def search_splits(search: Search, splits: list[Split], target: int | None, plan_
             continue
         assert plan.estimate is not None
         scored.append((candidate(split, plan, prompts=_prompts(plan)), plan))
+        planned[split.label] = split
     if not scored and layouts and len(layouts) == len(groups):
         # The recipe's batch fits no split: its layout problem, as the split with the most trainers meets it.
         raise max(layouts, key=lambda lt: lt[0])[1]
@@ -104,10 +106,14 @@ def search_splits(search: Search, splits: list[Split], target: int | None, plan_
     decisions += _idle_and_balance(best, others, skipped)
     notices: list[str] = []
     if misses:
-        better = _better_batch(search, misses, best, plan_one)
+        better = _better_batch(search, misses, best, planned[best.label], plan_one)
         if better is not None:
             decisions.append(Decision("prompts_per_step_alternative", better[0], better[1]))
             notices.append(better[1])
+    larger = _latency_bound(search, best, planned[best.label], target, plan_one) if target is not None else None
+    if larger is not None:
+        decisions.append(Decision("prompts_per_step_larger", larger[0], larger[1]))
+        notices.append(larger[1])
     candidates = (dataclasses.replace(best, chosen=True), *others, *skipped, *rejected)
     return dataclasses.replace(
         plan, decisions=(*decisions, *plan.decisions), candidates=candidates, notices=(*plan.notices, *notices)
@@ -231,7 +237,9 @@ def _idle_and_balance(best: Candidate, others: list[Candidate], skipped: list[Ca
     return out
 
 
-def _better_batch(search: Search, misses: list[Split], best: Candidate, plan_one: PlanOne) -> tuple[int, str] | None:
+def _better_batch(
+    search: Search, misses: list[Split], best: Candidate, chosen_split: Split, plan_one: PlanOne
+) -> tuple[int, str] | None:
     """A batch near the chosen one that a faster split could take, and what it would gain per prompt."""
     assert best.step is not None
     req = LayoutRequest.from_values(search.recipe.values)
@@ -259,12 +267,51 @@ def _better_batch(search: Search, misses: list[Split], best: Candidate, plan_one
         return None
     assert plan.estimate is not None
     per_prompt = plan.estimate.step.total_s / prompts
-    if per_prompt >= chosen * (1 - WORTH_IT):
+    # Like for like: the chosen split at that batch too, when it can take it (a larger batch is cheaper per prompt
+    # on any split; only what the other split adds counts).
+    against, where = chosen, f"the chosen {chosen:.2f} s"
+    try:
+        same = plan_one(search, chosen_split, prompts * k)
+    except PlanError:
+        same = None
+    if same is not None and same.estimate is not None:
+        against = same.estimate.step.total_s / prompts
+        where = f"{against:.2f} s with the chosen split at that batch"
+    if per_prompt >= against * (1 - WORTH_IT):
         return None
     return prompts, (
         f"at {best.prompts_per_step:g} prompts per step the {split.trainers} trainers of {split.label} cannot take "
         f"the batch evenly; with launch.prompts_per_step={prompts} it would take {per_prompt:.2f} s per prompt, "
-        f"{1 - per_prompt / chosen:.0%} less than the chosen {chosen:.2f} s (a different batch: your choice)"
+        f"{1 - per_prompt / against:.0%} less than {where} (a different batch: your choice)"
+    )
+
+
+LATENCY_BOUND = 10.0  # generation this many times the training (colocated) suggests a batch too small for the GPUs
+LARGER = 4  # … and the batch this many times larger is tried
+
+
+def _latency_bound(
+    search: Search, best: Candidate, split: Split, target: int, plan_one: PlanOne
+) -> tuple[int, str] | None:
+    """Colocated generation many times the training at a small batch is decode latency: every engine runs the
+    longest completion's steps whatever its batch, so a larger batch costs little more generation per step. Name
+    the batch that would use the GPUs better (the batch is the recipe's algorithm: never changed without the user)."""
+    if best.balance is None or best.balance < LATENCY_BOUND or best.mode != VllmMode.COLOCATE or best.step is None:
+        return None
+    try:
+        bigger = plan_one(search, split, target * LARGER)
+    except PlanError:
+        return None
+    assert bigger.estimate is not None
+    prompts = best.prompts_per_step * LARGER
+    now, then = best.step.total_s / best.prompts_per_step, bigger.estimate.step.total_s / prompts
+    if then >= now * (1 - WORTH_IT):
+        return None
+    return int(prompts), (
+        f"generation is {best.balance:.0f}× the training at {best.prompts_per_step:g} prompts per step: decode "
+        f"latency, not throughput (each engine runs the longest completion's steps whatever its batch); "
+        f"launch.prompts_per_step={prompts:g} would take {bigger.estimate.step.total_s:.1f} s per step, "
+        f"{1 - then / now:.0%} less per prompt (a different batch: your choice)"
     )
 
 
