@@ -194,3 +194,15 @@ def test_a_latency_bound_batch_is_named_not_changed():
     assert pinned.layout.completions_per_optimizer_step == larger.value * plan.layout.num_generations
     per_prompt = plan.estimate.step.total_s / prompts
     assert pinned.estimate.step.total_s / larger.value < 0.95 * per_prompt
+
+
+def test_every_split_kind_has_a_default_rank():
+    """Without an estimate (an unknown GPU) the default split is chosen by kind: every kind has a rank."""
+    from grpo_launch.planning.plan import DEFAULT_ORDER
+    from grpo_launch.planning.split import SplitKind
+
+    assert sorted(k for kinds in DEFAULT_ORDER for k in kinds) == sorted(SplitKind)
+    plan = plan_for({"model_name_or_path": "q", "launch": {"vllm": "server", "vllm_gpus": 3}}, "3x4xGPU-24GB")
+    assert plan.estimate is None  # an unknown GPU
+    # 1 GPU of every host (a spread server) ranks before 3 GPUs of one host with 6 idle elsewhere.
+    assert plan.vllm.mode == "server" and len(plan.vllm.nodes) == 2 and not [r for r in plan.roles if r.role == "idle"]

@@ -119,9 +119,20 @@ def _estimable(topology: Topology, model: ModelShape | None) -> bool:
     )
 
 
+# Without an estimate, in this order (then the fewest server GPUs): a server on whole hosts or some GPUs of one,
+# colocated engines, a server spread over every host, a shared server (idle GPUs), none.
+DEFAULT_ORDER = (
+    (SplitKind.SERVER, SplitKind.NODES),
+    (SplitKind.COLOCATE,),
+    (SplitKind.SPREAD,),
+    (SplitKind.SHARED,),
+    (SplitKind.OFF,),
+)
+
+
 def _default_split(splits: list[Split]) -> Split:
     """Without an estimate: colocate on one GPU, else the smallest server (one whole host of several)."""
-    order = {SplitKind.SERVER: 0, SplitKind.NODES: 0, SplitKind.COLOCATE: 1, SplitKind.SHARED: 2, SplitKind.OFF: 3}
+    order = {kind: rank for rank, kinds in enumerate(DEFAULT_ORDER) for kind in kinds}
     gpus = splits[0].hosts * splits[0].gpus_per_host
     if gpus == 1:
         order[SplitKind.COLOCATE] = -1
