@@ -206,3 +206,21 @@ def test_every_split_kind_has_a_default_rank():
     assert plan.estimate is None  # an unknown GPU
     # 1 GPU of every host (a spread server) ranks before 3 GPUs of one host with 6 idle elsewhere.
     assert plan.vllm.mode == "server" and len(plan.vllm.nodes) == 2 and not [r for r in plan.roles if r.role == "idle"]
+
+
+def test_a_vllm_length_beyond_the_models_positions_is_refused_with_lengths_that_fit():
+    """Found on the real CPU server: --max-model-len 528 for a model of 512 positions and vLLM's ModelConfig
+    refuses to start. The plan refuses first (config.json's max_position_embeddings), with lengths that fit."""
+    from grpo_launch.probe.model import resolve_model_shape
+
+    from .helpers import ensure_tiny_assets
+
+    path = str(ensure_tiny_assets() / "model")
+    shape, _ = resolve_model_shape(path)
+    assert shape.max_positions == 512
+    values = {"model_name_or_path": path, "max_prompt_length": 500, "max_completion_length": 100}
+    with pytest.raises(PlanError, match=r"600 tokens .* exceeds .*512 positions") as e:
+        plan_for(values, "2xL4-24GB", model=shape)
+    assert [(f.setting, f.value) for f in e.value.fixes] == [("max_prompt_length", 412), ("max_completion_length", 12)]
+    assert plan_for({**values, "max_prompt_length": 412}, "2xL4-24GB", model=shape).vllm.max_model_len == 512
+    assert plan_for(values, "cpu", model=shape).vllm.mode == "off"  # no vLLM, no limit to meet

@@ -118,4 +118,5 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape:
         kv_lora_rank=_int(cfg, "kv_lora_rank"),
         qk_rope_head_dim=_int(cfg, "qk_rope_head_dim") if cfg.get("kv_lora_rank") else 0,
         qk_norm=model_type in _QK_NORM,
+        max_positions=_int(cfg, "max_position_embeddings") or None,
     )

@@ -33,6 +33,7 @@ class ModelShape:
     kv_lora_rank: int = 0  # MLA latent width (0: plain attention)
     qk_rope_head_dim: int = 0  # MLA: the rotary part cached beside the latent
     qk_norm: bool = False  # RMSNorms on the queries and keys per head (Qwen3, OLMoE)
+    max_positions: int | None = None  # config.json's max_position_embeddings (None: not known)
 
     @property
     def is_moe(self) -> bool:

@@ -5,6 +5,7 @@ vLLM run gets both bounds. Pure."""
 from __future__ import annotations
 
 from grpo_launch.errors import Fix, PlanError
+from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import DEFAULT_PROMPT_LEN, TRL_COMPLETION_LEN
 from grpo_launch.recipe import Recipe
 
@@ -59,3 +60,25 @@ def prompt_bound(recipe: Recipe) -> int:
 
 def max_model_len(recipe: Recipe) -> int:
     return explicit_max_model_len(recipe) or prompt_bound(recipe) + completion_len(recipe)
+
+
+def check_positions(recipe: Recipe, model: ModelShape | None) -> None:
+    """vLLM refuses a --max-model-len beyond the model's max_position_embeddings (its ModelConfig raises, the server
+    never starts): refuse the plan instead, with the lengths that fit."""
+    if model is None or model.max_positions is None:
+        return
+    length, limit = max_model_len(recipe), model.max_positions
+    if length <= limit:
+        return
+    completion = completion_len(recipe)
+    fixes = []
+    if limit - completion >= 1:
+        fixes.append(Fix("max_prompt_length", limit - completion, "drop longer prompts", rank=0))
+    if limit - prompt_bound(recipe) >= 1:
+        fixes.append(Fix("max_completion_length", limit - prompt_bound(recipe), "shorter completions", rank=1))
+    raise PlanError(
+        f"the vLLM max length of {length} tokens (prompt {prompt_bound(recipe)} + completion {completion}) exceeds "
+        f"{model.name}'s {limit} positions (max_position_embeddings): vLLM refuses to start with it",
+        fixes=fixes,
+        hint=None if fixes else "Use a model with a longer context, or shorter prompts and completions.",
+    )

@@ -21,6 +21,7 @@ from grpo_launch.planning import placement
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.estimate import estimate_plan, size_vllm, workload
 from grpo_launch.planning.layout import LayoutRequest, solve_layout
+from grpo_launch.planning.lengths import check_positions
 from grpo_launch.planning.refusal import verify
 from grpo_launch.planning.search import Search, search_splits
 from grpo_launch.planning.split import Split, SplitKind, prompts_target
@@ -72,6 +73,8 @@ def _plan(
         base.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
         return _plan_one(search, None, None)
     splits = placement.allowed_splits(topology, recipe, model, base)
+    if any(s.kind != SplitKind.OFF for s in splits):
+        check_positions(recipe, model)  # vLLM generates: its max length must fit the model's positions
     req = LayoutRequest.from_values(recipe.values)
     pinned = recipe.launch.prompts_per_step
     counts = {s.trainers for s in splits}
