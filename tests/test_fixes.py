@@ -90,12 +90,15 @@ def test_explain_names_every_split_the_search_refused():
         _plan("recipes/llama70b.yaml", "4xA100-80GB", ())
     assert "vLLM (colocate) does not fit" in e.value.message  # the one split whose weights fit a GPU
     splits = [line.split(":")[0] for line in e.value.explain if line.startswith("split ")]
-    # Every server 4 A100s could host, each named with the weights that keep it out.
+    # Every server 4 A100s could host, each named with the weights that keep it out (pipelines of the largest TP
+    # that fits included).
     assert splits == [
         "split server on 1 GPU(s) (TP 1)",
         "split server on 2 GPU(s) (TP 1 × DP 2)",
         "split server on 2 GPU(s) (TP 2)",
+        "split server on 2 GPU(s) (TP 1 × PP 2)",
         "split server on 3 GPU(s) (TP 1 × DP 3)",
+        "split server on 3 GPU(s) (TP 1 × PP 3)",
     ]
 
 

@@ -224,3 +224,65 @@ def test_a_vllm_length_beyond_the_models_positions_is_refused_with_lengths_that_
     assert [(f.setting, f.value) for f in e.value.fixes] == [("max_prompt_length", 412), ("max_completion_length", 12)]
     assert plan_for({**values, "max_prompt_length": 412}, "2xL4-24GB", model=shape).vllm.max_model_len == 512
     assert plan_for(values, "cpu", model=shape).vllm.mode == "off"  # no vLLM, no limit to meet
+
+
+LLAMA405 = "meta-llama/Llama-3.1-405B-Instruct"
+
+
+def _llama405(gpus: str, **launch):
+    values = {"model_name_or_path": LLAMA405, "use_peft": True, "num_generations": 8, "max_completion_length": 1024,
+              "per_device_train_batch_size": 1, "max_prompt_length": 512, "launch": launch}  # fmt: skip
+    return plan_for(values, gpus, model=find_model_shape(LLAMA405))
+
+
+def test_a_dense_model_no_host_can_serve_gets_pipeline_stages_over_whole_hosts():
+    """Llama-3.1-405B (756 GiB of bf16 weights) does not fit half of 8 × 80 GiB at TP 8: the server's replica is
+    a pipeline over whole hosts, each GPU holding its stage's layers within the weight share."""
+    from grpo_launch.planning.cost.constants import VLLM_WEIGHTS_SHARE
+    from grpo_launch.render.processes import vllm_servers
+
+    plan = _llama405("8x8xH100-80GB")
+    v, model = plan.vllm, plan.model
+    assert v.mode == "server" and v.pipeline_parallel_size > 1 and v.tensor_parallel_size == 8 and v.spans_hosts
+    assert model.weight_bytes_bf16 / 8 > VLLM_WEIGHTS_SHARE * 80 * 2**30  # TP alone would not fit
+    per_gpu = model.weight_bytes_per_gpu(8, pp=v.pipeline_parallel_size)
+    assert per_gpu <= VLLM_WEIGHTS_SHARE * 80 * 2**30 and per_gpu >= model.weight_bytes_bf16 / (8 * v.replica_gpus // 8)
+    assert len(v.nodes) + 1 == v.pipeline_parallel_size * v.data_parallel_size  # one stage per host
+    assert not [r for r in plan.roles if r.role == "idle"]
+    assert any(d.what == "vllm_pipeline_parallel_size" and "no server of tensor parallelism alone" in d.why
+               for d in plan.decisions)  # fmt: skip
+    specs = vllm_servers(plan)
+    ranks = []
+    for spec in specs:
+        a = list(spec.argv)
+        assert a[a.index("--nnodes") + 1] == str(len(specs)) and a[a.index("--master-addr") + 1] == v.address
+        assert a[a.index("--pipeline-parallel-size") + 1] == str(v.pipeline_parallel_size)
+        assert "--data-parallel-size-local" not in a and "--data-parallel-start-rank" not in a
+        ranks.append(int(a[a.index("--node-rank") + 1]))
+        assert ("--headless" in a) is (ranks[-1] > 0)
+        # vLLM's get_ip() on each host: its own address, where the others reach its message queue
+        assert spec.env["VLLM_HOST_IP"] == next(h.addr for h in plan.topology.hosts if h.name == spec.host)
+    assert ranks == list(range(len(specs)))
+
+
+def test_pipelines_are_only_planned_where_tensor_parallelism_alone_does_not_fit():
+    plan = plan_for({"model_name_or_path": "Qwen/Qwen2.5-72B-Instruct", "launch": {"vllm": "server"}},
+                    "4x8xH100-80GB", model=find_model_shape("Qwen/Qwen2.5-72B-Instruct"))  # fmt: skip
+    assert plan.vllm.pipeline_parallel_size == 1
+    assert all(c.pipeline_parallel_size == 1 for c in plan.candidates)
+
+
+def test_a_pinned_pipeline_size_is_planned_and_colocate_refuses_it():
+    plan = plan_for({"model_name_or_path": "q", "launch": {"vllm_gpus": 4, "vllm_pipeline_parallel_size": 2}},
+                    "8xH100-80GB")  # fmt: skip
+    v = plan.vllm
+    assert v.mode == "server" and v.pipeline_parallel_size == 2 and len(v.gpus) == 4 and not v.nodes
+    assert v.tensor_parallel_size * 2 * v.data_parallel_size == 4
+    with pytest.raises(PlanError, match="colocate mode runs tensor parallelism only"):
+        plan_for({"model_name_or_path": "q", "launch": {"vllm": "colocate", "vllm_pipeline_parallel_size": 2}},
+                 "8xH100-80GB")  # fmt: skip
+
+
+def test_a_refused_dense_model_says_how_far_pipelines_reach():
+    with pytest.raises(PlanError, match=r"does not fit .*pipeline stages over nodes"):
+        _llama405("2x8xH100-80GB")

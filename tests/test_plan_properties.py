@@ -79,9 +79,12 @@ def _check(plan):
     assert len(train) == n
     assert len({h.processes for h in plan.train.hosts}) == 1, "accelerate needs equal processes per machine"
     if plan.vllm.mode == "server":
-        tp, dp = plan.vllm.tensor_parallel_size, plan.vllm.data_parallel_size
-        assert len(serve) == tp * dp  # the server's processes see TP × DP GPUs between them, …
-        assert all(len(node.gpus) == len(v.gpus) == v.local_data_parallel_size * tp for node in v.nodes)  # … alike
+        tp, dp, pp = plan.vllm.tensor_parallel_size, plan.vllm.data_parallel_size, plan.vllm.pipeline_parallel_size
+        assert len(serve) == tp * pp * dp  # the server's processes see TP × PP × DP GPUs between them, …
+        assert all(len(node.gpus) == len(v.gpus) for node in v.nodes)  # … alike on every host: whole replicas, …
+        assert len(v.gpus) % (tp * pp) == 0 if not v.spans_hosts else (tp * pp) % len(v.gpus) == 0  # … or stages
+        if pp > 1:  # only where no server of TP alone holds the model, unless the recipe pins the stages
+            assert plan.recipe.launch.vllm_pipeline_parallel_size or (plan.model and not plan.model.is_moe)
         assert len({v.host, *(node.name for node in v.nodes)}) == len(v.nodes) + 1  # one process per host
         # Data parallel for any model (vllm serve); expert parallelism only for a mixture of experts with DP.
         assert not plan.vllm.expert_parallel or (plan.model is not None and plan.model.is_moe and dp > 1)
@@ -101,7 +104,9 @@ def _check(plan):
         assert est.train_memory_gib is None or est.train_memory_gib <= 0.9 * est.gpu_memory_gib * 1.0001
         v = plan.vllm
         if v.mode != "off" and v.gpu_memory_utilization:
-            weights = model.weight_bytes_per_gpu(v.tensor_parallel_size, v.data_parallel_size, ep=v.expert_parallel)
+            weights = model.weight_bytes_per_gpu(
+                v.tensor_parallel_size, v.data_parallel_size, ep=v.expert_parallel, pp=v.pipeline_parallel_size
+            )
             assert weights / 2**30 < v.gpu_memory_utilization * est.gpu_memory_gib
 
 

@@ -317,13 +317,18 @@ def test_every_node_of_the_allocation_is_probed_in_its_own_step(cluster, tmp_pat
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 
 
-def dedicated_node_recipe(path: Path, tiny: Path, port: int, *, vllm_gpus: int = 4, dp_here: int | None = 2) -> Path:
+def dedicated_node_recipe(
+    path: Path, tiny: Path, port: int, *, vllm_gpus: int = 4, dp_here: int | None = 2, pp: int | None = None
+) -> Path:
     """A server-mode plan whose server takes whole hosts (launch.vllm_gpus), run by the real vLLM CPU build; the
     trainers run tests/standin_trainer.py (launch.train_module): TRL's NCCL weight sync needs CUDA on both sides.
 
     With 4 (fake) GPUs per host the plan's TP 1 × DP 4 is judged by vLLM's parser in the conformance suite and the
     CPU build serves 2 data-parallel replicas (this machine has 2 cores; ``dp_here`` sets them). With 1 GPU per host
-    and 2 serving hosts the planned server runs as planned: vLLM's multi-node data parallel, one engine per host."""
+    and 2 serving hosts the planned server runs as planned: vLLM's multi-node data parallel, one engine per host,
+    or with ``pp`` one replica whose pipeline stages span the hosts (``--nnodes``). vLLM 0.31's CPU build runs a
+    pipeline only compiled: with --enforce-eager its later stage finds no intermediate tensors (they are made by
+    the compile warm-up, vllm/v1/worker/cpu_model_runner.py), so a pipeline runs without it."""
     import yaml
 
     recipe = {
@@ -339,11 +344,15 @@ def dedicated_node_recipe(path: Path, tiny: Path, port: int, *, vllm_gpus: int =
             "vllm": "server",
             "vllm_gpus": vllm_gpus,
             "vllm_tensor_parallel_size": 1,
+            **({"vllm_pipeline_parallel_size": pp} if pp else {}),
             "vllm_port": port,
             "backend": "ddp",
             "train_module": "tests.standin_trainer",
             "vllm_command": [str(VLLM_PY.parent / "vllm"), "serve"],  # `vllm serve`: its --headless mode
-            "vllm_extra_args": ["--enforce-eager", *(("--data-parallel-size", str(dp_here)) if dp_here else ())],
+            "vllm_extra_args": [
+                *(() if pp else ("--enforce-eager",)),
+                *(("--data-parallel-size", str(dp_here)) if dp_here else ()),
+            ],
             "vllm_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
             "vllm_health_timeout_s": 400,
         },
@@ -422,5 +431,26 @@ def test_a_data_parallel_server_over_two_nodes_serves_the_third(cluster, tmp_pat
 
     headless = json.loads((run / "plan.json").read_text())["vllm"]["headless"]
     assert [h["host"] for h in headless] == ["n3"] and "--headless" in headless[0]["argv"] and "[vllm@n3]" in text
+    check_dedicated_node_run(run, ["n2", "n3"], ["n1"], per_host=1, server_world=2)
+    assert wait_no_processes(run) == []
+
+
+@pytest.mark.vllm
+def test_a_pipeline_over_two_nodes_serves_the_third(cluster, tmp_path):
+    """Three nodes of 1 (fake) GPU, the server one replica of 2 pipeline stages over n2 and n3 (vLLM's --nnodes:
+    the API server and stage 0 on n2, stage 1's worker headless on n3, one torch.distributed group between the
+    nodes); the stand-in trainer on n1 gets completions and a weight-sync world of TP × PP = 2."""
+    if not VLLM_PY.exists():
+        pytest.fail("the vLLM CPU environment is missing: run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+    recipe = dedicated_node_recipe(tmp_path / "pp.yaml", ensure_tiny_assets(), free_port(), vllm_gpus=2,
+                                   dp_here=None, pp=2)  # fmt: skip
+    run, text = run_dedicated_job(cluster, tmp_path, 3, 1, recipe)
+    import json
+
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["vllm"]["pipeline_parallel_size"] == 2 and plan["vllm"]["data_parallel_size"] == 1
+    (head,) = plan["vllm"]["headless"]
+    assert head["host"] == "n3" and head["argv"][-1] == "--headless" and "[vllm@n3]" in text
+    assert head["argv"][head["argv"].index("--node-rank") + 1] == "1"
     check_dedicated_node_run(run, ["n2", "n3"], ["n1"], per_host=1, server_world=2)
     assert wait_no_processes(run) == []

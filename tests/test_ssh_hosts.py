@@ -277,3 +277,20 @@ def test_a_data_parallel_server_over_two_hosts_serves_the_third(hosts, tmp_path)
     assert "[vllm@h3]" in out
     check_dedicated_node_run(run, ["h2", "h3"], ["h1"], per_host=1, server_world=2)
     assert leftovers(run) == []
+
+
+@pytest.mark.vllm
+def test_a_pipeline_over_two_hosts_serves_the_third(hosts, tmp_path):
+    """Three 1-GPU sshd hosts, the server one replica of 2 pipeline stages over h2 and h3 (vLLM's --nnodes, node
+    ranks 0 and 1, the torch.distributed group over the namespaces' network); the stand-in trainer on h1 gets
+    completions and a weight-sync world of TP × PP = 2."""
+    from .test_slurm_cluster import check_dedicated_node_run
+
+    run, out = run_dedicated(hosts, tmp_path, 1, vllm_gpus=2, dp_here=None, pp=2)
+    import json
+
+    (head,) = json.loads((run / "plan.json").read_text())["vllm"]["headless"]
+    assert "[vllm@h3]" in out and head["host"] == "h3" and head["argv"][-1] == "--headless"
+    assert head["argv"][head["argv"].index("--node-rank") + 1] == "1"
+    check_dedicated_node_run(run, ["h2", "h3"], ["h1"], per_host=1, server_world=2)
+    assert leftovers(run) == []

@@ -75,6 +75,15 @@ GRID: tuple[Case, ...] = (
             "launch.prompts_per_step=56",
         ),
     ),
+    # A dense model no host can serve: a server whose replicas are pipelines over whole hosts (vLLM's --nnodes),
+    # one replica over 4 hosts, and two replicas of 3 hosts each.
+    Case("dense-pp-4nodes", LLAMA70, "8x8xH100-80GB", ("model_name_or_path=meta-llama/Llama-3.1-405B-Instruct",)),
+    Case(
+        "dense-pp-dp",
+        LLAMA70,
+        "8x8xH100-80GB",
+        ("model_name_or_path=meta-llama/Llama-3.1-405B-Instruct", "launch.vllm_gpus=48"),
+    ),
     Case("no-vllm", QWEN15, "4xH100-80GB", ("launch.vllm=off",)),
     # Precision, remote code, LoRA, model implementation, evaluation, lengths.
     Case("fp16-ddp", QWEN15, "4xL20-48GB", ("bf16=false", "fp16=true", "dtype=float16", "launch.backend=ddp")),

@@ -25,7 +25,7 @@ from grpo_launch.recipe.trl_schema import GRPO_CONFIG
 from grpo_launch.render.processes import trainers, vllm_server, vllm_servers
 
 from ..trl_oracle import grpo_config
-from .grid import GRID, VLLM_PY, plan_case, vllm_oracle
+from .grid import GRID, VLLM_PY, hf_config, plan_case, vllm_oracle
 
 pytestmark = pytest.mark.conformance
 PLANS = {case.id: plan_case(case, Path(tempfile.mkdtemp(prefix=f"conf-{case.id}-"))) for case in GRID}
@@ -81,14 +81,21 @@ def vllm_verdicts() -> dict[str, dict]:
             extra = []
             if plan.vllm.expert_parallel:  # TRL's vllm-serve has no flag for it: passed as vLLM's own extra argument
                 extra.append("--enable-expert-parallel")
-            if plan.vllm.nodes:  # nor for the multi-node data parallel: the same
-                extra += argv[argv.index("--data-parallel-size-local") : argv.index("--data-parallel-rpc-port") + 2]
+            # nor for pipeline stages and the multi-node forms: the same
+            for i, a in enumerate(argv):
+                if a in NOT_IN_TRL:
+                    extra += argv[i : i + 2]
             if extra:
                 item["trl_extra_args"] = extra
+            if plan.vllm.pipeline_parallel_size > 1 and plan.model:
+                item["pp_layers"] = {"layers": plan.model.layers, "pp": plan.vllm.pipeline_parallel_size}
+            engine = {"config": hf_config(plan.model)} if plan.vllm.nodes and plan.model else None
+            if engine:  # vLLM checks a multi-node command where it builds the engine config
+                item["engine"] = engine
             for i, worker in enumerate(vllm_servers(plan)[1:], start=1):
                 w = list(worker.argv)
                 cases.append({"id": f"{case_id}#headless{i}", "argv": w[w.index("serve") + 1 :],
-                              "fields": list(MULTI_NODE_FIELDS)})  # fmt: skip
+                              "fields": list(MULTI_NODE_FIELDS), "engine": engine})  # fmt: skip
         if case_id in WITH_VLLM:
             m = plan.model
             item["shard"] = {
@@ -110,11 +117,15 @@ def test_vllm_parses_the_server_command_as_planned(vllm_verdicts, case_id):
     assert verdict["error"] is None, verdict["error"]
     got, v = verdict["parsed"], plan.vllm
     assert got["tensor_parallel_size"] == v.tensor_parallel_size
+    assert got["pipeline_parallel_size"] == v.pipeline_parallel_size
     assert got["data_parallel_size"] == v.data_parallel_size and got["enable_expert_parallel"] is v.expert_parallel
-    # CUDA_VISIBLE_DEVICES of the server's processes hold TP × DP GPUs, its local ranks' on each host.
-    assert len(v.gpus) + sum(len(n.gpus) for n in v.nodes) == v.tensor_parallel_size * v.data_parallel_size
+    # CUDA_VISIBLE_DEVICES of the server's processes hold TP × PP × DP GPUs, its local ranks' on each host.
+    world = v.tensor_parallel_size * v.pipeline_parallel_size * v.data_parallel_size
+    assert len(v.gpus) + sum(len(n.gpus) for n in v.nodes) == world
     assert got["headless"] is False
-    if v.nodes:
+    if v.spans_hosts:
+        assert (got["nnodes"], got["node_rank"], got["master_addr"]) == (len(v.nodes) + 1, 0, v.address)
+    elif v.nodes:
         assert (got["data_parallel_size_local"], got["data_parallel_address"], got["data_parallel_rpc_port"]) == (
             v.local_data_parallel_size, v.address, v.rpc_port)  # fmt: skip
         assert len(v.gpus) == v.local_data_parallel_size * v.tensor_parallel_size
@@ -128,15 +139,58 @@ def test_vllm_parses_the_server_command_as_planned(vllm_verdicts, case_id):
 
 
 MULTI_NODE = [i for i in SERVER if PLANS[i].vllm.nodes]
+DP_OVER_HOSTS = [i for i in MULTI_NODE if not PLANS[i].vllm.spans_hosts]
+PIPELINES_OVER_HOSTS = [i for i in MULTI_NODE if PLANS[i].vllm.spans_hosts]
 MULTI_NODE_FIELDS = ("data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
-                     "data_parallel_start_rank")  # fmt: skip
+                     "data_parallel_start_rank", "nnodes", "node_rank", "master_addr", "master_port")  # fmt: skip
+# vLLM flags TRL's vllm-serve does not have (passed to build_command as vLLM's own extra arguments)
+NOT_IN_TRL = ("--pipeline-parallel-size", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+              "--data-parallel-size-local", "--data-parallel-address", "--data-parallel-rpc-port")  # fmt: skip
 
 
 def test_the_grid_has_multi_node_servers():
-    assert {len(PLANS[i].vllm.nodes) for i in MULTI_NODE} >= {1, 3}
+    assert {len(PLANS[i].vllm.nodes) for i in DP_OVER_HOSTS} >= {1, 3}
+    assert {(PLANS[i].vllm.pipeline_parallel_size > 1, PLANS[i].vllm.data_parallel_size > 1)
+            for i in PIPELINES_OVER_HOSTS} == {(True, False), (True, True)}  # fmt: skip
 
 
 @pytest.mark.parametrize("case_id", MULTI_NODE)
+def test_vllm_builds_the_engine_config_of_every_host(vllm_verdicts, case_id):
+    """vLLM's own engine-config builder (where it checks --nnodes, --node-rank and the data-parallel ranks) takes
+    the command of every host of a server over several; together the hosts hold each (replica, stage host) once,
+    every engine of TP × PP GPUs, the world TRL's client reads from /get_world_size (TP × PP × DP, one NCCL rank
+    each, plus the trainer)."""
+    v = PLANS[case_id].vllm
+    hosts = [vllm_verdicts[case_id]] + [vllm_verdicts[f"{case_id}#headless{i}"] for i in range(1, len(v.nodes) + 1)]
+    got = []
+    for verdict in hosts:
+        assert verdict["engine_error"] is None, verdict["engine_error"]
+        p = verdict["engine_parallel"]
+        world = v.tensor_parallel_size * v.pipeline_parallel_size * v.data_parallel_size
+        assert p["world_size"] * p["data_parallel_size"] == world
+        assert (p["tensor_parallel_size"], p["pipeline_parallel_size"]) == (
+            v.tensor_parallel_size, v.pipeline_parallel_size)  # fmt: skip
+        if v.spans_hosts:
+            assert p["master_addr"] == v.address and p["master_port"] == v.master_port
+            got.append((p["data_parallel_rank"], p["node_rank_within_dp"]))
+        else:
+            got += [(p["data_parallel_rank"] + j, 0) for j in range(p["data_parallel_size_local"])]
+        if v.data_parallel_size > 1:  # where the other hosts' engines find the API server's
+            assert p["data_parallel_master_ip"] == v.address
+    stages = v.replica_gpus // len(v.gpus) if v.spans_hosts else 1
+    assert sorted(got) == [(d, s) for d in range(v.data_parallel_size) for s in range(stages)]
+
+
+@pytest.mark.parametrize("case_id", [i for i in SERVER if PLANS[i].vllm.pipeline_parallel_size > 1])
+def test_the_largest_pipeline_stage_is_the_one_vllm_builds(vllm_verdicts, case_id):
+    """The planner sizes each GPU for the largest stage (ModelShape.stage_fraction): vLLM's get_pp_indices."""
+    plan = PLANS[case_id]
+    stages = vllm_verdicts[case_id]["stage_layers"]
+    assert sum(stages) == plan.model.layers and len(stages) == plan.vllm.pipeline_parallel_size
+    assert max(stages) == round(plan.model.stage_fraction(plan.vllm.pipeline_parallel_size) * plan.model.layers)
+
+
+@pytest.mark.parametrize("case_id", DP_OVER_HOSTS)
 def test_vllm_parses_every_headless_host_of_a_multi_node_server(vllm_verdicts, case_id):
     """vLLM's multi-node data parallel: each other host runs the same engine settings headless, with its first
     rank; together the hosts hold every rank once."""

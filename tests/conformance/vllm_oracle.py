@@ -18,6 +18,14 @@ stdin: a JSON list of cases, each ``{"id": str, "argv": [...], "trl": {...}}``:
   one fails.
 - ``kv``: optional ``{"config": {...config.json...}, "tp": int}``: the KV-cache bytes one token takes on one GPU
   (``kv_bytes_per_token_per_gpu``, ``kv_error``), see "KV cache" below.
+- ``engine``: optional ``{"config": {...config.json...}}``: the ``argv`` is also built into vLLM's engine config
+  (``AsyncEngineArgs.create_engine_config(headless=...)``, what `vllm serve` and `vllm serve --headless` do before
+  they start anything) with the model replaced by a directory holding that config.json; ``engine_parallel`` reports
+  its ``ParallelConfig`` (world size, inferred data-parallel rank and local size, the node's rank within its
+  replica, the addresses), ``engine_error`` what vLLM raised. This is where vLLM checks a multi-node command
+  (``--nnodes``, ``--node-rank``: vllm/engine/arg_utils.py).
+- ``pp_layers``: optional ``{"layers": int, "pp": int}``: the layers of each pipeline stage, by vLLM's own
+  ``vllm.distributed.utils.get_pp_indices`` (``stage_layers``).
 
 stdout: a JSON list, one object per case, in input order::
 
@@ -121,6 +129,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 ENGINE_FIELDS = (
     "model",
     "tensor_parallel_size",
+    "pipeline_parallel_size",
     "data_parallel_size",
     "enable_expert_parallel",
     "gpu_memory_utilization",
@@ -163,6 +172,58 @@ def _serve_parser() -> tuple[FlexibleArgumentParser, ServeSubcommand]:
 
 def _offline_identity(model, revision=None):
     return model
+
+
+PARALLEL_FIELDS = (
+    "world_size",
+    "pipeline_parallel_size",
+    "tensor_parallel_size",
+    "data_parallel_size",
+    "data_parallel_size_local",
+    "data_parallel_rank",
+    "nnodes",
+    "node_rank",
+    "node_rank_within_dp",
+    "nnodes_within_dp",
+    "master_addr",
+    "master_port",
+    "data_parallel_master_ip",
+    "data_parallel_rpc_port",
+)
+
+
+def engine_parallel(argv: list[str], config: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """vLLM's ParallelConfig for ``argv`` (the model replaced by a directory with ``config``), as `vllm serve`
+    builds it before starting anything (headless when the command says so)."""
+    import vllm.model_executor.models.registry as registry
+
+    model_config = _kv_model_config(config)  # the directory, once per config
+    if isinstance(model_config, str):
+        return None, model_config
+    parser, serve = _serve_parser()
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+            args = parser.parse_args(["serve", *argv])
+            serve.validate(args)
+            args.model = model_config.model
+            args.model_tag = None
+            args.skip_tokenizer_init = True  # no tokenizer in the directory: the engine config only
+            engine_args = AsyncEngineArgs.from_cli_args(args)
+            with mock.patch.object(registry, "_run_in_subprocess", _in_process):
+                vllm_config = engine_args.create_engine_config(headless=bool(args.headless))
+    except SystemExit as exc:
+        return None, captured.getvalue().strip() or f"SystemExit({exc.code!r})"
+    except BaseException as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    p = vllm_config.parallel_config
+    return {name: _jsonable(getattr(p, name, None)) for name in PARALLEL_FIELDS}, None
+
+
+def stage_layers(layers: int, pp: int) -> list[int]:
+    from vllm.distributed.utils import get_pp_indices
+
+    return [end - start for start, end in (get_pp_indices(layers, rank, pp) for rank in range(pp))]
 
 
 def parse_serve(argv: list[str], extra_fields: list[str]) -> tuple[dict[str, Any] | None, str | None]:
@@ -328,6 +389,12 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         )
     if case.get("argv") is not None:
         result["parsed"], result["error"] = parse_serve([str(a) for a in case["argv"]], list(case.get("fields") or []))
+        if case.get("engine") is not None:
+            result["engine_parallel"], result["engine_error"] = engine_parallel(
+                [str(a) for a in case["argv"]], case["engine"]["config"]
+            )
+    if case.get("pp_layers") is not None:
+        result["stage_layers"] = stage_layers(int(case["pp_layers"]["layers"]), int(case["pp_layers"]["pp"]))
     if case.get("trl") is not None:
         result["trl_argv"], result["trl_error"] = trl_command(case["trl"], case.get("trl_extra_args"))
         if case.get("parse_trl") and result["trl_argv"] is not None:

@@ -191,8 +191,10 @@ def host_ports(plan: Plan) -> dict[str, dict[int, str]]:
         group = weight_sync_port(plan)
         out[head][group] = "weight sync: set vllm_group_port"
         out.setdefault(plan.vllm.host, {})[plan.vllm.port] = "vLLM server: set launch.vllm_port"
-        if plan.vllm.nodes:
+        if plan.vllm.nodes and (plan.vllm.data_parallel_size > 1):
             out[plan.vllm.host][plan.vllm.rpc_port] = "vLLM data-parallel coordination (launch.vllm_port + 1)"
+        if plan.vllm.spans_hosts:
+            out[plan.vllm.host][plan.vllm.master_port] = "vLLM's group over hosts (launch.vllm_port + 2)"
     return out
 
 

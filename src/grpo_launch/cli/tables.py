@@ -104,6 +104,7 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
     if v.mode == "server":
         shape = (
             f"TP {v.tensor_parallel_size}"
+            + (f" × PP {v.pipeline_parallel_size}" if v.pipeline_parallel_size > 1 else "")
             + (f" × DP {v.data_parallel_size}" if v.data_parallel_size > 1 else "")
             + (", expert parallel" if v.expert_parallel else "")
         )
@@ -177,7 +178,9 @@ def summary_lines(plan: Plan) -> list[str]:
     vllm = str(v.mode)
     if v.mode == "server":
         vllm += f" on {v.host} GPUs {_ranges(list(v.gpus))}, TP {v.tensor_parallel_size}"
+        vllm += f" × PP {v.pipeline_parallel_size}" if v.pipeline_parallel_size > 1 else ""
         vllm += f" × DP {v.data_parallel_size}" if v.data_parallel_size > 1 else ""
+        vllm += f" (+ {len(v.nodes)} more host(s))" if v.nodes else ""
     elif v.mode == "colocate":
         vllm += f", TP {v.tensor_parallel_size}, gpu_memory_utilization {v.gpu_memory_utilization}"
     off = "" if train.offload == "none" else f" + offload {train.offload}"

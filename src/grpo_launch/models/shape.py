@@ -4,6 +4,8 @@ holds the built-in ones."""
 
 from __future__ import annotations
 
+import math
+
 from grpo_launch.spec import frozen
 
 
@@ -60,12 +62,23 @@ class ModelShape:
         """Parameters of every routed expert of every MoE layer (what expert parallelism spreads)."""
         return self.moe_layers * self.experts * self.expert_params
 
-    def weight_bytes_per_gpu(self, tp: int, dp: int = 1, *, ep: bool = False) -> float:
+    def weight_bytes_per_gpu(self, tp: int, dp: int = 1, *, ep: bool = False, pp: int = 1) -> float:
         """bf16 weights on each GPU of a vLLM engine of ``tp`` × ``dp`` GPUs: split over TP and replicated per DP
-        rank; with expert parallelism the routed experts are split over all ``tp × dp`` GPUs instead."""
+        rank; with expert parallelism the routed experts are split over all ``tp × dp`` GPUs instead. With ``pp``
+        pipeline stages, the largest stage's: ⌈layers ÷ pp⌉ layers plus one vocabulary matrix (the first stage
+        holds the embedding, the last the LM head; vLLM's ``get_pp_indices`` gives the remainder layers to some
+        stages)."""
+        if pp > 1:
+            embed = 2.0 * self.vocab * self.hidden
+            body = max(0.0, self.weight_bytes_bf16 - 2 * embed)
+            return (body * self.stage_fraction(pp) + embed) / tp
         if not ep:
             return self.weight_bytes_bf16 / tp
         return 2.0 * ((self.params - self.routed_params) / tp + self.routed_params / (tp * dp))
+
+    def stage_fraction(self, pp: int) -> float:
+        """The share of the layers the largest of ``pp`` pipeline stages holds."""
+        return math.ceil(self.layers / pp) / self.layers if pp > 1 else 1.0
 
     def decode_read_bytes(self, batch: int) -> float:
         """bf16 weight bytes one decode step reads for ``batch`` sequences: everything but the routed experts, plus
@@ -78,14 +91,16 @@ class ModelShape:
         routed = self.moe_layers * self.expert_params
         return 2.0 * (self.params - e * routed + touched * routed)
 
-    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
+    def kv_bytes_per_token_per_gpu(self, tp: int, pp: int = 1) -> float:
         """What one token's KV cache takes on each GPU at tensor-parallel size ``tp``, as vLLM lays it out: the KV
         heads are split over TP, and replicated once TP exceeds them (``max(1, kv_heads // tp)`` per GPU); an MLA
-        latent (``kv_lora_rank + qk_rope_head_dim``) is one head on every GPU."""
+        latent (``kv_lora_rank + qk_rope_head_dim``) is one head on every GPU. A pipeline stage holds its own
+        layers' (the largest stage's share with ``pp`` stages)."""
+        share = self.stage_fraction(pp)
         if self.kv_lora_rank:
-            return 2.0 * self.layers * (self.kv_lora_rank + self.qk_rope_head_dim)
+            return 2.0 * self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * share
         head_dim = self.head_dim or self.hidden // self.heads
-        return 2.0 * 2 * self.layers * max(1, self.kv_heads // tp) * head_dim
+        return 2.0 * 2 * self.layers * max(1, self.kv_heads // tp) * head_dim * share
 
     @property
     def largest_layer_params(self) -> float:

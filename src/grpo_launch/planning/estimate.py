@@ -84,13 +84,13 @@ def size_vllm(
     # vLLM's default); the server's value stays as planned, only the sequences are sized to it.
     share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
     limit = vllm.gpu_memory_utilization if vllm.mode == VllmMode.SERVER else None
-    tp, ep = vllm.tensor_parallel_size, vllm.expert_parallel
+    tp, ep, pp = vllm.tensor_parallel_size, vllm.expert_parallel, vllm.pipeline_parallel_size
     # one engine per TP group of trainers (colocate), one per data-parallel rank (server)
     replicas = max(1, n // tp) if vllm.mode == VllmMode.COLOCATE else vllm.data_parallel_size
-    sized = vllm_memory(model, tp, mem, work, share=share, limit=limit, replicas=replicas, ep=ep)
+    sized = vllm_memory(model, tp, mem, work, share=share, limit=limit, replicas=replicas, ep=ep, pp=pp)
     if sized is None:
-        weights = model.weight_bytes_per_gpu(tp, replicas, ep=ep)
-        need = vllm_share_needed(model, tp, mem, work.seq_len, replicas, ep=ep)
+        weights = model.weight_bytes_per_gpu(tp, replicas, ep=ep, pp=pp)
+        need = vllm_share_needed(model, tp, mem, work.seq_len, replicas, ep=ep, pp=pp)
         fixes = [
             Fix("gpus", None, "more GPUs (a larger tensor-parallel size spreads the weights)", 3, in_recipe=False),
             Fix("launch.vllm", "off", "generate with transformers in the trainers; slow", rank=4),
@@ -146,17 +146,21 @@ def generation_part(
     seqs = vllm.max_num_seqs or work.completions
     tp = vllm.tensor_parallel_size
     if vllm.mode == VllmMode.SERVER:
-        dp = vllm.data_parallel_size
+        dp, pp = vllm.data_parallel_size, vllm.pipeline_parallel_size
         copies = server_prompt_copies(work.num_generations, dp)
-        gen, gen_why = generation_time(model, gpu, tp, dp, seqs, work, ep=vllm.expert_parallel, prompt_copies=copies)
+        gen, gen_why = generation_time(
+            model, gpu, tp, dp, seqs, work, ep=vllm.expert_parallel, prompt_copies=copies, pp=pp,
+            pp_across_nodes=vllm.spans_hosts,
+        )  # fmt: skip
         # Trainer rank 0 (the first training host) broadcasts the weights to every server rank (one NCCL group).
         sync = sync_time(model, across_nodes=bool(vllm.nodes) or vllm.host != hosts[0].name)
-        shape = f"TP {tp} × DP {dp}" + (" with expert parallelism" if vllm.expert_parallel else "")
+        shape = f"TP {tp}" + (f" × PP {pp}" if pp > 1 else "") + f" × DP {dp}"
+        shape += " with expert parallelism" if vllm.expert_parallel else ""
         return (
             gen,
             sync,
             [
-                f"generation on the server ({tp * dp} GPU, {shape}): {gen_why}",
+                f"generation on the server ({tp * pp * dp} GPU, {shape}): {gen_why}",
                 f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s",
             ],
         )

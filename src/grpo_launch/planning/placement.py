@@ -3,7 +3,7 @@ and a split turned into the vLLM plan and the training hosts. Pure; every choice
 
 from __future__ import annotations
 
-from grpo_launch.enums import GpuUse, VllmMode
+from grpo_launch.enums import VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
@@ -11,7 +11,7 @@ from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import TRL_COLOCATE_UTILIZATION, VLLM_SERVER_UTILIZATION, VLLM_WEIGHTS_SHARE
 from grpo_launch.planning.lengths import max_model_len, prompt_bound
 from grpo_launch.planning.split import Split, SplitKind, enumerate_splits, off_split
-from grpo_launch.planning.types import GpuRole, ServerNode, Trace, TrainHost, VllmPlan
+from grpo_launch.planning.types import ServerNode, Trace, TrainHost, VllmPlan
 from grpo_launch.recipe import Recipe
 
 
@@ -47,7 +47,14 @@ def requested_mode(topology: Topology, recipe: Recipe) -> VllmMode | None:
             )
         return VllmMode.OFF
     launch = recipe.launch
-    if wanted is None and (launch.vllm_gpus is not None or launch.vllm_tensor_parallel_size is not None):
+    pp = launch.vllm_pipeline_parallel_size
+    if wanted == VllmMode.COLOCATE and pp is not None and pp > 1:
+        raise PlanError(
+            f"launch.vllm_pipeline_parallel_size={pp} with colocated vLLM: TRL's colocate mode runs tensor "
+            "parallelism only",
+            hint="Drop launch.vllm_pipeline_parallel_size, or use launch.vllm=server.",
+        )
+    if wanted is None and (launch.vllm_gpus is not None or launch.vllm_tensor_parallel_size is not None or pp):
         return VllmMode.SERVER  # a server size asks for a server
     return wanted
 
@@ -66,7 +73,7 @@ def server_weights(model: ModelShape | None, split: Split) -> float:
     """bf16 weight bytes on each server GPU (experts spread over every GPU of a mixture of experts with DP)."""
     if model is None:
         return 0.0
-    return model.weight_bytes_per_gpu(split.tp, split.dp, ep=model.is_moe and split.dp > 1)
+    return model.weight_bytes_per_gpu(split.tp, split.dp, ep=model.is_moe and split.dp > 1, pp=split.pp)
 
 
 def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None, trace: Trace) -> list[Split]:
@@ -92,7 +99,8 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
         )
     if gpus is not None and n == 1 and gpus >= g:
         _refuse_no_trainer(model, gpus, g, mem)
-    splits = [s for s in enumerate_splits(n, g, model) if tp is None or s.tp == tp]
+    pp = recipe.launch.vllm_pipeline_parallel_size
+    splits = [s for s in enumerate_splits(n, g, model, tp) if (tp is None or s.tp == tp) and s.pp == (pp or s.pp)]
     if recipe.launch.vllm_command[-1] != "serve" and any(len(s.server_hosts) > 1 for s in splits):
         # Only `vllm serve` runs the other hosts' engines headless (vllm/entrypoints/cli/serve.py); the API server
         # module alone would start them as API servers, which TRL's weight sync cannot reach.
@@ -106,7 +114,18 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     if mode != VllmMode.COLOCATE and gpus is None and tp is None and n * g == 1:
         served = []  # one GPU: nothing left to train beside a server
     fitting = [s for s in served if mem is None or server_weights(model, s) <= VLLM_WEIGHTS_SHARE * mem]
+    # A pipeline only where no server of TP alone fits that size: within a host TP reads the weights faster, and
+    # each stage adds a hop (over the network between hosts).
+    tp_only = {(s.kind, s.server_gpus) for s in fitting if s.pp == 1}
+    fitting = [s for s in fitting if s.pp == 1 or pp or (s.kind, s.server_gpus) not in tp_only]
     if mode == VllmMode.SERVER:
+        if not served and pp:
+            raise PlanError(
+                f"no vLLM server of {pp} pipeline stages fits {n} host(s) of {g} GPUs"
+                + (f" as {gpus} GPU(s)" if gpus else ""),
+                hint="Each replica is TP × PP GPUs, within a host or over whole hosts, and leaves GPUs to train: "
+                "change launch.vllm_pipeline_parallel_size (or launch.vllm_gpus), or leave it unset to choose.",
+            )
         if not served:
             raise PlanError(
                 f"no vLLM server of {gpus} GPU(s) leaves whole hosts or equal trainers on {n} host(s) of {g} GPUs",
@@ -137,9 +156,9 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
 
 
 _BIGGER = (
-    "Use GPUs with more memory, more GPUs per node, or more nodes (a mixture of experts spreads its experts over a "
-    "data-parallel server's GPUs), or a smaller model. A dense model spans at most one node's tensor parallelism "
-    "(pipeline parallelism across nodes is not planned)."
+    "Use GPUs with more memory, more GPUs per node, or more nodes (a dense model's server spans whole nodes as "
+    "pipeline stages; a mixture of experts spreads its experts over a data-parallel server's GPUs), or a smaller "
+    "model."
 )
 
 
@@ -147,7 +166,7 @@ def _reach(served: list[Split], per_host: int, mem: int | None) -> str:
     """How far the servers that were tried reach: "on up to 24 GPUs of 80 GiB (tensor parallel within a node of 8)"."""
     most = max((s.server_gpus for s in served), default=per_host)
     size = f" of {mem / GIB:.0f} GiB" if mem else ""
-    return f"on up to {most} GPUs{size} (tensor parallel within a node of {per_host})"
+    return f"on up to {most} GPUs{size} (tensor parallel within a node of {per_host}, pipeline stages over nodes)"
 
 
 def unfit_servers(topology: Topology, model: ModelShape | None) -> list[str]:
@@ -252,8 +271,17 @@ def place(
     gpus = serving(split.server_hosts[0])
     nodes = tuple(ServerNode(hosts[i].name, hosts[i].addr, serving(i)) for i in split.server_hosts[1:])
     moe = bool(model and model.is_moe and split.dp > 1)
-    shape = f"TP {split.tp} × DP {split.dp}" + (" with expert parallelism" if moe else "")
+    shape = split.shape + (" with expert parallelism" if moe else "")
     trace.decide("vllm_tensor_parallel_size", split.tp, f"{split.server_gpus} server GPU(s) as {shape}")
+    if split.pp > 1 and model is not None:
+        trace.decide(
+            "vllm_pipeline_parallel_size",
+            split.pp,
+            f"no server of tensor parallelism alone holds {model.name} ({model.weight_bytes_bf16 / GIB:.0f} GiB of "
+            f"bf16 weights) in half of each GPU: {split.pp} pipeline stages of TP {split.tp}, "
+            f"{server_weights(model, split) / GIB:.1f} GiB per GPU"
+            + (f", each replica over {split.replica_hosts} hosts" if split.replica_hosts > 1 else ""),
+        )
     if split.dp > 1:
         why = (
             f"{model.name} is a mixture of experts: the {model.experts} experts spread over all {split.server_gpus} "
@@ -264,13 +292,20 @@ def place(
         trace.decide("vllm_data_parallel_size", split.dp, why)
     where = " ".join(f"{name}:{','.join(ids)}" for name, ids in ((host.name, gpus), *((n.name, n.gpus) for n in nodes)))
     trace.decide("server_gpus", where, split.label)
-    if nodes:
+    if nodes and split.replica_hosts > 1:
         trace.decide(
             "vllm_nodes",
             len(nodes) + 1,
-            f"vLLM's multi-node data parallel: the API server and {len(gpus) // split.tp} rank(s) on {host.name}, "
-            f"{len(nodes)} more host(s) run their ranks headless; TRL's weight sync reaches every rank through the "
-            "API server",
+            f"vLLM's multi-node serving (--nnodes): the API server and the first stage on {host.name}, {len(nodes)} "
+            "more host(s) run their stages headless; TRL's weight sync reaches every rank through the API server",
+        )
+    elif nodes:
+        trace.decide(
+            "vllm_nodes",
+            len(nodes) + 1,
+            f"vLLM's multi-node data parallel: the API server and {len(gpus) // (split.tp * split.pp)} rank(s) on "
+            f"{host.name}, {len(nodes)} more host(s) run their ranks headless; TRL's weight sync reaches every rank "
+            "through the API server",
         )
     launch = recipe.launch
     util = launch.vllm_gpu_memory_utilization
@@ -289,6 +324,7 @@ def place(
         nodes=nodes,
         tensor_parallel_size=split.tp,
         data_parallel_size=split.dp,
+        pipeline_parallel_size=split.pp,
         expert_parallel=moe,
         port=launch.vllm_port,
         bind_host=launch.vllm_host or ("0.0.0.0" if multi else "127.0.0.1"),
@@ -319,50 +355,3 @@ def _colocate(recipe: Recipe, split: Split, trace: Trace) -> VllmPlan:
         max_prompt_length=prompt_bound(recipe),
         sleep_mode=sleep,
     )
-
-
-def cpu_train_hosts(topology: Topology, recipe: Recipe, trace: Trace) -> tuple[TrainHost, ...]:
-    hosts = topology.hosts
-    if len(hosts) == 1:
-        n = recipe.launch.num_processes or 1
-        trace.decide(
-            "num_processes", n, "set in launch.num_processes" if recipe.launch.num_processes else "CPU default"
-        )
-        h = hosts[0]
-        return (TrainHost(h.name, h.addr, 0, (), n),)
-    if recipe.launch.num_processes:
-        total = recipe.launch.num_processes
-        if total % len(hosts):
-            raise PlanError(
-                f"launch.num_processes={total} cannot be split evenly over {len(hosts)} CPU hosts",
-                hint=f"Use a multiple of {len(hosts)} (accelerate runs the same number of processes on every host).",
-            )
-        per = total // len(hosts)
-        why = f"launch.num_processes={total} over {len(hosts)} hosts"
-    else:
-        counts = {h.cpus or 1 for h in hosts}
-        if len(counts) > 1:
-            raise PlanError(
-                "CPU hosts have different slot counts: " + ", ".join(f"{h.name}={h.cpus}" for h in hosts),
-                hint="Give every host the same slots=N, or set launch.num_processes.",
-            )
-        per = counts.pop()
-        why = "one process per slot / CPU of each host"
-    trace.decide("num_processes", per * len(hosts), why)
-    return tuple(TrainHost(h.name, h.addr, r, (), per) for r, h in enumerate(hosts))
-
-
-def gpu_roles(topology: Topology, vllm: VllmPlan, train_hosts: tuple[TrainHost, ...]) -> tuple[GpuRole, ...]:
-    training = {(h.name, g) for h in train_hosts for g in h.gpus}
-    serving = set()
-    if vllm.mode == VllmMode.SERVER:
-        serving = {(vllm.host, g) for g in vllm.gpus} | {(n.name, g) for n in vllm.nodes for g in n.gpus}
-    roles = []
-    for h in topology.hosts:
-        for g in h.gpus:
-            key = (h.name, g.visible_id)
-            use = GpuUse.VLLM if key in serving else GpuUse.TRAIN if key in training else GpuUse.IDLE
-            if vllm.mode == VllmMode.COLOCATE and use == GpuUse.TRAIN:
-                use = GpuUse.SHARED
-            roles.append(GpuRole(h.name, g.visible_id, g.name, g.memory_gib, use))
-    return tuple(roles)

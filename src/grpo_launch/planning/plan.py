@@ -17,7 +17,7 @@ from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.gpus import find_gpu_spec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning import placement
+from grpo_launch.planning import placement, roles
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.estimate import estimate_plan, size_vllm, workload
 from grpo_launch.planning.layout import LayoutRequest, solve_layout
@@ -188,7 +188,7 @@ def _plan_one(search: Search, split: Split | None, completions: int | None) -> P
     trace = Trace(list(search.base.decisions), list(search.base.notices), list(search.base.warnings))
     values = recipe.values
     if split is None:
-        vllm, train_hosts = VllmPlan(VllmMode.OFF), placement.cpu_train_hosts(topology, recipe, trace)
+        vllm, train_hosts = VllmPlan(VllmMode.OFF), roles.cpu_train_hosts(topology, recipe, trace)
     else:
         vllm, train_hosts = placement.place(topology, recipe, model, split, trace)
     n = sum(h.processes for h in train_hosts)
@@ -233,7 +233,7 @@ def _plan_one(search: Search, split: Split | None, completions: int | None) -> P
         vllm_version=runtime.vllm_version,
         runtime=runtime,
         trainer_values=values_out,
-        roles=placement.gpu_roles(topology, vllm, train_hosts),
+        roles=roles.gpu_roles(topology, vllm, train_hosts),
         decisions=tuple(trace.decisions),
         notices=tuple(trace.notices),
         warnings=(*trace.warnings, *runtime.warnings),

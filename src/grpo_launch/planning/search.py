@@ -137,6 +137,7 @@ def candidate(
         mode,
         split.tp,
         data_parallel_size=split.dp,
+        pipeline_parallel_size=split.pp,
         server_gpus=split.server_gpus,
         trainers=split.trainers,
         idle=split.idle,

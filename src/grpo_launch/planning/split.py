@@ -54,6 +54,7 @@ class Split:
     dp: int = 1  # server: data-parallel ranks; colocate: engines (one per TP group of trainers)
     server_hosts: tuple[int, ...] = ()
     server_gpus_per_host: int = 0
+    pp: int = 1  # server: pipeline stages of each replica (TP × PP GPUs), only where no replica of TP alone fits
 
     @property
     def trainers(self) -> int:
@@ -71,7 +72,14 @@ class Split:
 
     @property
     def shape(self) -> str:
-        return f"TP {self.tp} × DP {self.dp}" if self.dp > 1 else f"TP {self.tp}"
+        return (
+            f"TP {self.tp}" + (f" × PP {self.pp}" if self.pp > 1 else "") + (f" × DP {self.dp}" if self.dp > 1 else "")
+        )
+
+    @property
+    def replica_hosts(self) -> int:
+        """Hosts one replica spans (its pipeline stages on consecutive hosts); 1 within a host."""
+        return max(1, self.tp * self.pp // max(1, self.server_gpus_per_host))
 
     @property
     def label(self) -> str:
@@ -97,8 +105,11 @@ def server_shapes(model: ModelShape | None, gpus: int, limit: int) -> list[tuple
     return [(t, gpus // t) for t in tps if gpus % t == 0]
 
 
-def enumerate_splits(hosts: int, per_host: int, model: ModelShape | None) -> list[Split]:
-    """Every split of ``hosts`` × ``per_host`` GPUs, each server size with each TP × DP that shards the model."""
+def enumerate_splits(
+    hosts: int, per_host: int, model: ModelShape | None, pipeline_tp: int | None = None
+) -> list[Split]:
+    """Every split of ``hosts`` × ``per_host`` GPUs, each server size with each TP × DP that shards the model, and
+    with pipelines of the largest TP (or ``pipeline_tp``)."""
     everyone = tuple(range(hosts))
     out = [
         Split(SplitKind.COLOCATE, hosts, per_host, per_host, everyone, tp=t, dp=hosts * per_host // t)
@@ -108,18 +119,44 @@ def enumerate_splits(hosts: int, per_host: int, model: ModelShape | None) -> lis
         for k in range(1, per_host):
             for t, d in server_shapes(model, k, per_host):
                 out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), t, d, (0,), k))
+            for t, p, d in pipeline_shapes(model, k, per_host, pipeline_tp):
+                out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), t, d, (0,), k, pp=p))
         return out
     last = hosts - 1
     for j in serving_host_counts(hosts):
         # The last j hosts serve, the first API server on the first of them; the others train.
+        train, serve = tuple(range(hosts - j)), tuple(range(hosts - j, hosts))
         for t, d in server_shapes(model, per_host, per_host):
-            out.append(Split(SplitKind.NODES, hosts, per_host, per_host, tuple(range(hosts - j)), t, d * j,
-                             tuple(range(hosts - j, hosts)), per_host))  # fmt: skip
+            out.append(Split(SplitKind.NODES, hosts, per_host, per_host, train, t, d * j, serve, per_host))
+        for t, p, d in pipeline_shapes(model, j * per_host, per_host, pipeline_tp):
+            out.append(Split(SplitKind.NODES, hosts, per_host, per_host, train, t, d, serve, per_host, pp=p))
     for k in range(1, per_host):
         for t, d in server_shapes(model, k, per_host):
             out.append(Split(SplitKind.SPREAD, hosts, per_host, per_host - k, everyone, t, d * hosts, everyone, k))
             out.append(Split(SplitKind.SHARED, hosts, per_host, per_host - k, everyone, t, d, (last,), k))
     return out
+
+
+def pipeline_shapes(
+    model: ModelShape | None, gpus: int, per_host: int, tp: int | None = None
+) -> list[tuple[int, int, int]]:
+    """(TP, PP, DP) servers on ``gpus`` GPUs (one host's ``per_host`` or more) whose replicas are pipelines: the
+    largest TP that shards the model, divides a host's GPUs and fits, times 2, 3, … stages, each replica within a
+    host or over whole hosts (vLLM places a replica's ranks on consecutive hosts, ``--nnodes``). Only for a dense model:
+    a mixture of experts spreads its experts over a data-parallel server instead. The split search keeps them only
+    where no server of TP alone fits (:func:`grpo_launch.planning.placement.allowed_splits`): within a host TP
+    reads the weights faster, and a pipeline adds its hops."""
+    if model is None or model.is_moe:
+        return []
+    tps = [t for t in model.valid_tp_sizes(per_host) if per_host % t == 0 and t == (tp or t)]
+    out: dict[int, tuple[int, int, int]] = {}
+    for t in reversed(tps):  # each stage count with the largest TP that takes it
+        for p in range(2, min(gpus // t, model.layers) + 1):
+            r = t * p
+            # within one host any replica that divides the GPUs; over hosts, replicas that tile the hosts
+            if p not in out and gpus % r == 0 and (gpus <= per_host or per_host % r == 0 or r % per_host == 0):
+                out[p] = (t, p, gpus // r)
+    return sorted(out.values(), key=lambda s: s[1])
 
 
 # Whole serving hosts tried on many nodes: every count up to 8, then about √2 apart (a 128-node search stays small).

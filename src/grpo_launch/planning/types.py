@@ -93,7 +93,8 @@ class VllmPlan:
     gpus: tuple[str, ...] = ()  # visible ids on ``host`` (server mode)
     nodes: tuple[ServerNode, ...] = ()  # the server's other hosts (vLLM multi-node data parallel), headless
     tensor_parallel_size: int = 1
-    data_parallel_size: int = 1  # server: DP ranks of TP GPUs each (the server holds TP × DP GPUs)
+    data_parallel_size: int = 1  # server: DP ranks of TP × PP GPUs each (the server holds TP × PP × DP GPUs)
+    pipeline_parallel_size: int = 1  # server: pipeline stages of each replica (on consecutive hosts when it spans)
     expert_parallel: bool = False  # server: --enable-expert-parallel (the experts spread over all its GPUs)
     port: int = 8000
     bind_host: str = "127.0.0.1"
@@ -108,14 +109,28 @@ class VllmPlan:
         return f"http://{self.address}:{self.port}" if self.mode == VllmMode.SERVER else None
 
     @property
+    def replica_gpus(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def spans_hosts(self) -> bool:
+        """One replica's pipeline stages run on several hosts (vLLM's ``--nnodes`` form)."""
+        return bool(self.nodes) and self.replica_gpus > len(self.gpus)
+
+    @property
     def local_data_parallel_size(self) -> int:
-        """Data-parallel ranks on each of the server's hosts."""
-        return max(1, len(self.gpus) // self.tensor_parallel_size)
+        """Data-parallel ranks on each of the server's hosts (1 where a replica spans hosts)."""
+        return max(1, len(self.gpus) // self.replica_gpus)
 
     @property
     def rpc_port(self) -> int:
         """The port the API server's host coordinates the other hosts' engines on (--data-parallel-rpc-port)."""
         return self.port + 1
+
+    @property
+    def master_port(self) -> int:
+        """The port of the torch.distributed group of a replica over several hosts (--master-port)."""
+        return self.port + 2
 
     @property
     def server_hosts(self) -> tuple[str, ...]:
@@ -226,6 +241,7 @@ class Candidate:
     mode: VllmMode
     tensor_parallel_size: int
     data_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     server_gpus: int = 0
     trainers: int = 0
     idle: int = 0

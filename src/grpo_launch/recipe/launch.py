@@ -22,6 +22,8 @@ class LaunchSettings:
     vllm: VllmMode | None = field(default=None, metadata={"enum": VllmMode})  # None: auto (the planner chooses)
     vllm_gpus: int | None = field(default=None, metadata={"min": 1, "max": 4096})
     vllm_tensor_parallel_size: int | None = field(default=None, metadata={"min": 1, "max": 4096})
+    # Pipeline stages of each server replica (TP × PP GPUs). Unset: only where no server of TP alone fits the model.
+    vllm_pipeline_parallel_size: int | None = field(default=None, metadata={"min": 1, "max": 1024})
     vllm_port: int = field(default=8000, metadata={"min": 1, "max": 65535})
     vllm_host: str | None = field(default=None, metadata={"kind": "str"})
     vllm_gpu_memory_utilization: float | None = field(

@@ -42,7 +42,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "command": list(vllm_spec.argv) if vllm_spec else None,
             "env": vllm_spec.launch_env if vllm_spec else None,
             "shell": vllm_spec.shell() if vllm_spec else None,
-            "headless": [  # the server's other hosts (multi-node data parallel)
+            "headless": [  # the server's other hosts (multi-node data parallel, or a replica's later stages)
                 {"name": w.name, "host": w.host, "argv": list(w.argv), "shell": w.shell()}
                 for w in vllm_servers(plan)[1:]
             ],
@@ -73,6 +73,12 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "label": c.label,
                 "mode": c.mode,
                 "tensor_parallel_size": c.tensor_parallel_size,
+                "pipeline_parallel_size": c.pipeline_parallel_size,
+                "data_parallel_size": c.data_parallel_size,
+                "server_gpus": c.server_gpus,
+                "trainers": c.trainers,
+                "idle_gpus": c.idle,
+                "prompts_per_step": c.prompts_per_step,
                 "step": asdict(c.step) if c.step else None,
                 "per_prompt_s": c.per_prompt_s,
                 "chosen": c.chosen,
@@ -128,7 +134,9 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
             # the rest of the share: activations, CUDA graphs and KV blocks beyond the planned sequences
             "overhead_and_spare": (v.gpu_memory_utilization * est.gpu_memory_gib * GIB - v.weights_per_gpu - kv) / GIB,
             "total": v.gpu_memory_utilization * est.gpu_memory_gib,
-            "kv_bytes_per_token_per_gpu": plan.model.kv_bytes_per_token_per_gpu(plan.vllm.tensor_parallel_size)
+            "kv_bytes_per_token_per_gpu": plan.model.kv_bytes_per_token_per_gpu(
+                plan.vllm.tensor_parallel_size, plan.vllm.pipeline_parallel_size
+            )
             if plan.model
             else None,
         }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from grpo_launch.enums import Device, Role, VllmMode
-from grpo_launch.planning.types import Plan, TrainHost
+from grpo_launch.planning.types import Plan, TrainHost, VllmPlan
 from grpo_launch.probe.pythons import TRL_VLLM_RANGE, version_tuple
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.rundir.layout import RUN_DIR_ENV
@@ -50,9 +50,16 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         "--gpu-memory-utilization",
         f"{v.gpu_memory_utilization}",
     ]
+    if v.pipeline_parallel_size > 1:
+        argv += ["--pipeline-parallel-size", str(v.pipeline_parallel_size)]
     if v.data_parallel_size > 1:  # replicas (a dense model), or DP ranks with the experts spread over them
         argv += ["--data-parallel-size", str(v.data_parallel_size)]
-    if v.nodes:  # vLLM's multi-node data parallel: the ranks of each host, and where the API server's host is
+    if v.spans_hosts:  # a replica's stages over hosts: vLLM's multi-node serving, this host first (--node-rank 0)
+        argv += ["--nnodes", str(len(v.nodes) + 1), "--node-rank", "0", "--master-addr", str(v.address),
+                 "--master-port", str(v.master_port)]  # fmt: skip
+        if v.data_parallel_size > 1:
+            argv += ["--data-parallel-rpc-port", str(v.rpc_port)]
+    elif v.nodes:  # vLLM's multi-node data parallel: the ranks of each host, and where the API server's host is
         argv += ["--data-parallel-size-local", str(v.local_data_parallel_size), "--data-parallel-address",
                  str(v.address), "--data-parallel-rpc-port", str(v.rpc_port)]  # fmt: skip
     if v.expert_parallel:
@@ -78,24 +85,39 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         "-1",
         *launch.vllm_extra_args,
     ]
-    env = {"VLLM_SERVER_DEV_MODE": "1", **network_env(plan), **launch.vllm_env}
+    env = {"VLLM_SERVER_DEV_MODE": "1", **network_env(plan), **_host_ip(v, v.address), **launch.vllm_env}
     return ProcessSpec(
         name="vllm", argv=tuple(argv), env=env, host=_host(plan, v.host), role=Role.VLLM, gpus=tuple(v.gpus)
     )
 
 
 def vllm_servers(plan: Plan) -> tuple[ProcessSpec, ...]:
-    """The vLLM server's processes: the API server, then, for a data-parallel server spread over several hosts, one
-    headless process per other host with its first data-parallel rank (vLLM's multi-node data parallel)."""
+    """The vLLM server's processes: the API server, then one headless process per other host of a server over
+    several: its first data-parallel rank (vLLM's multi-node data parallel), or its node rank when a replica's
+    pipeline stages span hosts (``--nnodes``: vLLM infers the ranks; a host that starts a replica runs its engine,
+    the others its workers)."""
     head = vllm_server(plan)
     if head is None:
         return ()
     v = plan.vllm
     others = []
     for i, node in enumerate(v.nodes, start=1):
-        argv = [*head.argv, "--data-parallel-start-rank", str(i * v.local_data_parallel_size), "--headless"]
-        others.append(replace(head, name=f"vllm@{node.name}", argv=tuple(argv), host=node.name, gpus=node.gpus))
+        if v.spans_hosts:
+            at = head.argv.index("--node-rank")
+            argv = [*head.argv[: at + 1], str(i), *head.argv[at + 2 :], "--headless"]
+        else:
+            argv = [*head.argv, "--data-parallel-start-rank", str(i * v.local_data_parallel_size), "--headless"]
+        env = {**head.env, **_host_ip(v, node.address), **plan.recipe.launch.vllm_env}
+        others.append(replace(head, name=f"vllm@{node.name}", argv=tuple(argv), env=env, host=node.name,
+                              gpus=node.gpus))  # fmt: skip
     return (head, *others)
+
+
+def _host_ip(v: VllmPlan, address: str | None) -> dict[str, str]:
+    """A server over several hosts: each host's own address for vLLM's get_ip(), which otherwise takes the
+    default-route address (or 0.0.0.0 without one, seen on the test hosts), and the other hosts then cannot reach
+    the head's message queue (vllm/v1/executor/multiproc_executor.py, ``mq_connect_ip``)."""
+    return {"VLLM_HOST_IP": address} if v.nodes and address else {}
 
 
 def _host(plan: Plan, name: str | None) -> str | None:

@@ -49,6 +49,10 @@ CONSTANTS: dict[str, Constant] = {
     "tp_allreduce_s_per_mib_tp2": Constant(18.5e-6, "s/MiB", "TP 2: (26.6 − 8.7) µs over 1 MiB − 32 KiB, ibid."),
     "tp_allreduce_s_per_mib_tp4": Constant(32.0e-6, "s/MiB", "TP 4: (40.2 − 9.2) µs over 1 MiB − 32 KiB, ibid."),
     "tp_allreduce_s_per_mib_tp8": Constant(34.3e-6, "s/MiB", "TP 8: (45.0 − 11.8) µs over 1 MiB − 32 KiB, ibid."),
+    "p2p_latency_s_node": Constant(10e-6, "s per send", "NCCL send/recv within a node (NVLink): PENDING"),
+    "p2p_bytes_per_s_node": Constant(150e9, "B/s", "NCCL send/recv within a node (NVLink): PENDING"),
+    "p2p_latency_s_net": Constant(20e-6, "s per send", "NCCL send/recv across nodes (InfiniBand): PENDING"),
+    "p2p_bytes_per_s_net": Constant(40e9, "B/s", "NCCL send/recv across nodes (InfiniBand): PENDING"),
     "zero3_slowdown": Constant(1.1, "×", "ZeRO-3 parameter gathers not hidden behind compute (assumed)"),
     "cpu_adam_params_per_s": Constant(
         3.9e9,

@@ -168,17 +168,19 @@ def vllm_memory(
     replicas: int = 1,
     limit: float | None = None,
     ep: bool = False,
+    pp: int = 1,
 ) -> VllmMemory | None:
     """vLLM sizing on GPUs of ``gpu_bytes``: with ``share`` (colocate) the fraction it may use and the utilization
     sized to what it needs; else a server at ``limit`` (its --gpu-memory-utilization, default TRL's 0.9).
 
     ``max_num_seqs`` covers the sequences one replica (a colocated engine, a server's data-parallel rank) decodes
     at once (its part of a generation round), capped by what the KV cache holds; None when not even one sequence
-    fits. With ``ep`` the routed experts are spread over all ``tp × replicas`` GPUs (expert parallelism).
+    fits. With ``ep`` the routed experts are spread over all ``tp × replicas`` GPUs (expert parallelism); with
+    ``pp`` stages each GPU holds its stage's layers and their KV cache.
     """
     max_len = work.seq_len
-    weights = model.weight_bytes_per_gpu(tp, replicas, ep=ep)
-    kv_seq = model.kv_bytes_per_token_per_gpu(tp) * max_len
+    weights = model.weight_bytes_per_gpu(tp, replicas, ep=ep, pp=pp)
+    kv_seq = model.kv_bytes_per_token_per_gpu(tp, pp) * max_len
     server_util = limit if limit is not None else VLLM_SERVER_UTILIZATION
     room = (share if share is not None else server_util) * gpu_bytes - weights - VLLM_OVERHEAD_BYTES
     capacity = int(room // kv_seq) if kv_seq > 0 else 0
@@ -194,11 +196,11 @@ def vllm_memory(
 
 
 def vllm_share_needed(
-    model: ModelShape, tp: int, gpu_bytes: float, seq_len: int, dp: int = 1, *, ep: bool = False
+    model: ModelShape, tp: int, gpu_bytes: float, seq_len: int, dp: int = 1, *, ep: bool = False, pp: int = 1
 ) -> float:
     """The gpu_memory_utilization that holds the weights and one sequence's KV cache (for a refusal's fix)."""
-    weights = model.weight_bytes_per_gpu(tp, dp, ep=ep)
-    return (weights + VLLM_OVERHEAD_BYTES + model.kv_bytes_per_token_per_gpu(tp) * seq_len) / gpu_bytes + (
+    weights = model.weight_bytes_per_gpu(tp, dp, ep=ep, pp=pp)
+    return (weights + VLLM_OVERHEAD_BYTES + model.kv_bytes_per_token_per_gpu(tp, pp) * seq_len) / gpu_bytes + (
         VLLM_UTILIZATION_MARGIN
     )
 

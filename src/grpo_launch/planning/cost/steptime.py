@@ -35,6 +35,8 @@ def generation_time(
     *,
     ep: bool = False,
     prompt_copies: int = 1,
+    pp: int = 1,
+    pp_across_nodes: bool = False,
 ) -> tuple[float, str]:
     """Seconds to generate one optimizer step's completions on ``replicas`` × TP ``tp`` GPUs, and the arithmetic.
     With ``ep`` (expert parallelism over all of them) each GPU reads its share of the experts the whole batch
@@ -42,12 +44,20 @@ def generation_time(
 
     ``prompt_copies``: on how many replicas each prompt is prefilled. vLLM's prefix cache (on by default) prefills
     a prompt once per engine whatever the number of its samples there, but a data-parallel server routes each sample
-    on its own (:func:`server_prompt_copies`), so a prompt is prefilled on up to ``num_generations`` replicas."""
+    on its own (:func:`server_prompt_copies`), so a prompt is prefilled on up to ``num_generations`` replicas.
+
+    ``pp``: each replica is a pipeline of ``pp`` stages of TP GPUs. vLLM keeps ``pp`` micro-batches in flight
+    (the engine's batch queue, vllm/v1/engine/core.py ``step_with_batch_queue``), so in one decode round every
+    stage runs each micro-batch once: it reads its weights ``pp`` times (as much as one TP group reads the whole
+    model), its layers' share of every sequence's KV cache, and sends each micro-batch's hidden states and residual
+    to the next stage (:func:`p2p_time`, over the network when the stages are on different hosts). Prefill and the
+    compute spread over all TP × PP GPUs. The fixed overhead is counted once per micro-batch (conservative: the
+    batch queue overlaps some of it)."""
     flops = gpu.bf16_tflops * 1e12
     bw = gpu.bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY
     prompts = work.completions / max(1, work.num_generations)
     active = model.active_params  # compute runs through the active parameters; memory holds them all
-    prefill = 2 * active * prompts * prompt_copies * work.prompt_len / (replicas * tp * flops * PREFILL_MFU)
+    prefill = 2 * active * prompts * prompt_copies * work.prompt_len / (replicas * tp * pp * flops * PREFILL_MFU)
     per_replica = math.ceil(work.completions / replicas)
     batches = math.ceil(per_replica / max(1, max_num_seqs))
     batch = min(per_replica, max_num_seqs)
@@ -56,14 +66,19 @@ def generation_time(
     if ep:
         dense = 2.0 * (model.params - model.routed_params)
         weights = dense / tp + (model.decode_read_bytes(batch * replicas) - dense) / (tp * replicas)
+    elif pp > 1:
+        weights = pp * model.weight_bytes_per_gpu(tp, pp=pp)
     else:
         weights = model.decode_read_bytes(batch) / tp
-    read = weights + batch * avg_ctx * model.kv_bytes_per_token_per_gpu(tp)
+    read = weights + batch * avg_ctx * model.kv_bytes_per_token_per_gpu(tp, pp)
     step_mem = read / bw
-    step_compute = 2 * active * batch / (tp * flops * PREFILL_MFU)
-    # Two all-reduces per layer and decode step (after attention and after the MLP), of the batch's hidden states.
-    comm = 2 * model.layers * allreduce_time(tp, batch * model.hidden * 2) if tp > 1 else 0.0
-    decode = batches * steps * (max(step_mem, step_compute) + comm + DECODE_STEP_OVERHEAD_S)
+    step_compute = 2 * active * batch / (tp * pp * flops * PREFILL_MFU)
+    # Two all-reduces per layer and decode step (after attention and after the MLP), of the batch's hidden states
+    # (a stage's micro-batches together: all layers, the batch's states once).
+    comm = 2 * model.layers * allreduce_time(tp, batch / pp * model.hidden * 2) if tp > 1 else 0.0
+    if pp > 1:  # each micro-batch's hidden states and residual (bf16) to the next stage
+        comm += pp * p2p_time(2 * batch / pp * model.hidden * 2, across_nodes=pp_across_nodes)
+    decode = batches * steps * (max(step_mem, step_compute) + comm + pp * DECODE_STEP_OVERHEAD_S)
     scale = work.scale.generation
     why = (
         f"prefill 2·{active / 1e9:.2f}B·{prompts:.0f} prompts"
@@ -72,8 +87,9 @@ def generation_time(
         f"{gpu.bf16_tflops:.0f} TFLOP/s · {PREFILL_MFU:.0%}) = {prefill:.2f} s; decode {batches} batch(es) × "
         f"{steps:.0f} steps × ({max(step_mem, step_compute) * 1e3:.1f} ms "
         f"{'memory' if step_mem >= step_compute else 'compute'}-bound at batch {batch}"
-        + (f" + {comm * 1e3:.2f} ms TP all-reduces" if tp > 1 else "")
-        + f" + {DECODE_STEP_OVERHEAD_S * 1e3:.0f} ms overhead) = {decode:.1f} s"
+        + (f" + {comm * 1e3:.2f} ms " + ("TP all-reduces" if pp == 1 else "stage hops and all-reduces") if comm else "")
+        + (f" + {pp} micro-batches ×" if pp > 1 else " +")
+        + f" {DECODE_STEP_OVERHEAD_S * 1e3:.0f} ms overhead) = {decode:.1f} s"
         + (f"; × {scale:.2f} measured" if scale != 1.0 else "")
     )
     return (prefill + decode) * scale, why
@@ -84,6 +100,13 @@ def allreduce_time(tp: int, nbytes: float) -> float:
     constants.py): a fixed latency plus a cost per MiB, the TP 8 figures beyond 8."""
     key = 2 if tp <= 2 else 4 if tp <= 4 else 8
     return _c(f"tp_allreduce_latency_s_tp{key}") + nbytes / 2**20 * _c(f"tp_allreduce_s_per_mib_tp{key}")
+
+
+def p2p_time(nbytes: float, *, across_nodes: bool) -> float:
+    """Seconds of one send between pipeline stages: a fixed latency plus the bytes at the link's rate (NVLink
+    within a host, the network between hosts; constants.py)."""
+    where = "net" if across_nodes else "node"
+    return _c(f"p2p_latency_s_{where}") + nbytes / _c(f"p2p_bytes_per_s_{where}")
 
 
 def server_prompt_copies(num_generations: int, replicas: int) -> int:
