@@ -16,12 +16,13 @@ class GpuSpec:
     memory_gib: float
     bf16_tflops: float  # dense
     bandwidth_tbs: float
+    nvlink: bool = True  # the GPUs of a server talk over NVLink (else PCIe: NCCL's all-reduce, not vLLM's own)
 
 
 GPU_SPECS: tuple[GpuSpec, ...] = (
     GpuSpec("H100-80GB", 79.6, 989.0, 3.35),
-    GpuSpec("H100-PCIe", 79.6, 756.0, 2.0),
-    GpuSpec("H100-NVL", 93.0, 835.0, 3.9),
+    GpuSpec("H100-PCIe", 79.6, 756.0, 2.0, nvlink=False),
+    GpuSpec("H100-NVL", 93.0, 835.0, 3.9, nvlink=False),
     GpuSpec("H800", 79.6, 989.0, 3.35),
     GpuSpec("GH200", 95.0, 989.0, 4.0),
     GpuSpec("H200", 139.8, 989.0, 4.8),
@@ -30,16 +31,16 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
     GpuSpec("A100-80GB", 79.2, 312.0, 2.0),
     GpuSpec("A100-40GB", 39.4, 312.0, 1.55),
     GpuSpec("A800", 79.2, 312.0, 2.0),
-    GpuSpec("L20", 44.5, 119.5, 0.86),
-    GpuSpec("L40S", 44.5, 362.0, 0.86),
-    GpuSpec("L40", 44.5, 181.0, 0.86),
-    GpuSpec("L4", 22.0, 121.0, 0.3),
-    GpuSpec("A6000", 47.5, 155.0, 0.77),
-    GpuSpec("RTX6000-Ada", 47.5, 364.0, 0.96),
-    GpuSpec("A10G", 22.0, 70.0, 0.6),
-    GpuSpec("A10", 22.0, 125.0, 0.6),
-    GpuSpec("RTX4090", 23.6, 165.0, 1.0),
-    GpuSpec("RTX3090", 23.6, 71.0, 0.94),
+    GpuSpec("L20", 44.5, 119.5, 0.86, nvlink=False),
+    GpuSpec("L40S", 44.5, 362.0, 0.86, nvlink=False),
+    GpuSpec("L40", 44.5, 181.0, 0.86, nvlink=False),
+    GpuSpec("L4", 22.0, 121.0, 0.3, nvlink=False),
+    GpuSpec("A6000", 47.5, 155.0, 0.77, nvlink=False),
+    GpuSpec("RTX6000-Ada", 47.5, 364.0, 0.96, nvlink=False),
+    GpuSpec("A10G", 22.0, 70.0, 0.6, nvlink=False),
+    GpuSpec("A10", 22.0, 125.0, 0.6, nvlink=False),
+    GpuSpec("RTX4090", 23.6, 165.0, 1.0, nvlink=False),
+    GpuSpec("RTX3090", 23.6, 71.0, 0.94, nvlink=False),
 )
 
 

@@ -39,7 +39,14 @@ CONSTANTS: dict[str, Constant] = {
     "vllm_max_num_seqs": Constant(1024, "sequences", "upper bound on the planned --max-num-seqs"),
     "prefill_mfu": Constant(0.50, "of peak bf16", "vLLM prefill is compute-bound at large batch"),
     "decode_bw_efficiency": Constant(0.85, "of peak HBM bandwidth", "memory-bound decode kernels"),
-    "decode_step_overhead_s": Constant(0.003, "s/decode step", "vLLM scheduling, sampling and kernel launches"),
+    # vLLM V1 (TRL 1.16 runs vLLM 0.22–0.31): the fixed cost of a decode step beside reading the weights. vLLM
+    # blog "The State of FP8 KV-Cache" (blog.vllm.ai/2026/04/22/fp8-kvcache.html, v0.19.1, one H100, concurrency
+    # 1): Llama-3.1-8B's inter-token latency at zero context, fitted, is 6.44 ms; its 16.06 GB of weights at
+    # decode_bw_efficiency take 5.64 ms. V0 spent more (Qwen2.5 speed benchmark, vLLM 0.6.3, A100: 3.1 ms fitted;
+    # vLLM RFC #6854: 5–13 ms of GPU bubble), so those are lower bounds of the older engine, not this one.
+    "decode_step_overhead_s": Constant(
+        0.0015, "s/decode step", "vLLM V1 scheduling, sampling and launches: H100 Llama-3.1-8B ITL 6.44 ms, fitted"
+    ),
     # vLLM's custom all-reduce on 8 × H100 (NVLink), measured by sglang PR #2904 (github.com/sgl-project/sglang/
     # pull/2904, 2025-01-15, "vllm" rows, without CUDA graphs): 8.7/9.2/11.8 µs at 32 KB and 26.6/40.2/45.0 µs at
     # 1 MB for TP 2/4/8. Each is a fixed latency (the 32 KB figure) plus a cost per MiB (the slope to 1 MB).
@@ -49,10 +56,24 @@ CONSTANTS: dict[str, Constant] = {
     "tp_allreduce_s_per_mib_tp2": Constant(18.5e-6, "s/MiB", "TP 2: (26.6 − 8.7) µs over 1 MiB − 32 KiB, ibid."),
     "tp_allreduce_s_per_mib_tp4": Constant(32.0e-6, "s/MiB", "TP 4: (40.2 − 9.2) µs over 1 MiB − 32 KiB, ibid."),
     "tp_allreduce_s_per_mib_tp8": Constant(34.3e-6, "s/MiB", "TP 8: (45.0 − 11.8) µs over 1 MiB − 32 KiB, ibid."),
-    "p2p_latency_s_node": Constant(10e-6, "s per send", "NCCL send/recv within a node (NVLink): PENDING"),
-    "p2p_bytes_per_s_node": Constant(150e9, "B/s", "NCCL send/recv within a node (NVLink): PENDING"),
-    "p2p_latency_s_net": Constant(20e-6, "s per send", "NCCL send/recv across nodes (InfiniBand): PENDING"),
-    "p2p_bytes_per_s_net": Constant(40e9, "B/s", "NCCL send/recv across nodes (InfiniBand): PENDING"),
+    # NCCL all-reduce without NVLink (vLLM's custom all-reduce is off on more than two PCIe GPUs, vllm issue
+    # #56128): nccl-tests issue #287 (4 × RTX 5090, NCCL 2.26.2) 31.64 µs at 32 KB, 93.45 µs at 1 MB; sglang-V100
+    # PR #2 (4 × V100 behind one PCIe switch, in a CUDA graph) 24.2 µs at 32 KB; b12x PR #139 (16 × RTX PRO 6000)
+    # 36–40 µs at 14–115 KB.
+    "tp_allreduce_latency_s_pcie": Constant(
+        25e-6, "s per all-reduce", "TP ≤ 4 over PCIe: nccl-tests #287, sglang-V100 #2"
+    ),
+    "tp_allreduce_latency_s_pcie_tp8": Constant(35e-6, "s per all-reduce", "TP ≥ 8 over PCIe: b12x PR #139"),
+    "tp_allreduce_s_per_mib_pcie": Constant(66e-6, "s/MiB", "15 GB/s: nccl-tests #287 algbw 11.2 GB/s at 1 MB"),
+    # Pipeline stages' sends. Within a node (NVLink): NCCL issue #1259, 8 × H100, "approximately 6us" for 2 GPUs;
+    # the HF Smol Training Playbook (huggingface.co/spaces/HuggingFaceTB/smol-training-playbook) measured 364.93
+    # GB/s within a node. Between nodes: nccl-tests #293 (A100, InfiniBand) 20 µs small messages, #214 (A40) 31–34
+    # µs send/recv; 46–48 GB/s per NDR 400 Gb/s NIC (nccl-tests #290, an NVIDIA maintainer), 42–43 GB/s send/recv
+    # over 4 EFA NICs (the playbook).
+    "p2p_latency_s_node": Constant(6e-6, "s per send", "NCCL within an NVLink node: NCCL issue #1259"),
+    "p2p_bytes_per_s_node": Constant(365e9, "B/s", "NCCL within an H100 node: HF Smol Training Playbook"),
+    "p2p_latency_s_net": Constant(25e-6, "s per send", "NCCL between nodes: nccl-tests #293 (20 µs), #214 (31–34)"),
+    "p2p_bytes_per_s_net": Constant(40e9, "B/s", "one 400 Gb/s NIC: nccl-tests #290 (46–48), the playbook (42–43)"),
     "zero3_slowdown": Constant(1.1, "×", "ZeRO-3 parameter gathers not hidden behind compute (assumed)"),
     "cpu_adam_params_per_s": Constant(
         3.9e9,
@@ -60,8 +81,17 @@ CONSTANTS: dict[str, Constant] = {
         "ZeRO-Offload (Ren et al., USENIX ATC 2021) Table 4: DeepSpeed CPU-Adam 2.57 s for 10B parameters "
         "(0.22 s for 1B) on a DGX-2 host",
     ),
-    "sync_bytes_per_s_node": Constant(20e9, "B/s", "NCCL broadcast within a node"),
-    "sync_bytes_per_s_net": Constant(10e9, "B/s", "NCCL broadcast across nodes"),
+    # TRL's weight sync: the trainer's rank 0 broadcasts every bf16 tensor to the vLLM workers (NCCL), after a
+    # fixed cost (requests to the server, pausing and resuming it). TRL PR #5892 (vLLM ≥ 0.22 weight transfer, H100,
+    # one node): "~0.18s" for Qwen3-0.6B; TRL PR #5249: 0.15 s for Qwen2 0.5B; verl PR #116 (8 × L20, PCIe, the
+    # broadcast alone): 0.70 s for Llama-3-8B, 0.79 s for Qwen2.5-7B; verl PR #7263 (2 nodes, AWS EFA): 3.01 s for
+    # 27B; TRL PR #7131 (16 + 16 H200): "~2.3s" for Qwen3-32B; verl issue #7167: one sender's broadcast between
+    # nodes "capped at ~25 GB/s".
+    "sync_fixed_s": Constant(0.1, "s per sync", "TRL PR #5892 (0.18 s at 0.6B), PR #5249 (0.15 s at 0.5B)"),
+    "sync_bytes_per_s_node": Constant(20e9, "B/s", "NCCL broadcast within a node: verl PR #116 (19–23 GB/s)"),
+    "sync_bytes_per_s_net": Constant(
+        20e9, "B/s", "NCCL broadcast between nodes: verl #7263 (18 GB/s), TRL #7131 (28 GB/s), verl #7167 (≤ 25)"
+    ),
     "colocate_switch_s": Constant(1.0, "s", "vLLM sleep/wake fixed cost"),
     "pcie_bytes_per_s": Constant(
         25e9,

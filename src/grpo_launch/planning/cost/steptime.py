@@ -75,7 +75,7 @@ def generation_time(
     step_compute = 2 * active * batch / (tp * pp * flops * PREFILL_MFU)
     # Two all-reduces per layer and decode step (after attention and after the MLP), of the batch's hidden states
     # (a stage's micro-batches together: all layers, the batch's states once).
-    comm = 2 * model.layers * allreduce_time(tp, batch / pp * model.hidden * 2) if tp > 1 else 0.0
+    comm = 2 * model.layers * allreduce_time(tp, batch / pp * model.hidden * 2, nvlink=gpu.nvlink) if tp > 1 else 0.0
     if pp > 1:  # each micro-batch's hidden states and residual (bf16) to the next stage
         comm += pp * p2p_time(2 * batch / pp * model.hidden * 2, across_nodes=pp_across_nodes)
     decode = batches * steps * (max(step_mem, step_compute) + comm + pp * DECODE_STEP_OVERHEAD_S)
@@ -95,9 +95,12 @@ def generation_time(
     return (prefill + decode) * scale, why
 
 
-def allreduce_time(tp: int, nbytes: float) -> float:
-    """Seconds of one tensor-parallel all-reduce of ``nbytes`` within a node (vLLM's custom all-reduce over NVLink,
-    constants.py): a fixed latency plus a cost per MiB, the TP 8 figures beyond 8."""
+def allreduce_time(tp: int, nbytes: float, *, nvlink: bool = True) -> float:
+    """Seconds of one tensor-parallel all-reduce of ``nbytes`` within a node: a fixed latency plus a cost per MiB
+    (constants.py). With NVLink vLLM's custom all-reduce (the TP 8 figures beyond 8); without it NCCL over PCIe."""
+    if not nvlink:
+        latency = _c("tp_allreduce_latency_s_pcie" if tp <= 4 else "tp_allreduce_latency_s_pcie_tp8")
+        return latency + nbytes / 2**20 * _c("tp_allreduce_s_per_mib_pcie")
     key = 2 if tp <= 2 else 4 if tp <= 4 else 8
     return _c(f"tp_allreduce_latency_s_tp{key}") + nbytes / 2**20 * _c(f"tp_allreduce_s_per_mib_tp{key}")
 
@@ -196,8 +199,10 @@ def old_logprobs_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -
 
 
 def sync_time(model: ModelShape, *, across_nodes: bool) -> float:
+    """Seconds of TRL's weight sync to a vLLM server: a fixed cost plus the bf16 weights broadcast by one sender
+    (constants.py: measured in TRL and verl, within a node and between nodes)."""
     rate = _c("sync_bytes_per_s_net") if across_nodes else _c("sync_bytes_per_s_node")
-    return model.weight_bytes_bf16 / rate
+    return _c("sync_fixed_s") + model.weight_bytes_bf16 / rate
 
 
 def colocate_switch_time(model: ModelShape, n: int, *, sleep_mode: bool) -> float:
