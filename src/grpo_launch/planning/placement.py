@@ -137,7 +137,7 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
             need = model.weight_bytes_bf16 / GIB if model else 0
             raise PlanError(
                 f"{model.name if model else 'the model'} ({need:.0f} GiB of bf16 weights) does not fit a vLLM server "
-                f"{_reach(served, g, mem)}",
+                f"{_reach(served, g, mem, model)}",
                 hint=_BIGGER,
             )
         return fitting
@@ -148,7 +148,7 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     if not fitting and not colocated and model is not None and mem is not None:
         raise PlanError(
             f"{model.name} ({model.weight_bytes_bf16 / GIB:.0f} GiB of bf16 weights) does not fit vLLM "
-            f"{_reach(served, g, mem)}: not as a server (the weights take over half of each GPU) "
+            f"{_reach(served, g, mem, model)}: not as a server (the weights take over half of each GPU) "
             f"nor colocated (they take over {VLLM_SERVER_UTILIZATION:.0%} of each GPU)",
             hint=_BIGGER,
         )
@@ -162,11 +162,13 @@ _BIGGER = (
 )
 
 
-def _reach(served: list[Split], per_host: int, mem: int | None) -> str:
-    """How far the servers that were tried reach: "on up to 24 GPUs of 80 GiB (tensor parallel within a node of 8)"."""
+def _reach(served: list[Split], per_host: int, mem: int | None, model: ModelShape | None) -> str:
+    """How far the servers that were tried reach: "on up to 24 GPUs of 80 GiB (tensor parallel within a node of 8,
+    pipeline stages over nodes)"."""
     most = max((s.server_gpus for s in served), default=per_host)
     size = f" of {mem / GIB:.0f} GiB" if mem else ""
-    return f"on up to {most} GPUs{size} (tensor parallel within a node of {per_host}, pipeline stages over nodes)"
+    how = "experts spread over a data-parallel server" if model and model.is_moe else "pipeline stages over nodes"
+    return f"on up to {most} GPUs{size} (tensor parallel within a node of {per_host}, {how})"
 
 
 def unfit_servers(topology: Topology, model: ModelShape | None) -> list[str]:
