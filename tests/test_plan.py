@@ -10,7 +10,7 @@ from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import make_plan
 from grpo_launch.recipe import load_recipe
 
-from .helpers import RECIPES, plan_recipe
+from .helpers import RECIPES, ROOT, plan_recipe
 from .trl_oracle import grpo_config
 
 QWEN15 = find_model_shape("Qwen/Qwen2.5-1.5B-Instruct")
@@ -286,3 +286,48 @@ def test_a_pinned_pipeline_size_is_planned_and_colocate_refuses_it():
 def test_a_refused_dense_model_says_how_far_pipelines_reach():
     with pytest.raises(PlanError, match=r"does not fit .*pipeline stages over nodes"):
         _llama405("2x8xH100-80GB")
+
+
+@pytest.mark.parametrize("gpus", ["4xV100-32GB", "2xT4-16GB"])
+def test_a_gpu_without_bf16_is_refused_with_fp16_and_the_fix_passes_transformers(gpus):
+    """V100 and T4 have no bf16: TRL defaults bf16 on, and transformers' TrainingArguments refuses it at the first
+    trainer's start. No such GPU runs here, so transformers' own check runs with its bf16 probe answering as a V100
+    would (a stand-in for the GPU); the values checked are the plan's."""
+    from unittest import mock
+
+    import transformers.training_args as ta
+    from trl import GRPOConfig
+
+    values = {"model_name_or_path": "Qwen/Qwen2.5-0.5B-Instruct", "max_completion_length": 256}
+    with pytest.raises(PlanError, match="no bf16") as exc:
+        plan_for(values, gpus)
+    (fix,) = exc.value.fixes
+    fixed = plan_for({**values, **dict(fix.assignments())}, gpus)
+    assert fixed.train.mixed_precision == "fp16"
+    tv = fixed.trainer_values
+    kwargs = {"output_dir": "/tmp/grpo-bf16", "report_to": "none", "bf16": tv.get("bf16"), "fp16": tv.get("fp16")}
+    with mock.patch.object(ta, "is_torch_bf16_gpu_available", return_value=False):
+        GRPOConfig(**kwargs)  # the planned values start
+        with pytest.raises(ValueError, match="support bf16"):
+            GRPOConfig(output_dir="/tmp/grpo-bf16", report_to="none")  # what the recipe would have run
+    assert plan_for(values, "4xA10-24GB").train.mixed_precision == "bf16"
+
+
+def test_plan_json_shows_every_candidate_at_the_compared_batch():
+    """Every candidate in plan.json says how it ended, at the one prompts-per-step all are compared at; one the
+    search did not plan in full carries the lower bound that already lost to the chosen step."""
+    from grpo_launch.render.plan_json import plan_to_dict
+
+    plan = plan_recipe(ROOT / "recipes" / "qwen7b-math.yaml", "4x8xH100-80GB")
+    cands = plan_to_dict(plan)["candidates"]
+    (chosen,) = [c for c in cands if c["status"] == "chosen"]
+    chosen_step = sum(chosen["step"].values())
+    assert {c["status"] for c in cands} <= {"chosen", "planned", "bounded", "rejected"}
+    for c in cands:
+        assert c["server_gpus"] + c["trainers"] + c["idle_gpus"] >= 32 or c["mode"] == "colocate"
+        if c["status"] in ("chosen", "planned", "bounded"):
+            assert c["prompts_per_step"] == chosen["prompts_per_step"]
+        if c["status"] == "bounded":
+            assert c["step"] is None and c["step_lower_bound_s"] >= chosen_step
+        if c["status"] == "rejected":
+            assert c["rejected"]

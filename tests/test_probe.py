@@ -8,6 +8,7 @@ import pytest
 from grpo_launch.backends.hostfile import parse_hostfile, probe_hostfile
 from grpo_launch.backends.slurm.allocation import expand_nodelist, probe_slurm
 from grpo_launch.errors import ProbeError
+from grpo_launch.machines.gpus import GPU_SPECS, find_gpu_spec
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.probe.local import NvmlDevice, parse_cuda_visible_devices, probe_local
 
@@ -75,13 +76,18 @@ def test_real_nvml_on_this_machine_never_raises():
 @pytest.mark.parametrize(
     ("spec", "hosts", "per", "mem"),
     [
-        ("4xL20-48GB", 1, 4, 48e9 / 2**30),  # GB as written: 10^9 bytes
+        ("4xFOO-48GB", 1, 4, 48e9 / 2**30),  # GB as written: 10^9 bytes
+        ("4xL20-48GB", 1, 4, 44.5),  # a table GPU at the size it is sold as: NVML's memory
         ("4xFOO-24GiB", 1, 4, 24),
         ("8xH100-80GB", 1, 8, 79.6),  # the table's part at its nominal size: NVML's memory
         ("2x8xH100-80GB", 2, 8, 79.6),
         ("8xH100", 1, 8, 79.6),
         ("8xA100-40GB", 1, 8, 39.4),  # the 40 GB part, not the 80 GB one at 40
         ("8xH100-PCIe", 1, 8, 79.6),
+        ("8xA800-80GB", 1, 8, 79.2),  # the A800's name carries no size: its sold size still means the entry
+        ("4xH20-96GB", 1, 4, 95.6),
+        ("8xH100-80GiB", 1, 8, 80),  # GiB is a measurement, read as written
+        ("8xV100-16GB", 1, 8, 15.8),
     ],
 )
 def test_gpu_spec(spec, hosts, per, mem):
@@ -90,7 +96,18 @@ def test_gpu_spec(spec, hosts, per, mem):
     assert abs(t.hosts[0].gpus[0].memory_gib - mem) < 0.1
 
 
-@pytest.mark.parametrize("spec", ["lots", "4x", "x8xH100", "0xH100-80GB", "4xMysteryGPU", "2x100xH100-80GB"])
+@pytest.mark.parametrize("gpu", GPU_SPECS, ids=lambda g: g.name)
+def test_every_table_gpu_at_its_sold_size_keeps_its_memory(gpu):
+    """Users write the size a GPU is sold as (8xA800-80GB): it must never plan less memory than the table's entry."""
+    assert gpu.nominal_gb and gpu.source
+    for model in {gpu.name, gpu.name.removesuffix(f"-{gpu.nominal_gb}GB")}:
+        got = parse_gpu_spec(f"2x{model}-{gpu.nominal_gb}GB").hosts[0].gpus[0]
+        assert find_gpu_spec(got.name) == gpu and got.memory_gib == pytest.approx(gpu.memory_gib, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "spec", ["lots", "4x", "x8xH100", "0xH100-80GB", "4xMysteryGPU", "2x100xH100-80GB", "2x2x8xH100", "2x4x8xA100-80GB"]
+)
 def test_nonsense_gpu_spec(spec):
     with pytest.raises(ProbeError):
         parse_gpu_spec(spec)

@@ -132,16 +132,18 @@ def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
     if nodes > 4096 or count > 64:
         raise ProbeError(f"--gpus {short(spec)}: at most 4096 nodes and 64 GPUs per node", hint=SPEC_HELP)
     model = m["model"].strip()
-    # "8xA100-40GB" names the 40 GB part; a size the table knows for the model is its real memory (NVML's), any
-    # other is read as written: GB = 10^9 bytes, GiB = 2^30.
+    if re.match(r"\d+x", model, re.IGNORECASE):
+        raise ProbeError(f"--gpus {short(spec)}: at most two factors, nodes x GPUs per node", hint=SPEC_HELP)
+    # "8xA100-40GB" names the 40 GB part; the size a table entry is sold as ("80GB" for an A800, "96GB" for an H20)
+    # means that entry and its real memory (NVML's); any other size is read as written: GB = 10^9 bytes, GiB = 2^30.
     known = (find_gpu_spec(f"{model}-{m['mem']}GB") if m["mem"] else None) or find_gpu_spec(model)
     name = known.name if known else model
     if m["mem"]:
         size = float(m["mem"])
         if not 0 < size <= MAX_GPU_GB:
             raise ProbeError(f"--gpus {short(spec)}: GPU memory must be between 0 and {MAX_GPU_GB} GB", hint=SPEC_HELP)
-        nominal = known is not None and known.name.upper().endswith(f"-{m['mem']}GB".upper())
-        if nominal and known is not None:
+        in_gb = m["unit"].lower() != "gib"
+        if known is not None and in_gb and size == known.nominal_gb:
             memory = int(known.memory_gib * GIB)
         else:
             memory = int(size * (GIB if m["unit"].lower() == "gib" else 1e9))

@@ -67,6 +67,7 @@ def _plan(
         topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
         base.decide("device", Device.CPU, "use_cpu: true in the recipe: the GPUs are left unused")
     _refuse_silent_cpu_fallback(topology, recipe, model)
+    _refuse_bf16_without_support(topology, recipe)
     search = Search(topology, recipe, model, calibration, runtime, base)
     if topology.is_cpu:
         placement.requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
@@ -140,6 +141,22 @@ def _default_split(splits: list[Split]) -> Split:
     if gpus == 1:
         order[SplitKind.COLOCATE] = -1
     return min(splits, key=lambda s: (order[s.kind], s.server_gpus, s.tp))
+
+
+def _refuse_bf16_without_support(topology: Topology, recipe: Recipe) -> None:
+    """A V100 or T4 has no bf16 arithmetic: transformers refuses ``bf16=True`` there ("Your setup doesn't support
+    bf16/gpu", TrainingArguments.__post_init__), and TRL turns bf16 on unless the recipe sets fp16. Refuse at plan
+    time with the fp16 fix instead of at the first trainer's start."""
+    spec = None if topology.is_cpu else find_gpu_spec(topology.planning_gpu_name)
+    if spec is None or spec.bf16 or recipe.values.get("use_cpu") is True:
+        return
+    if _mixed_precision(Device.CUDA, recipe.values) != "bf16":
+        return
+    raise PlanError(
+        f"{spec.name} GPUs have no bf16 arithmetic, and the recipe trains in bf16"
+        + ("" if "bf16" in recipe.values else " (TRL's default)"),
+        fixes=[Fix("bf16", False, "train in fp16 mixed precision (loss scaling)", also=(("fp16", True),))],
+    )
 
 
 # A model this large trains at a few tokens per second on CPU, in float32: planned there only when asked for.

@@ -61,7 +61,8 @@ def search_splits(search: Search, splits: list[Split], target: int | None, plan_
     layouts: list[tuple[int, LayoutError]] = []  # (trainers, why) of the splits no batch layout fits
     misses: list[Split] = []  # server sizes whose trainers cannot take the batch evenly
     bounded: list[tuple[float, Split]] = []
-    per_device = LayoutRequest.from_values(search.recipe.values).per_device
+    req = LayoutRequest.from_values(search.recipe.values)
+    per_device = req.per_device
     for variants in groups.values():
         if target is not None and not feasible(target, variants[0].trainers, per_device):
             misses.append(variants[0])
@@ -79,7 +80,8 @@ def search_splits(search: Search, splits: list[Split], target: int | None, plan_
     skipped: list[Candidate] = []
     for bound, split in bounded:
         if scored and bound >= min(c.step.total_s for c, _ in scored if c.step):
-            skipped.append(candidate(split, None, bound_s=bound))
+            prompts = target / (req.num_generations or 8) if target else 0.0
+            skipped.append(candidate(split, None, bound_s=bound, prompts=prompts))
             continue
         try:
             plan = plan_one(search, split, target)

@@ -252,6 +252,15 @@ class Candidate:
     bound_s: float | None = None
 
     @property
+    def status(self) -> str:
+        """chosen, planned (in full, slower), bounded (its lower bound already lost) or rejected."""
+        if self.chosen:
+            return "chosen"
+        if self.rejected is not None:
+            return "rejected"
+        return "planned" if self.step is not None else "bounded"
+
+    @property
     def per_prompt_s(self) -> float | None:
         if self.step is None or not self.prompts_per_step:
             return None
