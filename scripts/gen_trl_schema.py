@@ -139,6 +139,36 @@ def _choices(*classes: type) -> dict[str, list]:
     return dict(sorted(out.items()))
 
 
+def _conversions(*classes: type) -> dict[str, dict]:
+    """The value conversions a config's own ``__post_init__`` makes, ``self.X = {True: "group", False: "none"}.get(
+    self.X, self.X)`` (TRL's scale_rewards): the other forms TRL accepts for a key, and what each becomes."""
+    import ast
+    import inspect
+    import textwrap
+
+    out: dict[str, dict] = {}
+    for cls in classes:
+        post = cls.__dict__.get("__post_init__")
+        if post is None:
+            continue
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(post)))):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            target, call = node.targets[0], node.value
+            if not (isinstance(target, ast.Attribute) and isinstance(call, ast.Call)):
+                continue
+            func = call.func
+            if not (isinstance(func, ast.Attribute) and func.attr == "get" and isinstance(func.value, ast.Dict)):
+                continue
+            if not all(isinstance(a, ast.Attribute) and a.attr == target.attr for a in call.args):
+                continue
+            pairs = zip(func.value.keys, func.value.values, strict=True)
+            table = {k.value: v.value for k, v in pairs if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+            if table:
+                out.setdefault(target.attr, {}).update(table)
+    return dict(sorted(out.items()))
+
+
 def build() -> str:
     import trl
     from trl import GRPOConfig, ModelConfig
@@ -159,6 +189,12 @@ def build() -> str:
         "trainer\n# handles for its plain-str options, and report_to's integrations (transformers).\n"
     )
     text += "CHOICES: dict[str, list[Any]] = " + pprint.pformat(choices, width=110) + "\n"
+    conversions = _conversions(GRPOConfig, ModelConfig, GRPOScriptArguments)
+    text += (
+        "\n# Other values a key accepts and what the config's own __post_init__ turns them into (TRL documents "
+        "these\n# fields as unions, e.g. scale_rewards as `str` or `bool`, but types them narrower).\n"
+    )
+    text += "CONVERSIONS: dict[str, dict[Any, Any]] = " + pprint.pformat(conversions, width=110) + "\n"
     return text
 
 

@@ -7,13 +7,11 @@ import sys
 
 import pytest
 
+from grpo_launch.recipe.rewards import ALIASES, BUILTIN_REWARDS, check_reward_names, is_import_path
 from grpo_launch.train.rewards import (
-    ALIASES,
     REGISTRY,
     accuracy_reward,
-    check_reward_names,
     format_reward,
-    is_import_path,
     load_reward,
     make_length_reward,
     tag_count_reward,
@@ -103,7 +101,7 @@ def test_digits_reward_is_the_share_of_digits():
 
 
 def test_registry_names_and_length_config():
-    assert set(REGISTRY) == {"accuracy", "format", "tag_count", "length", "digits"}
+    assert set(REGISTRY) == {"accuracy", "format", "tag_count", "length", "digits"} == set(BUILTIN_REWARDS)
     assert load_reward("accuracy", {}) is accuracy_reward
     assert load_reward("format", {}) is format_reward
     assert load_reward("tag_count", {}) is tag_count_reward

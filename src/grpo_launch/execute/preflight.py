@@ -15,7 +15,7 @@ from grpo_launch.planning.types import Plan
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.probe.pythons import TRL_VLLM_RANGE, interpreter_of, version_tuple, vllm_version_of
 from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
-from grpo_launch.train.rewards import check_reward_names, is_import_path
+from grpo_launch.recipe.rewards import OPEN_R1_INSTALL, check_reward_names, is_import_path, is_open_r1_reward
 
 
 def preflight(plan: Plan, workdir: str) -> None:
@@ -50,6 +50,9 @@ def missing_reward_modules(plan: Plan, names: list[str], workdir: str) -> list[s
     import subprocess
 
     modules = sorted({n.partition(":")[0].split(".")[0] for n in names if is_import_path(n)})
+    open_r1 = [n for n in names if is_open_r1_reward(n)]
+    if open_r1:
+        modules = sorted({*modules, "open_r1"})
     if not modules or len(plan.topology.hosts) > 1:
         return []
     code = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
@@ -61,7 +64,10 @@ def missing_reward_modules(plan: Plan, names: list[str], workdir: str) -> list[s
     except (OSError, subprocess.TimeoutExpired):
         return []  # the interpreter itself is checked when the trainers start
     return [
-        f"reward_funcs: module {m!r} is not importable from {workdir} by {plan.python} (check the name, or add "
+        f"reward_funcs {', '.join(open_r1)}: open-r1's rewards, and open_r1 is not importable by {plan.python}; "
+        f"install it there: {OPEN_R1_INSTALL}"
+        if m == "open_r1" and open_r1
+        else f"reward_funcs: module {m!r} is not importable from {workdir} by {plan.python} (check the name, or add "
         "its directory to PYTHONPATH: launch.train_env)"
         for m in out.stdout.split()
     ]

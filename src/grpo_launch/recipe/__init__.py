@@ -16,6 +16,14 @@ from grpo_launch.errors import ConfigError, short
 from grpo_launch.recipe.keys import OPEN_R1_UNUSED
 from grpo_launch.recipe.launch import LaunchSettings, build_launch, check_launch
 from grpo_launch.recipe.parse import parse_override, read_recipe_file
+from grpo_launch.recipe.rewards import (
+    OPEN_R1_INSTALL,
+    OPEN_R1_MODULE,
+    check_reward_names,
+    is_open_r1_reward,
+    reward_names,
+)
+from grpo_launch.recipe.trl_schema import CONVERSIONS
 from grpo_launch.recipe.values import AUTO, check_consistency, check_value
 from grpo_launch.spec import frozen
 
@@ -128,12 +136,19 @@ def build_recipe(
             values[key] = value
 
     notices: list[str] = []
-    values = _migrate(values, notices, problems)
+    values = _convert(_migrate(values, notices, problems), notices)
     for key, value in values.items():
         problem = check_value(key, value)
         if problem:
             problems.append(problem)
     problems += check_consistency(values)
+    problems += check_reward_names(reward_names(values))
+    open_r1 = [n for n in reward_names(values) if is_open_r1_reward(n)]
+    if open_r1:
+        notices.append(
+            f"reward_funcs {', '.join(open_r1)}: open-r1's own ({OPEN_R1_MODULE}); the trainers' Python needs "
+            f"open-r1: {OPEN_R1_INSTALL}"
+        )
     launch = build_launch(launch_raw, problems)
     problems += check_launch(launch)
     if launch.num_processes is None and isinstance(data.get("num_processes"), int):
@@ -147,6 +162,20 @@ def build_recipe(
         where = f"recipe {source!r}" if source else "recipe"
         raise ConfigError(f"{where} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:", problems=problems)
     return Recipe(values=values, launch=launch, source=source, notices=tuple(notices))
+
+
+def _convert(values: dict[str, Any], notices: list[str]) -> dict[str, Any]:
+    """The other forms TRL's own ``__post_init__`` accepts for a key (``scale_rewards: false``), turned into the
+    value TRL turns them into, so every check and the plan see that value; the user is told."""
+    out = dict(values)
+    for key, table in CONVERSIONS.items():
+        value = out.get(key)
+        for given, becomes in table.items():
+            if type(value) is type(given) and value == given:
+                out[key] = becomes
+                notices.append(f"{key}: {short(value)} means {becomes!r} (TRL's GRPOConfig converts it)")
+                break
+    return out
 
 
 def _migrate(values: dict[str, Any], notices: list[str], problems: list[str]) -> dict[str, Any]:

@@ -3,7 +3,7 @@ open-r1's extras, with the value checks that apply to them."""
 
 from __future__ import annotations
 
-from grpo_launch.recipe import trl_schema
+from grpo_launch.recipe import open_r1_schema, trl_schema
 
 # Keys grpo-launch's training entry (python -m grpo_launch.train) reads itself, beyond TRL's script arguments.
 TRAIN_ENTRY_KEYS: dict[str, str] = {
@@ -15,44 +15,27 @@ TRAIN_ENTRY_KEYS: dict[str, str] = {
     "reward_kwargs": "dict?",
 }
 
-# open-r1's own GRPOConfig / script-argument extras. Accepted so an open-r1 recipe runs unmodified; the ones the
-# train entry does not use are listed in a notice rather than dropped silently.
-OPEN_R1_KEYS: dict[str, str] = {
-    "benchmarks": "list",
-    "callbacks": "list",
-    "hub_model_revision": "str?",
-    "overwrite_hub_revision": "bool",
-    "push_to_hub_revision": "bool",
-    "wandb_entity": "str?",
-    "wandb_project": "str?",
-    "wandb_run_group": "str?",
-    "cosine_min_value_wrong": "float",
-    "cosine_max_value_wrong": "float",
-    "cosine_min_value_correct": "float",
-    "cosine_max_value_correct": "float",
-    "cosine_max_len": "int",
-    "repetition_n_grams": "int",
-    "repetition_max_penalty": "float",
-    "code_language": "str",
-    "code_eval_test_batch_size": "int",
-    "parallel_code_exec_per_proc": "int",
-    "e2b_router_url": "str?",
-    "morph_router_url": "str?",
-    "code_provider": "str?",
-    "ioi_provider": "str?",
-}
-OPEN_R1_UNUSED = frozenset(
-    {"benchmarks", "callbacks", "hub_model_revision", "overwrite_hub_revision", "push_to_hub_revision"}
-    | {k for k in OPEN_R1_KEYS if k.startswith(("code_", "parallel_code", "e2b_", "morph_", "ioi_"))}
-)
-
-RECIPE_KEYS: dict[str, str] = {
+_TRL_AND_ENTRY = {
     **trl_schema.GRPO_CONFIG,
     **trl_schema.MODEL_CONFIG,
     **trl_schema.SCRIPT_ARGUMENTS,
     **TRAIN_ENTRY_KEYS,
-    **OPEN_R1_KEYS,
 }
+# open-r1's own GRPOConfig / script-argument fields beyond TRL's, generated from its dataclasses
+# (scripts/gen_open_r1_schema.py). Accepted so an open-r1 recipe runs unmodified.
+OPEN_R1_KEYS: dict[str, str] = {k: v for k, v in open_r1_schema.OPEN_R1_FIELDS.items() if k not in _TRL_AND_ENTRY}
+# The ones only open-r1's reward functions read (open_r1.rewards.get_reward_funcs): used when a reward resolves
+# through open-r1's registry.
+OPEN_R1_REWARD_KEYS = frozenset(
+    k for k in OPEN_R1_KEYS if k.startswith(("cosine_", "repetition_", "code_", "parallel_code", "e2b_", "morph_"))
+) | {"ioi_provider", "max_completion_len", "soft_punish_cache"}
+# Read by neither the training entry nor a reward: listed in a notice rather than dropped silently.
+OPEN_R1_UNUSED = frozenset(
+    {"benchmarks", "callbacks", "hub_model_revision", "overwrite_hub_revision", "push_to_hub_revision"}
+    | {"wandb_log_unique_prompts", "wandb_entity", "wandb_project", "wandb_run_group"}
+)
+
+RECIPE_KEYS: dict[str, str] = {**_TRL_AND_ENTRY, **OPEN_R1_KEYS}
 
 # Values that must be positive integers when given (the planner fills them when absent or "auto").
 POSITIVE_INT_KEYS = frozenset(

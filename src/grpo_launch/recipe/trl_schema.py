@@ -537,3 +537,7 @@ CHOICES: dict[str, list[Any]] = {'bnb_4bit_quant_type': ['fp4', 'nf4'],
  'train_sampling_strategy': ['batch_rebalance', 'group_by_length', 'random', 'sequential'],
  'vllm_importance_sampling_mode': ['sequence_mask', 'sequence_truncate', 'token_mask', 'token_truncate'],
  'vllm_mode': ['colocate', 'server']}
+
+# Other values a key accepts and what the config's own __post_init__ turns them into (TRL documents these
+# fields as unions, e.g. scale_rewards as `str` or `bool`, but types them narrower).
+CONVERSIONS: dict[str, dict[Any, Any]] = {'scale_rewards': {False: 'none', True: 'group'}}

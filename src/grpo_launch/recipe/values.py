@@ -11,7 +11,10 @@ from typing import Any
 
 from grpo_launch.errors import did_you_mean, short
 from grpo_launch.recipe.keys import PLANNED_KEYS, POSITIVE_INT_KEYS, RECIPE_KEYS
-from grpo_launch.recipe.trl_schema import CHOICES
+from grpo_launch.recipe.open_r1_schema import OPEN_R1_CHOICES
+from grpo_launch.recipe.trl_schema import CHOICES as TRL_CHOICES
+
+CHOICES = {**OPEN_R1_CHOICES, **TRL_CHOICES}
 
 AUTO = "auto"
 # No model's context reaches this: a longer prompt or completion is a typo, and its estimate would be meaningless.
@@ -153,6 +156,12 @@ def check_consistency(values: Mapping[str, Any]) -> list[str]:
                 f"{key} in a recipe would be written to the run directory's files (trainer_recipe.yaml, plan.json): "
                 f"remove it and set {env} in the environment, which reaches the trainers without being written"
             )
+    if values.get("dataset_mixture") is not None:
+        problems.append(
+            "dataset_mixture (open-r1's dataset mixtures) is not loaded by grpo-launch's training entry: build the "
+            "mixture once with datasets (concatenate_datasets / interleave_datasets), save_to_disk or push it, and "
+            "set dataset_name to it"
+        )
     if values.get("bf16") is True and values.get("fp16") is True:
         problems.append("bf16 and fp16 are both true: choose one (transformers refuses both)")
     rewards, weights = values.get("reward_funcs"), values.get("reward_weights")

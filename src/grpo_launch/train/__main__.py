@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.recipe.keys import OPEN_R1_REWARD_KEYS
 from grpo_launch.recipe.parse import yaml_load
 from grpo_launch.rundir.control import mark_stopped
 from grpo_launch.rundir.layout import COMPLETE_MARKER, NO_RESUME, RESUME_ENV, RunPaths
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         eval_ds = prepare_dataset(eval_ds, script, tokenizer, is_main, template_kwargs)
 
-    reward_cfg = {"max_completion_length": config.max_completion_length, **(script.get("reward_kwargs") or {})}
+    reward_cfg = {k: script[k] for k in OPEN_R1_REWARD_KEYS if script.get(k) is not None}
+    reward_cfg.update(max_completion_length=config.max_completion_length, **(script.get("reward_kwargs") or {}))
     names = script.get("reward_funcs") or ["accuracy", "format"]
     rewards: list[Any] = [load_reward(n, reward_cfg) for n in names]
     if script.get("reward_model_name_or_path"):

@@ -1,4 +1,5 @@
-"""Reward functions by name (accuracy, format, tag_count, length) or by import path ``package.module:function``.
+"""Reward functions by name (accuracy, format, tag_count, digits, length), by open-r1's registry name (with open-r1
+installed), or by import path ``package.module:function`` (names are checked in :mod:`grpo_launch.recipe.rewards`).
 
 Each has TRL's reward signature ``f(prompts, completions, **kwargs) -> list[float | None]``; dataset columns arrive
 as keyword lists (the answer column as ``answer``). Importing this module is cheap: math-verify loads on first use.
@@ -9,7 +10,17 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any
+
+from grpo_launch.recipe.open_r1_schema import OPEN_R1_DEFAULTS
+from grpo_launch.recipe.rewards import (
+    OPEN_R1_INSTALL,
+    OPEN_R1_MODULE,
+    builtin_name,
+    check_reward_names,
+    is_open_r1_reward,
+)
 
 RewardFunc = Callable[..., list]
 
@@ -84,50 +95,19 @@ REGISTRY: dict[str, Callable[[Mapping[str, Any]], RewardFunc]] = {
     "digits": lambda cfg: digits_reward,
     "length": lambda cfg: make_length_reward(int(cfg.get("max_completion_length") or 512)),
 }
-# open-r1 / TRL spellings of the same functions.
-ALIASES = {
-    "accuracy_reward": "accuracy",
-    "format_reward": "format",
-    "think_format_reward": "format",
-    "tag_count_reward": "tag_count",
-    "length_reward": "length",
-}
-
-
-def is_import_path(name: str) -> bool:
-    return ":" in name or ("." in name and not name.startswith("."))
-
-
-def check_reward_names(names: list[str]) -> list[str]:
-    """Problems with reward names, found without importing anything."""
-    problems = []
-    for name in names:
-        key = ALIASES.get(name, name)
-        if key in REGISTRY:
-            continue
-        if is_import_path(name):
-            module, _, func = name.partition(":") if ":" in name else name.rpartition(".")
-            if module and func and all(p.isidentifier() for p in [*module.split("."), func]):
-                continue
-            problems.append(f"reward {name!r} is not a valid import path (use package.module:function)")
-            continue
-        from grpo_launch.errors import did_you_mean
-
-        problems.append(
-            f"unknown reward {name!r}{did_you_mean(key, REGISTRY)}; "
-            f"built-in: {', '.join(REGISTRY)}, or an import path package.module:function"
-        )
-    return problems
 
 
 def load_reward(name: str, config: Mapping[str, Any]) -> RewardFunc:
-    """A reward function by registry name or import path."""
-    key = ALIASES.get(name, name)
-    if key in REGISTRY:
+    """A reward function by built-in name, open-r1's registry name, or import path. ``config`` holds the recipe's
+    reward settings (max_completion_length, open-r1's cosine_* / code_* keys, reward_kwargs)."""
+    key = builtin_name(name)
+    if key is not None:
         return REGISTRY[key](config)
     problems = check_reward_names([name])
     if problems:
         raise ValueError(problems[0])
+    if is_open_r1_reward(name):
+        return _open_r1_reward(name, config)
     module_name, _, func_name = name.partition(":") if ":" in name else name.rpartition(".")
     try:
         module = importlib.import_module(module_name)
@@ -136,4 +116,19 @@ def load_reward(name: str, config: Mapping[str, Any]) -> RewardFunc:
     func = getattr(module, func_name, None)
     if not callable(func):
         raise ValueError(f"{module_name!r} has no function {func_name!r}")
+    return func
+
+
+def _open_r1_reward(name: str, config: Mapping[str, Any]) -> RewardFunc:
+    """open-r1's own reward through its own registry, built from open-r1's script-argument defaults and the
+    recipe's values for them."""
+    try:
+        from open_r1.rewards import get_reward_funcs
+    except ImportError as exc:
+        raise ValueError(
+            f"reward {name!r} is open-r1's ({OPEN_R1_MODULE}), and open-r1 cannot be imported in the trainers' "
+            f"Python ({exc}); install it there: {OPEN_R1_INSTALL}"
+        ) from exc
+    settings = {**OPEN_R1_DEFAULTS, **{k: v for k, v in config.items() if k in OPEN_R1_DEFAULTS}}
+    (func,) = get_reward_funcs(SimpleNamespace(**settings, reward_funcs=[name]))
     return func
