@@ -203,7 +203,7 @@ def test_every_split_kind_has_a_default_rank():
 
     assert sorted(k for kinds in DEFAULT_ORDER for k in kinds) == sorted(SplitKind)
     plan = plan_for({"model_name_or_path": "q", "launch": {"vllm": "server", "vllm_gpus": 3}}, "3x4xGPU-24GB")
-    assert plan.estimate is None  # an unknown GPU
+    assert plan.estimate is not None and plan.estimate.step is None  # an unknown GPU: memory only, no time
     # 1 GPU of every host (a spread server) ranks before 3 GPUs of one host with 6 idle elsewhere.
     assert plan.vllm.mode == "server" and len(plan.vllm.nodes) == 2 and not [r for r in plan.roles if r.role == "idle"]
 
@@ -331,3 +331,20 @@ def test_plan_json_shows_every_candidate_at_the_compared_batch():
             assert c["step"] is None and c["step_lower_bound_s"] >= chosen_step
         if c["status"] == "rejected":
             assert c["rejected"]
+
+
+def test_an_unknown_gpu_gets_a_memory_estimate_and_says_why_time_is_missing():
+    """A GPU the table lacks: memory is still estimated from its memory (plan.json has it), the step time is not,
+    and one line says how to give the speed; given it (@TF@TB/s), time is estimated and follows the peak."""
+    from grpo_launch.render.plan_json import plan_to_dict
+
+    values = {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "launch": {"vllm": "colocate"}}
+    plan = plan_for(values, "4xFOO-48GB")
+    est = plan_to_dict(plan)["estimate"]
+    assert est["time_s"] is None and "FOO is not in the GPU table" in est["time_missing"]
+    assert "--gpus 4xFOO-48GB@" in est["time_missing"]
+    known = plan_for(values, "4xL40S-48GB")  # the same memory, a table GPU: the same memory estimate
+    assert est["memory_per_training_gpu_gib"]["total"] == pytest.approx(known.estimate.train_memory_gib, rel=0.05)
+    slow = plan_for(values, "4xFOO-48GB@100TF@0.9TBs").estimate.step
+    fast = plan_for(values, "4xFOO-48GB@400TF@0.9TBs").estimate.step
+    assert slow is not None and fast is not None and fast.training_s < slow.training_s / 3

@@ -88,6 +88,7 @@ def test_real_nvml_on_this_machine_never_raises():
         ("4xH20-96GB", 1, 4, 95.6),
         ("8xH100-80GiB", 1, 8, 80),  # GiB is a measurement, read as written
         ("8xV100-16GB", 1, 8, 15.8),
+        ("4xFOO-48GB@150TF@0.9TBs", 1, 4, 48e9 / 2**30),  # a GPU the table lacks, with its speed
     ],
 )
 def test_gpu_spec(spec, hosts, per, mem):
@@ -106,7 +107,20 @@ def test_every_table_gpu_at_its_sold_size_keeps_its_memory(gpu):
 
 
 @pytest.mark.parametrize(
-    "spec", ["lots", "4x", "x8xH100", "0xH100-80GB", "4xMysteryGPU", "2x100xH100-80GB", "2x2x8xH100", "2x4x8xA100-80GB"]
+    "spec",
+    [
+        "lots",
+        "4x",
+        "x8xH100",
+        "0xH100-80GB",
+        "4xMysteryGPU",
+        "2x100xH100-80GB",
+        "2x2x8xH100",
+        "2x4x8xA100-80GB",
+        "4xFOO-48GB@150TF",
+        "4xH100-80GB@989TF@3.35TBs",
+        "4xFOO-48GB@0TF@1TBs",
+    ],
 )
 def test_nonsense_gpu_spec(spec):
     with pytest.raises(ProbeError):

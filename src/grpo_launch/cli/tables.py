@@ -126,13 +126,17 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
     est = plan.estimate
     if est is not None:
         step = est.step
-        rows = [("generation", f"{step.generation_s:.1f} s")]
-        if step.old_logprobs_s:
-            rows.append(("old log-probs forward", f"{step.old_logprobs_s:.1f} s"))
-        rows.append(("training", f"{step.training_s:.1f} s"))
-        if step.sync_s:
-            rows.append(("weight sync / vLLM switch", f"{step.sync_s:.1f} s"))
-        rows.append(("step", f"{step.total_s:.1f} s (bottleneck: {step.bottleneck})"))
+        rows = []
+        if step is None:
+            rows.append(("step", est.time_missing or "no step time"))
+        else:
+            rows.append(("generation", f"{step.generation_s:.1f} s"))
+            if step.old_logprobs_s:
+                rows.append(("old log-probs forward", f"{step.old_logprobs_s:.1f} s"))
+            rows.append(("training", f"{step.training_s:.1f} s"))
+            if step.sync_s:
+                rows.append(("weight sync / vLLM switch", f"{step.sync_s:.1f} s"))
+            rows.append(("step", f"{step.total_s:.1f} s (bottleneck: {step.bottleneck})"))
         if est.train_memory_gib is not None:
             rows.append(("memory per training GPU", f"{est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB"))
         if est.vllm_memory_gib is not None:
@@ -190,7 +194,8 @@ def summary_lines(plan: Plan) -> list[str]:
         mem = f", {est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB per training GPU" if (
             est.train_memory_gib) else ""  # fmt: skip
         total = f", {est.total.hours:.1f} h for {est.total.steps} steps" if est.total else ""
-        lines.append(f"  estimate: {est.step.total_s:.1f} s per step ({est.step.bottleneck}){mem}{total}")
+        step = f"{est.step.total_s:.1f} s per step ({est.step.bottleneck})" if est.step else est.time_missing
+        lines.append(f"  estimate: {step}{mem}{total}")
     lines += [f"notice: {n}" for n in plan.notices]
     lines += [f"warning: {w}" for w in plan.warnings]
     return lines
@@ -200,7 +205,7 @@ def explain_sections(plan: Plan) -> list[Section]:
     """The arithmetic behind the estimate, and the split search side by side (why each candidate lost)."""
     lines = [(line,) for line in plan.estimate.explain] if plan.estimate else []
     if plan.estimate is None:
-        lines = [("no estimate: the model shape or the GPU model is unknown (a CPU plan, or pass --gpus MODEL)",)]
+        lines = [("no estimate: the model shape or the GPU memory is unknown (a CPU plan, or pass --gpus MODEL)",)]
     out = [Section("Arithmetic (estimates, see grpo_launch/planning/cost/ for the model)", lines, ())]
     if not plan.candidates:
         return out

@@ -194,7 +194,7 @@ def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, de
         control.request_stop(plan.run_dir)
 
     planned = None
-    if plan.estimate is not None:
+    if plan.estimate is not None and plan.estimate.step is not None:
         est = plan.estimate.step  # the trainer's "generation" includes the old log-probs and the weight sync
         planned = (est.generation_s + est.old_logprobs_s + est.sync_s, est.training_s)
 

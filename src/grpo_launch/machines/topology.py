@@ -6,7 +6,7 @@ import re
 from dataclasses import field
 
 from grpo_launch.errors import ProbeError, short
-from grpo_launch.machines.gpus import GIB, GPU_SPECS, find_gpu_spec
+from grpo_launch.machines.gpus import GIB, GPU_SPECS, GpuSpec, find_gpu_spec
 from grpo_launch.spec import frozen
 
 
@@ -48,6 +48,32 @@ class Topology:
     hosts: tuple[Host, ...]
     source: str
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    # A GPU the table does not know, with the peak and bandwidth the user gave (--gpus 4xFOO-48GB@150TF@0.9TBs).
+    given_spec: GpuSpec | None = None
+
+    @property
+    def planning_gpu_spec(self) -> GpuSpec | None:
+        """The GPU step times are planned for: the table's entry for :attr:`planning_gpu_name`, else the one the
+        user described; None when neither (time is then not estimated, memory still is)."""
+        if self.is_cpu:
+            return None
+        return find_gpu_spec(self.planning_gpu_name) or self.given_spec
+
+    @property
+    def time_missing(self) -> str | None:
+        """Why step times cannot be estimated on these GPUs, in one line (None when they can, or on CPU)."""
+        if self.is_cpu or self.planning_gpu_spec is not None:
+            return None
+        name = self.planning_gpu_name
+        if name == "mixed":
+            return "no step time: one of the mixed GPU models is not in the GPU table"
+        per = self.gpus_per_host[0] if self.hosts else 1
+        mem = self.min_gpu_memory_bytes
+        size = f"-{mem / 1e9:.0f}GB" if mem else ""
+        return (
+            f"no step time: {name} is not in the GPU table; give its dense bf16 peak and memory bandwidth, "
+            f"e.g. --gpus {per}x{name}{size}@150TF@0.9TBs"
+        )
 
     @property
     def num_gpus(self) -> int:
@@ -104,11 +130,16 @@ class Topology:
 _TABLE_NAMES = "|".join(re.escape(g.name) for g in sorted(GPU_SPECS, key=lambda g: -len(g.name)))
 SPEC_PATTERN = re.compile(
     rf"^(?:(?P<nodes>\d+)x)?(?P<count>\d+)x(?P<model>{_TABLE_NAMES}|[A-Za-z0-9][A-Za-z0-9_.]*?)"
-    r"(?:-(?P<mem>\d+(?:\.\d+)?)(?P<unit>GB|G|GiB))?$",
+    r"(?:-(?P<mem>\d+(?:\.\d+)?)(?P<unit>GB|G|GiB))?"
+    r"(?:@(?P<tflops>\d+(?:\.\d+)?)TF)?(?:@(?P<tbs>\d+(?:\.\d+)?)TB/?s)?$",
     re.IGNORECASE | re.ASCII,
 )
 MAX_GPU_GB = 4096  # no GPU comes near this
-SPEC_HELP = "Examples: --gpus 4xL20-48GB, --gpus 8xH100-80GB, --gpus 2x8xH100-80GB (nodes × GPUs), --gpus cpu."
+MAX_TFLOPS, MAX_TBS = 20_000, 100  # a B200 is 2,250 dense bf16 TF and 8 TB/s
+SPEC_HELP = (
+    "Examples: --gpus 4xL20-48GB, --gpus 8xH100-80GB, --gpus 2x8xH100-80GB (nodes × GPUs), --gpus cpu; a GPU the "
+    "table lacks: --gpus 4xFOO-48GB@150TF@0.9TBs (dense bf16 TFLOP/s, memory TB/s)."
+)
 
 
 def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
@@ -154,6 +185,19 @@ def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
             f"--gpus {spec!r}: unknown GPU model {model!r}; add its memory, e.g. {count}x{model}-48GB",
             hint=SPEC_HELP,
         )
+    given = None
+    if m["tflops"] or m["tbs"]:
+        if known is not None:
+            raise ProbeError(f"--gpus {short(spec)}: {known.name} is in the GPU table; its peak and bandwidth are "
+                             "known (drop the @… part)", hint=SPEC_HELP)  # fmt: skip
+        if not (m["tflops"] and m["tbs"]):
+            raise ProbeError(f"--gpus {short(spec)}: give both the dense bf16 peak and the memory bandwidth, e.g. "
+                             f"{count}x{model}-{m['mem'] or 48}GB@150TF@0.9TBs", hint=SPEC_HELP)  # fmt: skip
+        tflops, tbs = float(m["tflops"]), float(m["tbs"])
+        if not (0 < tflops <= MAX_TFLOPS and 0 < tbs <= MAX_TBS):
+            raise ProbeError(f"--gpus {short(spec)}: peak must be in (0, {MAX_TFLOPS}] TF and bandwidth in "
+                             f"(0, {MAX_TBS}] TB/s", hint=SPEC_HELP)  # fmt: skip
+        given = GpuSpec(name, memory / GIB, tflops, tbs, source="given with --gpus", nvlink=False)
     hosts = tuple(
         Host(
             name=f"node{n}" if nodes > 1 else "localhost",
@@ -161,4 +205,4 @@ def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
         )
         for n in range(nodes)
     )
-    return Topology(hosts=hosts, source="spec")
+    return Topology(hosts=hosts, source="spec", given_spec=given)

@@ -8,7 +8,7 @@ import math
 
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.machines.gpus import GIB, GpuSpec, find_gpu_spec
+from grpo_launch.machines.gpus import GIB, GpuSpec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import (
@@ -191,10 +191,11 @@ def estimate_plan(
     *,
     rows: int | None = None,
 ) -> Estimate | None:
-    """Predicted step time and memory, when the model and the GPU model are known."""
-    gpu = find_gpu_spec(topology.planning_gpu_name) if not topology.is_cpu else None
+    """Predicted memory, when the model and the GPUs' memory are known, and step time when the GPU's speed is too
+    (the table's entry, or the peak and bandwidth given with --gpus)."""
+    gpu = topology.planning_gpu_spec
     mem = topology.min_gpu_memory_bytes
-    if model is None or gpu is None or mem is None:
+    if model is None or mem is None or topology.is_cpu:
         return None
     n, train_mem = train.num_processes, training.memory
     explain: list[str] = [
@@ -215,6 +216,19 @@ def estimate_plan(
         vllm_gib = (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB
     elif vllm.mode == VllmMode.COLOCATE:
         vllm_gib = (vllm.gpu_memory_utilization or 0.0) * mem / GIB
+    if gpu is None:
+        return Estimate(
+            step=None,
+            train_memory_gib=train_mem.total / GIB if train_mem else None,
+            vllm_memory_gib=vllm_gib,
+            gpu_memory_gib=mem / GIB,
+            explain=(*explain, topology.time_missing or "no step time"),
+            train_memory=train_mem,
+            vllm_memory=sizing,
+            host_memory_per_node_gib=training.host_memory / GIB,
+            workload=work,
+            time_missing=topology.time_missing,
+        )
     gen, sync, gen_lines = generation_part(model, gpu, vllm, train.hosts, work)
     explain += gen_lines
     nodes = len(train.hosts)

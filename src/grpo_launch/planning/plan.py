@@ -14,7 +14,6 @@ from typing import Any
 
 from grpo_launch.enums import Device, VllmMode
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.machines.gpus import find_gpu_spec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning import placement, roles
@@ -118,7 +117,7 @@ def _only_split_reason(split: Split, model: ModelShape | None) -> str:
 def _estimable(topology: Topology, model: ModelShape | None) -> bool:
     return (
         model is not None
-        and find_gpu_spec(topology.planning_gpu_name) is not None
+        and topology.planning_gpu_spec is not None
         and topology.min_gpu_memory_bytes is not None
     )
 
@@ -147,7 +146,7 @@ def _refuse_bf16_without_support(topology: Topology, recipe: Recipe) -> None:
     """A V100 or T4 has no bf16 arithmetic: transformers refuses ``bf16=True`` there ("Your setup doesn't support
     bf16/gpu", TrainingArguments.__post_init__), and TRL turns bf16 on unless the recipe sets fp16. Refuse at plan
     time with the fp16 fix instead of at the first trainer's start."""
-    spec = None if topology.is_cpu else find_gpu_spec(topology.planning_gpu_name)
+    spec = topology.planning_gpu_spec
     if spec is None or spec.bf16 or recipe.values.get("use_cpu") is True:
         return
     if _mixed_precision(Device.CUDA, recipe.values) != "bf16":

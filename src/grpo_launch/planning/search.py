@@ -21,7 +21,6 @@ from collections.abc import Callable
 
 from grpo_launch.enums import DistBackend, Offload, VllmMode
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.machines.gpus import find_gpu_spec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning import placement
@@ -157,7 +156,7 @@ def best_variant(
     step: that generation and sync, the old log-probs, and training at the cheapest setting (DDP, no offload).
     Raises LayoutError when no batch layout fits its trainers; None when no variant's vLLM fits."""
     s0 = variants[0]
-    gpu = find_gpu_spec(search.topology.planning_gpu_name)
+    gpu = search.topology.planning_gpu_spec
     assert search.model is not None and gpu is not None
     layout, _ = solve_layout(s0.trainers, LayoutRequest.from_values(search.recipe.values), completions=target)
     work = workload(search.recipe, layout, search.calibration)
@@ -269,6 +268,7 @@ def _better_batch(
     except PlanError:
         return None
     assert plan.estimate is not None
+    assert plan.estimate is not None and plan.estimate.step is not None
     per_prompt = plan.estimate.step.total_s / prompts
     # Like for like: the chosen split at that batch too, when it can take it (a larger batch is cheaper per prompt
     # on any split; only what the other split adds counts).

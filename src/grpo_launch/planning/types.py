@@ -219,7 +219,7 @@ class Total:
 class Estimate:
     """Predicted memory and step time (:mod:`grpo_launch.planning.costmodel`), with the arithmetic behind them."""
 
-    step: StepTime
+    step: StepTime | None  # None where the GPU's speed is unknown (``time_missing`` says why); memory still holds
     train_memory_gib: float | None
     vllm_memory_gib: float | None
     gpu_memory_gib: float
@@ -229,6 +229,7 @@ class Estimate:
     vllm_memory: VllmMemory | None = None  # the terms behind the vLLM share
     host_memory_per_node_gib: float = 0.0  # what offload needs on each node
     workload: Workload | None = None  # what the estimate assumed one step processes (and its calibration)
+    time_missing: str | None = None
 
 
 @frozen

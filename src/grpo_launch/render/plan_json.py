@@ -101,11 +101,14 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
     if est is None:
         return None
     step = est.step
-    prediction = Prediction(step.generation_s, step.old_logprobs_s, step.training_s, step.sync_s,
-                            workload=est.workload.to_dict() if est.workload else None)  # fmt: skip
+    workload = est.workload.to_dict() if est.workload else None
+    times: dict[str, Any] = {"time_s": None, "workload": workload, "time_missing": est.time_missing}
+    if step is not None:
+        times = Prediction(step.generation_s, step.old_logprobs_s, step.training_s, step.sync_s,
+                           workload=workload).to_json()  # fmt: skip
     out: dict[str, Any] = {
-        **prediction.to_json(),
-        "bottleneck": est.step.bottleneck,
+        **times,
+        "bottleneck": step.bottleneck if step else None,
         "gpu_memory_gib": est.gpu_memory_gib,
         "host_memory_per_node_gib": est.host_memory_per_node_gib,
         "memory_per_training_gpu_gib": None,
