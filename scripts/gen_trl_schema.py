@@ -38,6 +38,11 @@ def _kind(tp: object) -> str:
         members = [a for a in typing.get_args(tp) if a is not type(None)]
         nullable = len(members) < len(typing.get_args(tp))
         kinds = {_kind(m) for m in members}
+        # dict | str (a JSON string, as transformers parses it) and str | list: the "dict" and "list" kinds take a
+        # string too.
+        for both in ("dict", "list"):
+            if kinds == {both, "str"}:
+                kinds = {both}
         kind = kinds.pop() if len(kinds) == 1 else "any"
         return kind + ("?" if nullable else "")
     if origin is typing.Literal:

@@ -2,7 +2,8 @@
 that grpo-launch must refuse with exit code 2 and one clear message naming one of ``expect``.
 
 Classes: ``recipe-file`` (broken files), ``value`` (bad keys and values, in the file and as overrides), ``gpus``
-(bad --gpus specs), ``hostfile`` (bad --hostfile files), ``env`` (bad CUDA_VISIBLE_DEVICES). Every command plans only:
+(bad --gpus specs), ``hostfile`` (bad --hostfile files), ``env`` (bad CUDA_VISIBLE_DEVICES), ``sbatch`` (sbatch
+options no cluster has). Every command plans only:
 ``plan --no-write``, ``RECIPE --dry-run``, ``sbatch --dry-run`` (run directories under the workspace) or ``inspect``.
 """
 
@@ -212,7 +213,7 @@ BAD_VALUES: dict[str, tuple[str, ...]] = {
     "save_strategy": ("sometimes",),
     "loss_type": ("nope",),
     "reward_weights": ("[1.0]", "[1, 2, 3, 4]"),
-    "reward_funcs": ("[accuracy, 3]", "[nosuchmod:f]", "[accuracy, nosuchmod.sub:f]"),
+    "reward_funcs": ("[accuracy, 3]", "[nosuchmod:f]", "[accuracy, nosuchmod.sub:f]", "[]", "[acuracy]"),
     "launch.vllm_command": ("[]", "''"),
     "launch.vllm_gpu_memory_utilization": ("1.7",),
     "vllm_gpu_memory_utilization": ("1.7",),
@@ -239,6 +240,18 @@ BAD_VALUES: dict[str, tuple[str, ...]] = {
     "launch.gpu_hour_price": ("-2",),
     "launch.no_such_setting": ("1",),
     "no_such_key": ("1",),
+    # empty names, empty reward lists, dict-valued keys of another type, ports, names neither a path nor a Hub id
+    "dataset_name": ("''",),
+    "dataset_prompt_column": ("''", "' '"),
+    "output_dir": ("''",),
+    "launch.run_dir": ("''",),
+    "gradient_checkpointing_kwargs": ("5", "[1, 2]"),
+    "model_init_kwargs": ("true",),
+    "vllm_server_port": ("0", "70000"),
+    "vllm_group_port": ("-1", "65536"),
+    "model_name_or_path": ("'my model; rm -rf x'", "'a b'"),
+    "launch.vllm_host": ("'host name'", "'h;touch x'", "'$(id)'"),
+    "scale_rewards": ("1", "[group]"),
 }
 
 
@@ -385,6 +398,23 @@ def env_cases(ws: Workspace, rng: random.Random) -> list[Case]:
     return cases
 
 
+def sbatch_cases(ws: Workspace, rng: random.Random) -> list[Case]:
+    """sbatch values no cluster has, or that are not names."""
+    bad = [
+        (("--nodes", "100000", "--gpus-per-node", "8"), ("--nodes",)),
+        (("--nodes", "1", "--gpus-per-node", str(rng.randint(65, 10**6))), ("--gpus-per-node",)),
+        (("--nodes", "1", "--gpus-per-node", "2", "--job-name", ""), ("--job-name",)),
+        (("--nodes", "1", "--gpus-per-node", "2", "--job-name", " "), ("--job-name",)),
+        (("--nodes", "1", "--gpus-per-node", "2", "--gpu-type", f"h100;touch {ws.canary}"), ("--gpu-type",)),
+        (("--nodes", "1", "--gpus-per-node", "2", "--gpu-type", "$(id)"), ("--gpu-type",)),
+    ]
+    return [
+        Case("sbatch", f"sbatch: {' '.join(args)}",
+             ("sbatch", ws.base_recipe, *args, "--dry-run", "--run-dir", ws.run_dir()), expect=expect)
+        for args, expect in bad
+    ]  # fmt: skip
+
+
 def generate(root: Path, seed: int = 1234) -> tuple[Workspace, list[Case], list[Case]]:
     """The workspace, the control cases (must succeed) and the bad inputs (must be refused), in a fixed order."""
     rng = random.Random(seed)
@@ -395,5 +425,6 @@ def generate(root: Path, seed: int = 1234) -> tuple[Workspace, list[Case], list[
         *gpu_spec_cases(ws, rng),
         *hostfile_cases(ws, rng),
         *env_cases(ws, rng),
+        *sbatch_cases(ws, rng),
     ]
     return ws, base_cases(ws), bad

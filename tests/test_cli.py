@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,24 @@ def test_on_a_terminal_the_step_lines_are_one_live_line():
     pipe("[train] step 1/3 done in 0.2 s")
     pipe("[train] step 2/3 done in 0.2 s")
     assert plain.getvalue() == "[train] step 1/3 done in 0.2 s\n[train] step 2/3 done in 0.2 s\n"
+
+
+def test_sizes_print_in_a_unit_that_shows_them(tmp_path):
+    """A disk refusal read "0.0 GiB free, but … need 0.0 GiB" for a tiny model: sizes pick their unit."""
+    from grpo_launch.errors import ConfigError, size_text
+    from grpo_launch.execute.preflight import check_output_dir
+    from grpo_launch.models.config import shape_from_config
+
+    from .helpers import plan_recipe, tiny_overrides
+
+    assert [size_text(n) for n in (512, 3 * 2**20, 1.25 * 2**30, 150 * 2**30, 3.2 * 2**40)] == [
+        "512 B", "3 MiB", "1.25 GiB", "150 GiB", "3.2 TiB"]  # fmt: skip
+    overrides = tiny_overrides(tmp_path)
+    model_dir = overrides[0].split("=", 1)[1]
+    shape = shape_from_config("tiny", json.loads((Path(model_dir) / "config.json").read_text()))
+    plan = plan_recipe(str(ROOT / "recipes" / "tiny-cpu.yaml"), "cpu", *overrides, f"output_dir={tmp_path / 'out'}",
+                       model=shape)  # fmt: skip
+    with pytest.raises(ConfigError) as exc:
+        check_output_dir(plan, str(tmp_path), free_bytes=lambda _: 200 * 2**10)
+    message = exc.value.render()
+    assert "200 KiB free" in message and "0.0 GiB" not in message and " MiB" in message

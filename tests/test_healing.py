@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -170,6 +171,17 @@ def test_two_runs_in_one_run_dir(tmp_path):
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
     assert gone_within(run, 10) == []
+    # Stopped by SIGTERM: status shows that end and how to resume, not "silent … (stopped, or hung)" and an ETA.
+    status = subprocess.run([sys.executable, "-m", "grpo_launch", "status", str(run), "--json"],
+                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    state = json.loads(status.stdout)
+    assert (state["state"], state["eta_s"], state["launcher"]) == ("interrupted", None, None), state
+    assert "SIGTERM" in state["detail"] and f"--run-dir {run}" in state["resume"]
+    # The launcher's own lines outlive the console: RUN_DIR/logs/launcher.log, time-stamped, with both launchers'.
+    log = (run / "logs" / "launcher.log").read_text()
+    assert re.search(rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d \[pid {first.pid}\] \[grpo-launch\] plan: ", log, re.M), log
+    assert "run ended: interrupted, exit code 143: interrupted by SIGTERM" in log
+    assert "is in use by another grpo-launch run" in log  # the refused second launcher's error
 
 
 def test_a_closed_stdout_does_not_stop_the_run(tmp_path):

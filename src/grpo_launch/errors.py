@@ -57,6 +57,15 @@ def short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def size_text(n: float) -> str:
+    """Bytes in the unit that shows them (3 significant digits): "512 B", "8.0 MiB", "1.25 GiB", "3.2 TiB"."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            value = n / scale
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
 def is_decimal(text: str) -> bool:
     """ASCII digits only: ``str.isdigit`` and ``re``'s ``\\d`` also accept '²', '٣' or '８', which ``int`` then reads
     or refuses."""

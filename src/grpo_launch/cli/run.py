@@ -4,10 +4,12 @@ supervise them to the end."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from grpo_launch.cli.common import add_planning_args, plan_for
 from grpo_launch.enums import ResumeMode
-from grpo_launch.errors import ConfigError
+from grpo_launch.errors import ConfigError, GrpoLaunchError
+from grpo_launch.rundir.files import LauncherLog
 from grpo_launch.spec import RunContext, RunResult
 
 
@@ -41,12 +43,32 @@ def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
     from grpo_launch.execute.run import run_plan
 
     plan, backend = plan_for(args, ctx)
+    log = None
+    if not args.dry_run:  # every launcher line also goes to RUN_DIR/logs/launcher.log, time-stamped
+        log = LauncherLog(plan.run_dir)
+        console = ctx.emit
+
+        def emit(line: str) -> None:
+            log.write(line)
+            console(line)
+
+        ctx = dataclasses.replace(ctx, emit=emit)
+        log.write(f"grpo-launch run {' '.join([args.recipe, *args.overrides])}")
     # Before anything starts: what was decided, and every notice and warning (a dry run prints them as comments).
     prefix = "# " if args.dry_run else "[grpo-launch] "
     for line in summary_lines(plan):
         ctx.emit(prefix + line)
     if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
         raise ConfigError(f"--max-restarts must be from 0 to 1000, got {args.max_restarts}")
-    return run_plan(
-        plan, backend, ctx, dry_run=args.dry_run, resume=ResumeMode(args.resume), max_restarts=args.max_restarts
-    )
+    try:
+        result = run_plan(
+            plan, backend, ctx, dry_run=args.dry_run, resume=ResumeMode(args.resume), max_restarts=args.max_restarts
+        )
+    except GrpoLaunchError as exc:
+        if log is not None:
+            log.write(f"error: {exc.render()}")
+        raise
+    if log is not None:
+        detail = f"\n{result.detail}" if result.detail else ""
+        log.write(f"run ended: {result.state}, exit code {result.exit_code}: {result.message}{detail}".rstrip(": "))
+    return result

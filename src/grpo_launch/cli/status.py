@@ -51,6 +51,22 @@ def _job_state(info: dict) -> tuple[str | None, dict[str, str] | None]:
     return str(job), load(name).job_state(str(job))
 
 
+def _resume_hint(run_dir: Path, workdir: str) -> str:
+    """The command that resumes the run, and the checkpoint it would resume from when the output directory is
+    found."""
+    from grpo_launch.rundir.checkpoints import checkpoints
+
+    try:
+        plan = json.loads(RunPaths(run_dir).plan_json.read_text())
+    except (OSError, ValueError):
+        plan = {}
+    recipe = plan.get("recipe") or "RECIPE"
+    out = (plan.get("trainer_values") or {}).get("output_dir")
+    found = checkpoints(Path(workdir, out)) if isinstance(out, str) else []
+    start = f"from checkpoint-{found[-1][0]}" if found else "from the newest complete checkpoint, if any"
+    return f"grpo-launch {recipe} --run-dir {run_dir} (resumes {start})"
+
+
 def _hours(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -71,11 +87,16 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     holder = lock_holder(run_dir)
     job, job_state = _job_state(last_holder(run_dir))
     last = attempts[-1] if attempts else None
-    if holder is None and p.state in ("running", "silent") and last and last.state == RunState.FAILED:
-        p = replace(p, state="failed", detail=f"{last.failure}: {last.why}")
+    resume = None
+    if holder is None and p.state in ("running", "silent") and last and last.state != RunState.SUCCEEDED:
+        # No launcher holds the run and its last attempt ended: that end, not a guess from the step clock.
+        why = f"{last.failure}: {last.why}" if last.failure else (last.why or str(last.state))
+        p = replace(p, state=str(last.state), detail=why, eta_s=None)
+        resume = _resume_hint(run_dir, ctx.workdir)
     if args.json:
         data = {"run_dir": str(run_dir), "step": m.last_step, "max_steps": m.max_steps, **asdict(p)}
         data |= {"launcher": holder, "attempts": [a.to_json() for a in attempts], "job": job, "job_state": job_state}
+        data |= {"resume": resume}
         data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
         data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
         ctx.emit(json.dumps(data | {"logs": logs}, indent=2))
@@ -89,6 +110,8 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         ("ETA", f"{_hours(p.eta_s)} at the measured step time; planned {_hours(p.planned_eta_s)}"),
     ]
     rows.append(("launcher", f"running ({holder})" if holder else "not running"))
+    if resume:
+        rows.append(("resume", resume))
     if job:
         said = (
             "unknown to its scheduler"

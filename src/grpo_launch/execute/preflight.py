@@ -9,8 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from grpo_launch.enums import VllmMode
-from grpo_launch.errors import ConfigError, LaunchError
-from grpo_launch.machines.gpus import GIB
+from grpo_launch.errors import ConfigError, LaunchError, size_text
 from grpo_launch.planning.types import Plan
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.probe.pythons import TRL_VLLM_RANGE, interpreter_of, version_tuple, vllm_version_of
@@ -163,15 +162,14 @@ def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], i
     kept = checkpoints_kept(plan.trainer_values, int(plan.trainer_values.get("max_steps") or -1))
     if free < checkpoint + final:
         raise ConfigError(
-            f"output_dir {str(out)!r} has {free / GIB:.1f} GiB free, but one checkpoint ({checkpoint / GIB:.1f} GiB "
-            f"with {plan.train.backend}) and the final model ({final / GIB:.1f} GiB) need "
-            f"{(checkpoint + final) / GIB:.1f} GiB",
+            f"output_dir {str(out)!r} has {size_text(free)} free, but one checkpoint ({size_text(checkpoint)} "
+            f"with {plan.train.backend}) and the final model ({size_text(final)}) need {size_text(checkpoint + final)}",
             hint="Free space there, or set output_dir to a larger file system (a full disk leaves a damaged "
             "checkpoint behind).",
         )
     if kept and free < kept * checkpoint + final:
         return [
-            f"output_dir has {free / GIB:.1f} GiB free: room for {int((free - final) // checkpoint)} of the "
-            f"{kept} checkpoints this run keeps ({checkpoint / GIB:.1f} GiB each); set save_total_limit or free space"
+            f"output_dir has {size_text(free)} free: room for {int((free - final) // checkpoint)} of the "
+            f"{kept} checkpoints this run keeps ({size_text(checkpoint)} each); set save_total_limit or free space"
         ]
     return []

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 
 from grpo_launch.backends.base import Backend
 from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState
+from grpo_launch.errors import size_text
 from grpo_launch.execute.policy import Action, Spent, next_action
 from grpo_launch.execute.preflight import check_output_dir, check_vllm, output_dir_of, preflight, stale_build_locks
 from grpo_launch.execute.session import SessionSpec, supervise
 from grpo_launch.execute.watchdog import Watchdog
-from grpo_launch.machines.gpus import GIB
 from grpo_launch.planning.types import Plan
 from grpo_launch.planning.verdict import split_verdict
 from grpo_launch.render import render_files
@@ -145,7 +145,7 @@ def _disk_advice(plan: Plan, ctx: RunContext) -> str:
 
     out = output_dir_of(plan, ctx.workdir)
     try:
-        free = f"{shutil.disk_usage(out).free / GIB:.2f} GiB free"
+        free = f"{size_text(shutil.disk_usage(out).free)} free"
     except OSError:
         free = "free space unknown"
     return (

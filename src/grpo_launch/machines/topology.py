@@ -135,6 +135,8 @@ SPEC_PATTERN = re.compile(
     re.IGNORECASE | re.ASCII,
 )
 MAX_GPU_GB = 4096  # no GPU comes near this
+# No cluster has more: the largest Slurm systems have some thousands of GPU nodes of 4–8 GPUs (an HGX B200 has 8).
+MAX_NODES, MAX_GPUS_PER_NODE = 4096, 64
 MAX_TFLOPS, MAX_TBS = 20_000, 100  # a B200 is 2,250 dense bf16 TF and 8 TB/s
 SPEC_HELP = (
     "Examples: --gpus 4xL20-48GB, --gpus 8xH100-80GB, --gpus 2x8xH100-80GB (nodes × GPUs), --gpus cpu; a GPU the "
@@ -160,8 +162,9 @@ def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
     count = int(m["count"])
     if nodes < 1 or count < 1:
         raise ProbeError(f"--gpus {short(spec)}: node and GPU counts must be at least 1", hint=SPEC_HELP)
-    if nodes > 4096 or count > 64:
-        raise ProbeError(f"--gpus {short(spec)}: at most 4096 nodes and 64 GPUs per node", hint=SPEC_HELP)
+    if nodes > MAX_NODES or count > MAX_GPUS_PER_NODE:
+        raise ProbeError(f"--gpus {short(spec)}: at most {MAX_NODES} nodes and {MAX_GPUS_PER_NODE} GPUs per node",
+                         hint=SPEC_HELP)  # fmt: skip
     model = m["model"].strip()
     if re.match(r"\d+x", model, re.IGNORECASE):
         raise ProbeError(f"--gpus {short(spec)}: at most two factors, nodes x GPUs per node", hint=SPEC_HELP)

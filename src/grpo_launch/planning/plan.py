@@ -61,7 +61,7 @@ def make_plan(
 def _plan(
     topology: Topology, recipe: Recipe, model: ModelShape | None, calibration: Calibration | None, runtime: Runtime
 ) -> Plan:
-    base = Trace(notices=list(recipe.notices), warnings=list(topology.warnings))
+    base = Trace(notices=list(recipe.notices), warnings=[*recipe.warnings, *topology.warnings])
     if recipe.values.get("use_cpu") is True and not topology.is_cpu:
         topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
         base.decide("device", Device.CPU, "use_cpu: true in the recipe: the GPUs are left unused")
@@ -115,11 +115,7 @@ def _only_split_reason(split: Split, model: ModelShape | None) -> str:
 
 
 def _estimable(topology: Topology, model: ModelShape | None) -> bool:
-    return (
-        model is not None
-        and topology.planning_gpu_spec is not None
-        and topology.min_gpu_memory_bytes is not None
-    )
+    return model is not None and topology.planning_gpu_spec is not None and topology.min_gpu_memory_bytes is not None
 
 
 # Without an estimate, in this order (then the fewest server GPUs): a server on whole hosts or some GPUs of one,

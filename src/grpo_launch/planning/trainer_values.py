@@ -68,7 +68,8 @@ def trainer_values(
         for key in _OFF_DROPPED:
             out.pop(key, None)
     elif vllm.mode == VllmMode.SERVER:
-        replaced = [k for k in _SERVER_REPLACED if k in out]
+        timeout = float(recipe.launch.vllm_health_timeout_s)
+        replaced = [k for k in _SERVER_REPLACED if k in out and not (k == "vllm_server_timeout" and out[k] == timeout)]
         if replaced:
             trace.notice(
                 f"{', '.join(replaced)}: replaced by the planned server ({vllm.base_url}, health timeout "
@@ -78,7 +79,7 @@ def trainer_values(
             use_vllm=True,
             vllm_mode="server",
             vllm_server_base_url=vllm.base_url,
-            vllm_server_timeout=float(recipe.launch.vllm_health_timeout_s),
+            vllm_server_timeout=timeout,
         )
         for key in _SERVER_ONLY_IN_PLAN:
             out.pop(key, None)

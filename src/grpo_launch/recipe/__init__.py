@@ -24,7 +24,7 @@ from grpo_launch.recipe.rewards import (
     reward_names,
 )
 from grpo_launch.recipe.trl_schema import CONVERSIONS
-from grpo_launch.recipe.values import AUTO, check_consistency, check_value
+from grpo_launch.recipe.values import AUTO, check_consistency, check_value, unlikely
 from grpo_launch.spec import frozen
 
 __all__ = ["LOCAL_DATA_SUFFIXES", "LaunchSettings", "Recipe", "build_recipe", "load_recipe"]
@@ -96,6 +96,7 @@ class Recipe:
     launch: LaunchSettings = field(default_factory=LaunchSettings)
     source: str | None = None
     notices: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # values that run but are likely mistakes
 
     def is_set(self, key: str) -> bool:
         """True if the user gave ``key`` a concrete value (not absent, not "auto")."""
@@ -149,6 +150,17 @@ def build_recipe(
             f"reward_funcs {', '.join(open_r1)}: open-r1's own ({OPEN_R1_MODULE}); the trainers' Python needs "
             f"open-r1: {OPEN_R1_INSTALL}"
         )
+    timeout = values.get("vllm_server_timeout")
+    if (
+        "vllm_health_timeout_s" not in launch_raw
+        and isinstance(timeout, (int, float))
+        and not isinstance(timeout, bool)
+    ):
+        # TRL's wait for the server to come up is the launcher's health wait when it starts the server: the user's
+        # value, not the launcher's default.
+        launch_raw["vllm_health_timeout_s"] = timeout
+        notices.append(f"vllm_server_timeout={timeout:g}: the launcher waits that long for a vLLM server it starts "
+                       "(launch.vllm_health_timeout_s)")  # fmt: skip
     launch = build_launch(launch_raw, problems)
     problems += check_launch(launch)
     if launch.num_processes is None and isinstance(data.get("num_processes"), int):
@@ -161,7 +173,7 @@ def build_recipe(
     if problems:
         where = f"recipe {source!r}" if source else "recipe"
         raise ConfigError(f"{where} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:", problems=problems)
-    return Recipe(values=values, launch=launch, source=source, notices=tuple(notices))
+    return Recipe(values=values, launch=launch, source=source, notices=tuple(notices), warnings=tuple(unlikely(values)))
 
 
 def _convert(values: dict[str, Any], notices: list[str]) -> dict[str, Any]:

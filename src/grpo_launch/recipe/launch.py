@@ -14,6 +14,11 @@ from grpo_launch.errors import did_you_mean, short
 from grpo_launch.recipe.values import AUTO, ENV_NAME, finite
 from grpo_launch.spec import frozen
 
+# A DNS name (RFC 1123 labels), an IPv4 address or an IPv6 address.
+HOST_PATTERN = (
+    r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*|[0-9A-Fa-f:.]+"
+)
+
 
 @frozen
 class LaunchSettings:
@@ -25,7 +30,9 @@ class LaunchSettings:
     # Pipeline stages of each server replica (TP × PP GPUs). Unset: only where no server of TP alone fits the model.
     vllm_pipeline_parallel_size: int | None = field(default=None, metadata={"min": 1, "max": 1024})
     vllm_port: int = field(default=8000, metadata={"min": 1, "max": 65535})
-    vllm_host: str | None = field(default=None, metadata={"kind": "str"})
+    vllm_host: str | None = field(
+        default=None, metadata={"kind": "str", "pattern": HOST_PATTERN, "what": "a host name or IP address"}
+    )
     vllm_gpu_memory_utilization: float | None = field(
         default=None, metadata={"min": 0.05, "max": 0.99, "kind": "float"}
     )
@@ -41,7 +48,7 @@ class LaunchSettings:
     offload: Offload | None = field(default=None, metadata={"enum": Offload})  # None: auto
     num_processes: int | None = field(default=None, metadata={"min": 1, "max": 4096})
     main_process_port: int = field(default=29500, metadata={"min": 1, "max": 65535})
-    run_dir: str | None = field(default=None, metadata={"kind": "str"})
+    run_dir: str | None = field(default=None, metadata={"kind": "str", "pattern": r".*\S.*", "what": "a directory"})
     grace_period_s: float = field(default=30.0, metadata={"min": 0, "max": 3600})
     train_env: Mapping[str, str] = field(default_factory=dict)
     # The module `accelerate launch --module` runs in every training process, given `--recipe trainer_recipe.yaml`

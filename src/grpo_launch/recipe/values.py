@@ -43,7 +43,21 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool, str]] = {
     "beta": (0, None, True, True, "GRPO's KL coefficient: >= 0 (0 drops the reference model)"),
     "epsilon": (0, None, False, True, "GRPO's clipping range: > 0"),
     "vllm_gpu_memory_utilization": (0, 1, False, True, "vLLM: gpu_memory_utilization in (0, 1]"),
+    "vllm_server_port": (1, 65535, True, True, "a TCP port: TRL's client connects to it"),
+    "vllm_group_port": (1, 65535, True, True, "a TCP port: the weight-sync process group listens on it"),
 }
+# Names that mean nothing empty: the run would fail on them (a dataset or model "" cannot load, an empty column is
+# not in any dataset, an empty output_dir writes into the working directory).
+NAME_KEYS = frozenset(
+    {"model_name_or_path", "dataset_name", "dataset_prompt_column", "dataset_answer_column", "output_dir",
+     "dataset_train_split", "dataset_test_split", "reward_model_name_or_path", "hub_model_id", "run_name"}
+)  # fmt: skip
+# A Hub id (name or org/name: letters, digits, - _ .), or a path: with a "/" or starting with "." or "~" (anything
+# else the filesystem takes, spaces included; preflight checks it exists). No line breaks in either.
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)?")
+MODEL_KEYS = frozenset({"model_name_or_path", "reward_model_name_or_path"})
+# Learning rates GRPO recipes use span 1e-7 (large models) to 1e-3 (the tiny CPU demo); beyond these, a typo.
+LR_WARN = (1e-8, 1e-2)
 LENGTH_KEYS = frozenset({"max_completion_length", "max_prompt_length", "vllm_max_model_length"})
 
 _KIND_NAMES = {
@@ -115,6 +129,17 @@ def check_value(key: str, value: Any) -> str | None:
             return f"{key}={value} tokens is beyond any model's context (at most {MAX_TOKENS:,})"
         if value > MAX_COUNT:
             return f"{key}={short(value, 40)} is beyond what torch and vLLM count (at most {MAX_COUNT:,})"
+    if key in NAME_KEYS and isinstance(value, str) and not value.strip():
+        return f"{key} is empty: give a name, or leave the key out"
+    named = key in MODEL_KEYS and isinstance(value, str) and value.strip()
+    path = named and ("/" in value or value.startswith((".", "~"))) and not re.search(r"[\x00-\x1f]", value)
+    if named and not (HUB_ID.fullmatch(value) or path):
+        return (
+            f"{key}: {short(value)} is neither a Hub id (org/name: letters, digits, - _ .) nor a path (a local "
+            "directory starts with /, ./ or ~/)"
+        )
+    if key == "reward_funcs" and value == []:
+        return "reward_funcs is empty: GRPO needs at least one reward (leave the key out for accuracy and format)"
     if key == "num_generations" and value == 1:
         return "num_generations must be at least 2: GRPO compares completions within a group"
     if key == "max_steps" and isinstance(value, int) and not isinstance(value, bool) and (value < -1 or value == 0):
@@ -180,3 +205,15 @@ def check_consistency(values: Mapping[str, Any]) -> list[str]:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
+
+
+def unlikely(values: Mapping[str, Any]) -> list[str]:
+    """Values that run but are most likely typos: warnings, not refusals."""
+    out = []
+    lr = values.get("learning_rate")
+    if _is_number(lr) and lr > 0 and not LR_WARN[0] <= lr <= LR_WARN[1]:
+        out.append(
+            f"learning_rate={lr:g} is outside {LR_WARN[0]:g}–{LR_WARN[1]:g}, the range GRPO recipes use (open-r1 and "
+            "TRL's examples: 1e-6 to 3e-6 for 1.5B–7B models, 1e-3 only for the tiny CPU demo): a typo?"
+        )
+    return out

@@ -130,3 +130,24 @@ def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bo
             raise
         written.append(path)
     return written
+
+
+class LauncherLog:
+    """Appends the launcher's console lines to RUN_DIR/logs/launcher.log, each with its time and the launcher's pid,
+    so they outlive the console. Never fails the run: a log that cannot be written is given up."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = RunPaths(run_dir).launcher_log
+        self._ok = True
+
+    def write(self, text: str) -> None:
+        if not self._ok:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        lines = "".join(f"{stamp} [pid {os.getpid()}] {line}\n" for line in str(text).splitlines() or [""])
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(lines)
+        except OSError:
+            self._ok = False

@@ -74,6 +74,11 @@ class RunPaths:
         return self.root / "logs"
 
     @property
+    def launcher_log(self) -> Path:
+        """The launcher's own messages, time-stamped: the plan summary, notices, restarts, the end and its cause."""
+        return self.logs / "launcher.log"
+
+    @property
     def metrics(self) -> Path:
         """Rank 0's records: one per optimizer step, per save, per logging step (:mod:`.records`)."""
         return self.root / "metrics.jsonl"

@@ -71,6 +71,8 @@ def check_request(req: SbatchRequest) -> None:
     for what, value in (("--job-name", req.job_name), ("--run-dir", req.run_dir), ("working directory", req.workdir)):
         if value and "\\" in value:
             problems.append(f"{what} contains a backslash, which sbatch drops from #SBATCH lines: {value!r}")
+    if req.job_name is not None and not req.job_name.strip():
+        problems.append("--job-name is empty: give a name, or leave it out for grpo-RECIPE")
     if req.nodes < 1:
         problems.append(f"--nodes must be at least 1, got {req.nodes}")
     if req.gpus_per_node < 0:

@@ -3,13 +3,14 @@ batch script (:mod:`.sbatch`) into the run directory and submits it."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import option
 from grpo_launch.backends.submit import Submission, SubmitJob
-from grpo_launch.errors import ConfigError
+from grpo_launch.errors import ConfigError, short
 from grpo_launch.machines.gpus import GIB, find_gpu_spec
-from grpo_launch.machines.topology import Gpu, Host, Topology
+from grpo_launch.machines.topology import MAX_GPUS_PER_NODE, MAX_NODES, Gpu, Host, Topology
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.spec import frozen
 
@@ -43,8 +44,8 @@ class SlurmSubmitter:
     @classmethod
     def requested_topology(cls, options: SbatchOptions, local: Topology) -> Topology:
         """--nodes × --gpus-per-node GPUs of one model (by default this machine's count and model)."""
-        if options.nodes < 1:
-            raise ConfigError(f"--nodes must be at least 1, got {options.nodes}")
+        if not 1 <= options.nodes <= MAX_NODES:
+            raise ConfigError(f"--nodes must be between 1 and {MAX_NODES}, got {options.nodes}")
         per_node = options.gpus_per_node
         if per_node is None:
             if local.is_cpu:
@@ -53,10 +54,13 @@ class SlurmSubmitter:
                     hint="Pass --gpus-per-node G (and --gpu-type, e.g. H100-80GB, to check memory); 0 for CPU nodes.",
                 )
             per_node = len(local.hosts[0].gpus)
-        if per_node < 0:
-            raise ConfigError(f"--gpus-per-node must be 0 or more, got {per_node}")
+        if not 0 <= per_node <= MAX_GPUS_PER_NODE:
+            raise ConfigError(f"--gpus-per-node must be between 0 and {MAX_GPUS_PER_NODE}, got {per_node}")
         name, memory = "unknown", None
-        if options.gpu_type:
+        if options.gpu_type is not None:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 _.-]*", options.gpu_type):
+                raise ConfigError(f"--gpu-type {short(options.gpu_type)} is not a GPU model name",
+                                  hint="Known: H100-80GB, H200, A100-80GB, L20, L40S, A10G, …")  # fmt: skip
             spec = find_gpu_spec(options.gpu_type)
             if spec is None:
                 raise ConfigError(
