@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Hermetic: nothing is downloaded here, and plan's one Hub metadata request (the training set's rows) is not made;
+# tests/test_dataset_rows.py serves the Hub's API locally where it tests that request.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from .helpers import ensure_tiny_assets, plan_recipe
 

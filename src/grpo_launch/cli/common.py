@@ -118,18 +118,21 @@ def plan_on(
     """Plan ``recipe`` on ``topo`` with what this machine knows of the run: the run directory (--run-dir, else
     the recipe's, made absolute), this interpreter, the vLLM version it imports, the training set's rows when it
     is a local file, and the model's shape."""
-    from grpo_launch.probe.dataset import count_rows
+    from grpo_launch.probe.dataset import dataset_rows
     from grpo_launch.probe.model import resolve_model_shape
     from grpo_launch.probe.pythons import vllm_version_here
 
     model, warning = resolve_model_shape(recipe.get("model_name_or_path"), ctx.environ)
     run_dir = os.path.normpath(os.path.join(ctx.workdir, args.run_dir or default_run_dir(recipe)))
-    rows = None if recipe.launch.dataset_rows else count_rows(str(recipe.get("dataset_name") or ""), ctx.workdir)
+    rows, rows_source = None, "launch.dataset_rows"
+    if not recipe.launch.dataset_rows and int(recipe.get("max_steps") or -1) <= 0:
+        rows, rows_source = dataset_rows(recipe.values, ctx.workdir, ctx.environ)
     runtime = Runtime(
         run_dir=run_dir,
         python=ctx.python,
         vllm_version=vllm_version_here(),
         dataset_rows=rows,
+        dataset_rows_source=rows_source,
         warnings=(warning,) if warning else (),
     )
     return make_plan(topo, recipe, model, runtime=runtime, calibration=calibration)

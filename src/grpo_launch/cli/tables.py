@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
-from grpo_launch.planning.types import Plan
+from grpo_launch.planning.types import Plan, Total
 from grpo_launch.render.processes import trainers, vllm_servers
 from grpo_launch.spec import frozen
 
@@ -144,9 +144,9 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
         if est.host_memory_per_node_gib:
             rows.append(("host RAM per node (offload)", f"{est.host_memory_per_node_gib:.0f} GiB"))
         if est.total is not None:
-            t = est.total
-            cost = f", {t.price:,.2f} at the given GPU-hour price" if t.price is not None else ""
-            rows.append(("whole run", f"{t.steps} steps ({t.source}): {t.hours:.1f} h, {t.gpu_hours:.0f} GPU-h{cost}"))
+            rows += whole_run_rows(est.total)
+        elif est.total_missing:
+            rows.append(("whole run", est.total_missing))
         out.append(Section("Estimate per optimizer step (grpo-launch plan --explain shows the arithmetic)", rows))
 
     if plan.decisions:
@@ -160,6 +160,25 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
     if files:
         out.append(Section("Wrote: " + ", ".join(files)))
     return out
+
+
+def _hours_range(t: Total) -> str:
+    low = t.hours_expected
+    return f"{low:.1f}–{t.hours:.1f} h" if low is not None and low < t.hours * 0.995 else f"{t.hours:.1f} h"
+
+
+def whole_run_rows(t: Total) -> list[tuple[str, str]]:
+    """The whole run as a range, from the expected mean completion length to every completion at the maximum."""
+    scale = t.hours_expected / t.hours if t.hours_expected is not None and t.hours else 1.0
+    gpu_h = f"{t.gpu_hours * scale:.0f}–{t.gpu_hours:.0f}" if scale < 0.995 else f"{t.gpu_hours:.0f}"
+    cost = ""
+    if t.price is not None:
+        cost = f", {t.price * scale:,.2f}–{t.price:,.2f}" if scale < 0.995 else f", {t.price:,.2f}"
+        cost += " at the given GPU-hour price"
+    rows = [("whole run", f"{t.steps} steps ({t.source}): {_hours_range(t)}, {gpu_h} GPU-h{cost}")]
+    if t.expected_source:
+        rows.append(("  range", f"low end at the {t.expected_source}; high end: every completion at the maximum"))
+    return rows
 
 
 def summary_lines(plan: Plan) -> list[str]:
@@ -193,7 +212,7 @@ def summary_lines(plan: Plan) -> list[str]:
     if est is not None:
         mem = f", {est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB per training GPU" if (
             est.train_memory_gib) else ""  # fmt: skip
-        total = f", {est.total.hours:.1f} h for {est.total.steps} steps" if est.total else ""
+        total = f", {_hours_range(est.total)} for {est.total.steps} steps" if est.total else ""
         step = f"{est.step.total_s:.1f} s per step ({est.step.bottleneck})" if est.step else est.time_missing
         lines.append(f"  estimate: {step}{mem}{total}")
     lines += [f"notice: {n}" for n in plan.notices]

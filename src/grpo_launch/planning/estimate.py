@@ -12,6 +12,7 @@ from grpo_launch.machines.gpus import GIB, GpuSpec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import (
+    EXPECTED_COMPLETION_SHARE,
     TRL_COMPLETION_LEN,
     TRL_EPOCHS,
     VLLM_SERVER_UTILIZATION,
@@ -115,9 +116,17 @@ def size_vllm(
     return sized_plan, sized
 
 
-def run_total(topology: Topology, recipe: Recipe, layout: Layout, step: StepTime, rows: int | None) -> Total | None:
+def run_total(
+    topology: Topology,
+    recipe: Recipe,
+    layout: Layout,
+    step: StepTime,
+    rows: int | None,
+    expected: tuple[StepTime, str] | None = None,
+) -> Total | None:
     """Steps, hours, GPU-hours and price of the whole run, when the step count is known (``rows``: the training
-    set's, when known)."""
+    set's, when known); ``expected``: the step at the expected mean completion length and where that length came
+    from, the range's lower end (``step`` is at the maximum)."""
     max_steps = int(recipe.get("max_steps") or -1)
     if max_steps > 0:
         steps, source = max_steps, f"max_steps={max_steps}"
@@ -133,7 +142,9 @@ def run_total(topology: Topology, recipe: Recipe, layout: Layout, step: StepTime
     hours = steps * step.total_s / 3600
     gpu_hours = hours * topology.num_gpus
     price = recipe.launch.gpu_hour_price
-    return Total(steps, hours, gpu_hours, gpu_hours * price if price is not None else None, source)
+    low = steps * expected[0].total_s / 3600 if expected else None
+    return Total(steps, hours, gpu_hours, gpu_hours * price if price is not None else None, source, low,
+                 expected[1] if expected else "")  # fmt: skip
 
 
 def generation_part(
@@ -178,6 +189,25 @@ def generation_part(
     return gen, 0.0, [f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s"]
 
 
+def _at(work: Workload, mean_len: float) -> Workload:
+    """The workload with every completion at ``mean_len`` tokens on average (0: at the maximum)."""
+    return dataclasses.replace(work, expected_completion_len=float(mean_len))
+
+
+def step_time(
+    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, train: TrainPlan, work: Workload
+) -> tuple[StepTime, list[str]]:
+    """One optimizer step's times for ``work``, and their arithmetic."""
+    n = train.num_processes
+    gen, sync, lines = generation_part(model, gpu, vllm, train.hosts, work)
+    train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work, nodes=len(train.hosts))
+    lines.append(f"training: {train_why}")
+    old = old_logprobs_time(model, gpu, n, work) if vllm.mode != VllmMode.OFF or work.old_logprobs else 0.0
+    if old:
+        lines.append(f"old log-probs (TRL's extra forward, 2·P per token): {old:.1f} s")
+    return StepTime(gen, train_s, sync, old), lines
+
+
 def estimate_plan(
     topology: Topology,
     recipe: Recipe,
@@ -190,6 +220,7 @@ def estimate_plan(
     sizing: VllmMemory | None = None,
     *,
     rows: int | None = None,
+    rows_why: str = "",
 ) -> Estimate | None:
     """Predicted memory, when the model and the GPUs' memory are known, and step time when the GPU's speed is too
     (the table's entry, or the peak and bandwidth given with --gpus)."""
@@ -197,7 +228,7 @@ def estimate_plan(
     mem = topology.min_gpu_memory_bytes
     if model is None or mem is None or topology.is_cpu:
         return None
-    n, train_mem = train.num_processes, training.memory
+    train_mem = training.memory
     explain: list[str] = [
         f"workload per optimizer step: {work.completions} completions ({work.completions // work.num_generations} "
         f"prompts × {work.num_generations}), {work.prompt_len} prompt + {work.completion_len} completion tokens "
@@ -229,15 +260,8 @@ def estimate_plan(
             workload=work,
             time_missing=topology.time_missing,
         )
-    gen, sync, gen_lines = generation_part(model, gpu, vllm, train.hosts, work)
-    explain += gen_lines
-    nodes = len(train.hosts)
-    train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work, nodes=nodes)
-    explain.append(f"training: {train_why}")
-    old = old_logprobs_time(model, gpu, n, work) if vllm.mode != VllmMode.OFF or work.old_logprobs else 0.0
-    if old:
-        explain.append(f"old log-probs (TRL's extra forward, 2·P per token): {old:.1f} s")
-    step = StepTime(gen, train_s, sync, old)
+    step, lines = step_time(model, gpu, vllm, train, work)
+    explain += lines
     explain.append(
         f"step ≈ {step.generation_s:.1f} s generation + {step.old_logprobs_s:.1f} s old log-probs + "
         f"{step.training_s:.1f} s training + {step.sync_s:.1f} s sync = {step.total_s:.1f} s; "
@@ -245,8 +269,30 @@ def estimate_plan(
     )
     if training.host_memory:
         explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
+    # The whole run as a range: every completion at the maximum length, and at the expected mean.
+    top = step if not work.expected_completion_len else step_time(model, gpu, vllm, train, _at(work, 0.0))[0]
+    if work.expected_completion_len:
+        cal = work.scale.mean_completion_len
+        said = "measured (--calibrate-from)" if cal else "launch.expected_completion_length"
+        expected = (step, f"mean completion {work.mean_completion_len:.0f} tokens, {said}")
+    else:
+        share = EXPECTED_COMPLETION_SHARE
+        at = _at(work, share * work.completion_len)
+        expected = (step_time(model, gpu, vllm, train, at)[0],
+                    f"mean completion {at.mean_completion_len:.0f} tokens: the prior {share:.0%} of the maximum "
+                    "(TRL #5697, #6263; set launch.expected_completion_length or plan --calibrate-from)")  # fmt: skip
+    total = run_total(topology, recipe, layout, top, rows, expected)
+    missing = None
+    if total is None:
+        epochs = float(recipe.get("num_train_epochs") or TRL_EPOCHS)
+        missing = (
+            f"unknown: {epochs:g} epoch(s) of a training set whose rows are unknown"
+            + (f" ({rows_why})" if rows_why else "")
+            + "; set launch.dataset_rows=N (or max_steps)"
+        )
     return Estimate(
-        total=run_total(topology, recipe, layout, step, rows),
+        total=total,
+        total_missing=missing,
         step=step,
         train_memory_gib=train_mem.total / GIB if train_mem else None,
         vllm_memory_gib=vllm_gib,

@@ -231,7 +231,8 @@ def _plan_one(search: Search, split: Split | None, completions: int | None) -> P
     if training.gradient_checkpointing is not None:
         work = dataclasses.replace(work, gradient_checkpointing=training.gradient_checkpointing)
     rows = recipe.launch.dataset_rows or runtime.dataset_rows
-    estimate = estimate_plan(topology, recipe, model, vllm, train, layout, work, training, sizing, rows=rows)
+    estimate = estimate_plan(topology, recipe, model, vllm, train, layout, work, training, sizing, rows=rows,
+                             rows_why=runtime.dataset_rows_source)  # fmt: skip
     values_out = trainer_values(recipe, layout, vllm, train, trace, dense=model is not None and not model.is_moe)
     return Plan(
         recipe=recipe,

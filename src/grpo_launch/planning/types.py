@@ -47,6 +47,7 @@ class Runtime:
     python: str = "python3"
     vllm_version: str | None = None
     dataset_rows: int | None = None
+    dataset_rows_source: str = ""  # where the rows came from, or why they are unknown (when dataset_rows is None)
     warnings: tuple[str, ...] = ()
 
 
@@ -213,6 +214,9 @@ class Total:
     gpu_hours: float
     price: float | None
     source: str  # where the step count came from
+    # The lower end of the range: every completion at the expected mean length (stated in ``expected_source``).
+    hours_expected: float | None = None
+    expected_source: str = ""
 
 
 @frozen
@@ -230,6 +234,7 @@ class Estimate:
     host_memory_per_node_gib: float = 0.0  # what offload needs on each node
     workload: Workload | None = None  # what the estimate assumed one step processes (and its calibration)
     time_missing: str | None = None
+    total_missing: str | None = None  # why there is no whole-run forecast (the step count is unknown)
 
 
 @frozen

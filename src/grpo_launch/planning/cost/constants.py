@@ -100,6 +100,14 @@ CONSTANTS: dict[str, Constant] = {
         "(Gen5 parts are faster; no measured figure published, so Gen4's is kept)",
     ),
     "default_prompt_len": Constant(512, "tokens", "assumed when the recipe has no max_prompt_length"),
+    # The prior for a whole run's lower end when neither the recipe (launch.expected_completion_length) nor a
+    # previous run (--calibrate-from) gives the mean completion length.
+    "expected_completion_share": Constant(
+        0.6,
+        "of max_completion_length",
+        "TRL #5697/#5759 (Qwen2.5-0.5B-Instruct on DeepMath-103K: ~600-700 tokens per solution, 14 % truncated at "
+        "max 1024); TRL #6263 (GSM8K medians 248-315 tokens for 0.5B-1.5B models)",
+    ),
 }
 
 
@@ -174,6 +182,9 @@ DECODE_STEP_OVERHEAD_S = _c("decode_step_overhead_s")
 
 
 DEFAULT_PROMPT_LEN = int(_c("default_prompt_len"))
+
+
+EXPECTED_COMPLETION_SHARE = _c("expected_completion_share")
 
 
 # TRL's own defaults (generated from TRL: grpo_launch.recipe.trl_schema).
