@@ -77,6 +77,9 @@ class ProcessSpec:
     # The process announces the id of a process group on a remote host (grpo_launch.node.shim --announce-pgid),
     # and teardown must signal that group there: killing the local client (ssh) does not stop it.
     remote_group: bool = False
+    # AMD GPUs (ROCm): HIP_VISIBLE_DEVICES is set to the same list. torch prefers it to CUDA_VISIBLE_DEVICES, and
+    # vLLM refuses to start when the two differ (vllm/platforms/rocm.py: _sync_hip_cuda_env_vars).
+    rocm: bool = False
 
     @property
     def launch_env(self) -> dict[str, str]:
@@ -84,6 +87,8 @@ class ProcessSpec:
         env = dict(self.env)
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
+            if self.rocm:
+                env["HIP_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
         return env
 
     def shell(self) -> str:

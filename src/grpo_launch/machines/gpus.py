@@ -23,6 +23,7 @@ class GpuSpec:
     source: str = ""
     nvlink: bool = True  # a GPU-to-GPU fabric (NVLink, Infinity Fabric); else PCIe: NCCL's all-reduce, not vLLM's
     bf16: bool = True  # bf16 arithmetic (Ampere / CDNA2 and later); else training and vLLM run in fp16
+    vendor: str = "nvidia"  # nvidia | amd (ROCm: HIP_VISIBLE_DEVICES must match CUDA_VISIBLE_DEVICES for vLLM)
 
 
 GPU_SPECS: tuple[GpuSpec, ...] = (
@@ -75,9 +76,11 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
             nvlink=False, bf16=False),
     # AMD Instinct: a ROCm device per GCD (an MI250X is two).
     GpuSpec("MI250X", 63.9, 191.5, 1.6, 64,
-            "AMD Instinct MI250X datasheet: 128 GB HBM2e, 3.2 TB/s, 383 TF BF16 over its two GCDs"),
-    GpuSpec("MI300X", 191.5, 1307.4, 5.3, 192, "AMD Instinct MI300X datasheet: 192 GB HBM3, 5.3 TB/s, 1,307.4 TF BF16"),
-    GpuSpec("MI325X", 255.5, 1307.4, 6.0, 256, "AMD Instinct MI325X datasheet: 256 GB HBM3E, 6 TB/s, 1,307.4 TF BF16"),
+            "AMD Instinct MI250X datasheet: 128 GB HBM2e, 3.2 TB/s, 383 TF BF16 over its two GCDs", vendor="amd"),
+    GpuSpec("MI300X", 191.5, 1307.4, 5.3, 192, "AMD Instinct MI300X datasheet: 192 GB HBM3, 5.3 TB/s, 1,307.4 TF BF16",
+            vendor="amd"),
+    GpuSpec("MI325X", 255.5, 1307.4, 6.0, 256, "AMD Instinct MI325X datasheet: 256 GB HBM3E, 6 TB/s, 1,307.4 TF BF16",
+            vendor="amd"),
 )  # fmt: skip
 
 

@@ -52,6 +52,15 @@ class Topology:
     given_spec: GpuSpec | None = None
 
     @property
+    def is_rocm(self) -> bool:
+        """AMD GPUs (a table entry of AMD's, or a name that says AMD / Instinct): ROCm's visibility variables."""
+        names = {g.name for h in self.hosts for g in h.gpus}
+        specs = [find_gpu_spec(n) for n in names]
+        return any(s is not None and s.vendor == "amd" for s in specs) or any(
+            "amd" in n.lower() or "instinct" in n.lower() for n in names
+        )
+
+    @property
     def planning_gpu_spec(self) -> GpuSpec | None:
         """The GPU step times are planned for: the table's entry for :attr:`planning_gpu_name`, else the one the
         user described; None when neither (time is then not estimated, memory still is)."""

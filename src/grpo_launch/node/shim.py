@@ -69,7 +69,13 @@ def main(argv: list[str]) -> int:
     while i < len(opts):
         opt = opts[i]
         if opt == "--gpus":
-            os.environ["CUDA_VISIBLE_DEVICES"] = select_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), opts[i + 1])
+            # On ROCm torch reads HIP_VISIBLE_DEVICES before CUDA_VISIBLE_DEVICES, and vLLM refuses the two when they
+            # differ: pick from the one in force, set both where ROCm's variables are present.
+            rocm = "HIP_VISIBLE_DEVICES" in os.environ or "ROCR_VISIBLE_DEVICES" in os.environ
+            inherited = os.environ.get("HIP_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES")
+            os.environ["CUDA_VISIBLE_DEVICES"] = select_gpus(inherited, opts[i + 1])
+            if rocm:
+                os.environ["HIP_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
             i += 2
         elif opt == "--env-stdin":
             os.environ.update(read_env(sys.stdin))

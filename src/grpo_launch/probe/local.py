@@ -87,6 +87,23 @@ def read_nvml() -> list[NvmlDevice]:
         pynvml.nvmlShutdown()
 
 
+def read_amdsmi() -> list[NvmlDevice]:
+    """Every AMD GPU amdsmi sees (ROCm's management library, as vLLM's ROCm platform reads it: the ASIC's market
+    name, total VRAM, UUID), in amdsmi order. Raises whatever amdsmi raises; callers fall back."""
+    import amdsmi
+
+    amdsmi.amdsmi_init()
+    try:
+        devices = []
+        for i, h in enumerate(amdsmi.amdsmi_get_processor_handles()):
+            name = str(amdsmi.amdsmi_get_gpu_asic_info(h).get("market_name") or "AMD GPU")
+            mem = int(amdsmi.amdsmi_get_gpu_memory_total(h, amdsmi.AmdSmiMemoryType.VRAM))
+            devices.append(NvmlDevice(i, name, mem, str(amdsmi.amdsmi_get_gpu_device_uuid(h))))
+        return devices
+    finally:
+        amdsmi.amdsmi_shut_down()
+
+
 def _nvml_or_warning(read: Callable[[], list[NvmlDevice]]) -> tuple[list[NvmlDevice] | None, str | None]:
     try:
         return read(), None
@@ -94,6 +111,28 @@ def _nvml_or_warning(read: Callable[[], list[NvmlDevice]]) -> tuple[list[NvmlDev
         return None, "nvidia-ml-py is not installed: cannot read GPU names and memory"
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, …: a machine without an NVIDIA driver
         return None, f"NVML unavailable ({type(exc).__name__}: {exc})"
+
+
+def _amdsmi_or_none(read: Callable[[], list[NvmlDevice]]) -> list[NvmlDevice] | None:
+    """AMD GPUs where NVML found no NVIDIA driver; None without amdsmi, an AMD driver or a GPU."""
+    try:
+        return read() or None
+    except Exception:  # ImportError (no amdsmi), AmdSmiLibraryException (no driver), …
+        return None
+
+
+def visible_devices(environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """The variable that decides which GPUs a process sees, and its value. On ROCm torch prefers
+    HIP_VISIBLE_DEVICES to CUDA_VISIBLE_DEVICES (torch.cuda._parse_visible_devices), and vLLM refuses the two when
+    they differ (vllm/platforms/rocm.py): so does the probe."""
+    hip, cuda = environ.get("HIP_VISIBLE_DEVICES") or None, environ.get("CUDA_VISIBLE_DEVICES")
+    if hip is not None and cuda and hip != cuda:
+        raise ProbeError(
+            f"HIP_VISIBLE_DEVICES={hip!r} and CUDA_VISIBLE_DEVICES={cuda!r} differ: torch would use the first, "
+            "and vLLM refuses to start",
+            hint="Set only one of them, or the same list in both.",
+        )
+    return ("HIP_VISIBLE_DEVICES", hip) if hip is not None else ("CUDA_VISIBLE_DEVICES", cuda)
 
 
 def _local_gpus(devices: Sequence[NvmlDevice], tokens: Sequence[str] | None, raw: str | None) -> tuple[Gpu, ...]:
@@ -130,19 +169,27 @@ def _local_gpus(devices: Sequence[NvmlDevice], tokens: Sequence[str] | None, raw
 
 
 def probe_local(
-    environ: Mapping[str, str], *, read: Callable[[], list[NvmlDevice]] = read_nvml, hostname: str | None = None
+    environ: Mapping[str, str],
+    *,
+    read: Callable[[], list[NvmlDevice]] = read_nvml,
+    read_amd: Callable[[], list[NvmlDevice]] = read_amdsmi,
+    hostname: str | None = None,
 ) -> Topology:
-    """This machine's GPUs as the processes started from here would see them."""
+    """This machine's GPUs as the processes started from here would see them: NVIDIA's through NVML, else AMD's
+    through amdsmi."""
     import socket
 
     name = hostname or socket.gethostname()
     cpus = os.cpu_count()
     ram = host_memory_bytes()
-    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    _, raw = visible_devices(environ)
     tokens = parse_cuda_visible_devices(raw)
     if tokens == ():
         return Topology(hosts=(Host(name=name, cpus=cpus, memory_bytes=ram),), source="cuda_visible_devices")
     devices, warning = _nvml_or_warning(read)
+    if devices is None and (amd := _amdsmi_or_none(read_amd)):
+        gpus = _local_gpus(amd, tokens, raw)
+        return Topology((Host(name=name, gpus=gpus, cpus=cpus, memory_bytes=ram),), "amdsmi" if gpus else "cpu")
     if devices is None:
         if tokens:
             gpus = tuple(Gpu(visible_id=t) for t in tokens)

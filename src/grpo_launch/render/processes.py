@@ -87,7 +87,13 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
     ]
     env = {"VLLM_SERVER_DEV_MODE": "1", **network_env(plan), **_host_ip(v, v.address), **launch.vllm_env}
     return ProcessSpec(
-        name="vllm", argv=tuple(argv), env=env, host=_host(plan, v.host), role=Role.VLLM, gpus=tuple(v.gpus)
+        name="vllm",
+        argv=tuple(argv),
+        env=env,
+        host=_host(plan, v.host),
+        role=Role.VLLM,
+        gpus=tuple(v.gpus),
+        rocm=plan.topology.is_rocm,
     )
 
 
@@ -109,7 +115,7 @@ def vllm_servers(plan: Plan) -> tuple[ProcessSpec, ...]:
             argv = [*head.argv, "--data-parallel-start-rank", str(i * v.local_data_parallel_size), "--headless"]
         env = {**head.env, **_host_ip(v, node.address), **plan.recipe.launch.vllm_env}
         others.append(replace(head, name=f"vllm@{node.name}", argv=tuple(argv), env=env, host=node.name,
-                              gpus=node.gpus))  # fmt: skip
+                              gpus=node.gpus, rocm=plan.topology.is_rocm))  # fmt: skip
     return (head, *others)
 
 
@@ -186,6 +192,7 @@ def trainers(plan: Plan) -> tuple[ProcessSpec, ...]:
                 host=_host(plan, h.name),
                 role=Role.TRAIN,
                 gpus=tuple(h.gpus),  # () on CPU: never let a CPU plan touch a GPU
+                rocm=plan.topology.is_rocm,
             )
         )
     return tuple(specs)
