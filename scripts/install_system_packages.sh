@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System packages for the multi-node tests: Debian's slurm-wlm (a private Slurm cluster, scripts/slurm_cluster.sh)
-# and openssh-server + pdsh (sshd hosts in network namespaces, scripts/ssh_hosts.sh). Idempotent; ~20 s when
-# missing. Needs root (CI runs as root); prints what to do otherwise and exits 1.
+# and openssh-server + pdsh (sshd hosts in network namespaces, scripts/ssh_hosts.sh), and chromium (the run
+# report is read in a headless browser by tests/test_report.py). Idempotent; ~1 min when missing. Needs root (CI runs as root); prints what to do otherwise and exits 1.
 set -euo pipefail
 need=()
 command -v slurmctld >/dev/null || need+=(slurm-wlm munge)
@@ -9,8 +9,9 @@ command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v pdsh >/dev/null || need+=(pdsh)
 command -v ip >/dev/null || need+=(iproute2)
 command -v nsenter >/dev/null || need+=(util-linux)
+command -v chromium >/dev/null || need+=(chromium)  # the run report's headless-browser test
 if [ ${#need[@]} -eq 0 ]; then
-  echo "system packages: slurm-wlm, openssh-server, pdsh present"
+  echo "system packages: slurm-wlm, openssh-server, pdsh, chromium present"
   exit 0
 fi
 if [ "$(id -u)" != 0 ]; then

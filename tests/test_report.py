@@ -49,3 +49,108 @@ def test_series_skip_what_was_not_logged(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "step_s": 1.0, "generation_s": 0.5}) + "\n")
     series = read_series(tmp_path)
     assert series["reward"] == {} and list(series["time"]) == ["generation"]  # no training time was logged
+
+
+def _browser() -> str:
+    import os
+    import shutil
+
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if found:
+        return found
+    if os.environ.get("GRPO_LAUNCH_REQUIRE_BROWSER") == "1":
+        pytest.fail("chromium is required (GRPO_LAUNCH_REQUIRE_BROWSER=1): scripts/install_system_packages.sh")
+    pytest.skip("no headless browser: scripts/install_system_packages.sh installs chromium")
+
+
+class _Dom:
+    """What a reader sees of the report, from the DOM the browser built: the tables' rows by id, the error, links."""
+
+    def __init__(self, dom: str) -> None:
+        from html.parser import HTMLParser
+
+        self.tables: dict[str, dict[str, str]] = {}
+        self.error = ""
+        self.links: list[str] = []
+        outer = self
+
+        class Parser(HTMLParser):
+            table = cell = None
+            key = ""
+            in_error = False
+
+            def handle_starttag(self, tag, attrs):
+                a = dict(attrs)
+                if tag == "table":
+                    self.table = outer.tables.setdefault(a.get("id") or "", {})
+                elif tag in ("th", "td"):
+                    self.cell = tag
+                elif tag == "pre" and a.get("id") == "error":
+                    self.in_error = True
+                elif tag == "a":
+                    outer.links.append(a.get("href") or "")
+
+            def handle_endtag(self, tag):
+                if tag in ("th", "td"):
+                    self.cell = None
+                elif tag == "pre":
+                    self.in_error = False
+
+            def handle_data(self, data):
+                if self.cell == "th":
+                    self.key = data
+                elif self.cell == "td" and self.table is not None:
+                    self.table[self.key] = self.table.get(self.key, "") + data
+                elif self.in_error:
+                    outer.error += data
+
+        Parser().feed(dom)
+
+
+def test_the_report_reads_as_a_summary_first_in_a_real_browser(tmp_path):
+    """The report of a failed 8 × H100 run (its plan.json as the planner writes it, the trainers' records, the
+    launcher's attempt record), opened in headless Chromium: the DOM it builds has the summary, the last error,
+    the plan and working log links; the screenshot is a page, not a blank."""
+    import subprocess
+
+    from grpo_launch.render.plan_json import plan_to_dict
+
+    from .helpers import ROOT, plan_recipe
+
+    browser = _browser()
+    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB", "launch.dataset_rows=3000",
+                       "launch.gpu_hour_price=2.5")  # fmt: skip
+    (tmp_path / "plan.json").write_text(json.dumps(plan_to_dict(plan)))
+    lines = []
+    for i in range(1, 7):
+        lines.append({"step": i, "max_steps": 10, "step_s": 30.0, "generation_s": 20.0, "training_s": 10.0,
+                      "time": 1000.0 + 30 * i, "peak_memory_bytes": [40 * 2**30] * 8,
+                      "memory_kind": "cuda_max_allocated"})  # fmt: skip
+        lines.append({"step": i, "log": {"reward": 0.1 * i, "completions/mean_length": 500.0}})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "control").mkdir()
+    attempt = {"attempt": 1, "ended": 1200.0, "state": "failed", "exit_code": 1, "failure": "oom", "side": "train",
+               "cause": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+               "message": "train rank 3"}  # fmt: skip
+    (tmp_path / "control" / "attempts.jsonl").write_text(json.dumps(attempt) + "\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "train-rank3-node1-20261125.log").write_text("OOM\n")
+    page = write_report(tmp_path)
+    shot = tmp_path / "shot.png"
+    base = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1000,1800"]
+    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    subprocess.run([*base, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True)
+    seen = _Dom(dom)
+    summary = seen.tables["summary"]
+    assert list(summary)[:3] == ["state", "steps", "wall time (steps)"]  # the summary comes first, in this order
+    assert summary["state"].startswith("failed (oom): torch.OutOfMemoryError") and summary["steps"] == "6/10"
+    assert summary["wall time (steps)"] == "3.0 min; 0.40 GPU-hours on 8 GPU(s), 1.00 at 2.50 per GPU-hour"
+    assert summary["reward"] == "first 0.100, last 0.600, best 0.600"
+    assert "30.00 s (generation 20.00 s, training 10.00 s); predicted" in summary["step time"]
+    assert summary["memory"].startswith("40 GiB peak") and "estimated" in summary["memory"]
+    assert summary["split"].startswith("step split: generation 20.00 s, training 10.00 s")
+    assert "CUDA out of memory" in seen.error and "train rank 3" in seen.error
+    assert "layout" in seen.tables["plan"] and any(k == "role" for k in seen.tables["plan"])
+    (log,) = [h for h in seen.links if h.endswith(".log")]
+    assert (page.parent / log).resolve() == (tmp_path / "logs" / "train-rank3-node1-20261125.log").resolve()
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 30_000

@@ -22,7 +22,6 @@ from grpo_launch.execute.preflight import check_output_dir, check_vllm, output_d
 from grpo_launch.execute.session import SessionSpec, supervise
 from grpo_launch.execute.watchdog import Watchdog
 from grpo_launch.planning.types import Plan
-from grpo_launch.planning.verdict import split_verdict
 from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes
 from grpo_launch.rundir import control
@@ -30,6 +29,7 @@ from grpo_launch.rundir.checkpoints import decide_resume
 from grpo_launch.rundir.files import RunLock, write_run_files
 from grpo_launch.rundir.layout import RESUME_ENV, RUN_ID_ENV
 from grpo_launch.rundir.records import Attempt, append
+from grpo_launch.rundir.verdict import split_verdict
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
 
 

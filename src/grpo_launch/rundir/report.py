@@ -1,5 +1,7 @@
 """The run report: RUN_DIR/report/report.html (self-contained: the plots are embedded) and the PNGs beside it,
-written at the end of a run and by ``grpo-launch report RUN_DIR``.
+written at the end of a run and by ``grpo-launch report RUN_DIR``. A summary comes first (state, steps, wall time,
+GPU-hours and cost, reward, measured against predicted step time and memory, the split verdict:
+:mod:`.report_summary`), then the last error, the plan, the plots, the logs and the recipe.
 
 Plots, from the trainers' ``metrics.jsonl`` and the plan's ``plan.json``: the reward and each reward function over
 steps; completion lengths; the step time split into generation and training against the plan's prediction; the
@@ -23,6 +25,7 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.measured import metric_records, read_plan_json
 from grpo_launch.rundir.records import LogRecord, Prediction, StepRecord
+from grpo_launch.rundir.report_summary import log_links, plan_rows, summary_rows
 
 
 @dataclass
@@ -116,7 +119,6 @@ def write_report(run_dir: str | Path) -> Path:
         for name, value in _predicted(plan, plot).items():  # a prediction in its measured line's colour
             color = colors.get(name.removeprefix("planned "), "gray")
             ax.axhline(value, linestyle="--", linewidth=1.2, color=color, label=name)
-        ax.set_title(title)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
@@ -128,11 +130,26 @@ def write_report(run_dir: str | Path) -> Path:
         data = base64.b64encode(png.read_bytes()).decode()
         sections.append(f"<h2>{html.escape(title)}</h2><img alt='{plot}' src='data:image/png;base64,{data}'>")
     name = html.escape(str(plan.get("recipe") or root.name))
+    rewards = {k: s.values for k, s in series.get("reward", {}).items()}
+    summary, error = summary_rows(root, plan, rewards)
+    recipe = sorted((str(k), json.dumps(v)) for k, v in (plan.get("trainer_values") or {}).items())
+    logs = log_links(root, out)
     page = (
-        "<!doctype html><meta charset='utf-8'><title>grpo-launch report</title>"
-        "<style>body{font-family:sans-serif;max-width:820px;margin:2em auto}img{max-width:100%}</style>"
-        f"<h1>grpo-launch run report</h1><p>{name}: {html.escape(str(root))}</p>"
+        "<!doctype html><meta charset='utf-8'><title>grpo-launch report: "
+        + name
+        + "</title>"
+        + STYLE
+        + f"<h1>grpo-launch run report</h1><p class='where'>{name}: {html.escape(str(root))}</p>"
+        + _table("summary", "Summary", summary)
+        + (f"<h2>Last error</h2><pre id='error'>{html.escape(error)}</pre>" if error else "")
+        + _table("plan", "Plan", plan_rows(plan))
         + "".join(sections)
+        + "<h2>Logs</h2><ul id='logs'>"
+        + "".join(f"<li><a href='{html.escape(href)}'>{html.escape(n)}</a></li>" for n, href in logs)
+        + "</ul>"
+        + f"<details id='recipe'><summary>Recipe as the trainers read it ({len(recipe)} keys)</summary>"
+        + "".join(f"<div><code>{html.escape(k)}</code>: {html.escape(v)}</div>" for k, v in recipe)
+        + "</details>"
         + "<script type='application/json' id='series'>"
         + html.escape(json.dumps({p: {k: vars(s) for k, s in lines.items()} for p, lines in series.items()}))
         + "</script>"
@@ -140,6 +157,19 @@ def write_report(run_dir: str | Path) -> Path:
     path = out / "report.html"
     path.write_text(page)
     return path
+
+
+STYLE = (
+    "<style>body{font-family:system-ui,sans-serif;max-width:900px;margin:2em auto;color:#222}img{max-width:100%}"
+    "table{border-collapse:collapse;width:100%}th{text-align:left;width:9em;vertical-align:top;padding:.25em .6em}"
+    "td{padding:.25em .6em;border-top:1px solid #eee}pre{background:#fff4f4;padding:.8em;white-space:pre-wrap}"
+    ".where{color:#666}details div{font-size:90%;padding:.1em 0}</style>"
+)
+
+
+def _table(table_id: str, title: str, rows: list[tuple[str, str]]) -> str:
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<h2>{html.escape(title)}</h2><table id='{table_id}'>{body}</table>"
 
 
 def embedded_series(report_html: str) -> dict[str, Any]:
