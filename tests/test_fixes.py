@@ -76,8 +76,11 @@ def test_explain_shows_the_vllm_arithmetic_of_a_refusal_and_it_adds_up():
 def test_explain_shows_the_training_settings_tried_nearest_first():
     with pytest.raises(PlanError) as e:
         _plan("recipes/qwen7b-math.yaml", "1xRTX4090", ("launch.vllm=off", "launch.offload=none"))
-    budget_line, *tried = e.value.explain
+    budget_line, *rest = e.value.explain
     budget = _numbers(budget_line)[-1]
+    margin = [line for line in rest if line.startswith("margin: ")]
+    tried = [line for line in rest if line not in margin]
+    assert "95%" in margin[0] and "trl #3456" in margin[0] and any("fragmentation" in m for m in margin)
     totals = [float(line.split(" = ")[-1].split(" GiB")[0]) for line in tried]
     assert tried and totals == sorted(totals) and all(t > budget for t in totals)
     for line, t in zip(tried, totals, strict=True):

@@ -149,7 +149,10 @@ def test_replaced_server_settings_are_announced():
         {"vllm_server_timeout": 60, "vllm_server_port": 9000, "launch": {"vllm": "server", "vllm_gpus": 1}},
         "4xL20-48GB",
     )
-    assert any("vllm_server_port" in n and "vllm_server_timeout" in n for n in p.notices)
+    assert any("vllm_server_port" in n and "replaced by the planned server" in n for n in p.notices)
+    # The timeout is not replaced: it becomes the launcher's wait for the server it starts, and TRL's.
+    assert any(n.startswith("vllm_server_timeout=60:") for n in p.notices)
+    assert p.trainer_values["vllm_server_timeout"] == 60 and p.recipe.launch.vllm_health_timeout_s == 60
 
 
 def test_colocate_decides_sleep_mode_and_writes_it():

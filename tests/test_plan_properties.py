@@ -14,6 +14,7 @@ from grpo_launch.errors import PlanError
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.models.builtin import MODEL_SHAPES
 from grpo_launch.planning import make_plan
+from grpo_launch.planning.cost.constants import HEADROOM
 from grpo_launch.recipe import build_recipe
 
 from .trl_oracle import grpo_config
@@ -101,7 +102,7 @@ def _check(plan):
     est, model = plan.estimate, plan.model
     if est is not None and model is not None:
         # Nothing planned holds more than its GPU: training within the planned 90 %, vLLM's weights within its share.
-        assert est.train_memory_gib is None or est.train_memory_gib <= 0.9 * est.gpu_memory_gib * 1.0001
+        assert est.train_memory_gib is None or est.train_memory_gib <= HEADROOM * est.gpu_memory_gib * 1.0001
         v = plan.vllm
         if v.mode != "off" and v.gpu_memory_utilization:
             weights = model.weight_bytes_per_gpu(

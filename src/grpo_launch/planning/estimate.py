@@ -19,6 +19,7 @@ from grpo_launch.planning.cost.constants import (
 )
 from grpo_launch.planning.cost.memory import (
     VllmMemory,
+    margin_lines,
     vllm_memory,
     vllm_share_needed,
 )
@@ -242,6 +243,7 @@ def estimate_plan(
     ]
     if train_mem is not None:
         explain.append("memory per training GPU: " + train_mem.lines()[0])
+        explain += margin_lines(train.num_processes)
     vllm_gib = None
     if vllm.mode == VllmMode.SERVER:
         vllm_gib = (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB

@@ -125,7 +125,7 @@ def choose_training(
                 + (f"; offload needs {host / GIB:.0f} GiB of host RAM per node" if host else ""),
             )
             return Training(b, o, c, need, host)
-    explain = training_explain(tried, mem, share, budget, host_ram)
+    explain = training_explain(tried, mem, share, budget, host_ram, n)
     if host_short is not None:
         setting, host = host_short
         raise PlanError(

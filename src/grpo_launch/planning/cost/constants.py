@@ -21,9 +21,34 @@ CONSTANTS: dict[str, Constant] = {
     "deepspeed_host_buffer_factor": Constant(
         1.5, "×", "additional_buffer_factor of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs"
     ),
-    "overhead_bytes": Constant(2 * GIB, "B", "CUDA context + NCCL buffers, typical of a PyTorch process on H100"),
-    "overhead_fraction": Constant(0.05, "of the total", "allocator fragmentation allowance (rule of thumb)"),
-    "headroom": Constant(0.90, "of GPU memory", "planning margin: use at most 90 % of a training GPU"),
+    # The margin of a training GPU, term by term (was a flat 2 GiB + 5 % within 90 % of the GPU).
+    "cuda_context_bytes": Constant(
+        0.5 * GIB,
+        "B",
+        "CUDA context with lazy module loading: 274 MiB after import torch (pytorch #86509), ~400 MB "
+        "with CUDA >= 11.7 (pytorch #109888), plus the cuDNN/flash-attn/Triton kernels that load later",
+    ),
+    "cublas_workspace_bytes": Constant(
+        64 * 2**20,
+        "B",
+        "cuBLAS workspace, 32 MiB per (handle, stream) on Hopper (PyTorch CublasHandlePool.cpp), "
+        "two streams in a trainer",
+    ),
+    "nccl_buffer_bytes": Constant(
+        0.7 * GIB, "B", "NCCL buffers of one communicator: 544 MB for 2 GPUs, 688 MB for more (nccl #964, 4×A100)"
+    ),
+    "overhead_fraction": Constant(
+        0.15,
+        "of the tensors",
+        "PyTorch caching-allocator fragmentation without expandable segments: 10-33 % of the "
+        "peak (GMLake, arXiv 2401.08156; compressed-tensors #587)",
+    ),
+    "headroom": Constant(
+        0.95,
+        "of GPU memory",
+        "the peak a run can reach: trl #3456 ran at 95.4 % (78,147 of 81,920 MiB), vllm #2031 "
+        "at 96.9 %; compressed-tensors #587 failed at 98.6 %",
+    ),
     "host_headroom": Constant(
         0.80, "of host RAM", "leave a fifth of a node's RAM to the OS, dataloaders and page cache"
     ),
@@ -148,7 +173,13 @@ def train_mfu(gpu_name: str) -> Constant:
 ADAM_STATE_BYTES = _c("adam_state_bytes")
 
 
-OVERHEAD_BYTES = _c("overhead_bytes")
+CUDA_CONTEXT_BYTES = _c("cuda_context_bytes")
+
+
+CUBLAS_WORKSPACE_BYTES = _c("cublas_workspace_bytes")
+
+
+NCCL_BUFFER_BYTES = _c("nccl_buffer_bytes")
 
 
 OVERHEAD_FRACTION = _c("overhead_fraction")

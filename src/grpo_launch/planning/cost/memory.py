@@ -25,7 +25,10 @@ from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.activations import Precision, activation_memory
 from grpo_launch.planning.cost.constants import (
     ADAM_STATE_BYTES,
-    OVERHEAD_BYTES,
+    CUBLAS_WORKSPACE_BYTES,
+    CUDA_CONTEXT_BYTES,
+    HEADROOM,
+    NCCL_BUFFER_BYTES,
     OVERHEAD_FRACTION,
     VLLM_OVERHEAD_BYTES,
     VLLM_SERVER_UTILIZATION,
@@ -65,7 +68,10 @@ class TrainMemory:
             ("autocast weights", self.autocast_weights),
         ]
         body = " + ".join(f"{name} {v / GIB:.1f}" for name, v in parts if v)
-        extra = f"×{1 + OVERHEAD_FRACTION:.2f} + {self.overhead / GIB:.1f} GiB CUDA/NCCL"
+        extra = (
+            f"×{1 + OVERHEAD_FRACTION:.2f} allocator fragmentation + {self.overhead / GIB:.2f} GiB CUDA context, "
+            "cuBLAS workspace and NCCL buffers"
+        )
         if self.scale != 1.0:
             extra = f"({extra}) × {self.scale:.2f} measured"
         return [f"{body} GiB, {extra} = {self.total / GIB:.1f} GiB"]
@@ -131,8 +137,32 @@ def train_memory(model: ModelShape, n: int, backend: DistBackend, offload: Offlo
     lm_head = act.lm_head
     autocast = _c("autocast_weight_bytes") * p if prec.autocast and backend == DistBackend.DDP else 0.0
     return TrainMemory(
-        weights, grads, optim, reference, activations, lm_head, autocast, OVERHEAD_BYTES, work.scale.memory
+        weights, grads, optim, reference, activations, lm_head, autocast, process_overhead(n), work.scale.memory
     )
+
+
+def margin_lines(n: int) -> list[str]:
+    """The memory margin of a training GPU, term by term, each with its source (plan --explain)."""
+    from grpo_launch.planning.cost.constants import CONSTANTS
+
+    def said(key: str) -> str:
+        return CONSTANTS[key].source
+
+    lines = [
+        f"margin: plan at most {HEADROOM:.0%} of each training GPU ({said('headroom')})",
+        f"margin: allocator fragmentation {OVERHEAD_FRACTION:.0%} of the tensors ({said('overhead_fraction')})",
+        f"margin: CUDA context {CUDA_CONTEXT_BYTES / GIB:.1f} GiB ({said('cuda_context_bytes')}); cuBLAS "
+        f"workspace {CUBLAS_WORKSPACE_BYTES / 2**20:.0f} MiB ({said('cublas_workspace_bytes')})",
+    ]
+    if n > 1:
+        lines.append(f"margin: NCCL buffers {NCCL_BUFFER_BYTES / GIB:.1f} GiB ({said('nccl_buffer_bytes')})")
+    return lines
+
+
+def process_overhead(n: int) -> float:
+    """Memory a training process holds beside its tensors: the CUDA context, cuBLAS workspaces, and the NCCL
+    buffers of its communicator when it has peers (constants.py gives each term's source)."""
+    return CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + (NCCL_BUFFER_BYTES if n > 1 else 0.0)
 
 
 def precision(backend: DistBackend, *, lora: bool) -> Precision:

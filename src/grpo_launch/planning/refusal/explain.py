@@ -7,7 +7,7 @@ from grpo_launch.enums import DistBackend, Offload
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import HEADROOM, HOST_HEADROOM, VLLM_OVERHEAD_BYTES, VLLM_UTILIZATION_MARGIN
-from grpo_launch.planning.cost.memory import TrainMemory
+from grpo_launch.planning.cost.memory import TrainMemory, margin_lines
 
 Setting = tuple[DistBackend, Offload, bool]  # (backend, offload, gradient checkpointing)
 
@@ -18,7 +18,12 @@ def setting_label(setting: Setting) -> str:
 
 
 def training_explain(
-    tried: list[tuple[Setting, TrainMemory, float]], mem: int, share: float, budget: float, host_ram: int | None
+    tried: list[tuple[Setting, TrainMemory, float]],
+    mem: int,
+    share: float,
+    budget: float,
+    host_ram: int | None,
+    n: int = 1,
 ) -> list[str]:
     """The training budget, then the settings tried nearest to fitting first, each term by term."""
     head = f"budget per training GPU: {HEADROOM:.0%} of {mem / GIB:.1f} GiB"
@@ -27,7 +32,7 @@ def training_explain(
     head += f" = {budget / GIB:.1f} GiB"
     if host_ram:
         head += f"; offload may use {HOST_HEADROOM:.0%} of {host_ram / GIB:.0f} GiB of host RAM per node"
-    lines = [head]
+    lines = [head, *margin_lines(n)]
     for setting, need, host in sorted(tried, key=lambda t: t[1].total)[:4]:
         over = need.total - budget
         verdict = "fits" if over <= 0 else f"over by {over / GIB:.1f} GiB"
