@@ -52,7 +52,10 @@ def test_rows_come_from_the_hubs_metadata_once_then_from_the_cache(hub, tmp_path
         7500, "the Hub's dataset metadata (cached)")  # fmt: skip
     assert hits == ["/api/datasets/org/math"] * 2  # the cached answer asked nothing
     rows, why = dataset_rows({"dataset_name": "org/nothing"}, str(tmp_path), env)
-    assert rows is None and "could not be asked" in why
+    assert rows is None and "no metadata for org/nothing (HTTP 404)" in why
+    down = {**env, "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens: not asked again for an hour
+    assert "could not be asked" in dataset_rows({"dataset_name": "org/x"}, str(tmp_path), down)[1]
+    assert "unreachable within the last 60 min" in dataset_rows({"dataset_name": "org/y"}, str(tmp_path), down)[1]
     offline = {**env, "HF_HUB_OFFLINE": "1"}
     rows, why = dataset_rows({"dataset_name": "org/other"}, str(tmp_path), offline)
     assert rows is None and "offline" in why and len(hits) == 3

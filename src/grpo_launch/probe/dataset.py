@@ -4,6 +4,7 @@ train): counted in a local file, read from the datasets cache or the Hub's metad
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ def looks_local(path: str) -> bool:
 
 
 HUB_TIMEOUT_S = 3.0  # one small metadata request; plan must stay fast offline
+UNREACHABLE_S = 3600  # an unreachable Hub is not asked again for an hour
 
 
 def dataset_rows(
@@ -102,9 +104,15 @@ def _hub_rows(
         return known[key], "the Hub's dataset metadata (cached)"
     endpoint = (environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
     url = f"{endpoint}/api/datasets/{name}"
+    down = f"unreachable:{endpoint}"
+    if isinstance(known.get(down), (int, float)) and time.time() < known[down]:
+        return None, f"the Hub could not be asked (unreachable within the last {UNREACHABLE_S // 60} min)"
     try:
         data = json.loads(fetch(url, HUB_TIMEOUT_S))
-    except Exception as exc:  # any network or format problem: say it, plan on
+    except LookupError as exc:  # the Hub answered: no such (public) dataset
+        return None, f"the Hub has no metadata for {name} ({exc})"
+    except Exception as exc:  # any network or format problem: say it, plan on (and do not ask again for a while)
+        _store(store, {**known, down: time.time() + UNREACHABLE_S})
         return None, f"the Hub could not be asked ({type(exc).__name__})"
     infos = (data.get("cardData") or {}).get("dataset_info") if isinstance(data, dict) else None
     infos = infos if isinstance(infos, list) else [infos]
@@ -112,20 +120,35 @@ def _hub_rows(
         if isinstance(info, dict) and (not config or info.get("config_name") in (config, None)):
             rows = _split_rows(info.get("splits"), split)
             if rows:
-                try:
-                    store.parent.mkdir(parents=True, exist_ok=True)
-                    store.write_text(json.dumps({**known, key: rows}))
-                except OSError:
-                    pass
+                _store(store, {**known, key: rows})
                 return rows, "the Hub's dataset metadata"
     return None, f"the Hub's metadata of {name} gives no row count for split {split!r}"
 
 
-def _http_get(url: str, timeout: float) -> bytes:
-    import urllib.request
+def _store(path: Path, data: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+    except OSError:
+        pass
 
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read(1_000_000)
+
+def _http_get(url: str, timeout: float) -> bytes:
+    """One GET with http.client (urllib.request would import the email package and more: plan stays fast)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = conn_type(parts.netloc, timeout=timeout)
+    try:
+        conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""))
+        response = conn.getresponse()
+        if response.status != 200:
+            raise LookupError(f"HTTP {response.status}")
+        return response.read(1_000_000)
+    finally:
+        conn.close()
 
 
 def _read_json(path: Path) -> dict:
