@@ -229,7 +229,8 @@ def test_time_and_cost_of_the_whole_run_before_launch(tmp_path):
     base = {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "num_generations": 8}
     p = plan({**base, "max_steps": 500, "launch": {"gpu_hour_price": 2.0}}, "8xH100-80GB")
     t = p.estimate.total
-    assert t.steps == 500 and t.hours == pytest.approx(500 * p.estimate.step.total_s / 3600)
+    # every step, plus the first start (time to first step)
+    assert t.steps == 500 and t.hours == pytest.approx((500 * p.estimate.step.total_s + p.estimate.startup_s) / 3600)
     assert t.gpu_hours == pytest.approx(8 * t.hours) and t.price == pytest.approx(2.0 * t.gpu_hours)
     q = plan({**base, "num_train_epochs": 2, "launch": {"dataset_rows": 1000}}, "8xH100-80GB")
     prompts = q.layout.completions_per_optimizer_step / q.layout.num_generations
@@ -396,3 +397,36 @@ def test_a_pipeline_decodes_no_faster_than_replicas_on_the_same_gpus():
     near, _ = generation_time(model, gpu, 8, 1, 128, work, pp=2, pp_across_nodes=False)
     assert "stage hops" in why and "2 micro-batches" in why
     assert dp2 < near < pp2 < 1.5 * dp2
+
+
+def test_vllm_start_up_against_published_start_up_times():
+    """The vLLM ready time (constants.py vllm_ready_s_*) against start-ups published with their parts: vllm #19824
+    (Llama-70B TP 8: 60 s P2P check + 10 s load + 15 s Dynamo + 70 s compile + 60 s graphs = 215 s), vllm #20264 (a
+    small Llama-3.2, 3.4 GiB: first response at 59 s), and for Llama-3-8B the sum of vllm #11005's engine init with
+    compile (39.3 s), #10647's load of a 7B (7.3 s) and #15225's imports before the device (19 s): 65.6 s before the
+    API server and the first request's warm-up, so a lower bound."""
+    from grpo_launch.planning.cost.startup import vllm_ready_s
+
+    assert vllm_ready_s(70e9) == pytest.approx(215.0, rel=0.15)
+    assert vllm_ready_s(1.8e9) == pytest.approx(59.0, rel=0.3)
+    assert 65.6 <= vllm_ready_s(8e9) <= 2 * 65.6
+    assert vllm_ready_s(0.5e9) <= vllm_ready_s(7e9) <= vllm_ready_s(32e9) <= vllm_ready_s(405e9)
+
+
+def test_time_to_first_step_is_a_term_of_its_own():
+    """Paid before the first step and again on every restart: shown by the plan, in plan.json, added once to the
+    whole run. A server starts while the trainers load; colocated engines start after them, in the trainers."""
+    from grpo_launch.render.plan_json import plan_to_dict
+
+    from .helpers import ROOT
+
+    recipe = ROOT / "recipes" / "qwen7b-math.yaml"
+    colocate = plan_recipe(recipe, "8xH100-80GB", "launch.vllm=colocate", "launch.dataset_rows=1200")
+    server = plan_recipe(recipe, "8xH100-80GB", "launch.vllm=server", "launch.dataset_rows=1200")
+    for plan in (colocate, server):
+        est = plan.estimate
+        assert 60 <= est.startup_s <= 300 and plan_to_dict(plan)["estimate"]["startup_s"] == est.startup_s
+        steps = est.total.steps * est.step.total_s
+        assert est.total.hours * 3600 == pytest.approx(steps + est.startup_s)
+        assert any(line.startswith("time to first step ≈") for line in est.explain)
+    assert colocate.estimate.startup_s > server.estimate.startup_s  # serial in the trainers, parallel beside them

@@ -143,6 +143,9 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
             rows.append(("vLLM memory per GPU", f"{est.vllm_memory_gib:.1f} GiB"))
         if est.host_memory_per_node_gib:
             rows.append(("host RAM per node (offload)", f"{est.host_memory_per_node_gib:.0f} GiB"))
+        if est.startup_s is not None:
+            rows.append(("time to first step", f"≈ {est.startup_s:.0f} s (load, vLLM ready, first sync; again on "
+                         "every restart)"))  # fmt: skip
         if est.total is not None:
             rows += whole_run_rows(est.total)
         elif est.total_missing:

@@ -23,6 +23,7 @@ from grpo_launch.planning.cost.memory import (
     vllm_memory,
     vllm_share_needed,
 )
+from grpo_launch.planning.cost.startup import startup_time
 from grpo_launch.planning.cost.steptime import (
     colocate_prompt_copies,
     colocate_switch_time,
@@ -124,6 +125,8 @@ def run_total(
     step: StepTime,
     rows: int | None,
     expected: tuple[StepTime, str] | None = None,
+    *,
+    startup_s: float = 0.0,
 ) -> Total | None:
     """Steps, hours, GPU-hours and price of the whole run, when the step count is known (``rows``: the training
     set's, when known); ``expected``: the step at the expected mean completion length and where that length came
@@ -140,10 +143,10 @@ def run_total(
         source += f" ÷ {prompts:g} prompts per step"
     else:
         return None
-    hours = steps * step.total_s / 3600
+    hours = (steps * step.total_s + startup_s) / 3600  # the first start once; each restart pays it again
     gpu_hours = hours * topology.num_gpus
     price = recipe.launch.gpu_hour_price
-    low = steps * expected[0].total_s / 3600 if expected else None
+    low = (steps * expected[0].total_s + startup_s) / 3600 if expected else None
     return Total(steps, hours, gpu_hours, gpu_hours * price if price is not None else None, source, low,
                  expected[1] if expected else "")  # fmt: skip
 
@@ -264,6 +267,8 @@ def estimate_plan(
         )
     step, lines = step_time(model, gpu, vllm, train, work)
     explain += lines
+    startup, startup_lines = startup_time(model, vllm, train)
+    explain += startup_lines
     explain.append(
         f"step ≈ {step.generation_s:.1f} s generation + {step.old_logprobs_s:.1f} s old log-probs + "
         f"{step.training_s:.1f} s training + {step.sync_s:.1f} s sync = {step.total_s:.1f} s; "
@@ -283,7 +288,7 @@ def estimate_plan(
         expected = (step_time(model, gpu, vllm, train, at)[0],
                     f"mean completion {at.mean_completion_len:.0f} tokens: the prior {share:.0%} of the maximum "
                     "(TRL #5697, #6263; set launch.expected_completion_length or plan --calibrate-from)")  # fmt: skip
-    total = run_total(topology, recipe, layout, top, rows, expected)
+    total = run_total(topology, recipe, layout, top, rows, expected, startup_s=startup)
     missing = None
     if total is None:
         epochs = float(recipe.get("num_train_epochs") or TRL_EPOCHS)
@@ -295,6 +300,7 @@ def estimate_plan(
     return Estimate(
         total=total,
         total_missing=missing,
+        startup_s=startup,
         step=step,
         train_memory_gib=train_mem.total / GIB if train_mem else None,
         vllm_memory_gib=vllm_gib,

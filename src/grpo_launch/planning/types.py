@@ -235,6 +235,7 @@ class Estimate:
     workload: Workload | None = None  # what the estimate assumed one step processes (and its calibration)
     time_missing: str | None = None
     total_missing: str | None = None  # why there is no whole-run forecast (the step count is unknown)
+    startup_s: float | None = None  # time to first step (load, vLLM ready, first sync): paid again on every restart
 
 
 @frozen

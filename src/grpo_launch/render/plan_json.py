@@ -109,6 +109,7 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
     out: dict[str, Any] = {
         **times,
         "bottleneck": step.bottleneck if step else None,
+        "startup_s": est.startup_s,
         "gpu_memory_gib": est.gpu_memory_gib,
         "host_memory_per_node_gib": est.host_memory_per_node_gib,
         "memory_per_training_gpu_gib": None,

@@ -125,6 +125,45 @@ CONSTANTS: dict[str, Constant] = {
         "(Gen5 parts are faster; no measured figure published, so Gen4's is kept)",
     ),
     "default_prompt_len": Constant(512, "tokens", "assumed when the recipe has no max_prompt_length"),
+    # Time to first step, paid again on every restart: the vLLM server ready (H100, warm compile cache, weights in
+    # the page cache), the trainers' load, DeepSpeed's engine and the communicators, then the first weight sync.
+    "vllm_ready_s_1_5b": Constant(
+        60.0,
+        "s",
+        "vLLM ready for a ~1.5B model: vllm #20264 (small Llama-3.2, first response at 59 s), #15225 (up to "
+        "19 s of imports before the device)",
+    ),
+    "vllm_ready_s_7b": Constant(
+        90.0,
+        "s",
+        "vLLM ready for a ~7B model: vllm #11005 (Llama-3-8B on H100: engine init 14-39 s) with the load, "
+        "imports and the API server (#20264)",
+    ),
+    "vllm_ready_s_70b": Constant(
+        240.0,
+        "s",
+        "vLLM ready for a 70B model at TP 8: vllm #19824 (60 s P2P check + 10 s load + 15 s Dynamo + 70 s "
+        "compile + 60 s graph capture = 215 s)",
+    ),
+    "load_bytes_per_s": Constant(
+        2e9,
+        "B/s",
+        "safetensors from a cold local NVMe: vllm #10647 (Llama-2-7B 7.29 s, ~1.9 GB/s), transformers "
+        "#48227 (~2.5-2.9 GiB/s)",
+    ),
+    "deepspeed_init_s": Constant(
+        30.0,
+        "s",
+        "DeepSpeed engine init with cached ops: transformers #17417 (18 s call, "
+        "+45 s when the ops are built the first time)",
+    ),
+    "nccl_init_s_node": Constant(
+        3.0,
+        "s",
+        "an NCCL communicator within a node: nccl #1646 (2.6 s outside the kernels "
+        "phase), nccl #587 (4.5 s first collective)",
+    ),
+    "nccl_init_s_nodes": Constant(10.0, "s", "across 2-16 nodes: nccl #534 (2-4 s per communicator, several of them)"),
     # The prior for a whole run's lower end when neither the recipe (launch.expected_completion_length) nor a
     # previous run (--calibrate-from) gives the mean completion length.
     "expected_completion_share": Constant(
