@@ -12,7 +12,10 @@ Settings are the reporter's, in TRL 1.16 terms. Where the report ran an older TR
 - The reporter's backend is pinned (``launch.backend``, no offload): the report is about what they ran, not about
   what the planner would pick instead.
 Where a report leaves the model or the GPU unnamed and the outcome depends only on the counts (a layout error),
-a stand-in is used and named. Reports the planner cannot judge (4-bit QLoRA, vision-language models, an OOM in the
+a stand-in is used and named. Step times are judged where the lengths are known and the TRL of the report timed
+the same work as TRL 1.16: open-r1 #251 in tests/published_cases.py; open-r1 #100's 119 s/it is not, as TRL 0.14
+gathered the ZeRO-3 weights at every decode step (``ds3_gather_for_generation`` came in 0.15, trl #2667). Reports
+the planner cannot judge (4-bit QLoRA, vision-language models, an OOM in the
 user's own code, settings not given) stay in the table with the reason.
 """
 

@@ -238,3 +238,18 @@ def test_open_r1_codeforces_recipe_trains_on_cpu_with_a_tiny_model(tmp_path):
     assert len(steps) == 2 and all("rewards/digits/mean" in g for g in steps)
     moved = _changed_fraction(tiny / "model" / "model.safetensors", run / "output" / "model.safetensors")
     assert moved > 0.5, f"only {moved:.1%} of the weights moved"
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED["recipes"]))
+def test_every_open_r1_recipe_dry_runs_as_published(name, tmp_path, capsys):
+    """Each of the five recipes, as published, passes the dry run on 8 × H100 (every check a run makes before it
+    starts anything), with open-r1 importable by the trainers (the stand-in: see STANDIN)."""
+    site = tmp_path / "site"
+    (site / "open_r1").mkdir(parents=True)
+    (site / "open_r1" / "__init__.py").write_text("")
+    (site / "open_r1" / "rewards.py").write_text(STANDIN)
+    recipe = _write(tmp_path, name, output_dir=str(tmp_path / "out"))
+    args = [recipe, "--gpus", "8xH100-80GB", "--dry-run", "--run-dir", str(tmp_path / "run")]
+    assert main([*args, f"launch.train_env={{PYTHONPATH: {site}}}"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "accelerate.commands.launch" in out and (tmp_path / "run" / "trainer_recipe.yaml").is_file()
