@@ -78,14 +78,16 @@ def test_an_epoch_based_recipe_prints_a_whole_run_range_or_why_not():
     from grpo_launch.cli.tables import plan_sections
 
     recipe = ROOT / "recipes" / "qwen7b-math.yaml"
-    plan = plan_recipe(recipe, "8xH100-80GB", "launch.dataset_rows=12000")
+    plan = plan_recipe(recipe, "8xH100-80GB", "launch.dataset_rows=7500")
     total = plan.estimate.total
     assert total is not None and total.hours_expected < total.hours
     assert "prior 60%" in total.expected_source and "TRL #5697" in total.expected_source
     shown = {row[0]: row[1] for section in plan_sections(plan) for row in section.rows if len(row) == 2}
     assert "–" in shown["whole run"] and " h, " in shown["whole run"] and "prior 60%" in shown["  range"]
-    set_len = plan_recipe(recipe, "8xH100-80GB", "launch.dataset_rows=12000", "launch.expected_completion_length=600")
+    set_len = plan_recipe(recipe, "8xH100-80GB", "launch.expected_completion_length=600")
     assert "launch.expected_completion_length" in set_len.estimate.total.expected_source
     assert set_len.estimate.total.hours == pytest.approx(total.hours)  # the high end does not move
-    missing = plan_recipe(recipe, "8xH100-80GB").estimate
+    shipped = plan_recipe(recipe, "8xH100-80GB").estimate.total  # the recipe gives MATH's 7,500 rows itself
+    assert shipped is not None and shipped.steps == total.steps
+    missing = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB").estimate  # rows from the Hub only
     assert missing.total is None and "launch.dataset_rows" in missing.total_missing
