@@ -61,9 +61,8 @@ def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
     if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
         raise ConfigError(f"--max-restarts must be from 0 to 1000, got {args.max_restarts}")
     try:
-        result = run_plan(
-            plan, backend, ctx, dry_run=args.dry_run, resume=ResumeMode(args.resume), max_restarts=args.max_restarts
-        )
+        result = run_plan(plan, backend, ctx, dry_run=args.dry_run, resume=ResumeMode(args.resume),
+                          max_restarts=args.max_restarts, log=log)  # fmt: skip
     except GrpoLaunchError as exc:
         if log is not None:
             log.write(f"error: {exc.render()}")

@@ -26,7 +26,7 @@ from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes
 from grpo_launch.rundir import control
 from grpo_launch.rundir.checkpoints import decide_resume
-from grpo_launch.rundir.files import RunLock, write_run_files
+from grpo_launch.rundir.files import LauncherLog, RunLock, write_run_files
 from grpo_launch.rundir.layout import RESUME_ENV, RUN_ID_ENV
 from grpo_launch.rundir.records import Attempt, append
 from grpo_launch.rundir.verdict import split_verdict
@@ -74,10 +74,12 @@ def run_plan(
     dry_run: bool = False,
     resume: ResumeMode = ResumeMode.AUTO,
     max_restarts: int | None = None,
+    log: LauncherLog | None = None,
 ) -> RunResult:
     """Run ``plan`` with ``backend``. Input problems raise (nothing has started then); once processes start, every
     outcome is a RunResult. ``resume``: see :func:`grpo_launch.rundir.checkpoints.decide_resume`;
-    ``max_restarts`` overrides launch.max_restarts.
+    ``max_restarts`` overrides launch.max_restarts; ``log`` (the launcher's own log) starts writing once the run
+    holds its run directory.
 
     SIGUSR2, or the allocation's end drawing near, asks the trainers to save a checkpoint and stop
     (STOPPED_FOR_CHECKPOINT); the backend may then requeue.
@@ -95,9 +97,12 @@ def run_plan(
     check_vllm(plan)
     limit = plan.recipe.launch.max_restarts if max_restarts is None else max_restarts
     with RunLock(plan.run_dir, backend=backend.name, job_id=backend.job_id(ctx)):
-        for warning in check_output_dir(plan, ctx.workdir):
-            ctx.emit(f"[grpo-launch] warning: {warning}")
+        warnings = check_output_dir(plan, ctx.workdir)
         backend.preflight(plan, ctx)
+        if log is not None:  # every check passed: the run starts here
+            log.start()
+        for warning in warnings:
+            ctx.emit(f"[grpo-launch] warning: {warning}")
         result = _attempts(plan, backend, ctx, ResumeMode(resume), limit)
     result = backend.after_run(plan, result, ctx)  # first: a requeue before the time limit must not wait for plots
     _report(plan, ctx)

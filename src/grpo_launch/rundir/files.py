@@ -134,17 +134,32 @@ def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bo
 
 class LauncherLog:
     """Appends the launcher's console lines to RUN_DIR/logs/launcher.log, each with its time and the launcher's pid,
-    so they outlive the console. Never fails the run: a log that cannot be written is given up."""
+    so they outlive the console. Lines are held until the run starts (:meth:`start`, once it holds its run
+    directory): a run refused before that writes nothing. Never fails the run: a log that cannot be written is
+    given up."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.path = RunPaths(run_dir).launcher_log
         self._ok = True
+        self._held: list[str] | None = []
+
+    def start(self) -> None:
+        """The run has started: write what was held, and every line from now on."""
+        held, self._held = self._held or [], None
+        for line in held:
+            self._append(line)
 
     def write(self, text: str) -> None:
-        if not self._ok:
-            return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         lines = "".join(f"{stamp} [pid {os.getpid()}] {line}\n" for line in str(text).splitlines() or [""])
+        if self._held is not None:
+            self._held.append(lines)
+        else:
+            self._append(lines)
+
+    def _append(self, lines: str) -> None:
+        if not self._ok:
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as f:
