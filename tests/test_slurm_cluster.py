@@ -125,7 +125,7 @@ def test_two_node_job_trains_across_both_nodes(cluster, tmp_path):
     assert trainers == {(0, 2, 0, "n1"), (1, 2, 1, "n2")}
     assert "step 3/3 done" in log and "training done" in log
     logs = {p.name.split("-2")[0] for p in (run / "logs").glob("*.log")}
-    assert logs == {"train-n1", "train-n2", "train-rank1-n2"}, logs
+    assert logs == {"launcher.log", "train-n1", "train-n2", "train-rank1-n2"}, logs  # the launcher's own, too
     assert (run / "job.sbatch").is_file() and (run / "output" / "model.safetensors").is_file()
     status = sh(cluster, sys.executable, "-m", "grpo_launch", "status", str(run))
     assert f"{job}: COMPLETED, restarts 0" in status, status
