@@ -89,6 +89,7 @@ def test_real_nvml_on_this_machine_never_raises():
         ("8xH100-80GiB", 1, 8, 80),  # GiB is a measurement, read as written
         ("8xV100-16GB", 1, 8, 15.8),
         ("4xFOO-48GB@150TF@0.9TBs", 1, 4, 48e9 / 2**30),  # a GPU the table lacks, with its speed
+        ("4xFOO-48GB@150TF", 1, 4, 48e9 / 2**30),  # its peak only: the bandwidth is lent, and said
     ],
 )
 def test_gpu_spec(spec, hosts, per, mem):
@@ -117,7 +118,7 @@ def test_every_table_gpu_at_its_sold_size_keeps_its_memory(gpu):
         "2x100xH100-80GB",
         "2x2x8xH100",
         "2x4x8xA100-80GB",
-        "4xFOO-48GB@150TF",
+        "4xFOO-48GB@0.9TBs",
         "4xH100-80GB@989TF@3.35TBs",
         "4xFOO-48GB@0TF@1TBs",
     ],
@@ -307,3 +308,12 @@ def test_slurm_job_end_time():
     assert parse_end_time("JobId=7 EndTime=Unknown") is None
     assert job_end_time("7", scontrol=lambda args: text if args == ["show", "job", "-o", "7"] else None) is not None
     assert job_end_time("7", scontrol=lambda args: None) is None
+
+
+def test_a_peak_without_bandwidth_borrows_the_nearest_table_gpus_and_says_so():
+    t = parse_gpu_spec("4xFOO-48GB@150TF")
+    spec = t.planning_gpu_spec
+    assert spec.bf16_tflops == 150 and spec.bandwidth_tbs == find_gpu_spec("A40").bandwidth_tbs  # A40: 149.7 TF
+    assert any("bandwidth assumed: A40's" in w and "@150TF@<TB/s>TBs" in w for w in t.warnings)
+    assert parse_gpu_spec("4xFOO-48GB@150TF@1.2TBs").planning_gpu_spec.bandwidth_tbs == 1.2
+    assert not parse_gpu_spec("4xFOO-48GB@150TF@1.2TBs").warnings

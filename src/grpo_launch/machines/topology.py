@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import field
 
@@ -198,18 +199,27 @@ def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
             hint=SPEC_HELP,
         )
     given = None
+    warnings: tuple[str, ...] = ()
     if m["tflops"] or m["tbs"]:
         if known is not None:
             raise ProbeError(f"--gpus {short(spec)}: {known.name} is in the GPU table; its peak and bandwidth are "
                              "known (drop the @… part)", hint=SPEC_HELP)  # fmt: skip
-        if not (m["tflops"] and m["tbs"]):
-            raise ProbeError(f"--gpus {short(spec)}: give both the dense bf16 peak and the memory bandwidth, e.g. "
+        if not m["tflops"]:
+            raise ProbeError(f"--gpus {short(spec)}: give the dense bf16 peak first, e.g. "
                              f"{count}x{model}-{m['mem'] or 48}GB@150TF@0.9TBs", hint=SPEC_HELP)  # fmt: skip
-        tflops, tbs = float(m["tflops"]), float(m["tbs"])
+        tflops = float(m["tflops"])
+        # Decoding is bound by memory bandwidth: without it, the table's GPU nearest in peak lends its own, said.
+        nearest = min(GPU_SPECS, key=lambda g: abs(math.log(g.bf16_tflops / tflops)) if tflops > 0 else 0.0)
+        tbs = float(m["tbs"]) if m["tbs"] else nearest.bandwidth_tbs
         if not (0 < tflops <= MAX_TFLOPS and 0 < tbs <= MAX_TBS):
             raise ProbeError(f"--gpus {short(spec)}: peak must be in (0, {MAX_TFLOPS}] TF and bandwidth in "
                              f"(0, {MAX_TBS}] TB/s", hint=SPEC_HELP)  # fmt: skip
-        given = GpuSpec(name, memory / GIB, tflops, tbs, source="given with --gpus", nvlink=False)
+        source = "given with --gpus"
+        if not m["tbs"]:
+            source += f"; memory bandwidth assumed: {nearest.name}'s {tbs:g} TB/s, the table's GPU nearest in peak"
+            warnings += (f"{model}: {source.split('; ')[1]} (give yours: --gpus {count}x{model}-"
+                         f"{m['mem'] or 48}GB@{tflops:g}TF@<TB/s>TBs)",)  # fmt: skip
+        given = GpuSpec(name, memory / GIB, tflops, tbs, source=source, nvlink=False)
     hosts = tuple(
         Host(
             name=f"node{n}" if nodes > 1 else "localhost",
@@ -217,4 +227,4 @@ def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
         )
         for n in range(nodes)
     )
-    return Topology(hosts=hosts, source="spec", given_spec=given)
+    return Topology(hosts=hosts, source="spec", warnings=warnings, given_spec=given)
