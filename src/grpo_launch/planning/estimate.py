@@ -193,6 +193,23 @@ def generation_part(
     return gen, 0.0, [f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s"]
 
 
+def _range(
+    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, train: TrainPlan, work: Workload, step: StepTime
+) -> tuple[StepTime, tuple[StepTime, str]]:
+    """The step with every completion at the maximum length, and the step at the expected mean with its source."""
+    if work.expected_completion_len:
+        top = step_time(model, gpu, vllm, train, _at(work, 0.0))[0]
+        said = "measured (--calibrate-from)" if work.scale.mean_completion_len else "launch.expected_completion_length"
+        return top, (step, f"mean completion {work.mean_completion_len:.0f} tokens, {said}")
+    share = EXPECTED_COMPLETION_SHARE
+    at = _at(work, share * work.completion_len)
+    said = (
+        f"mean completion {at.mean_completion_len:.0f} tokens: the prior {share:.0%} of the maximum (TRL #5697, "
+        "#6263; set launch.expected_completion_length or plan --calibrate-from)"
+    )
+    return step, (step_time(model, gpu, vllm, train, at)[0], said)
+
+
 def _at(work: Workload, mean_len: float) -> Workload:
     """The workload with every completion at ``mean_len`` tokens on average (0: at the maximum)."""
     return dataclasses.replace(work, expected_completion_len=float(mean_len))
@@ -276,19 +293,10 @@ def estimate_plan(
     )
     if training.host_memory:
         explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
-    # The whole run as a range: every completion at the maximum length, and at the expected mean.
-    top = step if not work.expected_completion_len else step_time(model, gpu, vllm, train, _at(work, 0.0))[0]
-    if work.expected_completion_len:
-        cal = work.scale.mean_completion_len
-        said = "measured (--calibrate-from)" if cal else "launch.expected_completion_length"
-        expected = (step, f"mean completion {work.mean_completion_len:.0f} tokens, {said}")
-    else:
-        share = EXPECTED_COMPLETION_SHARE
-        at = _at(work, share * work.completion_len)
-        expected = (step_time(model, gpu, vllm, train, at)[0],
-                    f"mean completion {at.mean_completion_len:.0f} tokens: the prior {share:.0%} of the maximum "
-                    "(TRL #5697, #6263; set launch.expected_completion_length or plan --calibrate-from)")  # fmt: skip
-    total = run_total(topology, recipe, layout, top, rows, expected, startup_s=startup)
+    total = None
+    if int(recipe.get("max_steps") or -1) > 0 or rows:  # a step count: the whole run, as a range
+        top, expected = _range(model, gpu, vllm, train, work, step)
+        total = run_total(topology, recipe, layout, top, rows, expected, startup_s=startup)
     missing = None
     if total is None:
         epochs = float(recipe.get("num_train_epochs") or TRL_EPOCHS)
