@@ -348,3 +348,16 @@ def test_an_unknown_gpu_gets_a_memory_estimate_and_says_why_time_is_missing():
     slow = plan_for(values, "4xFOO-48GB@100TF@0.9TBs").estimate.step
     fast = plan_for(values, "4xFOO-48GB@400TF@0.9TBs").estimate.step
     assert slow is not None and fast is not None and fast.training_s < slow.training_s / 3
+
+
+def test_an_offload_whose_host_ram_cannot_be_checked_is_warned_about():
+    """Llama-3.1-405B in full on 4 × 8 H100: 8 trainers fit the GPUs only with ZeRO-3 offloading everything, which
+    needs terabytes of host RAM per node. Simulated hosts have no known RAM: the plan says so instead of passing
+    it in silence (on real hosts, a node with less RAM is refused)."""
+    plan = plan_recipe(ROOT / "recipes" / "llama70b.yaml", "4x8xH100-80GB",
+                       "model_name_or_path=meta-llama/Llama-3.1-405B-Instruct")  # fmt: skip
+    assert plan.train.offload == "optimizer+params"
+    (warning,) = [w for w in plan.warnings if "host RAM per node" in w]
+    assert "not known here" in warning and f"{plan.estimate.host_memory_per_node_gib:,.0f} GiB" in warning
+    small = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB")
+    assert not any("host RAM" in w for w in small.warnings)

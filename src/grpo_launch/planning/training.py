@@ -124,6 +124,12 @@ def choose_training(
                 + ")"
                 + (f"; offload needs {host / GIB:.0f} GiB of host RAM per node" if host else ""),
             )
+            if host and host_ram is None:
+                trace.warn(
+                    f"{setting_label(setting)} needs {host / GIB:,.0f} GiB of host RAM per node (DeepSpeed's "
+                    "estimate), and the hosts' RAM is not known here (as with --gpus): check it, or plan on the "
+                    "hosts themselves (--hostfile, Slurm), where a node with less is refused"
+                )
             return Training(b, o, c, need, host)
     explain = training_explain(tried, mem, share, budget, host_ram, n)
     if host_short is not None:
