@@ -141,6 +141,14 @@ def get_reward_funcs(script_args):
 '''
 
 
+def _open_r1_site(site, rewards_source: str):
+    """A directory holding an ``open_r1`` package whose ``rewards`` module is ``rewards_source``; returns it."""
+    (site / "open_r1").mkdir(parents=True)
+    (site / "open_r1" / "__init__.py").write_text("")
+    (site / "open_r1" / "rewards.py").write_text(rewards_source)
+    return site
+
+
 def test_open_r1_rewards_resolve_through_its_registry_and_a_missing_open_r1_is_named(tmp_path, monkeypatch):
     """With open_r1 importable, an open-r1 reward comes from open-r1's get_reward_funcs, built from open-r1's
     defaults and the recipe's settings; without it the error names the package and how to install it. (A stand-in
@@ -149,10 +157,7 @@ def test_open_r1_rewards_resolve_through_its_registry_and_a_missing_open_r1_is_n
 
     with pytest.raises(ValueError, match=r"open_r1\.rewards:get_reward_funcs.*pip install 'open-r1 @ git\+"):
         load_reward("cosine", {})
-    (tmp_path / "open_r1").mkdir()
-    (tmp_path / "open_r1" / "__init__.py").write_text("")
-    (tmp_path / "open_r1" / "rewards.py").write_text(STANDIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(_open_r1_site(tmp_path, STANDIN)))
     assert load_reward("cosine", {})([], ["a", "b"]) == [1000.0, 1000.0]  # open-r1's default cosine_max_len
     assert load_reward("cosine", {"cosine_max_len": 77})([], ["a"]) == [77.0]
     assert load_reward("format", {}).__module__ == "grpo_launch.train.rewards"  # a shared name: the built-in
@@ -168,10 +173,7 @@ def test_a_dry_run_names_open_r1_when_the_trainers_cannot_import_it(tmp_path, ca
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "open_r1 is not importable" in err and "pip install 'open-r1 @ git+" in err
-    site = tmp_path / "site"
-    (site / "open_r1").mkdir(parents=True)
-    (site / "open_r1" / "__init__.py").write_text("")
-    (site / "open_r1" / "rewards.py").write_text(STANDIN)
+    site = _open_r1_site(tmp_path / "site", STANDIN)
     assert main([*args, f"launch.train_env={{PYTHONPATH: {site}}}"]) == 0, capsys.readouterr().err
 
 
@@ -219,15 +221,12 @@ def test_open_r1_codeforces_recipe_trains_on_cpu_with_a_tiny_model(tmp_path):
     from .test_master_weights import _changed_fraction
 
     tiny = ensure_tiny_assets()
-    site = tmp_path / "site" / "open_r1"
-    site.mkdir(parents=True)
-    (site / "__init__.py").write_text("")
-    (site / "rewards.py").write_text(SCORING)
+    site = _open_r1_site(tmp_path / "site", SCORING)
     run = tmp_path / "run"
     recipe = _write(tmp_path, "Qwen2.5-Coder-7B-Instruct/grpo/config_codeforces.yaml", **CPU_SUBSTITUTES,
                     model_name_or_path=str(tiny / "model"), dataset_name=str(tiny / "data" / "train.jsonl"),
                     output_dir=str(run / "output"))  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{site.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run([sys.executable, "-m", "grpo_launch", recipe, "--run-dir", str(run)],
                           capture_output=True, text=True, cwd=ROOT, timeout=900, env=env)  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -244,10 +243,7 @@ def test_open_r1_codeforces_recipe_trains_on_cpu_with_a_tiny_model(tmp_path):
 def test_every_open_r1_recipe_dry_runs_as_published(name, tmp_path, capsys):
     """Each of the five recipes, as published, passes the dry run on 8 × H100 (every check a run makes before it
     starts anything), with open-r1 importable by the trainers (the stand-in: see STANDIN)."""
-    site = tmp_path / "site"
-    (site / "open_r1").mkdir(parents=True)
-    (site / "open_r1" / "__init__.py").write_text("")
-    (site / "open_r1" / "rewards.py").write_text(STANDIN)
+    site = _open_r1_site(tmp_path / "site", STANDIN)
     recipe = _write(tmp_path, name, output_dir=str(tmp_path / "out"))
     args = [recipe, "--gpus", "8xH100-80GB", "--dry-run", "--run-dir", str(tmp_path / "run")]
     assert main([*args, f"launch.train_env={{PYTHONPATH: {site}}}"]) == 0, capsys.readouterr().err

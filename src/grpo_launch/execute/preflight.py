@@ -14,7 +14,7 @@ from grpo_launch.planning.types import Plan
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.probe.pythons import TRL_VLLM_RANGE, interpreter_of, version_tuple, vllm_version_of
 from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
-from grpo_launch.recipe.rewards import OPEN_R1_INSTALL, check_reward_names, is_import_path, is_open_r1_reward
+from grpo_launch.recipe.rewards import OPEN_R1_INSTALL, is_import_path, is_open_r1_reward, reward_names
 
 
 def preflight(plan: Plan, workdir: str) -> None:
@@ -36,9 +36,8 @@ def preflight(plan: Plan, workdir: str) -> None:
         problems.append(f"dataset file {data!r} not found")
     elif looks_local(data) and not Path(data).expanduser().exists():
         problems.append(f"dataset path {data!r} not found")
-    rewards = values.get("reward_funcs") or []
-    names = [rewards] if isinstance(rewards, str) else [str(r) for r in rewards]
-    problems += check_reward_names(names) or missing_reward_modules(plan, names, workdir)
+    # The names themselves were checked with the recipe (recipe/rewards.py); here, whether the trainers import them.
+    problems += missing_reward_modules(plan, reward_names(values), workdir)
     if problems:
         raise ConfigError("cannot start the run:", problems=problems)
 

@@ -143,8 +143,9 @@ def build_recipe(
         if problem:
             problems.append(problem)
     problems += check_consistency(values)
-    problems += check_reward_names(reward_names(values))
-    open_r1 = [n for n in reward_names(values) if is_open_r1_reward(n)]
+    names = reward_names(values)
+    problems += check_reward_names(names)
+    open_r1 = [n for n in names if is_open_r1_reward(n)]
     if open_r1:
         notices.append(
             f"reward_funcs {', '.join(open_r1)}: open-r1's own ({OPEN_R1_MODULE}); the trainers' Python needs "

@@ -5,6 +5,9 @@ check names with the same code; :mod:`grpo_launch.train.rewards` resolves them."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from grpo_launch.errors import did_you_mean, short
 from grpo_launch.recipe.open_r1_schema import OPEN_R1_COMMIT, OPEN_R1_REWARDS
 
@@ -59,7 +62,7 @@ def check_reward_names(names: list[str]) -> list[str]:
     return problems
 
 
-def reward_names(values: dict) -> list[str]:
+def reward_names(values: Mapping[str, Any]) -> list[str]:
     """The recipe's reward names (a single string is one name)."""
     rewards = values.get("reward_funcs") or []
     return [rewards] if isinstance(rewards, str) else [r for r in rewards if isinstance(r, str)]

@@ -25,6 +25,7 @@ from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.activations import Precision, activation_memory
 from grpo_launch.planning.cost.constants import (
     ADAM_STATE_BYTES,
+    CONSTANTS,
     CUBLAS_WORKSPACE_BYTES,
     CUDA_CONTEXT_BYTES,
     HEADROOM,
@@ -143,7 +144,6 @@ def train_memory(model: ModelShape, n: int, backend: DistBackend, offload: Offlo
 
 def margin_lines(n: int) -> list[str]:
     """The memory margin of a training GPU, term by term, each with its source (plan --explain)."""
-    from grpo_launch.planning.cost.constants import CONSTANTS
 
     def said(key: str) -> str:
         return CONSTANTS[key].source
