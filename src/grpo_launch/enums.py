@@ -103,6 +103,7 @@ class FailureKind(StrEnum):
     OOM = "oom"  # GPU (or host) memory ran out: replannable
     DISK_FULL = "disk-full"
     HANG = "hang"  # no progress within the watchdog's bound: restartable
+    STALE_WEIGHTS = "stale-weights"  # vLLM generates with weights the trainers no longer hold (rundir/stale.py)
 
     @property
     def retryable(self) -> bool:

@@ -75,6 +75,8 @@ def load(args: argparse.Namespace) -> Recipe:
     overrides = list(args.overrides)
     if getattr(args, "network_interface", None):
         overrides.append(f"launch.network_interface={args.network_interface}")
+    if getattr(args, "adapt", False):
+        overrides.append("launch.adapt=true")
     if getattr(args, "gpu_hour_price", None) is not None:
         overrides.append(f"launch.gpu_hour_price={args.gpu_hour_price}")
     recipe = load_recipe(args.recipe, overrides)

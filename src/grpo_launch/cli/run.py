@@ -30,6 +30,12 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         "again (default). never: fresh (earlier checkpoints are set aside, not deleted). must: fail without one",
     )
     p.add_argument(
+        "--adapt",
+        action="store_true",
+        help="after a warm-up, re-plan with the run's own step times and move to a split predicted at least 15%% "
+        "faster per prompt: checkpoint, stop, resume on the new layout (same as launch.adapt=true)",
+    )
+    p.add_argument(
         "--max-restarts",
         type=int,
         metavar="N",

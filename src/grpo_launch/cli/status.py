@@ -75,8 +75,9 @@ def _hours(seconds: float | None) -> str:
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     from grpo_launch.rundir.control import stopped_at
-    from grpo_launch.rundir.measured import progress, read_run
+    from grpo_launch.rundir.measured import metric_records, progress, read_run
     from grpo_launch.rundir.records import read_attempts
+    from grpo_launch.rundir.timeline import adaptation_rows, adaptations, startup_row, startup_terms
 
     run_dir = Path(args.run_dir) if args.run_dir else newest_run(ctx.workdir)
     paths = RunPaths(run_dir)
@@ -99,6 +100,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         data |= {"resume": resume}
         data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
         data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
+        data |= {"adaptations": adaptations(attempts), "startup": startup_terms(metric_records(run_dir))}
         ctx.emit(json.dumps(data | {"logs": logs}, indent=2))
         return 0
     from grpo_launch.cli.tables import Section, print_sections
@@ -124,6 +126,11 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         if last and last.failure:
             said += f"; last ended {last.state} ({last.failure}): {last.why}"
         rows.append(("attempts", said))
+    rows += adaptation_rows(attempts)
+    forecast = ((m.plan or {}).get("estimate") or {}).get("startup_s")
+    first = startup_row(metric_records(run_dir), forecast if isinstance(forecast, (int, float)) else None)
+    if first:
+        rows.append(first)
     rows += [(k, f"{m.last_log[k]:.4g}") for k in SHOWN if k in m.last_log]
     if m.peak_memory_bytes:
         rows.append(("peak memory", f"{m.peak_memory_bytes / GIB:.1f} GiB ({m.memory_kind}, largest rank)"))

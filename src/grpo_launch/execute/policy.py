@@ -35,10 +35,11 @@ class Spent:
 
     restarts: int = 0
     replans: int = 0
+    resplits: int = 0  # launch.adapt's moves to another split (their own budget: launch.adapt_max_resplits)
 
     @property
     def attempts(self) -> int:
-        return self.restarts + self.replans
+        return self.restarts + self.replans + self.resplits
 
 
 @frozen

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from grpo_launch.backends.base import Backend
 from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState
 from grpo_launch.errors import size_text
+from grpo_launch.execute.adapt import Adapter
 from grpo_launch.execute.policy import Action, Spent, next_action
 from grpo_launch.execute.preflight import check_output_dir, check_vllm, output_dir_of, preflight, stale_build_locks
 from grpo_launch.execute.session import SessionSpec, supervise
@@ -109,10 +110,24 @@ def run_plan(
     return result
 
 
+def _adapter(plan: Plan, ctx: RunContext) -> Adapter | None:
+    """launch.adapt's state for this run, when it is asked for and the plan can adapt (else it says why not)."""
+    from grpo_launch.planning.adapt import why_not_adaptable
+
+    if not plan.recipe.launch.adapt:
+        return None
+    why = why_not_adaptable(plan)
+    if why is not None:
+        ctx.emit(f"[grpo-launch] launch.adapt: off for this run: {why}")
+        return None
+    return Adapter(plan, ctx.emit)
+
+
 def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode, max_restarts: int) -> RunResult:
     spent = Spent()
     started = time.time()
     limit = plan.recipe.launch.time_limit_s
+    adapter = _adapter(plan, ctx)
     while True:
         decision = decide_resume(output_dir_of(plan, ctx.workdir), resume, _max_steps(plan))
         for note in decision.notes:
@@ -126,9 +141,16 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
             )
             return RunResult(RunState.SUCCEEDED, 0, message="already complete")
         deadlines = [d for d in (backend.deadline(ctx), started + limit if limit else None) if d]
-        result = _attempt(plan, backend, ctx, decision.env_value, min(deadlines) if deadlines else None)
+        if adapter is not None:
+            adapter.begin(plan)
+        result = _attempt(plan, backend, ctx, decision.env_value, min(deadlines) if deadlines else None, adapter)
         result = dataclasses.replace(result, restarts=spent.attempts)
-        _record(plan, spent.attempts, result)
+        _record(plan, spent.attempts, result, adapter)
+        if adapter is not None and adapter.pending is not None and result.state == RunState.STOPPED_FOR_CHECKPOINT:
+            plan, spent = adapter.move(), dataclasses.replace(spent, resplits=spent.resplits + 1)
+            resume = ResumeMode.AUTO
+            ctx.emit(f"[grpo-launch] adapt: resuming from step {result.stopped_at_step} on the new layout")
+            continue
         disk = result.failure is not None and result.failure.kind == FailureKind.DISK_FULL
         step = next_action(plan, result, spent, max_restarts=max_restarts,
                            disk_advice=_disk_advice(plan, ctx) if disk else None)  # fmt: skip
@@ -179,7 +201,9 @@ def _max_steps(plan: Plan) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, deadline: float | None) -> RunResult:
+def _attempt(
+    plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, deadline: float | None, adapter: Adapter | None
+) -> RunResult:
     """One supervised run of every process."""
     run_id = uuid.uuid4().hex
     prepared = prepare_attempt(plan, backend, ctx, {RUN_ID_ENV: run_id, RESUME_ENV: resume_from})
@@ -215,6 +239,7 @@ def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, de
         deadline=deadline,
         on_deadline=stop_for_deadline,
         on_split=show_split,
+        on_step=adapter.on_step if adapter is not None else None,
     )
     session = SessionSpec(
         server=prepared.server,
@@ -242,7 +267,7 @@ def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, de
     return result
 
 
-def _record(plan: Plan, attempts_before: int, result: RunResult) -> None:
+def _record(plan: Plan, attempts_before: int, result: RunResult, adapter: Adapter | None = None) -> None:
     """One record per attempt (``grpo-launch status`` and the report show them)."""
     failure = result.failure
     attempt = Attempt(
@@ -254,5 +279,6 @@ def _record(plan: Plan, attempts_before: int, result: RunResult) -> None:
         side=failure.side if failure else None,
         cause=result.cause,
         message=result.message,
+        adaptations=tuple(adapter.decisions) if adapter is not None else (),
     )
     append(plan.paths.attempts, attempt)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from grpo_launch.enums import FailureKind, RunState
+from grpo_launch.enums import FailureKind, Role, RunState
 from grpo_launch.errors import LaunchError
 from grpo_launch.execute import faults
 from grpo_launch.execute.supervisor import (
@@ -20,12 +20,14 @@ from grpo_launch.execute.supervisor import (
     HEALTH_POLL_S,
     ChildFailed,
     RemoteSignaller,
+    StaleWeights,
     Stalled,
     Supervisor,
     describe_exit,
 )
 from grpo_launch.node import reaper
 from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.records import StartupRecord, append
 from grpo_launch.spec import Failure, ProcessSpec, RunResult, frozen
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
@@ -130,6 +132,8 @@ def supervise(
             if srv is not None and health_url:
                 took = sup.wait_healthy(srv, health_url, s.health_timeout_s, [*workers, *train_children])
                 sup.say(f"[grpo-launch] vLLM server healthy after {took:.1f} s")
+                if s.paths is not None:
+                    append(s.paths.metrics, StartupRecord("vllm_ready", took, time.time()))
             sup.wait_all(
                 train_children,
                 watch=watch,
@@ -170,6 +174,8 @@ def _failure_result(sup: Supervisor, exc: LaunchError, stacks: Mapping[str, str]
     diagnosis = sup.diagnose()
     if isinstance(exc, Stalled):
         diagnosis = Failure(FailureKind.HANG, exc.message)
+    elif isinstance(exc, StaleWeights):
+        diagnosis = Failure(FailureKind.STALE_WEIGHTS, exc.message, where="vllm", side=Role.VLLM)
     lines = []
     if stacks:
         lines.append("where each rank was (innermost frame of its main thread):")
@@ -177,7 +183,7 @@ def _failure_result(sup: Supervisor, exc: LaunchError, stacks: Mapping[str, str]
     elif isinstance(exc, Stalled):
         lines.append("no trainer stack could be read (a rank on another host, or no rank running)")
     headline = diagnosis.headline()
-    if headline and not isinstance(exc, Stalled):
+    if headline and not isinstance(exc, (Stalled, StaleWeights)):
         lines.append(f"root cause: {headline}")
     if exc.hint:
         lines.append(exc.hint)

@@ -79,6 +79,10 @@ class Stalled(LaunchError):
     """No progress: the watchdog's bound passed without an optimizer step, or the vLLM server stopped answering."""
 
 
+class StaleWeights(LaunchError):
+    """vLLM generates with weights the trainers no longer hold (:mod:`grpo_launch.rundir.stale`)."""
+
+
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "still running"

@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_launch.rundir.records import SaveRecord, StepRecord, metric_record, parse_lines
+from grpo_launch.execute.supervisor import StaleWeights
+from grpo_launch.rundir.records import LogRecord, SaveRecord, StepRecord, metric_record, parse_lines
+from grpo_launch.rundir.stale import GAP_KEY, GapWatch
 
 FIRST_STEP_S = 3600.0  # loading and compiling a large model, its first generation
 HANG_FACTOR = 10.0  # × the median step
@@ -37,6 +39,7 @@ class Watchdog:
     on_deadline: Callable[[str], None] | None = None
     # called with the new steps' mean (generation s, training s) at the 5th step of an attempt and every 20th
     on_split: Callable[[float, float], None] | None = None
+    on_step: Callable[[int], None] | None = None  # called with the attempt's step count after each new step
     clock: Callable[[], float] = time.time
     steps: list[float] = field(default_factory=list)  # measured step seconds (earlier attempts' too)
     saves: list[float] = field(default_factory=list)
@@ -45,6 +48,9 @@ class Watchdog:
     _new_steps: int = 0
     _asked: bool = False
     _split: list[tuple[float, float]] = field(default_factory=list)
+    _gap: GapWatch = field(default_factory=GapWatch)
+    _stale: str | None = None
+    _gaps_new: int = 0
 
     def __post_init__(self) -> None:
         self._last = self.clock()
@@ -70,8 +76,14 @@ class Watchdog:
                     if self.on_split is not None and (self._new_steps == 5 or self._new_steps % 20 == 0):
                         recent = self._split[-20:]
                         self.on_split(*(sum(x) / len(recent) for x in zip(*recent, strict=True)))
+                    if self.on_step is not None:
+                        self.on_step(self._new_steps)
             elif isinstance(record, SaveRecord):
                 self.saves.append(record.save_s)
+            elif isinstance(record, LogRecord) and GAP_KEY in record.log and self._stale is None:
+                resumed = count and not self._gaps_new and bool(self._gap.history)
+                self._gaps_new += count
+                self._stale = self._gap.add(record.step, record.log[GAP_KEY], resumed=resumed)
 
     def bound(self) -> float:
         """Seconds without a step before the run counts as hung."""
@@ -82,8 +94,11 @@ class Watchdog:
         return max(self.floor_s, self.factor * statistics.median(self.steps))
 
     def __call__(self) -> str | None:
-        """None while the run progresses; a reason when it is hung. Asks for the deadline stop on the way."""
+        """None while the run progresses; a reason when it is hung. Asks for the deadline stop on the way. Raises
+        StaleWeights when vLLM's and the trainers' log-probabilities part (:mod:`grpo_launch.rundir.stale`)."""
         self._read()
+        if self._stale is not None:
+            raise StaleWeights(self._stale)
         now = self.clock()
         if self.deadline is not None and not self._asked and self.on_deadline is not None:
             step = statistics.median(self.steps) if self.steps else 0.0

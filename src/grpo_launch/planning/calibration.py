@@ -11,6 +11,10 @@ vLLM's generation plus the reward, the old-log-prob forward and (server mode) th
 - memory: the largest peak of any rank ÷ the predicted memory per training GPU (GPU runs only: a CPU run's
   resident set is not what the GPU estimate counts);
 - the mean completion length measured replaces the assumed one.
+
+A run planned with a calibration predicted the calibrated times: its measured ÷ predicted ratios are relative to
+that calibration, so the scales returned are the product of the two (:func:`prior_calibration`). Calibrating from
+a calibrated run, or re-planning a running one (``launch.adapt``), then converges instead of drifting.
 """
 
 from __future__ import annotations
@@ -41,6 +45,20 @@ class Comparison:
         if self.predicted and self.measured is not None:
             return self.measured / self.predicted
         return None
+
+
+def prior_calibration(plan_json: dict[str, Any] | None) -> Calibration:
+    """The calibration a run's plan was made with, as its plan.json records it (none: every scale 1)."""
+    recorded = ((plan_json or {}).get("estimate") or {}).get("calibration")
+    if not isinstance(recorded, dict):
+        return Calibration()
+    scales = {}
+    for key in ("generation", "training", "memory"):
+        value = recorded.get(key)
+        scales[key] = float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
+    mean = recorded.get("mean_completion_len")
+    return Calibration(**scales, mean_completion_len=float(mean) if isinstance(mean, (int, float)) else None,
+                       source=str(recorded.get("source") or ""))  # fmt: skip
 
 
 def calibration_from(m: Measured) -> tuple[Calibration, list[Comparison]]:
@@ -93,7 +111,12 @@ def calibration_from(m: Measured) -> tuple[Calibration, list[Comparison]]:
         why = "a CPU run's resident set" if m.memory_kind == "rss_max" else "no GPU peak measured"
         rows.append(Comparison("peak memory per training GPU", predicted_mem, None, "GiB", f"not calibrated: {why}"))
     source = f"{m.run_dir} ({m.steps} steps)"
-    return Calibration(gen, train, memory, mean, source), rows
+    prior = prior_calibration(m.plan)
+    if prior.source:
+        source += f", over its own calibration ({prior.source})"
+    scaled = Calibration(gen * prior.generation, train * prior.training, memory * prior.memory,
+                         mean or prior.mean_completion_len, source)  # fmt: skip
+    return scaled, rows
 
 
 def comparison_to_dict(rows: list[Comparison]) -> list[dict[str, Any]]:

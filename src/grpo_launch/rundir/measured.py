@@ -60,11 +60,12 @@ def read_plan_json(run_dir: str | Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def read_run(run_dir: str | Path) -> Measured:
+def read_run(run_dir: str | Path, after_step: int = 0) -> Measured:
+    """``after_step``: only the steps after it (one layout's steps in a run that changed layout, launch.adapt)."""
     root = Path(run_dir)
     records = metric_records(root)
-    steps = [r for r in records if isinstance(r, StepRecord)]
-    logs = [r.log for r in records if isinstance(r, LogRecord)]
+    steps = [r for r in records if isinstance(r, StepRecord) and (r.step or 0) > after_step]
+    logs = [r.log for r in records if isinstance(r, LogRecord) and r.step > after_step]
     if not steps:
         metrics = RunPaths(root).metrics
         raise ConfigError(f"{metrics} has no step lines", hint="Let the run train at least one optimizer step.")

@@ -122,11 +122,34 @@ class LogRecord:
         return cls(int(row.get("step") or 0), {str(k): float(v) for k, v in row["log"].items() if _number(v)})
 
 
-MetricRecord = StepRecord | SaveRecord | LogRecord
+STARTUP_PHASES = ("model_load", "vllm_ready", "first_sync", "first_generation")
+
+
+@frozen
+class StartupRecord:
+    """One term of an attempt's time to its first step, in seconds: the trainers' model load (from their start to a
+    built trainer; the dataset is prepared in it), the vLLM server's start to healthy (the launcher writes it; it
+    runs beside the load), the first weight sync and the first generation (rank 0 writes those)."""
+
+    phase: str  # one of STARTUP_PHASES
+    seconds: float
+    time: float | None = None  # wall clock when it ended
+
+    def to_json(self) -> dict[str, Any]:
+        return {"startup": self.phase, "seconds": self.seconds, "time": self.time}
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> StartupRecord:
+        return cls(str(row["startup"]), _float(row.get("seconds")), _float_or_none(row.get("time")))
+
+
+MetricRecord = StepRecord | SaveRecord | LogRecord | StartupRecord
 
 
 def metric_record(row: dict[str, Any]) -> MetricRecord | None:
     """The record a metrics.jsonl line holds, or None for a line of no kind known here."""
+    if isinstance(row.get("startup"), str) and _number(row.get("seconds")):
+        return StartupRecord.from_json(row)
     if isinstance(row.get("log"), dict):
         return LogRecord.from_json(row)
     if _number(row.get("step_s")):
@@ -152,7 +175,7 @@ def read_metrics(path: str | Path) -> list[MetricRecord]:
     return [r for row in parse_lines(Path(path).read_text(errors="replace")) if (r := metric_record(row))]
 
 
-def append(path: str | Path, record: StepRecord | SaveRecord | LogRecord | Attempt) -> None:
+def append(path: str | Path, record: MetricRecord | Attempt) -> None:
     """Append one record as one line (the one way every writer writes)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -173,9 +196,14 @@ class Attempt:
     side: Role | None = None
     cause: str | None = None
     message: str = ""
+    # launch.adapt's decisions in this attempt (planning.adapt.Adaptation.to_json: action, reason, the split and the
+    # seconds per prompt measured, predicted and re-predicted, the split moved to)
+    adaptations: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(self).items()}
+        out = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(self).items()}
+        out["adaptations"] = list(self.adaptations)
+        return out
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> Attempt:
@@ -188,6 +216,7 @@ class Attempt:
             side=_enum(Role, row.get("side")),
             cause=row.get("cause"),
             message=str(row.get("message") or ""),
+            adaptations=tuple(a for a in row.get("adaptations") or () if isinstance(a, dict)),
         )
 
     @property

@@ -47,6 +47,7 @@ def model_init_kwargs(config: Any, model_args: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     import faulthandler
     import signal
     import warnings
@@ -80,12 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         if script.get(key):
             os.environ.setdefault(env, str(script[key]))
 
+    # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing and warns on the old name, which
+    # TRL 1.16's config sets by default: give the new name the value (the recipe's, else TRL's default, on). Earlier
+    # transformers (5.17 has only the old name) keep it.
+    import dataclasses
+
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
 
-    # transformers 5 renamed gradient_checkpointing to activation_checkpointing and warns on the old name, which
-    # TRL 1.16's config sets by default: give the new name the value (the recipe's, else TRL's default, on).
-    if "activation_checkpointing" not in grpo_kwargs:
+    renamed = "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}
+    if renamed and "activation_checkpointing" not in grpo_kwargs:
         grpo_kwargs["activation_checkpointing"] = grpo_kwargs.pop("gradient_checkpointing", True)
         if "gradient_checkpointing_kwargs" in grpo_kwargs:
             grpo_kwargs["activation_checkpointing_kwargs"] = grpo_kwargs.pop("gradient_checkpointing_kwargs")
@@ -156,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer._generate_and_score_completions = step_log.timed(  # type: ignore[method-assign]
             trainer._generate_and_score_completions
         )
+    from grpo_launch.train.startup import record_startup
+
+    record_startup(trainer, paths, is_main, started)
     acc = trainer.accelerator
     stage = acc.state.deepspeed_plugin.zero_stage if acc.state.deepspeed_plugin else None
     print(

@@ -1,0 +1,78 @@
+"""What ``status`` and the report say about a run's course besides its steps: launch.adapt's decisions (each with
+the seconds per prompt measured and predicted before, and measured after on the split it moved to) and the time
+to the first step, term by term, against the plan's forecast. Pure: reads records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from grpo_launch.rundir.records import Attempt, MetricRecord, StartupRecord
+
+
+def adaptations(attempts: Sequence[Attempt]) -> list[dict[str, Any]]:
+    """Every decision in order, each with ``measured_after_s``: what the split it moved to measured at the next
+    decision (None when there was none)."""
+    made = [dict(a) for attempt in attempts for a in attempt.adaptations]
+    for i, a in enumerate(made):
+        later = made[i + 1] if i + 1 < len(made) else None
+        moved = a.get("action") in ("resplit", "revert")
+        a["measured_after_s"] = later.get("measured_s") if moved and later else None
+    return made
+
+
+def _s(value: Any) -> str:
+    return f"{value:.3g} s" if isinstance(value, (int, float)) else "-"
+
+
+def adaptation_rows(attempts: Sequence[Attempt]) -> list[tuple[str, str]]:
+    rows = []
+    for a in adaptations(attempts):
+        head = f"step {a.get('at_step')}: {a.get('action')}"
+        if a.get("action") != "keep":
+            head += f" {a.get('split')} → {a.get('new_split')}"
+        times = (
+            f"per prompt: measured {_s(a.get('measured_s'))} (planned {_s(a.get('predicted_s'))}, re-predicted "
+            f"{_s(a.get('calibrated_s'))})"
+        )
+        if a.get("action") != "keep" or a.get("new_s") is not None:
+            times += f"; {a.get('new_split')}: predicted {_s(a.get('new_s'))}"
+        if a.get("measured_after_s") is not None:
+            times += f", measured after {_s(a['measured_after_s'])}"
+        rows.append(("adapt", f"{head}; {times}; {a.get('reason')}"))
+    return rows
+
+
+def startup_terms(records: Sequence[MetricRecord]) -> dict[str, float]:
+    """The latest attempt's time-to-first-step terms (each phase's last record)."""
+    terms: dict[str, float] = {}
+    for r in records:
+        if isinstance(r, StartupRecord):
+            if r.phase in terms:  # a phase seen again: a later attempt starts its terms afresh
+                terms = {}
+            terms[r.phase] = r.seconds
+    return terms
+
+
+def critical_path_s(terms: dict[str, float]) -> float | None:
+    """The server's start and the trainers' load run side by side; the sync and the first generation follow."""
+    if not terms:
+        return None
+    parallel = max(terms.get("model_load", 0.0), terms.get("vllm_ready", 0.0))
+    return parallel + terms.get("first_sync", 0.0) + terms.get("first_generation", 0.0)
+
+
+def startup_row(records: Sequence[MetricRecord], forecast_s: float | None) -> tuple[str, str] | None:
+    terms = startup_terms(records)
+    path = critical_path_s(terms)
+    if path is None:
+        return None
+    load, ready = terms.get("model_load"), terms.get("vllm_ready")
+    slower = "vLLM start-up" if (ready or 0.0) > (load or 0.0) else "model load"
+    parts = [f"{name} {_s(terms[key])}" for key, name in
+             (("model_load", "model load"), ("vllm_ready", "vLLM ready"), ("first_sync", "first sync"),
+              ("first_generation", "first generation")) if key in terms]  # fmt: skip
+    said = f"{path:.0f} s on the critical path ({slower}, then the first sync and generation): {', '.join(parts)}"
+    if forecast_s:
+        said += f"; forecast ≈ {forecast_s:.0f} s"
+    return ("time to first step", said)
