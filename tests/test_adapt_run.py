@@ -2,12 +2,13 @@
 launcher, real TRL 1.16 GRPOTrainer processes in server mode (tests/cpu_server_trainer.py: grpo_launch.train with
 TRL's NCCL weight transfer made a no-op, since NCCL needs CUDA), on a plan for 3 (simulated) L4s.
 
-What cannot be real here, and why: a tiny model's decode is bound by vLLM's per-step overhead at any batch, so the
-planner keeps it on one server GPU whatever the measurements say (test_adapt.py shows the decision on a 7B). The
-first decision is therefore replaced by a move to a 2-GPU server planned by the real planner (``launch.vllm_gpus=2``)
-— named "injected" in its record. Everything after it is real: the checkpoint at the stop, the new layout's vLLM
-server (data parallel 2) and trainers, the resume, the second decision from the new layout's own measurements (keep
-or revert), and every record."""
+What cannot be relied on here, and why: for a tiny model on these GPUs the two server sizes are within the 15 %
+threshold of each other (in a trial run the measurements re-planned the other size 14 % faster), so whether a real
+decision moves is up to the noise of a shared 2-core machine (test_adapt.py shows clear decisions on a 7B). The
+first decision is therefore replaced by a move to the other server size (1 or 2 GPUs) planned by the real planner
+(``launch.vllm_gpus``), named "injected" in its record with what the planner said. Everything after it is real:
+the checkpoint at the stop, the new layout's vLLM server and trainers, the resume, the second decision from the new
+layout's own measurements (keep or revert), and every record."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ DRIVER = textwrap.dedent(
         made = real(plan, measured, tried=tried, resplits=resplits, previous=previous)
         if resplits or made.action != "keep":
             return made
-        launch = dataclasses.replace(plan.recipe.launch, vllm_gpus=2)
+        other = 1 if plan.vllm.data_parallel_size > 1 else 2  # the other server size of these 3 GPUs
+        launch = dataclasses.replace(plan.recipe.launch, vllm_gpus=other)
         new = make_plan(plan.topology, dataclasses.replace(plan.recipe, launch=launch), plan.model,
                         runtime=plan.runtime)
         return dataclasses.replace(made, action="resplit", reason="injected by the test (the planner said: "
@@ -75,7 +77,7 @@ def server_recipe(path: Path, *, learning_rate: float, max_steps: int, adapt: bo
         "num_generations": 2,
         "per_device_train_batch_size": 2,
         "max_prompt_length": 64,
-        "max_completion_length": 16,
+        "max_completion_length": 48,
         "learning_rate": learning_rate,
         "max_steps": max_steps,
         "logging_steps": 1,
@@ -127,31 +129,33 @@ def test_a_resplit_resumes_on_the_new_layout_without_losing_or_repeating_a_step(
     """learning_rate 1e-9: Adam moves each weight by about 1e-9 a step, so the trainers' weights stay the server's,
     the no-op weight transfer changes nothing and the stale-weights watch must stay quiet (the control of the next
     test)."""
-    recipe = server_recipe(tmp_path / "adapt.yaml", learning_rate=1e-9, max_steps=12, adapt=True)
+    recipe = server_recipe(tmp_path / "adapt.yaml", learning_rate=1e-9, max_steps=30, adapt=True)
     result, out = drive(tmp_path, recipe, timeout=900)
     assert result["state"] == "succeeded", out[-5000:]
     run = tmp_path / "run"
     metrics = records(run / "metrics.jsonl")
     steps = [r["step"] for r in metrics if "step_s" in r]
-    assert steps == list(range(1, 13)), steps  # every step once, in order, across the layouts
+    assert steps == list(range(1, 31)), steps  # every step once, in order, across the layouts
     attempts = records(run / "control" / "attempts.jsonl")
     first = attempts[0]
     assert first["state"] == "stopped-for-checkpoint"
     (moved,) = first["adaptations"]
     assert moved["action"] == "resplit" and moved["reason"].startswith("injected by the test")
-    assert (moved["split"], moved["new_split"]) == ("server on 1 GPU(s) (TP 1)", "server on 2 GPU(s) (TP 1 × DP 2)")
-    assert moved["measured_s"] > 0 and moved["predicted_s"] > 0 and moved["at_step"] == 4
+    sizes = {"server on 1 GPU(s) (TP 1)", "server on 2 GPU(s) (TP 1 × DP 2)"}
+    assert {moved["split"], moved["new_split"]} == sizes
+    # Decided once 1 + 3 warm-up steps of the layout were read (the watchdog reads the metrics every second).
+    assert moved["measured_s"] > 0 and moved["predicted_s"] > 0 and 4 <= moved["at_step"] < 30
     resumed_at = int(out.split("adapt: resuming from step ")[1].split()[0])
     assert resumed_at >= moved["at_step"] and (run / "output" / f"checkpoint-{resumed_at}").is_dir()
     # The second layout's own decision, from its own steps: a revert exactly when it measured slower.
     second = attempts[1]["adaptations"][0]
-    assert second["split"] == "server on 2 GPU(s) (TP 1 × DP 2)" and second["at_step"] == resumed_at + 4
+    assert second["split"] == moved["new_split"] and second["at_step"] >= resumed_at + 4
     slower = second["measured_s"] > moved["measured_s"] * 1.05
     assert second["action"] == ("revert" if slower else "keep"), second
     if slower:
         assert second["new_split"] == moved["split"] and len(attempts) == 3
     assert attempts[-1]["state"] == "succeeded"
-    assert "--data-parallel-size 2" in out  # the new layout's server was started as planned
+    assert "--data-parallel-size 2" in out  # the 2-GPU layout's server was started as planned
     # Time to the first step, term by term, for every attempt.
     phases = [r["startup"] for r in metrics if "startup" in r]
     for phase in ("model_load", "vllm_ready", "first_sync", "first_generation"):
@@ -160,7 +164,7 @@ def test_a_resplit_resumes_on_the_new_layout_without_losing_or_repeating_a_step(
     status = subprocess.run([sys.executable, "-m", "grpo_launch", "status", str(run)], capture_output=True,
                             text=True, cwd=ROOT)  # fmt: skip
     assert status.returncode == 0, status.stderr
-    assert f"step {moved['at_step']}: resplit server on 1 GPU(s) (TP 1) → server on 2 GPU(s)" in status.stdout
+    assert f"step {moved['at_step']}: resplit {moved['split']} → {moved['new_split']}" in status.stdout
     assert "time to first step" in status.stdout
 
 

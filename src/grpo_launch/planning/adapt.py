@@ -59,13 +59,8 @@ class Adaptation:
 
 
 def split_key(plan: Plan) -> str:
-    """The running plan's split, as the search labels it."""
-    chosen = next((c for c in plan.candidates if c.chosen), None)
-    if chosen is not None:
-        return chosen.label
-    v = plan.vllm
-    trainers = plan.layout.num_processes
-    return f"vLLM {v.mode} (TP {v.tensor_parallel_size} × DP {v.data_parallel_size}), {trainers} trainers"
+    """The plan's split, as the search labels it (the same label in every plan of the same split)."""
+    return plan.split or f"vLLM {plan.vllm.mode}, {plan.layout.num_processes} trainers"
 
 
 def prompts_per_step(plan: Plan) -> int:

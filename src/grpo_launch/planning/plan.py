@@ -258,4 +258,5 @@ def _plan_one(search: Search, split: Split | None, completions: int | None) -> P
         notices=tuple(trace.notices),
         warnings=(*trace.warnings, *runtime.warnings),
         estimate=estimate,
+        split=split.label if split is not None else "no vLLM (CPU)",
     )

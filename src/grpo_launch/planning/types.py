@@ -305,6 +305,7 @@ class Plan:
     python: str = "python3"
     vllm_version: str | None = None  # the trainers' (and so the server's) vLLM, when known (some flags depend on it)
     runtime: Runtime = Runtime()  # what the plan was made with (a replan after an OOM reuses it)
+    split: str = ""  # how the GPUs are split, as the search labels it (a candidate's label)
 
     @property
     def paths(self) -> RunPaths:

@@ -68,6 +68,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "completions_per_optimizer_step": plan.layout.completions_per_optimizer_step,
         },
         "estimate": estimate_to_dict(plan),
+        "split": plan.split,
         "candidates": [
             {
                 "label": c.label,
