@@ -40,7 +40,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     from grpo_launch.execute.preflight import preflight
     from grpo_launch.probe.local import probe_local
     from grpo_launch.render import render_files
-    from grpo_launch.rundir.files import write_run_files
+    from grpo_launch.rundir.files import run_record, write_run_files
 
     submitter_cls = _load_submitter("slurm")
     options = read_options(args, submitter_cls.Options)
@@ -61,7 +61,13 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         return 0
     for line in summary:
         ctx.emit(line)
-    files = {**render_files(plan), plan.paths.relative(plan.paths.sbatch_script): submission.text}
+    files = {plan.paths.relative(plan.paths.sbatch_script): submission.text}
+    if record := run_record(plan.run_dir):  # the job resumes that run and writes its files when it starts
+        names = " and ".join(p.name for p in record)
+        ctx.emit(f"notice: {plan.run_dir} holds a run's record ({names}): only job.sbatch is written; the job "
+                 "resumes that run (another --run-dir starts a new one)")  # fmt: skip
+    else:
+        files |= render_files(plan)
     write_run_files(plan.run_dir, files)
     job_id = submitter.submit(submission, ctx)
     ctx.emit(f"submitted Slurm job {job_id}: {submission.summary}")

@@ -32,12 +32,21 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 
 def newest_run(workdir: str) -> Path:
+    """The run directory under grpo_runs/ whose run (not plan: a plan writes plan.json alone) was active last."""
     from grpo_launch.planning import DEFAULT_RUN_ROOT
 
-    runs = [p.parent for p in Path(workdir, DEFAULT_RUN_ROOT).glob("*/plan.json")]
-    if not runs:
-        raise ConfigError(f"no run directory under {DEFAULT_RUN_ROOT}/", hint="Give one: grpo-launch status RUN_DIR.")
-    return max(runs, key=lambda p: p.stat().st_mtime)
+    stamps = {}
+    for root in Path(workdir, DEFAULT_RUN_ROOT).glob("*/"):
+        paths = RunPaths(root)
+        files = [p for p in (paths.lock, paths.metrics, paths.attempts) if p.is_file()]
+        if files:
+            stamps[root] = max(p.stat().st_mtime for p in files)
+    if not stamps:
+        raise ConfigError(
+            f"no run under {DEFAULT_RUN_ROOT}/ (a plan alone is not a run)",
+            hint="Give one: grpo-launch status RUN_DIR.",
+        )
+    return max(stamps, key=lambda p: stamps[p])
 
 
 def _job_state(info: dict) -> tuple[str | None, dict[str, str] | None]:

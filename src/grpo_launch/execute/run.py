@@ -26,7 +26,7 @@ from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes
 from grpo_launch.rundir import control
 from grpo_launch.rundir.checkpoints import decide_resume
-from grpo_launch.rundir.files import LauncherLog, RunLock, write_run_files
+from grpo_launch.rundir.files import LauncherLog, RunLock, write_plan_files, write_run_files
 from grpo_launch.rundir.layout import RESUME_ENV, RUN_ID_ENV
 from grpo_launch.rundir.records import Attempt, append
 from grpo_launch.rundir.verdict import split_verdict
@@ -87,8 +87,10 @@ def run_plan(
     preflight(plan, ctx.workdir)
     if dry_run:
         prepared = prepare_attempt(plan, backend, ctx)
-        write_run_files(plan.run_dir, prepared.files)
+        _, kept = write_plan_files(plan.run_dir, prepared.files)  # a run's record is never overwritten
         ctx.emit(f"# run directory: {plan.run_dir}")
+        if kept:
+            ctx.emit(f"# {kept}")
         for spec in prepared.processes:
             if spec.host:
                 ctx.emit(f"# on {spec.host}: {spec.name}")

@@ -1,0 +1,114 @@
+"""A run directory that holds a run's record (metrics.jsonl, control/attempts.jsonl) keeps it: `plan`,
+`plan --calibrate-from` and `run --dry-run` of the same recipe write their files to RUN_DIR/plans/TIME/ and say so;
+`sbatch` writes only job.sbatch (the job resumes that run). `status` and `report` without an argument pick the newest
+directory that holds a run, not the newest plan.
+
+The run's plan.json is the real one `grpo-launch plan` writes for GPUs; its metrics and attempts lines are written by
+the test (no GPU run can happen here; tests/test_run.py reads a real CPU run's records)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from grpo_launch.cli import main
+
+VALUES = {
+    "model_name_or_path": "Qwen/Qwen2.5-7B-Instruct",
+    "dataset_name": "AI-MO/NuminaMath-TIR",
+    "num_generations": 8,
+    "max_prompt_length": 512,
+    "max_completion_length": 2048,
+    "per_device_train_batch_size": 4,
+    "max_steps": 100,
+    "launch": {"vllm": "colocate"},
+}
+GPUS = ["--gpus", "8xH100-80GB"]
+RECORD = ("plan.json", "metrics.jsonl", "control/attempts.jsonl")
+
+
+@pytest.fixture
+def finished(tmp_path, monkeypatch):
+    """A finished run of r.yaml in grpo_runs/r (the default run directory), its record's bytes by file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.yaml").write_text(json.dumps(VALUES))
+    assert main(["plan", "r.yaml", *GPUS], environ={}) == 0
+    run = tmp_path / "grpo_runs" / "r"
+    plan = json.loads((run / "plan.json").read_text())
+    step = plan["estimate"]["time_s"]["step"] * 3  # the run was 3x slower than planned
+    with open(run / "metrics.jsonl", "w") as f:
+        for i in range(1, 5):
+            line = {"step": i, "max_steps": 4, "time": 1e9 + i * step, "step_s": step, "generation_s": step * 0.7,
+                    "training_s": step * 0.3, "peak_memory_bytes": [2**34]}  # fmt: skip
+            f.write(json.dumps(line) + "\n")
+    (run / "control").mkdir(exist_ok=True)
+    (run / "control" / "attempts.jsonl").write_text(
+        json.dumps({"attempt": 1, "ended": 1e9 + 5 * step, "state": "succeeded", "exit_code": 0}) + "\n"
+    )
+    return run, {name: (run / name).read_bytes() for name in RECORD}
+
+
+def _unchanged(run, record):
+    assert {name: (run / name).read_bytes() for name in RECORD} == record
+
+
+def _plans(run):
+    return sorted(p for p in (run / "plans").iterdir()) if (run / "plans").is_dir() else []
+
+
+def test_plan_of_the_same_recipe_keeps_the_runs_record(finished, capsys):
+    run, record = finished
+    assert main(["plan", "r.yaml", *GPUS], environ={}) == 0
+    out = capsys.readouterr().out
+    _unchanged(run, record)
+    (written,) = _plans(run)
+    assert (written / "plan.json").is_file() and (written / "accelerate_config.yaml").is_file()
+    assert "holds a run's record" in out and str(written) in out.replace("\n", "")
+    assert main(["plan", "r.yaml", *GPUS, "--json"], environ={}) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "holds a run's record" in data["written_to"]["why"]
+    assert len(_plans(run)) == 2  # a second plan never overwrites the first either
+    _unchanged(run, record)
+
+
+def test_dry_run_keeps_the_runs_record(finished, capsys):
+    run, record = finished
+    assert main(["run", "r.yaml", *GPUS, "--dry-run"], environ={}) == 0
+    out = capsys.readouterr().out
+    _unchanged(run, record)
+    (written,) = _plans(run)
+    assert f"# {run} holds a run's record" in out and str(written) in out
+
+
+def test_calibrating_from_the_default_run_dir_is_the_same_every_time(finished, capsys):
+    """The README's `plan RECIPE --calibrate-from grpo_runs/NAME` used to rewrite that run's plan.json, so each call
+    compared against the previous calibration (13.13 -> 0.15 -> 2.26 s)."""
+    run, record = finished
+    steps = []
+    for _ in range(3):
+        assert main(["plan", "r.yaml", *GPUS, "--calibrate-from", str(run), "--json"], environ={}) == 0
+        steps.append(json.loads(capsys.readouterr().out)["estimate"]["time_s"]["step"])
+        _unchanged(run, record)
+    assert steps[0] == pytest.approx(steps[1]) == pytest.approx(steps[2])
+    planned = json.loads(record["plan.json"])["estimate"]["time_s"]["step"]
+    assert steps[0] > 2 * planned  # the 3x slower run is carried into the new plan
+
+
+def test_sbatch_dry_run_writes_nothing(finished, capsys):
+    run, record = finished
+    assert main(["sbatch", "r.yaml", "--nodes", "1", "--gpus-per-node", "8", "--gpu-type", "H100-80GB",
+                 "--dry-run"], environ={}) == 0  # fmt: skip
+    _unchanged(run, record)
+    assert not _plans(run) and not (run / "job.sbatch").exists()
+
+
+def test_status_and_report_without_an_argument_pick_the_newest_run_not_the_newest_plan(finished, capsys):
+    run, _ = finished
+    os.utime(run / "plan.json", (1e9, 1e9))
+    os.utime(run / "metrics.jsonl", (1e9, 1e9))
+    assert main(["plan", "r.yaml", *GPUS, "--run-dir", "grpo_runs/later"], environ={}) == 0
+    capsys.readouterr()
+    assert main(["status", "--json"], environ={}) == 0
+    assert json.loads(capsys.readouterr().out)["run_dir"].endswith(os.path.join("grpo_runs", "r"))
