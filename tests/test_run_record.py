@@ -112,3 +112,75 @@ def test_status_and_report_without_an_argument_pick_the_newest_run_not_the_newes
     capsys.readouterr()
     assert main(["status", "--json"], environ={}) == 0
     assert json.loads(capsys.readouterr().out)["run_dir"].endswith(os.path.join("grpo_runs", "r"))
+
+
+def _status(capsys, run) -> tuple[dict, str]:
+    assert main(["status", str(run), "--json"], environ={}) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert main(["status", str(run)], environ={}) == 0
+    return data, capsys.readouterr().out
+
+
+def test_status_of_an_interrupted_run_is_its_recorded_end_not_stepping(finished, capsys):
+    """Ctrl-C: the last step was a moment ago, no launcher holds the run and attempts.jsonl says interrupted."""
+    import time
+
+    run, _ = finished
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    with open(run / "metrics.jsonl", "w") as f:
+        for line in lines:
+            f.write(json.dumps(line | {"max_steps": 100, "time": time.time() - 5 + line["step"]}) + "\n")
+    (run / "control" / "attempts.jsonl").write_text(
+        json.dumps({"attempt": 1, "ended": time.time(), "state": "interrupted", "exit_code": 130}) + "\n"
+    )
+    data, text = _status(capsys, run)
+    assert (data["state"], data["eta_s"], data["launcher"]) == ("interrupted", None, None)
+    assert "interrupted: exit code 130" in text and "stepping" not in text and "ETA" not in text
+    assert "resume" in text and "not running" in text
+
+
+def test_status_of_a_run_whose_launcher_vanished_does_not_say_stepping(finished, capsys):
+    import time
+
+    run, _ = finished
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps(x | {"max_steps": 100, "time": time.time()}) + "\n" for x in lines)
+    )
+    (run / "control" / "attempts.jsonl").unlink()
+    data, text = _status(capsys, run)
+    assert data["state"] == "ended" and "launcher was killed" in data["detail"] and "ETA" not in text
+
+
+def test_status_before_the_first_step_says_starting(tmp_path, capsys):
+    """The window between the launch and the first optimizer step (minutes on GPUs) is a state, not an error."""
+    from grpo_launch.errors import ConfigError
+    from grpo_launch.rundir.files import RunLock
+
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"metrics\.jsonl"):
+        _status_or_raise(run)
+    with RunLock(run):
+        data, text = _status(capsys, run)
+    assert data["state"] == "starting" and data["launcher"] and "no optimizer step yet" in text
+    (run / "control").mkdir(exist_ok=True)
+    failed = {
+        "attempt": 1,
+        "ended": 1e9,
+        "state": "failed",
+        "exit_code": 1,
+        "failure": "user",
+        "cause": "ValueError: x",
+    }
+    (run / "control" / "attempts.jsonl").write_text(json.dumps(failed) + "\n")
+    data, text = _status(capsys, run)
+    assert data["state"] == "failed" and "ValueError" in text
+
+
+def _status_or_raise(run):
+    import argparse
+
+    from grpo_launch.cli import status
+    from grpo_launch.spec import RunContext
+
+    status.command(argparse.Namespace(run_dir=str(run), json=True), RunContext.current({}, print))
