@@ -46,3 +46,44 @@ def test_a_use_cpu_recipe_is_not_warned_that_nvml_is_missing(tmp_path, capsys):
     assert "NVML" not in capsys.readouterr().out
     assert main([*base, "use_cpu=false"], environ={}) == 0
     assert "NVML" in capsys.readouterr().out  # a recipe that did not ask for CPU is told why it gets one
+
+
+QWEN = "recipes/qwen1.5b.yaml"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "gpus", "says"),
+    [
+        (["reward_funcs=[nosuch]", "reward_weights=[1.0]"], "8xH100", "unknown reward 'nosuch'"),
+        (["max_completion_length=100000"], "8xH100", "exceeds Qwen2.5-1.5B's 32768 positions"),
+        ([], "8xV100", "V100-32GB GPUs have no bf16 arithmetic"),
+        ([], "8xT4", "T4 GPUs have no bf16 arithmetic"),
+    ],
+)
+@pytest.mark.parametrize("verb", [["plan", "--no-write"], ["run", "--dry-run"]])
+def test_plan_and_dry_run_refuse_what_the_run_or_vllm_would(verb, overrides, gpus, says, tmp_path, capsys, monkeypatch):
+    """The issue's commands: each used to plan (or dry-run) and fail only once the job had started."""
+    from .helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    argv = [verb[0], QWEN, *overrides, "--gpus", gpus, verb[1], "--run-dir", str(tmp_path / "run")]
+    assert main(argv, environ={}) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_the_builtin_tables_context_lengths_follow_the_models_configs():
+    """max_position_embeddings as each model's config.json on the Hub says: Qwen2.5 -Instruct 32768, a base model
+    the family's largest (never a refusal its config would allow)."""
+    from grpo_launch.models.builtin import find_model_shape
+
+    found = {m: find_model_shape(m).max_positions for m in (
+        "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-Math-7B", "Qwen/Qwen3-8B",
+        "meta-llama/Llama-3.1-8B-Instruct", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B")}  # fmt: skip
+    assert found == {
+        "Qwen/Qwen2.5-1.5B-Instruct": 32768,
+        "Qwen/Qwen2.5-7B": 131072,
+        "Qwen/Qwen2.5-Math-7B": 4096,
+        "Qwen/Qwen3-8B": 40960,
+        "meta-llama/Llama-3.1-8B-Instruct": 131072,
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B": 131072,
+    }
