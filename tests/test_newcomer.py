@@ -87,3 +87,52 @@ def test_the_builtin_tables_context_lengths_follow_the_models_configs():
         "meta-llama/Llama-3.1-8B-Instruct": 131072,
         "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B": 131072,
     }
+
+
+def _refusal(argv, capsys, monkeypatch) -> str:
+    from .helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    assert main(argv, environ={}) == 2
+    return capsys.readouterr().err
+
+
+def test_a_length_fix_fixes_the_length_and_uses_the_key_the_user_set(capsys, monkeypatch):
+    """512 + 1024 over launch.vllm_max_model_len=1000: max_completion_length=500 (still over) used to be offered, and
+    vllm_max_model_length (which launch.vllm_max_model_len overrides) could never plan."""
+    err = _refusal(
+        ["plan", QWEN, "--gpus", "8xH100", "--no-write", "launch.vllm_max_model_len=1000"], capsys, monkeypatch
+    )
+    assert "1. set launch.vllm_max_model_len=1536 (room for both)" in err
+    assert "2. set max_completion_length=488 (shorter completions)" in err
+    assert "then:" not in err and "=500" not in err and "Each change listed was planned again and fits." in err
+    for fix in ("launch.vllm_max_model_len=1536", "max_completion_length=488"):
+        assert main(["plan", QWEN, "--gpus", "8xH100", "--no-write", "launch.vllm_max_model_len=1000", fix],
+                    environ={}) == 0  # fmt: skip
+
+
+def test_a_fix_that_meets_the_same_problem_again_is_not_offered():
+    from grpo_launch.errors import PlanError
+    from grpo_launch.planning.refusal.verify import _same_problem
+
+    error = PlanError("max_prompt_length=512 + max_completion_length=1024 exceed the vLLM max length 1000: vLLM …")
+    assert _same_problem("max_prompt_length=512 + max_completion_length=500 exceed the vLLM max length 1000: x", error)
+    assert not _same_problem("vLLM (colocate) does not fit: 7.1 GiB of weights", error)
+
+
+def test_more_gpus_says_how_many(capsys, monkeypatch):
+    """Qwen2.5-Math-7B colocated on 2 × A10: 3 is the first count that plans, and that plan is run to check."""
+    err = _refusal(["plan", "recipes/qwen7b-math.yaml", "--gpus", "2xA10-24GB", "--no-write"], capsys, monkeypatch)
+    assert "3 GPUs is the first count that plans (grpo-launch plan RECIPE --gpus 3xA10)" in err
+    assert main(["plan", "recipes/qwen7b-math.yaml", "--gpus", "3xA10", "--no-write"], environ={}) == 0
+    err = _refusal(["plan", "recipes/qwen7b-math.yaml", "--gpus", "2xA10", "--no-write"], capsys, monkeypatch)
+    assert "--gpus 3xA10)" in err
+
+
+def test_a_hostfile_without_gpu_models_is_told_to_name_them_not_to_use_gpus(tmp_path, capsys, monkeypatch):
+    """--gpus is refused beside --hostfile, so it cannot be the fix."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1 slots=8\nnode2 slots=8\n")
+    err = _refusal(["plan", QWEN, "--hostfile", str(hosts), "--no-write", "--ssh-option", "ConnectTimeout=1"], capsys,
+                   monkeypatch)  # fmt: skip
+    assert "name the hosts' GPUs in the hostfile: node1 slots=8 gpu=H100-80GB" in err and "--gpus" not in err

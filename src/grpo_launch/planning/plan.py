@@ -55,7 +55,8 @@ def make_plan(
     try:
         return _plan(topology, recipe, model, calibration, runtime)
     except PlanError as exc:
-        raise verify.verified(exc, recipe, lambda r: _plan(topology, r, model, calibration, runtime)) from None
+        error = verify.verified(exc, recipe, lambda r: _plan(topology, r, model, calibration, runtime))
+        raise verify.with_gpu_count(error, topology, lambda t: _plan(t, recipe, model, calibration, runtime)) from None
 
 
 def _plan(
@@ -169,10 +170,19 @@ def _refuse_silent_cpu_fallback(topology: Topology, recipe: Recipe, model: Model
     raise PlanError(
         f"{model.name} ({model.params / 1e9:.1f}B parameters) would train on CPU: {why}",
         fixes=[
-            Fix("gpus", None, "plan for GPUs: --gpus 8xH100-80GB, or fix the NVIDIA driver / NVML", 0, in_recipe=False),
+            Fix("gpus", None, _gpus_fix(topology), 0, in_recipe=False),
             Fix("use_cpu", True, "train on CPU anyway (float32, slow)", rank=1),
         ],
     )
+
+
+def _gpus_fix(topology: Topology) -> str:
+    """How to plan for GPUs with the flags the topology came from (--gpus is refused beside them)."""
+    if topology.source == "hostfile":
+        return f"name the hosts' GPUs in the hostfile: {topology.hosts[0].name} slots=8 gpu=H100-80GB"
+    if topology.source == "sbatch":
+        return "name the nodes' GPUs: --gpus-per-node 8 --gpu-type H100-80GB"
+    return "plan for GPUs: --gpus 8xH100-80GB, or fix the NVIDIA driver / NVML"
 
 
 def _mixed_precision(device: Device, values: Mapping[str, Any]) -> str:
