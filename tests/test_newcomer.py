@@ -136,3 +136,35 @@ def test_a_hostfile_without_gpu_models_is_told_to_name_them_not_to_use_gpus(tmp_
     err = _refusal(["plan", QWEN, "--hostfile", str(hosts), "--no-write", "--ssh-option", "ConnectTimeout=1"], capsys,
                    monkeypatch)  # fmt: skip
     assert "name the hosts' GPUs in the hostfile: node1 slots=8 gpu=H100-80GB" in err and "--gpus" not in err
+
+
+def test_generation_is_charged_once_per_generation_round(plan_of):
+    """TRL 1.16 generates once every steps_per_generation × num_iterations micro-steps (grpo_trainer.py,
+    ``_prepare_inputs``: ``generate_every``): with num_iterations=4 one generation serves 4 optimizer steps, and so
+    do its weight sync and old log-probs; training is paid every step."""
+    rows = "launch.dataset_rows=7500"
+    one = plan_of(QWEN, "8xH100-80GB", rows)
+    four = plan_of(QWEN, "8xH100-80GB", rows, "num_iterations=4")
+    s1, s4 = one.estimate.step, four.estimate.step
+    assert s4.generation_s == pytest.approx(s1.generation_s / 4) and s4.sync_s == pytest.approx(s1.sync_s / 4)
+    assert s4.training_s == pytest.approx(s1.training_s)
+    # the whole run: 4× the steps (TRL's sampler repeats every batch 4 times), each with a quarter of a generation
+    assert four.estimate.total.steps == 4 * one.estimate.total.steps
+    expected = (
+        4 * one.estimate.total.steps * (s1.generation_s / 4 + s1.old_logprobs_s / 4 + s1.training_s + s1.sync_s / 4)
+    )
+    assert four.estimate.total.hours * 3600 == pytest.approx(expected + four.estimate.startup_s, rel=1e-6)
+    assert "a generation of 24 (3 prompts × 8) every 4 optimizer steps" in four.estimate.explain[0]
+
+
+def test_a_step_of_part_of_a_prompt_group_names_the_generation_it_comes_from(plan_of):
+    """The README's off-policy fix (steps_per_generation=8, 3 completions per optimizer step): the workload line
+    printed "3 completions (0 prompts × 8)"."""
+    plan = plan_of(QWEN, "4xL20-48GB", "launch.vllm_gpus=1", "per_device_train_batch_size=1",
+                   "gradient_accumulation_steps=1", "steps_per_generation=8")  # fmt: skip
+    on = plan_of(QWEN, "4xL20-48GB", "launch.vllm_gpus=1", "per_device_train_batch_size=1",
+                 "gradient_accumulation_steps=8", "steps_per_generation=8")  # fmt: skip
+    assert "3 completions; a generation of 24 (3 prompts × 8) every 8 optimizer steps" in plan.estimate.explain[0]
+    assert "0 prompts" not in plan.estimate.explain[0]
+    # the same generation round, paid over 8 steps instead of one
+    assert plan.estimate.step.generation_s == pytest.approx(on.estimate.step.generation_s / 8)
