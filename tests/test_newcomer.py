@@ -168,3 +168,67 @@ def test_a_step_of_part_of_a_prompt_group_names_the_generation_it_comes_from(pla
     assert "0 prompts" not in plan.estimate.explain[0]
     # the same generation round, paid over 8 steps instead of one
     assert plan.estimate.step.generation_s == pytest.approx(on.estimate.step.generation_s / 8)
+
+
+def test_split_verdicts_name_their_step_and_none_follows_the_last_step(tmp_path):
+    """At the 5th and every 20th step; the run's last step is followed by "training done" and the report, so a
+    verdict there came after them (the demo's 60th step)."""
+    import json
+
+    from grpo_launch.enums import VllmMode
+    from grpo_launch.execute.watchdog import Watchdog
+    from grpo_launch.rundir.verdict import split_verdict
+
+    metrics, seen = tmp_path / "metrics.jsonl", []
+    dog = Watchdog(metrics)
+    dog.on_split = lambda g, t: seen.append((dog.last_step, split_verdict(g, t, VllmMode.OFF, step=dog.last_step)))
+    with metrics.open("a") as f:
+        for i in range(1, 41):
+            f.write(json.dumps({"step": i, "max_steps": 40, "step_s": 3.0, "generation_s": 2.0, "training_s": 1.0}))
+            f.write("\n")
+    dog()
+    assert [step for step, _ in seen] == [5, 20]  # not 40: the last step
+    assert seen[0][1].startswith("step split at step 5: generation 2.00 s, training 1.00 s")
+
+
+def test_a_resume_of_a_tied_embedding_model_does_not_warn_of_the_tied_head(caplog):
+    """transformers' Trainer logs the missing lm_head.weight at every resume of a tied model (trainer.py,
+    ``_issue_warnings_after_load``); any other missing key still reaches the log."""
+    import logging
+
+    from grpo_launch.train.__main__ import TiedHeadFilter
+
+    logger = logging.getLogger("transformers.trainer")
+    tied = TiedHeadFilter()
+    logger.addFilter(tied)
+    try:
+        with caplog.at_level(logging.WARNING, logger="transformers.trainer"):
+            logger.warning("There were missing keys in the checkpoint model loaded: ['lm_head.weight'].")
+            logger.warning("There were missing keys in the checkpoint model loaded: ['model.norm.weight'].")
+    finally:
+        logger.removeFilter(tied)
+    assert [r.getMessage() for r in caplog.records] == [
+        "There were missing keys in the checkpoint model loaded: ['model.norm.weight']."
+    ]
+
+
+def test_a_stop_on_request_does_not_say_training_finished(tmp_path):
+    """The trainers exit 0 after a checkpoint-and-stop (a time limit, SIGUSR2): the launcher then says "stopped after
+    step N", and "training finished" before it contradicted that. Stand-in trainer: a real process that exits 0."""
+    import sys
+
+    from grpo_launch.execute.session import SessionSpec, supervise
+    from grpo_launch.rundir.control import mark_stopped
+    from grpo_launch.rundir.layout import RunPaths
+    from grpo_launch.spec import ProcessSpec
+
+    trainer = ProcessSpec("train", (sys.executable, "-c", "pass"))
+    paths = RunPaths(tmp_path)
+    for stopped in (False, True):
+        if stopped:
+            paths.control.mkdir(exist_ok=True)
+            mark_stopped(tmp_path, 65)
+        out: list[str] = []
+        session = SessionSpec(None, [trainer], tmp_path / "logs", grace_s=2, paths=paths)
+        assert supervise(session, environ={"PATH": "/usr/bin:/bin"}, emit=out.append).exit_code == 0
+        assert any("training finished" in line for line in out) is not stopped

@@ -207,7 +207,7 @@ def _attempt(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, de
 
     def show_split(generation_s: float, training_s: float) -> None:
         verdict = split_verdict(generation_s, training_s, plan.vllm.mode, planned=planned, run_dir=plan.run_dir,
-                                cpu=plan.topology.is_cpu)  # fmt: skip
+                                cpu=plan.topology.is_cpu, step=watchdog.last_step)  # fmt: skip
         ctx.emit(f"[grpo-launch] {verdict}")
 
     watchdog = Watchdog(
