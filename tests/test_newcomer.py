@@ -232,3 +232,62 @@ def test_a_stop_on_request_does_not_say_training_finished(tmp_path):
         session = SessionSpec(None, [trainer], tmp_path / "logs", grace_s=2, paths=paths)
         assert supervise(session, environ={"PATH": "/usr/bin:/bin"}, emit=out.append).exit_code == 0
         assert any("training finished" in line for line in out) is not stopped
+
+
+def test_sbatch_takes_the_flags_run_takes_and_passes_them_to_the_job(capsys, monkeypatch):
+    from .helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    argv = ["sbatch", "recipes/qwen7b-math.yaml", "--nodes", "2", "--gpus-per-node", "8", "--gpu-type", "H100-80GB",
+            "--dry-run", "--network-interface", "eth0", "--max-restarts", "3", "--gpu-hour-price", "2"]  # fmt: skip
+    assert main(argv, environ={}) == 0
+    job = next(line for line in capsys.readouterr().out.splitlines() if " -m grpo_launch run --slurm " in line)
+    assert "launch.network_interface=eth0" in job and "launch.max_restarts=3" in job
+    assert "launch.gpu_hour_price=2.0" in job
+
+
+def test_a_gpu_hour_price_without_a_whole_run_says_why_there_is_no_cost(capsys, monkeypatch):
+    from .helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    assert main(["plan", QWEN, "--gpus", "8xH100", "--no-write", "--gpu-hour-price", "2"], environ={}) == 0
+    out = capsys.readouterr().out
+    assert "notice: launch.gpu_hour_price=2 (--gpu-hour-price) shows no cost: 1 epoch(s) of a training set" in out
+    assert main(["plan", QWEN, "--gpus", "8xH100", "--no-write", "--gpu-hour-price", "2", "max_steps=10"],
+                environ={}) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "shows no cost" not in out and "at the given GPU-hour price" in out
+
+
+def test_debug_works_after_the_verb_and_a_mistyped_verb_is_named(tmp_path, capsys):
+    with pytest.raises(ConfigError):  # --debug: the traceback, wherever the flag stands
+        main(["status", str(tmp_path), "--debug"], environ={})
+    assert main(["stauts"], environ={}) == 2
+    assert "unknown command 'stauts' (did you mean 'status'?)" in capsys.readouterr().err
+
+
+def test_launch_num_processes_on_gpus_is_said_to_be_ignored(plan_of):
+    plan = plan_of(QWEN, "8xH100-80GB", "launch.num_processes=4")
+    assert any(n.startswith("launch.num_processes=4 is ignored") for n in plan.notices)
+    assert plan.train.num_processes == 8
+
+
+def test_sbatch_on_an_unconfigured_slurm_blames_the_set_up_not_the_partition(tmp_path):
+    """Real sbatch (Slurm's client is installed here) with an empty slurm.conf, as on a machine where the package is
+    installed but never configured."""
+    import os
+    import shutil
+    import subprocess
+
+    from grpo_launch.backends.slurm.sbatch import sbatch_hint
+
+    if shutil.which("sbatch") is None:
+        pytest.skip("no sbatch here: scripts/install_system_packages.sh installs slurm-wlm")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    done = subprocess.run(["sbatch", "--parsable", "/dev/null"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SLURM_CONF": str(conf)})  # fmt: skip
+    assert done.returncode != 0
+    hint = sbatch_hint(done.stderr, "run/job.sbatch")
+    assert "not set up or not reachable" in hint and "partition" not in hint
+    assert "partition" in sbatch_hint("sbatch: error: invalid partition specified: gpu", "run/job.sbatch")

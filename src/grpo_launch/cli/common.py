@@ -57,6 +57,11 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
     add_recipe_args(p)
     add_topology_args(p)
     p.add_argument("--run-dir", help="where to write the configs and logs (default: launch.run_dir or grpo_runs/NAME)")
+    add_launch_flags(p)
+
+
+def add_launch_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that stand for a launch.* key (run, plan and sbatch take them alike)."""
     p.add_argument(
         "--gpu-hour-price",
         type=float,
@@ -71,14 +76,21 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load(args: argparse.Namespace) -> Recipe:
-    """The recipe with its overrides (the command line's own flags among them)."""
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The recipe overrides the command line's flags stand for (launch.* keys), after the user's own."""
     overrides = list(args.overrides)
     if getattr(args, "network_interface", None):
         overrides.append(f"launch.network_interface={args.network_interface}")
     if getattr(args, "gpu_hour_price", None) is not None:
         overrides.append(f"launch.gpu_hour_price={args.gpu_hour_price}")
-    recipe = load_recipe(args.recipe, overrides)
+    if getattr(args, "max_restarts", None) is not None:
+        overrides.append(f"launch.max_restarts={args.max_restarts}")
+    return overrides
+
+
+def load(args: argparse.Namespace) -> Recipe:
+    """The recipe with its overrides (the command line's own flags among them)."""
+    recipe = load_recipe(args.recipe, flag_overrides(args))
     if not recipe.get("model_name_or_path"):
         raise ConfigError(
             "the recipe names no model: set model_name_or_path",

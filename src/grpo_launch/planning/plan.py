@@ -66,6 +66,11 @@ def _plan(
     if recipe.values.get("use_cpu") is True and not topology.is_cpu:
         topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
         base.decide("device", Device.CPU, "use_cpu: true in the recipe: the GPUs are left unused")
+    if recipe.launch.num_processes and not topology.is_cpu:
+        base.notice(
+            f"launch.num_processes={recipe.launch.num_processes} is ignored: it sets the processes of a CPU run; on "
+            "GPUs every training GPU runs one trainer process (launch.vllm_gpus sets how many GPUs serve vLLM)"
+        )
     _refuse_silent_cpu_fallback(topology, recipe, model)
     _refuse_bf16_without_support(topology, recipe)
     search = Search(topology, recipe, model, calibration, runtime, base)
