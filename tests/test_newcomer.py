@@ -291,3 +291,29 @@ def test_sbatch_on_an_unconfigured_slurm_blames_the_set_up_not_the_partition(tmp
     hint = sbatch_hint(done.stderr, "run/job.sbatch")
     assert "not set up or not reachable" in hint and "partition" not in hint
     assert "partition" in sbatch_hint("sbatch: error: invalid partition specified: gpu", "run/job.sbatch")
+
+
+def test_the_live_step_line_is_not_cut_to_20_characters_on_a_terminal_of_0_columns(monkeypatch):
+    """`script` and some `srun --pty` give a terminal that reports 0 columns: a real pseudo-terminal here, whose size
+    is never set, reports that too. The live line falls back to COLUMNS, else 80."""
+    import os
+    import pty
+
+    from grpo_launch.cli.console import Console
+
+    leader, follower = pty.openpty()
+    try:
+        assert os.get_terminal_size(follower).columns == 0
+        line = "[train] step 1/3 done in 0.12 s (generation 0.09 s, training 0.04 s) | " + "reward 0.185 | " * 8
+        for columns, width in ((None, 80), ("120", 120)):
+            if columns is None:
+                monkeypatch.delenv("COLUMNS", raising=False)
+            else:
+                monkeypatch.setenv("COLUMNS", columns)
+            with os.fdopen(os.dup(follower), "w") as stream:
+                Console(stream, live=True)(line)
+            written = os.read(leader, 4096).decode()
+            assert written == "\r\x1b[2K" + line[: width - 1]
+    finally:
+        os.close(leader)
+        os.close(follower)

@@ -184,3 +184,27 @@ def _status_or_raise(run):
     from grpo_launch.spec import RunContext
 
     status.command(argparse.Namespace(run_dir=str(run), json=True), RunContext.current({}, print))
+
+
+@pytest.mark.slow
+def test_a_fresh_run_over_a_finished_one_keeps_its_record(tmp_path):
+    """`run --resume never` in a finished run's directory (the tiny CPU recipe, for real): the earlier plan.json,
+    metrics and attempts move to RUN_DIR/superseded-TIME/ unchanged, and the new run's records start empty."""
+    import subprocess
+    import sys
+
+    from .helpers import ROOT, TINY_RECIPE, tiny_overrides
+
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "grpo_launch", TINY_RECIPE, *tiny_overrides(tmp_path), "max_steps=2", "--run-dir",
+            str(run)]  # fmt: skip
+    first = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    record = {name: (run / name).read_bytes() for name in RECORD}
+    again = subprocess.run([*argv, "--resume", "never"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (aside,) = run.glob("superseded-*")
+    assert {name: (aside / name).read_bytes() for name in RECORD} == record
+    assert f"kept in {aside}" in again.stdout
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"step_s"' in x]
+    assert steps == [1, 2] and len((run / "control" / "attempts.jsonl").read_text().splitlines()) == 1

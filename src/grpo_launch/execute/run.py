@@ -26,7 +26,7 @@ from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes
 from grpo_launch.rundir import control
 from grpo_launch.rundir.checkpoints import decide_resume
-from grpo_launch.rundir.files import LauncherLog, RunLock, write_plan_files, write_run_files
+from grpo_launch.rundir.files import LauncherLog, RunLock, set_aside_record, write_plan_files, write_run_files
 from grpo_launch.rundir.layout import RESUME_ENV, RUN_ID_ENV
 from grpo_launch.rundir.records import Attempt, append
 from grpo_launch.rundir.verdict import split_verdict
@@ -114,6 +114,10 @@ def run_plan(
 def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode, max_restarts: int) -> RunResult:
     spent = Spent()
     started = time.time()
+    if resume == ResumeMode.NEVER and (aside := set_aside_record(plan.run_dir)) is not None:
+        ctx.emit(
+            f"[grpo-launch] --resume never: the earlier run's record (plan.json, metrics, attempts) is kept in {aside}"
+        )
     limit = plan.recipe.launch.time_limit_s
     while True:
         decision = decide_resume(output_dir_of(plan, ctx.workdir), resume, _max_steps(plan))

@@ -158,6 +158,25 @@ def plan_files_dir(run_dir: str | Path) -> tuple[Path, str | None]:
     return target, note
 
 
+def set_aside_record(run_dir: str | Path) -> Path | None:
+    """Move an earlier run's record (plan.json, metrics.jsonl, control/attempts.jsonl) into ``RUN_DIR/superseded-TIME/``
+    before a run that starts afresh in the same directory (``--resume never``); nothing is deleted. None when there is
+    no record."""
+    if not run_record(run_dir):
+        return None
+    paths = RunPaths(run_dir)
+    target = paths.root / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while target.exists():
+        n += 1
+        target = target.with_name(f"{target.name.split('.', 1)[0]}.{n}")
+    (target / "control").mkdir(parents=True)
+    for path in (paths.plan_json, paths.metrics, paths.attempts):
+        if path.is_file():
+            path.rename(target / paths.relative(path))
+    return target
+
+
 def write_plan_files(run_dir: str | Path, files: Mapping[str, str]) -> tuple[list[Path], str | None]:
     """:func:`write_run_files` for a plan or a dry run, which never overwrites a run's record
     (:func:`plan_files_dir`); the note says where the files went instead."""
