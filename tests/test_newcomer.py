@@ -317,3 +317,22 @@ def test_the_live_step_line_is_not_cut_to_20_characters_on_a_terminal_of_0_colum
     finally:
         os.close(leader)
         os.close(follower)
+
+
+def test_each_fix_of_the_readmes_refusal_keeps_the_users_split(plan_of):
+    """The README's refusal (4 × L20, launch.vllm_gpus=1, one completion per device and step): each fix, applied to the
+    user's own overrides, plans a server on 1 GPU beside 3 trainers, never another split; the off-policy one says
+    how many optimizer steps one generation serves."""
+    user = ("launch.vllm_gpus=1", "per_device_train_batch_size=1", "gradient_accumulation_steps=1",
+            "steps_per_generation=1")  # fmt: skip
+    fixes = (
+        ("steps_per_generation=8", "gradient_accumulation_steps=8"),
+        ("per_device_train_batch_size=8",),
+        ("num_generations=3",),
+        ("steps_per_generation=8",),
+    )
+    for fix in fixes:
+        keys = {f.split("=")[0] for f in fix}
+        plan = plan_of(QWEN, "4xL20-48GB", *[u for u in user if u.split("=")[0] not in keys], *fix)
+        assert (plan.vllm.mode, len(plan.vllm.gpus), plan.train.num_processes) == ("server", 1, 3), fix
+    assert "a generation of 24 (3 prompts × 8) every 8 optimizer steps" in plan.estimate.explain[0]
