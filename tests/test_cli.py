@@ -195,7 +195,7 @@ def test_on_a_terminal_the_step_lines_are_one_live_line():
 
 def test_sizes_print_in_a_unit_that_shows_them(tmp_path):
     """A disk refusal read "0.0 GiB free, but … need 0.0 GiB" for a tiny model: sizes pick their unit."""
-    from grpo_launch.errors import ConfigError, size_text
+    from grpo_launch.errors import LaunchError, size_text
     from grpo_launch.execute.preflight import check_output_dir
     from grpo_launch.models.config import shape_from_config
 
@@ -208,7 +208,7 @@ def test_sizes_print_in_a_unit_that_shows_them(tmp_path):
     shape = shape_from_config("tiny", json.loads((Path(model_dir) / "config.json").read_text()))
     plan = plan_recipe(str(ROOT / "recipes" / "tiny-cpu.yaml"), "cpu", *overrides, f"output_dir={tmp_path / 'out'}",
                        model=shape)  # fmt: skip
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(LaunchError) as exc:  # this machine's disk, not the recipe: exit 1, as a port in use
         check_output_dir(plan, str(tmp_path), free_bytes=lambda _: 200 * 2**10)
     message = exc.value.render()
     assert "200 KiB free" in message and "0.0 GiB" not in message and " MiB" in message

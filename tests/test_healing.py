@@ -297,7 +297,7 @@ def test_a_local_time_limit_saves_a_checkpoint_before_it(tmp_path):
 def test_an_unwritable_output_dir_fails_before_anything_starts(tmp_path):
     run = tmp_path / "run"
     done = run_cli(run, "output_dir=/proc/grpo-launch-test/out")
-    assert done.returncode == 2 and "output_dir '/proc/grpo-launch-test/out' cannot be written" in done.stderr
+    assert done.returncode == 1 and "output_dir '/proc/grpo-launch-test/out' cannot be written" in done.stderr
     assert not (run / "logs").exists()  # nothing started: not even the launcher's log
 
 

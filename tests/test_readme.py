@@ -56,3 +56,103 @@ def test_readme_example_prints_what_the_readme_says(command, expected, capsys, m
     main(argv, environ={})
     captured = capsys.readouterr()
     assert (captured.out + captured.err).rstrip("\n").splitlines() == expected
+
+
+# ------------------------------------------------------------------------------------- every command line it shows
+# Every `grpo-launch …` line of the README's bash blocks is either run here (no GPU needed) or named below with why it
+# cannot be: a new line must be placed in one of the two.
+NOT_HERE = {
+    "grpo-launch recipes/qwen1.5b.yaml": "runs on this machine's GPUs",
+    "grpo-launch sbatch recipes/qwen7b-math.yaml --nodes 2 --gpus-per-node 8 --time 1-00:00:00 --partition gpu":
+        "submits to a Slurm cluster (tests/test_slurm_cluster.py submits to a real one)",
+    "grpo-launch recipes/qwen7b-math.yaml --hostfile hosts --ssh-port 2222 --ssh-identity ~/.ssh/id_ed25519":
+        "starts processes on ssh hosts (tests/test_ssh_hosts.py runs on real ones)",
+}  # fmt: skip
+# Lines that plan for this machine's GPUs run here with --gpus added (the README's own run directory stands in).
+WITH_GPUS = {"grpo-launch plan recipes/qwen1.5b.yaml --calibrate-from grpo_runs/qwen1.5b": ["--gpus", "8xH100-80GB"]}
+
+
+def _command_lines() -> list[str]:
+    lines = []
+    for block in _blocks():
+        for line in block:
+            command = line.split("  #", 1)[0].strip()
+            if command.startswith("grpo-launch "):
+                lines.append(command)
+    return lines
+
+
+COMMANDS = _command_lines()
+
+
+def test_every_command_line_is_run_here_or_says_why_not():
+    assert len(COMMANDS) >= 10
+    assert set(NOT_HERE) <= set(COMMANDS), "a line named here is no longer in the README"
+
+
+@pytest.fixture
+def readme_workdir(tmp_path, monkeypatch, tiny_assets):
+    """A working directory like a fresh clone's (recipes/, the tiny assets), the README's hostfile, and a finished
+    run in grpo_runs/qwen1.5b: a real plan for 8 H100s and step records written here (no GPU run can happen)."""
+    import json
+
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    (tmp_path / ".cache").symlink_to(ROOT / ".cache")
+    hosts = next(b for b in _blocks() if any(x.startswith("node1 slots=8") for x in b))
+    (tmp_path / "hosts").write_text("\n".join(x for x in hosts if x.startswith("node")) + "\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "recipes/qwen1.5b.yaml", "--gpus", "8xH100-80GB"], environ={}) == 0
+    run = tmp_path / "grpo_runs" / "qwen1.5b"
+    step = json.loads((run / "plan.json").read_text())["estimate"]["time_s"]["step"] * 2
+    with open(run / "metrics.jsonl", "w") as f:
+        for i in range(1, 6):
+            f.write(json.dumps({"step": i, "max_steps": 100, "time": 1e9 + i * step, "step_s": step,
+                                "generation_s": step * 0.8, "training_s": step * 0.2}) + "\n")  # fmt: skip
+            f.write(json.dumps({"step": i, "log": {"reward": 0.1 * i, "completions/mean_length": 700.0}}) + "\n")
+    (run / "control").mkdir()
+    (run / "control" / "attempts.jsonl").write_text('{"attempt": 1, "ended": 1e9, "state": "succeeded"}\n')
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c not in NOT_HERE], ids=lambda c: c)
+def test_readme_command_runs_here(command, readme_workdir, capsys):
+    import shlex
+
+    record = readme_workdir / "grpo_runs" / "qwen1.5b"
+    before = {p.name: p.read_bytes() for p in (record / "plan.json", record / "metrics.jsonl")}
+    assert main([*shlex.split(command)[1:], *WITH_GPUS.get(command, [])], environ={}) == 0, capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (record / "plan.json", record / "metrics.jsonl")} == before
+
+
+# ------------------------------------------------------------------------------------------------ what a run prints
+def _run_block() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("What a run prints")
+    return next(b for b in _blocks() if b and b[0].startswith("[grpo-launch] plan:") and text.find(b[0]) > start)
+
+
+def _shape(line: str, hostname: str) -> str:
+    """A console line with what changes from run to run made alike: numbers, the host's name."""
+    import re
+
+    line = re.sub(rf"\b{re.escape(hostname)}\b", "HOST", line) if hostname else line
+    return re.sub(r"\d[\d,.]*", "#", line.replace("node=vm", "node=HOST").replace("roles: vm ", "roles: HOST "))
+
+
+@pytest.mark.slow
+def test_a_run_prints_what_the_readme_says(tmp_path, tiny_assets):
+    """The tiny CPU recipe for 3 steps, for real (two CPU trainer processes): every console line, in order, as the
+    README's block shows it (numbers and the host's name aside)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "grpo_launch", "recipes/tiny-cpu.yaml", "max_steps=3", "--run-dir",
+                           str(run)], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = (done.stdout + done.stderr).replace(str(run), "grpo_runs/tiny-cpu").splitlines()
+    host = socket.gethostname()
+    assert [_shape(x, host) for x in printed] == [_shape(x, "vm") for x in _run_block()]

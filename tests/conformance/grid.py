@@ -94,7 +94,13 @@ GRID: tuple[Case, ...] = (
     Case("eval-on", QWEN15, "4xL20-48GB", ("do_eval=true", "eval_strategy=steps", "eval_steps=50")),
     Case("no-prompt-length", QWEN15, "4xL20-48GB", ("max_prompt_length=null",)),
     Case("explicit-max-len", QWEN15, "1xH100-80GB", ("max_prompt_length=null", "vllm_max_model_length=4096")),
-    Case("long-completions", QWEN7, "8xH100-80GB", ("max_completion_length=4096", "num_generations=16")),
+    # Qwen2.5-Math-7B has 4096 positions: the 7B -Instruct (same shape, 32768 positions) takes 4096-token completions
+    Case(
+        "long-completions",
+        QWEN7,
+        "8xH100-80GB",
+        ("model_name_or_path=Qwen/Qwen2.5-7B-Instruct", "max_completion_length=4096", "num_generations=16"),
+    ),
     # Mixtures of experts on 1–4 nodes: colocate, servers as TP × DP with expert parallelism, ZeRO-3.
     Case("moe-8xH100", MOE, "8xH100-80GB"),
     Case("moe-2x8xH100", MOE, "2x8xH100-80GB"),

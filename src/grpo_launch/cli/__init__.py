@@ -1,7 +1,9 @@
 """Command line: parse, dispatch to one module per verb, and the one error boundary. Every GrpoLaunchError
 becomes one message and a code, and every RunResult an exit code; nothing below the CLI exits.
 
-Exit codes: 0 success; 2 bad input or impossible plan; 1 failed run; 128+N after signal N.
+Exit codes: 0 success; 2 the command or the recipe is wrong (bad input, an impossible plan: nothing started); 1 this
+machine, its hosts or the run: a check before the start (a port in use, too little disk, an unwritable output_dir,
+hosts not ready, a run directory in use) or a run that failed; 128+N after signal N.
 """
 
 from __future__ import annotations
@@ -96,6 +98,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     argv = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ if environ is None else environ
+    cut = argv.index("--") if "--" in argv else len(argv)  # sbatch's own arguments follow "--"
+    debug = "--debug" in argv[:cut]  # anywhere before them, not only before the verb
+    argv = [a for i, a in enumerate(argv) if i >= cut or a != "--debug"]
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is not None and first not in VERBS and not os.path.exists(first) and "/" not in first:
+        from grpo_launch.errors import did_you_mean
+
+        if near := did_you_mean(first, VERBS):
+            _error(f"grpo-launch: error: unknown command {first!r}{near}; commands: {', '.join(VERBS)}")
+            return 2
     normalised = _normalise_argv(argv)
     verb = next((a for a in normalised if not a.startswith("-")), None)
     parser = build_parser(verb if verb in VERBS else None)
@@ -111,6 +123,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if unknown:
         args.overrides = [*args.overrides, *unknown]
     args.extra = extra
+    args.debug = args.debug or debug
     if args.verb is None:
         parser.print_help()
         return 2

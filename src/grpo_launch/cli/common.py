@@ -4,6 +4,7 @@ topology, and planning."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from grpo_launch.backends import load as load_backend
@@ -56,6 +57,11 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
     add_recipe_args(p)
     add_topology_args(p)
     p.add_argument("--run-dir", help="where to write the configs and logs (default: launch.run_dir or grpo_runs/NAME)")
+    add_launch_flags(p)
+
+
+def add_launch_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that stand for a launch.* key (run, plan and sbatch take them alike)."""
     p.add_argument(
         "--gpu-hour-price",
         type=float,
@@ -70,8 +76,8 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load(args: argparse.Namespace) -> Recipe:
-    """The recipe with its overrides (the command line's own flags among them)."""
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The recipe overrides the command line's flags stand for (launch.* keys), after the user's own."""
     overrides = list(args.overrides)
     if getattr(args, "network_interface", None):
         overrides.append(f"launch.network_interface={args.network_interface}")
@@ -79,7 +85,14 @@ def load(args: argparse.Namespace) -> Recipe:
         overrides.append("launch.adapt=true")
     if getattr(args, "gpu_hour_price", None) is not None:
         overrides.append(f"launch.gpu_hour_price={args.gpu_hour_price}")
-    recipe = load_recipe(args.recipe, overrides)
+    if getattr(args, "max_restarts", None) is not None:
+        overrides.append(f"launch.max_restarts={args.max_restarts}")
+    return overrides
+
+
+def load(args: argparse.Namespace) -> Recipe:
+    """The recipe with its overrides (the command line's own flags among them)."""
+    recipe = load_recipe(args.recipe, flag_overrides(args))
     if not recipe.get("model_name_or_path"):
         raise ConfigError(
             "the recipe names no model: set model_name_or_path",
@@ -88,8 +101,11 @@ def load(args: argparse.Namespace) -> Recipe:
     return recipe
 
 
-def topology(args: argparse.Namespace, ctx: RunContext, recipe: Recipe | None) -> tuple[Topology, Backend]:
-    """The machines to plan for and the backend that runs on them: --gpus > --hostfile > Slurm > this machine."""
+def topology(
+    args: argparse.Namespace, ctx: RunContext, recipe: Recipe | None, *, starts: bool = False
+) -> tuple[Topology, Backend]:
+    """The machines to plan for and the backend that runs on them: --gpus > --hostfile > Slurm > this machine.
+    ``starts``: the plan's processes start here (``run`` without ``--dry-run``)."""
     from grpo_launch.machines.topology import parse_gpu_spec
 
     options = {name: read_options(args, cls) for name, cls in option_classes().items()}
@@ -102,12 +118,42 @@ def topology(args: argparse.Namespace, ctx: RunContext, recipe: Recipe | None) -
                 hint="Keep one: --gpus simulates GPUs; a hostfile line can name its own (node1 slots=8 gpu=H100-80GB).",
             )
     backend = select(options, ctx.environ, simulated=args.gpus is not None)
-    if args.gpus is not None:
-        cpu_processes = recipe.launch.num_processes if recipe else None
-        return parse_gpu_spec(args.gpus, cpu_processes=cpu_processes), backend
     from grpo_launch.probe.local import probe_local
 
-    return backend.probe(ctx.environ, probe_local(ctx.environ)), backend
+    if args.gpus is not None:
+        cpu_processes = recipe.launch.num_processes if recipe else None
+        simulated = parse_gpu_spec(args.gpus, cpu_processes=cpu_processes)
+        if starts:  # processes start here: on this machine's GPUs, whatever --gpus says
+            _refuse_simulated(args.gpus, simulated, probe_local(ctx.environ))
+        return simulated, backend
+    local = probe_local(ctx.environ)
+    if recipe is not None and recipe.values.get("use_cpu") is True and local.is_cpu:
+        local = dataclasses.replace(local, warnings=())  # the recipe asks for CPU: no GPU is not news
+    return backend.probe(ctx.environ, local), backend
+
+
+def _refuse_simulated(spec: str, simulated: Topology, here: Topology) -> None:
+    """``run --gpus SPEC`` (not a dry run) starts processes on this machine: refused unless SPEC is what is here."""
+    from grpo_launch.machines.gpus import find_gpu_spec
+
+    def model(name: str) -> object:
+        return find_gpu_spec(name) or name.lower()
+
+    same = simulated.is_cpu == here.is_cpu and (
+        simulated.is_cpu
+        or (
+            len(here.hosts) == 1
+            and simulated.gpus_per_host == here.gpus_per_host
+            and {model(g.name) for h in simulated.hosts for g in h.gpus} == {model(g.name) for g in here.hosts[0].gpus}
+        )
+    )
+    if not same:
+        raise ConfigError(
+            f"--gpus {spec} describes GPUs that are not here (this machine: {here.describe()}), and run starts "
+            "its processes on this machine",
+            hint="--gpus plans for other machines: add --dry-run to see the commands, or use grpo-launch plan "
+            "RECIPE --gpus SPEC; to run here, leave --gpus out.",
+        )
 
 
 def plan_on(
@@ -140,8 +186,10 @@ def plan_on(
     return make_plan(topo, recipe, model, runtime=runtime, calibration=calibration)
 
 
-def plan_for(args: argparse.Namespace, ctx: RunContext, calibration: Calibration | None = None) -> tuple[Plan, Backend]:
-    """Load, probe and plan."""
+def plan_for(
+    args: argparse.Namespace, ctx: RunContext, calibration: Calibration | None = None, *, starts: bool = False
+) -> tuple[Plan, Backend]:
+    """Load, probe and plan (``starts``: see :func:`topology`)."""
     recipe = load(args)
-    topo, backend = topology(args, ctx, recipe)
+    topo, backend = topology(args, ctx, recipe, starts=starts)
     return plan_on(topo, recipe, args, ctx, calibration), backend

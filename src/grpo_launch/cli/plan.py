@@ -43,11 +43,13 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         calibration, rows = calibration_from(read_run(args.calibrate_from))
     plan, _ = plan_for(args, ctx, calibration)
     written: list[str] = []
+    kept: str | None = None  # where the files went instead of a run's record
     if not args.no_write:
         from grpo_launch.render import render_files
-        from grpo_launch.rundir.files import write_run_files
+        from grpo_launch.rundir.files import write_plan_files
 
-        written = [str(p) for p in write_run_files(plan.run_dir, render_files(plan))]
+        paths, kept = write_plan_files(plan.run_dir, render_files(plan))
+        written = [str(p) for p in paths]
     if args.json:
         import json
 
@@ -58,10 +60,14 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
             from grpo_launch.planning.calibration import comparison_to_dict
 
             data["calibrated_from"] = {"run_dir": args.calibrate_from, "terms": comparison_to_dict(rows)}
+        if kept:
+            data["written_to"] = {"files": written, "why": kept}
         ctx.emit(json.dumps(data, indent=2, default=str))
         return 0
-    from grpo_launch.cli.tables import calibration_section, explain_sections, plan_sections, print_sections
+    from grpo_launch.cli.tables import Section, calibration_section, explain_sections, plan_sections, print_sections
 
     sections = plan_sections(plan, written) + (explain_sections(plan) if args.explain else [])
+    if kept:
+        sections.append(Section(f"notice: {kept}", style="cyan"))
     print_sections(sections + ([calibration_section(args.calibrate_from, rows)] if rows else []))
     return 0

@@ -48,7 +48,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
     from grpo_launch.cli.tables import summary_lines
     from grpo_launch.execute.run import run_plan
 
-    plan, backend = plan_for(args, ctx)
+    plan, backend = plan_for(args, ctx, starts=not args.dry_run)
     log = None
     if not args.dry_run:  # every launcher line also goes to RUN_DIR/logs/launcher.log, time-stamped
         log = LauncherLog(plan.run_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from grpo_launch.backends import load_submitter as _load_submitter
-from grpo_launch.cli.common import add_recipe_args, load, plan_on
+from grpo_launch.cli.common import add_launch_flags, add_recipe_args, flag_overrides, load, plan_on
 from grpo_launch.cli.options import add_options, read_options
 from grpo_launch.spec import RunContext
 
@@ -28,6 +28,13 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
     add_recipe_args(p)
     add_options(p, _load_submitter("slurm").Options)
     p.add_argument("--run-dir", help="run directory on a file system all nodes share (default: grpo_runs/NAME)")
+    add_launch_flags(p)
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="restarts inside the job after a failure that is not the recipe's code (same as launch.max_restarts=N)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
 
 
@@ -40,7 +47,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     from grpo_launch.execute.preflight import preflight
     from grpo_launch.probe.local import probe_local
     from grpo_launch.render import render_files
-    from grpo_launch.rundir.files import write_run_files
+    from grpo_launch.rundir.files import run_record, write_run_files
 
     submitter_cls = _load_submitter("slurm")
     options = read_options(args, submitter_cls.Options)
@@ -52,7 +59,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     plan = plan_on(topology, recipe, args, ctx)
     preflight(plan, ctx.workdir)
     submitter = submitter_cls()
-    job = SubmitJob(os.path.abspath(args.recipe), tuple(args.overrides), tuple(args.extra))
+    job = SubmitJob(os.path.abspath(args.recipe), tuple(flag_overrides(args)), tuple(args.extra))
     submission = submitter.request(job, plan, options, ctx)
     summary = summary_lines(plan)
     if args.dry_run:
@@ -61,7 +68,13 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         return 0
     for line in summary:
         ctx.emit(line)
-    files = {**render_files(plan), plan.paths.relative(plan.paths.sbatch_script): submission.text}
+    files = {plan.paths.relative(plan.paths.sbatch_script): submission.text}
+    if record := run_record(plan.run_dir):  # the job resumes that run and writes its files when it starts
+        names = " and ".join(p.name for p in record)
+        ctx.emit(f"notice: {plan.run_dir} holds a run's record ({names}): only job.sbatch is written; the job "
+                 "resumes that run (another --run-dir starts a new one)")  # fmt: skip
+    else:
+        files |= render_files(plan)
     write_run_files(plan.run_dir, files)
     job_id = submitter.submit(submission, ctx)
     ctx.emit(f"submitted Slurm job {job_id}: {submission.summary}")

@@ -155,7 +155,7 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
     if plan.decisions:
         why = [(d.what if d.value is None else f"{d.what}={d.value}", d.why) for d in plan.decisions]
         out.append(Section("Why", why))
-    out += [Section(f"notice: {n}", style="cyan") for n in plan.notices]
+    out += [Section(f"notice: {n}", style="cyan") for n in [*plan.notices, *_unpriced(plan)]]
     out += [Section(f"warning: {w}", style="yellow") for w in plan.warnings]
     commands = [(f"[{p.name}]", p.shell()) for p in (*vllm_servers(plan), *trainers(plan))]
     out.append(Section("Commands", commands, table=False))
@@ -218,9 +218,22 @@ def summary_lines(plan: Plan) -> list[str]:
         total = f", {_hours_range(est.total)} for {est.total.steps} steps" if est.total else ""
         step = f"{est.step.total_s:.1f} s per step ({est.step.bottleneck})" if est.step else est.time_missing
         lines.append(f"  estimate: {step}{mem}{total}")
-    lines += [f"notice: {n}" for n in plan.notices]
+    lines += [f"notice: {n}" for n in [*plan.notices, *_unpriced(plan)]]
     lines += [f"warning: {w}" for w in plan.warnings]
     return lines
+
+
+def _unpriced(plan: Plan) -> list[str]:
+    """Why a GPU-hour price the user gave shows no cost: there is no whole-run total to price."""
+    price = plan.recipe.launch.gpu_hour_price
+    est = plan.estimate
+    if price is None or (est is not None and est.total is not None):
+        return []
+    if est is None:
+        why = "a CPU plan has no step time" if plan.topology.is_cpu else "this plan has no estimate"
+    else:
+        why = (est.total_missing or est.time_missing or "the whole run's length is unknown").removeprefix("unknown: ")
+    return [f"launch.gpu_hour_price={price:g} (--gpu-hour-price) shows no cost: {why}"]
 
 
 def explain_sections(plan: Plan) -> list[Section]:

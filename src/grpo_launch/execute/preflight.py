@@ -147,7 +147,7 @@ def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], i
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as exc:
-        raise ConfigError(
+        raise LaunchError(
             f"output_dir {str(out)!r} cannot be written: {exc.strerror or exc}",
             hint="Set output_dir to a writable directory (e.g. output_dir=runs/NAME).",
         ) from None
@@ -160,7 +160,7 @@ def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], i
     )
     kept = checkpoints_kept(plan.trainer_values, int(plan.trainer_values.get("max_steps") or -1))
     if free < checkpoint + final:
-        raise ConfigError(
+        raise LaunchError(
             f"output_dir {str(out)!r} has {size_text(free)} free, but one checkpoint ({size_text(checkpoint)} "
             f"with {plan.train.backend}) and the final model ({size_text(final)}) need {size_text(checkpoint + final)}",
             hint="Free space there, or set output_dir to a larger file system (a full disk leaves a damaged "

@@ -27,7 +27,7 @@ from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes
 from grpo_launch.rundir import control
 from grpo_launch.rundir.checkpoints import decide_resume
-from grpo_launch.rundir.files import LauncherLog, RunLock, write_run_files
+from grpo_launch.rundir.files import LauncherLog, RunLock, set_aside_record, write_plan_files, write_run_files
 from grpo_launch.rundir.layout import RESUME_ENV, RUN_ID_ENV
 from grpo_launch.rundir.records import Attempt, append
 from grpo_launch.rundir.verdict import split_verdict
@@ -88,8 +88,10 @@ def run_plan(
     preflight(plan, ctx.workdir)
     if dry_run:
         prepared = prepare_attempt(plan, backend, ctx)
-        write_run_files(plan.run_dir, prepared.files)
+        _, kept = write_plan_files(plan.run_dir, prepared.files)  # a run's record is never overwritten
         ctx.emit(f"# run directory: {plan.run_dir}")
+        if kept:
+            ctx.emit(f"# {kept}")
         for spec in prepared.processes:
             if spec.host:
                 ctx.emit(f"# on {spec.host}: {spec.name}")
@@ -126,6 +128,10 @@ def _adapter(plan: Plan, ctx: RunContext) -> Adapter | None:
 def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode, max_restarts: int) -> RunResult:
     spent = Spent()
     started = time.time()
+    if resume == ResumeMode.NEVER and (aside := set_aside_record(plan.run_dir)) is not None:
+        ctx.emit(
+            f"[grpo-launch] --resume never: the earlier run's record (plan.json, metrics, attempts) is kept in {aside}"
+        )
     limit = plan.recipe.launch.time_limit_s
     adapter = _adapter(plan, ctx)
     while True:
@@ -229,7 +235,7 @@ def _attempt(
 
     def show_split(generation_s: float, training_s: float) -> None:
         verdict = split_verdict(generation_s, training_s, plan.vllm.mode, planned=planned, run_dir=plan.run_dir,
-                                cpu=plan.topology.is_cpu)  # fmt: skip
+                                cpu=plan.topology.is_cpu, step=watchdog.last_step)  # fmt: skip
         ctx.emit(f"[grpo-launch] {verdict}")
 
     watchdog = Watchdog(

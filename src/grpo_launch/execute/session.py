@@ -26,6 +26,7 @@ from grpo_launch.execute.supervisor import (
     describe_exit,
 )
 from grpo_launch.node import reaper
+from grpo_launch.rundir import control
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.records import StartupRecord, append
 from grpo_launch.spec import Failure, ProcessSpec, RunResult, frozen
@@ -141,7 +142,8 @@ def supervise(
                 health_poll_s=s.health_poll_s,
                 health_grace_s=s.health_grace_s,
             )
-            sup.say(f"[grpo-launch] training finished; logs in {log_dir}")
+            if s.paths is None or control.stopped_at(s.paths.root) is None:  # a stop on request says so itself
+                sup.say(f"[grpo-launch] training finished; logs in {log_dir}")
             result = RunResult(RunState.SUCCEEDED, 0)
         except Interrupted as sig:
             sup.say(

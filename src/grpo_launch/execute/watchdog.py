@@ -37,11 +37,13 @@ class Watchdog:
     floor_s: float = HANG_FLOOR_S
     deadline: float | None = None  # epoch seconds
     on_deadline: Callable[[str], None] | None = None
-    # called with the new steps' mean (generation s, training s) at the 5th step of an attempt and every 20th
+    # called with the new steps' mean (generation s, training s) at the 5th step of an attempt and every 20th (not at
+    # the run's last step: the run's end and its report follow)
     on_split: Callable[[float, float], None] | None = None
     on_step: Callable[[int], None] | None = None  # called with the attempt's step count after each new step
     clock: Callable[[], float] = time.time
     steps: list[float] = field(default_factory=list)  # measured step seconds (earlier attempts' too)
+    last_step: int | None = None  # the step of the last step record read (on_split's step)
     saves: list[float] = field(default_factory=list)
     _offset: int = 0
     _last: float = 0.0  # when the last step of this attempt finished (or the attempt started)
@@ -73,7 +75,9 @@ class Watchdog:
                     self._new_steps += 1
                     self._last = self.clock()
                     self._split.append((record.generation_s or 0.0, record.training_s or 0.0))
-                    if self.on_split is not None and (self._new_steps == 5 or self._new_steps % 20 == 0):
+                    self.last_step = record.step
+                    last = record.max_steps is not None and record.step >= record.max_steps  # "training done" next
+                    if self.on_split is not None and not last and (self._new_steps == 5 or self._new_steps % 20 == 0):
                         recent = self._split[-20:]
                         self.on_split(*(sum(x) / len(recent) for x in zip(*recent, strict=True)))
                     if self.on_step is not None:

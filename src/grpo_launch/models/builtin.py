@@ -3,6 +3,7 @@ published config.json), so planning never downloads anything."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -131,6 +132,29 @@ MODEL_SHAPES += tuple(shape_from_config(name, cfg) for name, cfg in MOE_CONFIGS.
 _SUFFIXES = re.compile(r"(-(instruct|chat|base|it|hf|v0\.\d|v\d(\.\d)?|\d{4}))+$", re.IGNORECASE)
 
 
+# max_position_embeddings of the dense models' config.json on the Hub (huggingface.co/ORG/NAME/blob/main/config.json),
+# by family, first match; vLLM refuses a --max-model-len beyond it. Qwen2.5's -Instruct models say 32768 (a longer
+# context needs YaRN, which vLLM must be told), some of its base models 131072: a base model gets the family's largest,
+# so no length is refused that its config allows. Qwen2.5-Math: 4096; Qwen3 (dense): 40960; Llama 3.x and the
+# DeepSeek-R1 distills: 131072; Mistral-7B: 32768.
+_POSITIONS: tuple[tuple[str, int, int], ...] = (  # (family prefix, -Instruct models, others)
+    ("qwen2.5-math", 4096, 4096),
+    ("qwen2.5", 32768, 131072),
+    ("qwen3", 40960, 40960),
+    ("llama-3", 131072, 131072),
+    ("deepseek-r1-distill", 131072, 131072),
+    ("mistral-7b", 32768, 32768),
+)
+
+
+def _max_positions(name: str, shape: ModelShape) -> int | None:
+    if shape.max_positions is not None:
+        return shape.max_positions
+    low = name.lower()
+    instruct = "-instruct" in low
+    return next((i if instruct else other for family, i, other in _POSITIONS if low.startswith(family)), None)
+
+
 def find_model_shape(model: str) -> ModelShape | None:
     """The built-in shape for a hub id such as ``Qwen/Qwen2.5-1.5B-Instruct`` (suffixes ignored), or None."""
     base = model.rstrip("/").rsplit("/", 1)[-1]
@@ -139,5 +163,5 @@ def find_model_shape(model: str) -> ModelShape | None:
     for candidate in (base, _SUFFIXES.sub("", base)):
         shape = by_name.get(candidate.lower())
         if shape:
-            return shape
+            return dataclasses.replace(shape, max_positions=_max_positions(base, shape))
     return None

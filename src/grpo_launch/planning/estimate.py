@@ -60,6 +60,7 @@ def workload(recipe: Recipe, layout: Layout, calibration: Calibration | None = N
         reference_model=float(recipe.get("beta") or 0.0) > 0.0,
         generation_batch=layout.generation_batch_size,
         old_logprobs=_old_logprobs(recipe, layout),
+        num_iterations=int(recipe.get("num_iterations") or 1),
         expected_completion_len=float(expected),
         scale=cal,
     )
@@ -73,6 +74,22 @@ def _old_logprobs(recipe: Recipe, layout: Layout) -> bool:
     vllm = recipe.launch.vllm is not VllmMode.OFF and recipe.values.get("use_vllm") is not False
     correction = recipe.get("vllm_importance_sampling_correction")
     return off_policy or (vllm and correction is not False)
+
+
+def _completions_text(work: Workload) -> str:
+    """The completions an optimizer step trains on, and the generation round they come from when it differs."""
+    gen = work.generation_completions
+    text = f"{work.completions} completions"
+    if work.generations_per_step == 1:
+        return f"{text} ({gen // work.num_generations} prompts × {work.num_generations})"
+    rnd = f"a generation of {gen} ({gen // work.num_generations} prompts × {work.num_generations})"
+    every = 1 / work.generations_per_step
+    if every > 1:
+        return f"{text}; {rnd} every {every:.3g} optimizer steps"
+    return (
+        f"{text}; {work.generations_per_step:.3g} generations of {gen} ({gen // work.num_generations} prompts × "
+        f"{work.num_generations}) per step"
+    )
 
 
 def size_vllm(
@@ -220,10 +237,19 @@ def step_time(
 ) -> tuple[StepTime, list[str]]:
     """One optimizer step's times for ``work``, and their arithmetic."""
     n = train.num_processes
-    gen, sync, lines = generation_part(model, gpu, vllm, train.hosts, work)
+    # Generation, the weight sync and the old log-probs happen once per generation round, which may serve several
+    # optimizer steps (steps_per_generation > gradient_accumulation_steps, num_iterations > 1) or be one of several.
+    rounds, one = work.generations_per_step, work.per_generation()
+    gen, sync, lines = generation_part(model, gpu, vllm, train.hosts, one)
+    if rounds != 1:
+        lines.append(
+            f"generation rounds per optimizer step: {rounds:.3g} (TRL generates {one.completions} completions every "
+            f"steps_per_generation × num_iterations micro-steps; a step is gradient_accumulation_steps of them)"
+        )
+    gen, sync = gen * rounds, sync * rounds
     train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work, nodes=len(train.hosts))
     lines.append(f"training: {train_why}")
-    old = old_logprobs_time(model, gpu, n, work) if vllm.mode != VllmMode.OFF or work.old_logprobs else 0.0
+    old = old_logprobs_time(model, gpu, n, one) * rounds if vllm.mode != VllmMode.OFF or work.old_logprobs else 0.0
     if old:
         lines.append(f"old log-probs (TRL's extra forward, 2·P per token): {old:.1f} s")
     return StepTime(gen, train_s, sync, old), lines
@@ -251,8 +277,8 @@ def estimate_plan(
         return None
     train_mem = training.memory
     explain: list[str] = [
-        f"workload per optimizer step: {work.completions} completions ({work.completions // work.num_generations} "
-        f"prompts × {work.num_generations}), {work.prompt_len} prompt + {work.completion_len} completion tokens "
+        f"workload per optimizer step: {_completions_text(work)}, {work.prompt_len} prompt + {work.completion_len} "
+        "completion tokens "
         + (
             f"at most, {work.mean_completion_len:.0f} on average"
             + (" (measured)" if work.scale.mean_completion_len else " (launch.expected_completion_length)")

@@ -23,6 +23,19 @@ def explicit_max_model_len(recipe: Recipe) -> int | None:
     return None
 
 
+def _length_fixes(recipe: Recipe, prompt: int, explicit: int) -> list[Fix]:
+    """What makes max_prompt_length + max_completion_length fit the vLLM max length: a longer one (through the key
+    the recipe set it with: launch.vllm_max_model_len wins over TRL's key), or a shorter prompt or completion."""
+    completion = completion_len(recipe)
+    key = "launch.vllm_max_model_len" if recipe.launch.vllm_max_model_len else "vllm_max_model_length"
+    fixes = [Fix(key, prompt + completion, "room for both", rank=0)]
+    if explicit > completion:
+        fixes.append(Fix("max_prompt_length", explicit - completion, "drop longer prompts", rank=1))
+    if explicit > prompt:
+        fixes.append(Fix("max_completion_length", explicit - prompt, "shorter completions", rank=1))
+    return fixes
+
+
 def prompt_bound(recipe: Recipe) -> int:
     """The longest prompt the run accepts, in tokens (the trainers drop longer ones before generating).
 
@@ -38,12 +51,7 @@ def prompt_bound(recipe: Recipe) -> int:
             raise PlanError(
                 f"max_prompt_length={prompt} + max_completion_length={completion_len(recipe)} exceed the vLLM max "
                 f"length {explicit}: vLLM would reject the longest prompts (HTTP 400), which ends TRL's run",
-                fixes=[
-                    Fix("vllm_max_model_length", prompt + completion_len(recipe), "room for both", rank=0),
-                    Fix("max_prompt_length", explicit - completion_len(recipe), "drop longer prompts", rank=1)
-                    if explicit > completion_len(recipe)
-                    else Fix("max_completion_length", explicit // 2, "shorter completions", rank=1),
-                ],
+                fixes=_length_fixes(recipe, prompt, explicit),
             )
         return prompt
     if explicit is not None:

@@ -55,7 +55,8 @@ def make_plan(
     try:
         plan = _plan(topology, recipe, model, calibration, runtime)
     except PlanError as exc:
-        raise verify.verified(exc, recipe, lambda r: _plan(topology, r, model, calibration, runtime)) from None
+        error = verify.verified(exc, recipe, lambda r: _plan(topology, r, model, calibration, runtime))
+        raise verify.with_gpu_count(error, topology, lambda t: _plan(t, recipe, model, calibration, runtime)) from None
     return _with_adapt_notice(plan) if recipe.launch.adapt else plan
 
 
@@ -72,6 +73,11 @@ def _plan(
     if recipe.values.get("use_cpu") is True and not topology.is_cpu:
         topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
         base.decide("device", Device.CPU, "use_cpu: true in the recipe: the GPUs are left unused")
+    if recipe.launch.num_processes and not topology.is_cpu:
+        base.notice(
+            f"launch.num_processes={recipe.launch.num_processes} is ignored: it sets the processes of a CPU run; on "
+            "GPUs every training GPU runs one trainer process (launch.vllm_gpus sets how many GPUs serve vLLM)"
+        )
     _refuse_silent_cpu_fallback(topology, recipe, model)
     _refuse_bf16_without_support(topology, recipe)
     search = Search(topology, recipe, model, calibration, runtime, base)
@@ -176,10 +182,19 @@ def _refuse_silent_cpu_fallback(topology: Topology, recipe: Recipe, model: Model
     raise PlanError(
         f"{model.name} ({model.params / 1e9:.1f}B parameters) would train on CPU: {why}",
         fixes=[
-            Fix("gpus", None, "plan for GPUs: --gpus 8xH100-80GB, or fix the NVIDIA driver / NVML", 0, in_recipe=False),
+            Fix("gpus", None, _gpus_fix(topology), 0, in_recipe=False),
             Fix("use_cpu", True, "train on CPU anyway (float32, slow)", rank=1),
         ],
     )
+
+
+def _gpus_fix(topology: Topology) -> str:
+    """How to plan for GPUs with the flags the topology came from (--gpus is refused beside them)."""
+    if topology.source == "hostfile":
+        return f"name the hosts' GPUs in the hostfile: {topology.hosts[0].name} slots=8 gpu=H100-80GB"
+    if topology.source == "sbatch":
+        return "name the nodes' GPUs: --gpus-per-node 8 --gpu-type H100-80GB"
+    return "plan for GPUs: --gpus 8xH100-80GB, or fix the NVIDIA driver / NVML"
 
 
 def _mixed_precision(device: Device, values: Mapping[str, Any]) -> str:

@@ -195,7 +195,7 @@ def probe_local(
             gpus = tuple(Gpu(visible_id=t) for t in tokens)
             warn = f"{warning}; using CUDA_VISIBLE_DEVICES={raw} with unknown GPU model and memory"
             return Topology((Host(name=name, gpus=gpus, cpus=cpus, memory_bytes=ram),), "cuda_visible_devices", (warn,))
-        warn = f"{warning}; planning for CPU (use --gpus to plan for GPUs, e.g. --gpus 8xH100-80GB)"
+        warn = f"{warning}; planning for CPU (to plan for GPUs from here: grpo-launch plan RECIPE --gpus 8xH100-80GB)"
         return Topology((Host(name=name, cpus=cpus, memory_bytes=ram),), "cpu", (warn,))
     gpus = _local_gpus(devices, tokens, raw)
     source = "nvml" if tokens is None else "nvml+cuda_visible_devices"

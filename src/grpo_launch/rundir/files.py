@@ -132,6 +132,60 @@ def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bo
     return written
 
 
+def run_record(run_dir: str | Path) -> list[Path]:
+    """The files that make a run directory the record of a run that started (its metrics and attempts)."""
+    paths = RunPaths(run_dir)
+    return [p for p in (paths.metrics, paths.attempts) if p.is_file()]
+
+
+def plan_files_dir(run_dir: str | Path) -> tuple[Path, str | None]:
+    """Where a plan or a dry run (not a run) may write its files for ``run_dir``: the run directory itself, unless
+    it holds a run's record (:func:`run_record`). A run's plan.json, metrics and attempts are its record and are never
+    overwritten: the files then go to a new ``RUN_DIR/plans/TIME/``, and the second value says so."""
+    record = run_record(run_dir)
+    if not record:
+        return Path(run_dir), None
+    base = RunPaths(run_dir).plans / time.strftime("%Y%m%d-%H%M%S")
+    target, n = base, 1
+    while target.exists():
+        n += 1
+        target = base.with_name(f"{base.name}-{n}")
+    names = " and ".join(p.name for p in record)
+    note = (
+        f"{run_dir} holds a run's record ({names}): its plan.json is kept, and these files go to {target} "
+        "(--run-dir DIR plans for another directory)"
+    )
+    return target, note
+
+
+def set_aside_record(run_dir: str | Path) -> Path | None:
+    """Move an earlier run's record (plan.json, metrics.jsonl, control/attempts.jsonl) into ``RUN_DIR/superseded-TIME/``
+    before a run that starts afresh in the same directory (``--resume never``); nothing is deleted. None when there is
+    no record."""
+    if not run_record(run_dir):
+        return None
+    paths = RunPaths(run_dir)
+    target = paths.root / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while target.exists():
+        n += 1
+        target = target.with_name(f"{target.name.split('.', 1)[0]}.{n}")
+    (target / "control").mkdir(parents=True)
+    for path in (paths.plan_json, paths.metrics, paths.attempts):
+        if path.is_file():
+            path.rename(target / paths.relative(path))
+    return target
+
+
+def write_plan_files(run_dir: str | Path, files: Mapping[str, str]) -> tuple[list[Path], str | None]:
+    """:func:`write_run_files` for a plan or a dry run, which never overwrites a run's record
+    (:func:`plan_files_dir`); the note says where the files went instead."""
+    if (holder := lock_holder(run_dir)) is not None:
+        raise _in_use(Path(run_dir), holder)
+    target, note = plan_files_dir(run_dir)
+    return write_run_files(target, files), note
+
+
 class LauncherLog:
     """Appends the launcher's console lines to RUN_DIR/logs/launcher.log, each with its time and the launcher's pid,
     so they outlive the console. Lines are held until the run starts (:meth:`start`, once it holds its run

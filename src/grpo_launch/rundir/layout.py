@@ -60,6 +60,11 @@ class RunPaths:
         return self.root / "job.sbatch"
 
     @property
+    def plans(self) -> Path:
+        """Where ``plan`` and ``--dry-run`` write their files once the run directory holds a run's record."""
+        return self.root / "plans"
+
+    @property
     def lock(self) -> Path:
         return self.root / ".grpo-launch.lock"
 

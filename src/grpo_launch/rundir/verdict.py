@@ -22,9 +22,11 @@ def split_verdict(
     planned: tuple[float, float] | None = None,
     run_dir: str = "RUN_DIR",
     cpu: bool = False,
+    step: int | None = None,
 ) -> str:
-    """One line: the measured split (and the planned one), then what would help."""
-    line = f"step split: generation {generation_s:.2f} s, training {training_s:.2f} s"
+    """One line: the measured split (up to ``step``, when given) and the planned one, then what would help."""
+    at = f" at step {step}" if step is not None else ""
+    line = f"step split{at}: generation {generation_s:.2f} s, training {training_s:.2f} s"
     if planned:
         line += f" (planned {planned[0]:.2f} s / {planned[1]:.2f} s)"
     advice = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -44,6 +45,17 @@ def model_init_kwargs(config: Any, model_args: Any) -> dict[str, Any]:
     if config.model_init_kwargs is not None:
         kwargs.update(config.model_init_kwargs)
     return kwargs
+
+
+class TiedHeadFilter(logging.Filter):
+    """transformers' "There were missing keys in the checkpoint model loaded: ['lm_head.weight']" at every resume of a
+    model whose LM head is its embedding (tie_word_embeddings): a checkpoint stores the tied weight once, and the
+    head is tied again on load. Only that exact list is dropped; any other missing key is still said."""
+
+    MESSAGE = "There were missing keys in the checkpoint model loaded: ['lm_head.weight']"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.MESSAGE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer._generate_and_score_completions = step_log.timed(  # type: ignore[method-assign]
             trainer._generate_and_score_completions
         )
+    if getattr(getattr(trainer.model, "config", None), "tie_word_embeddings", False):
+        logging.getLogger("transformers.trainer").addFilter(TiedHeadFilter())
     from grpo_launch.train.startup import record_startup
 
     record_startup(trainer, paths, is_main, started)

@@ -160,6 +160,25 @@ def parse_job_id(sbatch_stdout: str) -> str:
     return job
 
 
+# What sbatch says when Slurm is installed but not set up (no slurm.conf, no configless source) or its controller is
+# down (Slurm's src/common/read_config.c and src/sbatch/sbatch.c messages): no job option can fix that.
+NOT_CONFIGURED = re.compile(
+    r"slurm\.conf|configuration file|could not establish a configuration source|unable to contact slurm controller|"
+    r"unable to establish a connection|slurm_load_partitions|Zero Bytes were transmitted",
+    re.IGNORECASE,
+)
+
+
+def sbatch_hint(said: str, path: str) -> str:
+    """What to do about sbatch's refusal: Slurm's own set-up, or the job's options."""
+    if NOT_CONFIGURED.search(said):
+        return (
+            "Slurm is installed here but not set up or not reachable (no slurm.conf, SLURM_CONF, or a controller that "
+            f"answers): check `sinfo` and `scontrol ping`, or submit from a login node: sbatch {path}"
+        )
+    return f"The script is {path}; fix the option sbatch names (partition, account, time, GPUs per node)."
+
+
 def submit_batch_script(path: str, *, cwd: str) -> str:
     """``sbatch --parsable PATH`` → the job id."""
     import subprocess
@@ -174,10 +193,8 @@ def submit_batch_script(path: str, *, cwd: str) -> str:
     except subprocess.TimeoutExpired:
         raise LaunchError("sbatch did not answer within 120 s", hint="Is slurmctld reachable? Try `sinfo`.") from None
     if done.returncode != 0:
-        raise LaunchError(
-            f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}",
-            hint=f"The script is {path}; fix the option sbatch names (partition, account, time, GPUs per node).",
-        )
+        said = done.stderr.strip() or done.stdout.strip()
+        raise LaunchError(f"sbatch refused the job: {said}", hint=sbatch_hint(said, path))
     return parse_job_id(done.stdout)
 
 

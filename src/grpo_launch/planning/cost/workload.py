@@ -35,12 +35,32 @@ class Workload:
     reference_model: bool = False  # beta > 0
     generation_batch: int = 0  # completions per generation round (TRL sends them in one request); 0: completions
     old_logprobs: bool = False  # TRL's extra forward pass over the completions for the old log-probs
+    num_iterations: int = 1  # TRL's num_iterations: each generation is trained on that many times
     expected_completion_len: float = 0.0  # the mean completion length; 0: every completion runs to the maximum
     scale: Calibration = Calibration()
 
     @property
     def seq_len(self) -> int:
         return self.prompt_len + self.completion_len
+
+    @property
+    def generation_completions(self) -> int:
+        """Completions per generation round (all processes)."""
+        return self.generation_batch or self.completions
+
+    @property
+    def generations_per_step(self) -> float:
+        """Generation rounds per optimizer step. TRL 1.16 generates once every steps_per_generation × num_iterations
+        micro-steps (trl/trainer/grpo_trainer.py, ``_prepare_inputs``: ``generate_every``), and an optimizer step is
+        gradient_accumulation_steps micro-steps: GA / (spg × num_iterations), which is completions per step over
+        completions per round × num_iterations. Below 1 when one generation serves several optimizer steps."""
+        return self.completions / (self.generation_completions * max(1, self.num_iterations))
+
+    def per_generation(self) -> Workload:
+        """The workload of one generation round (what vLLM generates, and the old log-probs are computed over)."""
+        from dataclasses import replace
+
+        return replace(self, completions=self.generation_completions)
 
     @property
     def mean_completion_len(self) -> float:
