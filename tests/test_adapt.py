@@ -197,3 +197,16 @@ def test_the_attempt_record_keeps_its_decisions(tmp_path):
     (back,) = read_attempts(tmp_path / "attempts.jsonl")
     assert back.adaptations == (decision,)
     assert dataclasses.replace(back, adaptations=()).adaptations == ()
+
+
+def test_a_restart_says_what_it_costs_before_the_first_step_again(tmp_path):
+    """The time to the first step is paid again on every restart: the restart note says how much."""
+    from grpo_launch.enums import FailureKind, RunState
+    from grpo_launch.execute.policy import Action, Spent, next_action
+    from grpo_launch.spec import Failure, RunResult
+
+    plan = server_plan(tmp_path / "run")
+    lost = RunResult(RunState.FAILED, 1, message="a host went down", failure=Failure(FailureKind.INFRA, "lost"))
+    step = next_action(plan, lost, Spent(), max_restarts=2)
+    assert step.action == Action.RESTART
+    assert f"about {plan.estimate.startup_s:.0f} s to the first step again" in step.note

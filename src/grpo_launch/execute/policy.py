@@ -83,8 +83,10 @@ def next_action(
         return Next(Action.STOP, result, note=note)
     restart = spent.restarts + 1
     wait = plan.recipe.launch.restart_backoff_s * 2 ** (restart - 1)
+    startup = plan.estimate.startup_s if plan.estimate is not None else None
+    again = f" (about {startup:.0f} s to the first step again)" if startup else ""
     note = (
         f"restart {restart}/{max_restarts} in {wait:.0f} s after a {failure.kind} failure "
-        f"({result.cause or result.message}); resuming from the newest complete checkpoint"
+        f"({result.cause or result.message}); resuming from the newest complete checkpoint{again}"
     )
     return Next(Action.RESTART, result, wait_s=wait, note=note)
