@@ -155,7 +155,12 @@ def test_a_resplit_resumes_on_the_new_layout_without_losing_or_repeating_a_step(
     if slower:
         assert second["new_split"] == moved["split"] and len(attempts) == 3
     assert attempts[-1]["state"] == "succeeded"
-    assert "--data-parallel-size 2" in out  # the 2-GPU layout's server was started as planned
+    # Each layout's vLLM server was started as planned: data parallel 2 exactly on the 2-GPU layouts.
+    served = sorted((run / "logs").glob("vllm-*.log"))
+    layouts = [moved["split"], moved["new_split"], *(a["adaptations"][0]["new_split"] for a in attempts[1:-1])]
+    assert len(served) == len(attempts) == len(layouts)
+    for log, split in zip(served, layouts, strict=True):
+        assert ("'data_parallel_size': 2" in log.read_text(errors="replace")) == ("DP 2" in split), (log, split)
     # Time to the first step, term by term, for every attempt.
     phases = [r["startup"] for r in metrics if "startup" in r]
     for phase in ("model_load", "vllm_ready", "first_sync", "first_generation"):
