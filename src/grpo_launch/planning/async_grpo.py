@@ -137,13 +137,23 @@ def async_trainer_values(values: dict[str, Any], settings: AsyncSettings, vllm: 
     return out
 
 
-def lora_rank(recipe: Recipe) -> int | None:
+def lora_rank(recipe: Recipe, vllm: VllmPlan, trace: Trace) -> int | None:
     """The adapter rank the server must serve (--max-lora-rank), rounded up as TRL rounds it (round_lora_rank,
-    async_grpo_trainer.py:690-722: vLLM's LoRA ranks), when the recipe trains LoRA."""
+    async_grpo_trainer.py:690-722: vLLM's LoRA ranks), when the recipe trains LoRA and the server can take
+    adapter-only syncs (one data-parallel replica: async_grpo_trainer.py:869-877)."""
     if not recipe.values.get("use_peft"):
         return None
+    if vllm.data_parallel_size > 1:
+        why = f"the server has {vllm.data_parallel_size} data-parallel replicas, and a runtime adapter reaches only "
+        trace.decide("lora_sync", "merged", why + "one: TRL syncs merged weights (async_grpo_trainer.py:869-877)")
+        return None
     r = int(recipe.values.get("lora_r") or 16)  # TRL ModelConfig.lora_r default 16
-    return next((x for x in VLLM_LORA_RANKS if x >= r), VLLM_LORA_RANKS[-1])
+    rank = next((x for x in VLLM_LORA_RANKS if x >= r), VLLM_LORA_RANKS[-1])
+    why = f"adapter-only syncs: the server serves LoRA rank {rank} (lora_r {r} rounded up to vLLM's ranks) and "
+    trace.decide("lora_sync", "adapter", why + "reads output_dir/.vllm_lora (async_grpo_trainer.py:1309)")
+    if vllm.nodes:
+        trace.warn("the server spans hosts: output_dir/.vllm_lora (the adapter it loads) must be on a shared disk")
+    return rank
 
 
 # vLLM's servable LoRA ranks (trl async_grpo_trainer.py VLLM_LORA_RANKS, from vllm/config/lora.py MaxLoRARanks)

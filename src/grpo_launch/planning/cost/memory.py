@@ -91,12 +91,12 @@ def model_states(
     - DDP: float32 weights, gradients and Adam moments (4 + 4 + 8 = 16P): the planner loads float32 under DDP, so
       there is no separate master copy.
     - FSDP2: the same 16P in float32, sharded (/n), plus the gathered largest layer (4L); parameter offload keeps 4L.
-    - LoRA: the frozen bf16 base (2P, /n under ZeRO-3); the adapters are negligible. AsyncGRPOTrainer loads the base
-      in float32 by default (``lora_base_bytes`` 4: async_grpo_config.py:178) and FSDP2 shards it (/n).
+    - LoRA: the frozen bf16 base (2P, /n under ZeRO-3 and FSDP); the adapters are negligible. AsyncGRPOTrainer
+      loads the base in float32 by default (``lora_base_bytes`` 4: async_grpo_config.py:178).
     """
     b, o = backend, offload
     p, big = model.params, 4 * model.largest_layer_params
-    if lora and lora_base_bytes != 2:
+    if lora and (lora_base_bytes != 2 or b == DistBackend.FSDP):  # FSDP shards the frozen base too
         return (lora_base_bytes * p / (n if b in (DistBackend.ZERO3, DistBackend.FSDP) else 1), 0.0, 0.0)
     if lora:
         return (2 * p / (n if b == DistBackend.ZERO3 else 1), 0.0, 0.0)
