@@ -27,6 +27,7 @@ from grpo_launch.render import render_files
 from grpo_launch.render.processes import trainers, vllm_server
 
 from .helpers import ROOT, ensure_tiny_assets, plan_recipe
+from .published_async_cases import ASYNC_CASES
 
 QWEN7B = str(ROOT / "recipes" / "qwen7b-math.yaml")
 QWEN15B = str(ROOT / "recipes" / "qwen1.5b.yaml")
@@ -89,6 +90,13 @@ def test_done_when_qwen7b_on_8_h100_plans_async_with_split_cap_and_speedup_expla
     assert not (set(values) & GRPO_NOT_ASYNC) - {"reward_weights"}
     assert values["max_inflight_tasks"] == a.max_inflight_tasks and values["vllm_server_base_url"] == plan.vllm.base_url
     assert values["token_budget"] == plan.vllm.max_model_len == 1024 + 3000
+
+
+def test_an_async_plan_predicted_slower_than_sync_says_so():
+    plan = _async(gpus="16x8xH800", recipe=QWEN15B)  # 1.5B on 128 GPUs: colocated generation on all of them wins
+    assert plan.asynchronous.speedup < 1
+    assert any("async is predicted slower than the best sync plan" in w for w in plan.warnings)
+    assert not any("predicted slower" in w for w in _async().warnings)
 
 
 def test_plan_json_records_the_async_settings(tmp_path):
@@ -315,3 +323,29 @@ def test_accelerate_launches_the_fsdp2_trainers(oracle_plans, tmp_path):
             assert got["distributed_type"] == "FSDP" and got["use_fsdp"], key
             assert got["launch_env"]["FSDP_VERSION"] == "2", key
             assert got["num_processes"] == plan.train.num_processes
+
+
+# ---------------------------------------------------------------------------------------------- published runs
+
+
+@pytest.mark.parametrize("case", ASYNC_CASES, ids=lambda c: c.name)
+def test_the_async_cost_model_agrees_with_the_published_run(case):
+    predicted = case.predict()
+    assert case.holds(predicted), f"{case.describe(predicted)}; source: {case.source}"
+
+
+def test_the_published_async_checks_can_fail():
+    for case in ASYNC_CASES:
+        if case.low is not None:
+            assert not case.holds(case.published * case.low * 0.9)
+        if case.high is not None:
+            assert not case.holds(case.published * case.high * 1.1)
+
+
+def test_overlap_alone_never_promises_more_than_two():
+    """Every published gain above 2× (AReaL, verl, HF's LoRA run) is out of reach of overlap alone: the bound of
+    every async plan of ours stays within 2."""
+    for recipe, gpus in (("qwen7b-math.yaml", "8xH100-80GB"), ("qwen1.5b.yaml", "4xA100-80GB"),
+                         ("qwen3-30b-a3b.yaml", "4x8xH100-80GB")):  # fmt: skip
+        a = _async(recipe=str(ROOT / "recipes" / recipe), gpus=gpus).asynchronous
+        assert 1.0 <= a.overlap_bound <= 2.0

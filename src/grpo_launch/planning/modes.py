@@ -94,6 +94,10 @@ def _finish(plan: Plan, sync: Plan | None, search: Search) -> Plan:
                f"({best_sync}) at the same completions per step: {speedup:.2f}× (overlap alone gains at most "
                f"{settings.overlap_bound:.2f}× on this split); samples lag {settings.predicted_staleness:.1f} weight "
                "versions on average (off-policy by that much)")  # fmt: skip
+        if speedup < 1:
+            plan = dataclasses.replace(plan, warnings=(*plan.warnings, (
+                f"async is predicted slower than the best sync plan ({_step(plan):.1f} s against {_step(sync):.1f} s "
+                f"per step, {best_sync}): set launch.mode=sync, or auto to let the planner choose")))  # fmt: skip
     else:
         why = f"{said}: no sync plan to compare" if plan.estimate else f"{said}: no estimate"
     decision = Decision("launch.mode", LaunchMode.ASYNC, why)
