@@ -114,4 +114,9 @@ def async_warnings(topology: Topology, recipe: Recipe) -> list[str]:
     ]
     if topology.is_rocm:
         out[0] = out[0].replace(FA3_KERNEL, "kernels-community/aiter-flash-attn (ROCm)")
+    out.append(
+        "the rollout worker needs a chat template TRL recognizes (trl chat_template_utils.add_response_schema, "
+        "called at async_rollout_worker.py:364-369: Qwen2.5/3, Llama 3.1/3.2, gpt-oss, DeepSeek-R1-Distill, Gemma 4, "
+        "...); another model's tokenizer stops the run at start: give one with the recipe's chat_template"
+    )
     return out
