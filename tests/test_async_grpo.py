@@ -349,3 +349,79 @@ def test_overlap_alone_never_promises_more_than_two():
                          ("qwen3-30b-a3b.yaml", "4x8xH100-80GB")):  # fmt: skip
         a = _async(recipe=str(ROOT / "recipes" / recipe), gpus=gpus).asynchronous
         assert 1.0 <= a.overlap_bound <= 2.0
+
+
+# ---------------------------------------------------------------------------------------------- the training entry
+
+ENTRY = """
+import json, pickle, sys
+from unittest import mock
+from grpo_launch.recipe.parse import yaml_load
+from grpo_launch.train import async_entry
+from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
+
+values = yaml_load(open(sys.argv[1]).read())
+values.update(use_cpu=True, bf16=False)  # this machine has no GPU
+with mock.patch.object(trainer_module, "get_peak_flops_per_device", return_value=None):  # CUDA-only query
+    trainer = async_entry.build_async_trainer(values)
+a, funcs = trainer.args, trainer.rollout_worker._loop_kwargs["reward_funcs"]
+json.dump({"async": async_entry.is_async(values), "type": type(trainer).__name__,
+           "values": [a.max_inflight_tasks, a.max_staleness, a.token_budget, a.weight_sync_steps, a.queue_maxsize],
+           "url": a.vllm_server_base_url, "rows": len(trainer.train_dataset),
+           "rewards": [getattr(f, "__name__", type(f).__name__) for f in funcs],
+           "weights": [getattr(f, "weight", 1.0) for f in funcs],
+           "pickles": len(pickle.dumps(trainer.rollout_worker._loop_kwargs)) > 0}, open(sys.argv[2], "w"))
+"""
+
+
+@pytest.mark.skipif(not VLLM_PY.exists(), reason="run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+def test_the_training_entry_builds_async_grpo_trainer_from_the_rendered_recipe(tmp_path):
+    """python -m grpo_launch.train's async half, on the tiny model and data in .venv-vllm (the trainers' Python for
+    async runs: vLLM importable). One fake, because it needs a GPU: TRL's peak-FLOPs query (CUDA)."""
+    tiny = ensure_tiny_assets()
+    values = {k: v for k, v in load_recipe(str(ROOT / "recipes" / "tiny-cpu.yaml")).values.items()
+              if k not in ("use_cpu", "bf16")}  # fmt: skip
+    values.update(model_name_or_path=str(tiny / "model"), dataset_name=str(tiny / "data" / "train.jsonl"),
+                  reward_weights=[1.0, 0.5, 0.2], launch={"mode": "async"})  # fmt: skip
+    plan = plan_recipe(values, "2xA100-80GB", run_dir=tmp_path, model=None)
+    assert plan.asynchronous is not None
+    for rel, text in render_files(plan).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "entry.py").write_text(ENTRY)
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT / "src"), "TRL_EXPERIMENTAL_SILENCE": "1"}
+    argv = [str(VLLM_PY), str(tmp_path / "entry.py"), str(plan.paths.trainer_recipe), str(tmp_path / "out.json")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    a = plan.asynchronous
+    assert got["async"] and got["type"] == "AsyncGRPOTrainer" and got["url"] == plan.vllm.base_url
+    assert got["values"] == [a.max_inflight_tasks, a.max_staleness, a.token_budget, a.weight_sync_steps,
+                             a.queue_maxsize]  # fmt: skip
+    assert got["rewards"] == ["digits_reward", "accuracy_reward", "format_reward"] and got["weights"] == [1.0, 0.5, 0.2]
+    assert got["pickles"] and got["rows"] > 0
+
+
+def test_a_sync_trainer_recipe_does_not_take_the_async_entry():
+    from grpo_launch.train.async_entry import is_async
+
+    assert not is_async(dict(plan_recipe(QWEN7B, "8xH100-80GB").resolved_trainer_values))
+    assert is_async(dict(_async().resolved_trainer_values))
+
+
+# ---------------------------------------------------------------------------------------------- its signals
+
+
+def test_the_verdict_reads_the_signals_as_trl_maintainers_do():
+    from grpo_launch.rundir.async_signals import async_verdict, signals_text
+
+    full = [{"sample/rollout_queue_size": 90.0, "perf/rollout_wait_s": 0.0, "perf/step_s": 10.0}] * 3
+    empty = [{"sample/rollout_queue_size": 0.0, "perf/rollout_wait_s": w, "perf/step_s": 10.0} for w in (2, 3, 4)]
+    assert async_verdict(full, queue_maxsize=96).startswith("training is the slower side")
+    assert async_verdict(empty, queue_maxsize=96).startswith("generation is the slower side")
+    assert ", rising" in async_verdict(empty, queue_maxsize=96)
+    assert async_verdict([{"reward": 1.0}]) is None
+    stale = [{**empty[0], "sample/dropped_stale_total": 3.0}]
+    assert "3 sample(s) dropped as stale" in async_verdict(stale, 96)
+    line = signals_text({"perf/rollout_wait_s": 1.5, "sample/staleness_mean": 0.5, "reward": 1.0})
+    assert line == " | rollout wait 1.50 s | staleness 0.5"

@@ -135,3 +135,16 @@ def _open_r1_reward(name: str, config: Mapping[str, Any]) -> RewardFunc:
     settings = {**OPEN_R1_DEFAULTS, **{k: v for k, v in config.items() if k in OPEN_R1_DEFAULTS}}
     (func,) = get_reward_funcs(SimpleNamespace(**settings, reward_funcs=[name]))
     return func
+
+
+class Weighted:
+    """A reward scaled by its weight, picklable (a module-level class; AsyncGRPOTrainer pickles its rewards into a
+    spawned child, async_rollout_worker.py:1209, and sums them unweighted: AsyncGRPOConfig has no reward_weights).
+    Named after the reward it scales (TRL's get_callable_name reads ``__name__``)."""
+
+    def __init__(self, func: RewardFunc, weight: float) -> None:
+        self.func, self.weight = func, float(weight)
+        self.__name__ = getattr(func, "__name__", None) or getattr(getattr(func, "func", None), "__name__", "reward")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list:
+        return [None if r is None else self.weight * r for r in self.func(*args, **kwargs)]
