@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import pickle
 import subprocess
 from pathlib import Path
@@ -425,3 +426,14 @@ def test_the_verdict_reads_the_signals_as_trl_maintainers_do():
     assert "3 sample(s) dropped as stale" in async_verdict(stale, 96)
     line = signals_text({"perf/rollout_wait_s": 1.5, "sample/staleness_mean": 0.5, "reward": 1.0})
     assert line == " | rollout wait 1.50 s | staleness 0.5"
+
+
+def test_more_than_two_trainer_ranks_warn_of_the_known_weight_sync_deadlock_and_time_out_early():
+    plan = _async()
+    assert plan.train.num_processes > 2
+    assert any("huggingface/trl#6797" in w for w in plan.warnings)
+    a = plan.asynchronous
+    assert a.weight_sync_timeout == max(300, math.ceil(30 * plan.estimate.step.sync_s)) < 1800
+    assert plan.resolved_trainer_values["weight_sync_timeout"] == a.weight_sync_timeout
+    lora = _async("use_peft=true")  # adapter-only sync: no NCCL weight transfer to deadlock
+    assert not any("#6797" in w for w in lora.warnings)

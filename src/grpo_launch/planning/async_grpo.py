@@ -28,6 +28,8 @@ from grpo_launch.recipe.async_schema import ASYNC_DEFAULTS, GRPO_NOT_ASYNC
 SYNC_SHARE = 0.2  # a weight sync longer than this share of the overlapped step is spread over several steps
 MAX_SYNC_STEPS = 4  # … at most this many (TRL's default max_staleness, async_grpo_config.py:360)
 MAX_LAG_STEPS = 4  # in-flight requests beyond this many steps of samples only add staleness
+SYNC_TIMEOUT_FACTOR = 30  # a weight sync this many times slower than predicted is stuck
+SYNC_TIMEOUT_MIN_S = 300  # … and never below TRL's own control timeout (weight_transfer.py:61, _CONTROL_TIMEOUT)
 
 
 def choose_async(
@@ -39,6 +41,7 @@ def choose_async(
     *,
     lora_rank: int | None,
     dtype: str | None = None,
+    trainers: int = 1,
 ) -> AsyncSettings:
     """max_inflight_tasks, queue_maxsize, weight_sync_steps, max_staleness and token_budget for one async plan,
     each recorded with its reason; the recipe's own values are kept. ``dtype``: what the trainer values already
@@ -105,6 +108,20 @@ def choose_async(
     if dtype is None:
         dtype = str(ASYNC_DEFAULTS["dtype"])
         trace.decide("dtype", dtype, "AsyncGRPOConfig's default (async_grpo_config.py:178-186)")
+    if "weight_sync_timeout" in values:
+        sync_timeout, why = int(values["weight_sync_timeout"]), "set in the recipe"
+    else:
+        sync_timeout = max(SYNC_TIMEOUT_MIN_S, math.ceil(SYNC_TIMEOUT_FACTOR * sync))
+        why = (f"{SYNC_TIMEOUT_FACTOR:g}× the predicted sync ({sync:.1f} s), at least {SYNC_TIMEOUT_MIN_S} s (TRL's "
+               "control timeout, weight_transfer.py:61): a stuck sync raises (weight_transfer.py:43-48) instead of "
+               "waiting TRL's default 1800 s")  # fmt: skip
+    trace.decide("weight_sync_timeout", sync_timeout, why)
+    if trainers > 2 and not lora_rank:
+        trace.warn(
+            f"{trainers} trainer ranks: TRL 1.16's full-weight sync to vLLM is reported to deadlock with more than 2 "
+            "FSDP ranks (huggingface/trl#6797, #7103; fixes in #6798/#7131 are not in 1.16): a hang raises after "
+            f"weight_sync_timeout={sync_timeout} s, and launch.hang_timeout_s stops the run with every rank's stack"
+        )
     max_loras = max_stale + 2 if lora_rank else None  # async_grpo_trainer.py:895-905
     return AsyncSettings(
         max_inflight_tasks=inflight,
@@ -115,6 +132,7 @@ def choose_async(
         dtype=dtype,
         predicted_staleness=round(predicted, 3),
         overlap_bound=round(overlap_bound(gen, train), 3),
+        weight_sync_timeout=sync_timeout,
         lora_rank=lora_rank,
         max_loras=max_loras,
     )
@@ -133,6 +151,7 @@ def async_trainer_values(values: dict[str, Any], settings: AsyncSettings, vllm: 
         weight_sync_steps=settings.weight_sync_steps,
         queue_maxsize=settings.queue_maxsize,
         dtype=settings.dtype,
+        weight_sync_timeout=settings.weight_sync_timeout,
     )
     return out
 

@@ -256,7 +256,8 @@ def _plan_one(search: Search, split: Split | None, completions: int | None) -> P
     if is_async:
         step = estimate.step if estimate else None
         settings = choose_async(recipe, vllm, step, layout.completions_per_optimizer_step, trace,
-                                lora_rank=lora_rank(recipe, vllm, trace), dtype=values_out.get("dtype"))  # fmt: skip
+                                lora_rank=lora_rank(recipe, vllm, trace), dtype=values_out.get("dtype"),
+                                trainers=n)  # fmt: skip
         values_out = async_trainer_values(values_out, settings, vllm)
     return Plan(
         recipe=recipe,

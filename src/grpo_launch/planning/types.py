@@ -228,6 +228,7 @@ class AsyncSettings:
     sync_step_s: float | None = None  # the best synchronous plan's step at the same work (None: none plans)
     sync_label: str = ""  # that plan's split
     speedup: float | None = None  # sync_step_s over the async step
+    weight_sync_timeout: int = 1800  # seconds before a stuck weight sync raises (AsyncGRPOConfig.weight_sync_timeout)
     lora_rank: int | None = None  # --max-lora-rank of the server when use_peft (adapter-only weight sync)
     max_loras: int | None = None  # --max-loras: max_staleness + 2 (trl async_grpo_trainer.py:899)
 
