@@ -437,3 +437,13 @@ def test_more_than_two_trainer_ranks_warn_of_the_known_weight_sync_deadlock_and_
     assert plan.resolved_trainer_values["weight_sync_timeout"] == a.weight_sync_timeout
     lora = _async("use_peft=true")  # adapter-only sync: no NCCL weight transfer to deadlock
     assert not any("#6797" in w for w in lora.warnings)
+
+
+def test_explain_shows_sync_and_async_side_by_side():
+    from grpo_launch.cli.tables import explain_sections, plain_text
+
+    text = plain_text(explain_sections(_async()))
+    section = text[text.index("Sync vs async") :]
+    assert "colocate (2 engine(s) × TP 4)" in section and "server on 4 GPU(s) (TP 4) · async" in section
+    assert "1.21× the chosen step" in section and "overlap bound 1.86×" in section
+    assert "Sync vs async" not in plain_text(explain_sections(plan_recipe(QWEN7B, "8xH100-80GB")))
