@@ -210,3 +210,12 @@ def test_a_restart_says_what_it_costs_before_the_first_step_again(tmp_path):
     step = next_action(plan, lost, Spent(), max_restarts=2)
     assert step.action == Action.RESTART
     assert f"about {plan.estimate.startup_s:.0f} s to the first step again" in step.note
+
+
+def test_an_async_plan_does_not_adapt_and_says_why(tmp_path):
+    """AsyncGRPO overlaps generation and training, so a step is not the sum the calibration splits: adapt is off for
+    it (the plan says so), and a re-split would keep its staleness bound as part of the algorithm."""
+    plan = server_plan(tmp_path / "run", None, "launch.mode=async")
+    assert plan.asynchronous is not None and "async plan" in why_not_adaptable(plan)
+    assert any(n.startswith("launch.adapt: off for this plan: an async plan") for n in plan.notices)
+    assert algorithm(plan)[3] == plan.asynchronous.max_staleness

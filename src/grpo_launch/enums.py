@@ -23,6 +23,15 @@ class VllmMode(StrEnum):
     OFF = "off"
 
 
+class LaunchMode(StrEnum):
+    """launch.mode: TRL's GRPOTrainer (generation, then training), its AsyncGRPOTrainer (the two overlapped on
+    disjoint GPUs), or the planner's choice by the model and the predicted step."""
+
+    SYNC = "sync"
+    ASYNC = "async"
+    AUTO = "auto"
+
+
 class DistBackend(StrEnum):
     DDP = "ddp"
     ZERO2 = "zero2"

@@ -261,7 +261,32 @@ def explain_sections(plan: Plan) -> list[Section]:
         rows.append((c.label, gpus, *times, balance, f"{c.prompts_per_step:g}", note))
     header = ("split", "vLLM/train/idle GPUs", "gen s", "train s", "step s", "gen÷train", "prompts", "vs chosen")
     out.append(Section("Split candidates (all at the same prompts per step; the shortest step wins)", rows, header))
-    return out
+    return out + _modes_section(plan)
+
+
+def _modes_section(plan: Plan) -> list[Section]:
+    """Sync against async side by side: the best plan of each at the same completions per step (launch.mode)."""
+    a = plan.asynchronous
+    best = {}
+    for is_async in (False, True):
+        planned = [c for c in plan.candidates if c.step and c.label.endswith("· async") is is_async]
+        if planned:  # the chosen one of its mode, else its shortest step
+            best[is_async] = min(planned, key=lambda c: (not c.chosen, c.step.total_s if c.step else 0.0))
+    if a is None or len(best) < 2:
+        return []
+    rows = []
+    for is_async, c in sorted(best.items()):
+        s = c.step
+        assert s is not None
+        other = best[not is_async].step
+        note = "chosen" if c.chosen else f"{s.total_s / other.total_s:.2f}× the chosen step" if other else ""
+        rows.append(("async" if is_async else "sync", c.label, f"{s.generation_s:.1f}", f"{s.old_logprobs_s:.1f}",
+                     f"{s.training_s:.1f}", f"{s.sync_s:.1f}", f"{s.total_s:.1f}", note))  # fmt: skip
+    said = f"async: overlap bound {a.overlap_bound:.2f}×, in flight {a.max_inflight_tasks}, queue {a.queue_maxsize}"
+    said += f", predicted staleness {a.predicted_staleness:.2f} (max_staleness {a.max_staleness})"
+    rows.append(("", said, "", "", "", "", "", ""))
+    header = ("mode", "best split", "gen s", "old log-probs s", "train s", "sync s", "step s", "")
+    return [Section("Sync vs async (launch.mode; the same completions per step)", rows, header)]
 
 
 def calibration_section(run_dir: str, rows: Sequence[Comparison]) -> Section:

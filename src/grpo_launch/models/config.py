@@ -119,4 +119,6 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape:
         qk_rope_head_dim=_int(cfg, "qk_rope_head_dim") if cfg.get("kv_lora_rank") else 0,
         qk_norm=model_type in _QK_NORM,
         max_positions=_int(cfg, "max_position_embeddings") or None,
+        other_layer_types=tuple(sorted(set(cfg.get("layer_types") or ()) - {"full_attention", "sliding_attention"})),
+        attention_sinks=model_type == "gpt_oss",
     )

@@ -36,6 +36,10 @@ class ModelShape:
     qk_rope_head_dim: int = 0  # MLA: the rotary part cached beside the latent
     qk_norm: bool = False  # RMSNorms on the queries and keys per head (Qwen3, OLMoE)
     max_positions: int | None = None  # config.json's max_position_embeddings (None: not known)
+    # config.json's layer_types other than full and sliding attention (linear attention, mamba, conv: hybrid
+    # recurrent models), and attention sinks (gpt-oss): what AsyncGRPOTrainer's tree packing refuses.
+    other_layer_types: tuple[str, ...] = ()
+    attention_sinks: bool = False
 
     @property
     def is_moe(self) -> bool:

@@ -74,11 +74,13 @@ def per_prompt_s(plan: Plan) -> float | None:
     return step.total_s / prompts_per_step(plan) if step is not None else None
 
 
-def algorithm(plan: Plan) -> tuple[int, int, float]:
-    """What a re-split must keep: group size, prompts per optimizer step, generation rounds per optimizer step."""
+def algorithm(plan: Plan) -> tuple[int, int, float, int | None]:
+    """What a re-split must keep: group size, prompts per optimizer step, generation rounds per optimizer step, and
+    for AsyncGRPO the staleness its samples may have (on-policy-ness either way)."""
     layout = plan.layout
     rounds = layout.gradient_accumulation_steps / max(1, layout.steps_per_generation)
-    return layout.num_generations, prompts_per_step(plan), rounds
+    staleness = plan.asynchronous.max_staleness if plan.asynchronous is not None else None
+    return layout.num_generations, prompts_per_step(plan), rounds, staleness
 
 
 def warmup_steps(plan: Plan) -> int:
@@ -98,6 +100,9 @@ def why_not_adaptable(plan: Plan) -> str | None:
         return "a CPU plan has no split to change"
     if plan.estimate is None or plan.estimate.step is None:
         return "the plan has no step-time estimate to calibrate (model or GPU speed unknown)"
+    if plan.asynchronous is not None:
+        # AsyncGRPO overlaps them: a step's time is not generation plus training, which the calibration reads.
+        return "an async plan: the calibration reads a synchronous step's generation and training times"
     if len(plan.candidates) < 2:
         return "the recipe and the model leave one split"
     return None

@@ -23,6 +23,7 @@ from grpo_launch.planning.cost.memory import (
     vllm_memory,
     vllm_share_needed,
 )
+from grpo_launch.planning.cost.overlap import overlap_line
 from grpo_launch.planning.cost.startup import startup_time
 from grpo_launch.planning.cost.steptime import (
     colocate_prompt_copies,
@@ -250,9 +251,12 @@ def step_time(
     train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work, nodes=len(train.hosts))
     lines.append(f"training: {train_why}")
     old = old_logprobs_time(model, gpu, n, one) * rounds if vllm.mode != VllmMode.OFF or work.old_logprobs else 0.0
+    if work.overlapped:  # AsyncGRPOTrainer: no old log-probs pass; the sync streams the trainer's own dtype
+        old, sync = 0.0, sync * work.sync_weight_bytes / 2
+        lines.append(overlap_line(gen, train_s, sync, work.sync_weight_bytes))
     if old:
         lines.append(f"old log-probs (TRL's extra forward, 2·P per token): {old:.1f} s")
-    return StepTime(gen, train_s, sync, old), lines
+    return StepTime(gen, train_s, sync, old, overlapped=work.overlapped), lines
 
 
 def estimate_plan(
@@ -313,7 +317,11 @@ def estimate_plan(
     startup, startup_lines = startup_time(model, vllm, train)
     explain += startup_lines
     explain.append(
-        f"step ≈ {step.generation_s:.1f} s generation + {step.old_logprobs_s:.1f} s old log-probs + "
+        f"step ≈ max({step.generation_s:.1f} s generation, {step.training_s:.1f} s training) + {step.sync_s:.1f} s "
+        f"sync = {step.total_s:.1f} s (async, overlapped; one after the other {step.sequential_s:.1f} s); "
+        f"bottleneck: {step.bottleneck}"
+        if step.overlapped
+        else f"step ≈ {step.generation_s:.1f} s generation + {step.old_logprobs_s:.1f} s old log-probs + "
         f"{step.training_s:.1f} s training + {step.sync_s:.1f} s sync = {step.total_s:.1f} s; "
         f"bottleneck: {step.bottleneck}"
     )

@@ -16,7 +16,8 @@ from grpo_launch.enums import Device, VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning import placement, roles
+from grpo_launch.planning import modes, placement, roles
+from grpo_launch.planning.async_grpo import async_recipe, async_trainer_values, async_workload, choose_async, lora_rank
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.estimate import estimate_plan, size_vllm, workload
 from grpo_launch.planning.layout import LayoutRequest, solve_layout
@@ -81,6 +82,7 @@ def _plan(
     _refuse_silent_cpu_fallback(topology, recipe, model)
     _refuse_bf16_without_support(topology, recipe)
     search = Search(topology, recipe, model, calibration, runtime, base)
+    asynchronous = modes.check_mode(search)  # launch.mode async refuses here what AsyncGRPOTrainer cannot run
     if topology.is_cpu:
         placement.requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
         base.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
@@ -96,6 +98,17 @@ def _plan(
         prompts, why = prompts_target(req, pinned, counts, topology.num_gpus)
         target = prompts * (req.num_generations or 8)
         base.decide("prompts_per_step", prompts, why)
+    if asynchronous:
+        return modes.plan_modes(search, splits, target, _plan_one, lambda: _sync(search, splits, target),
+                                _default_split, _estimable(topology, model))  # fmt: skip
+    return _sync(search, splits, target)
+
+
+def _sync(search: Search, splits: list[Split], target: int | None) -> Plan:
+    """The best synchronous plan (TRL's GRPOTrainer) over ``splits``."""
+    topology, model, base = search.topology, search.model, search.base
+    pinned = search.recipe.launch.prompts_per_step
+    req = LayoutRequest.from_values(search.recipe.values)
     if len(splits) == 1 or not _estimable(topology, model):
         split = splits[0] if len(splits) == 1 else _default_split(splits)
         if len(splits) > 1:
@@ -219,6 +232,9 @@ def plan_split(
 def _plan_one(search: Search, split: Split | None, completions: int | None) -> Plan:
     """Plan one split (None: CPU) at ``completions`` per optimizer step (None: the recipe's own batch)."""
     topology, recipe, model, runtime = search.topology, search.recipe, search.model, search.runtime
+    is_async = split is not None and split.asynchronous
+    if is_async:
+        recipe = async_recipe(recipe)
     trace = Trace(list(search.base.decisions), list(search.base.notices), list(search.base.warnings))
     values = recipe.values
     if split is None:
@@ -238,6 +254,8 @@ def _plan_one(search: Search, split: Split | None, completions: int | None) -> P
             hint=f"Set vllm_tensor_parallel_size to a divisor of {n}.",
         )
     work = workload(recipe, layout, search.calibration)
+    if is_async:
+        work = async_workload(work, recipe)
     training = choose_training(topology, recipe, model, n, vllm, work, trace, nodes=len(train_hosts))
     vllm, sizing = size_vllm(topology, model, vllm, work, trace, n)
     device = Device.CPU if topology.is_cpu else Device.CUDA
@@ -256,6 +274,13 @@ def _plan_one(search: Search, split: Split | None, completions: int | None) -> P
     estimate = estimate_plan(topology, recipe, model, vllm, train, layout, work, training, sizing, rows=rows,
                              rows_why=runtime.dataset_rows_source)  # fmt: skip
     values_out = trainer_values(recipe, layout, vllm, train, trace, dense=model is not None and not model.is_moe)
+    settings = None
+    if is_async:
+        step = estimate.step if estimate else None
+        settings = choose_async(recipe, vllm, step, layout.completions_per_optimizer_step, trace,
+                                lora_rank=lora_rank(recipe, vllm, trace), dtype=values_out.get("dtype"),
+                                trainers=n)  # fmt: skip
+        values_out = async_trainer_values(values_out, settings, vllm)
     return Plan(
         recipe=recipe,
         topology=topology,
@@ -274,4 +299,5 @@ def _plan_one(search: Search, split: Split | None, completions: int | None) -> P
         warnings=(*trace.warnings, *runtime.warnings),
         estimate=estimate,
         split=split.label if split is not None else "no vLLM (CPU)",
+        asynchronous=settings,
     )

@@ -24,6 +24,7 @@ from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning import placement
+from grpo_launch.planning.async_grpo import async_workload
 from grpo_launch.planning.cost.steptime import old_logprobs_time, training_time
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.estimate import generation_part, size_vllm, workload
@@ -160,7 +161,10 @@ def best_variant(
     assert search.model is not None and gpu is not None
     layout, _ = solve_layout(s0.trainers, LayoutRequest.from_values(search.recipe.values), completions=target)
     work = workload(search.recipe, layout, search.calibration)
+    if s0.asynchronous:
+        work = async_workload(work, search.recipe)
     best: tuple[float, Split] | None = None
+    best_parts = (0.0, 0.0)
     for split in variants:
         scratch = Trace()
         vllm, hosts = placement.place(search.topology, search.recipe, search.model, split, scratch)
@@ -171,12 +175,16 @@ def best_variant(
             continue
         gen, sync, _ = generation_part(search.model, gpu, vllm, hosts, work)
         if best is None or gen + sync < best[0]:
-            best = (gen + sync, split)
+            best, best_parts = (gen + sync, split), (gen, sync)
     if best is None:
         return None
     forced = search.recipe.get("gradient_checkpointing") is True
     cheapest = dataclasses.replace(work, gradient_checkpointing=forced)
-    train, _ = training_time(search.model, gpu, s0.trainers, DistBackend.DDP, Offload.NONE, cheapest)
+    backend = DistBackend.FSDP if s0.asynchronous else DistBackend.DDP
+    train, _ = training_time(search.model, gpu, s0.trainers, backend, Offload.NONE, cheapest)
+    if s0.asynchronous:  # the slower side plus the sync (planning/cost/overlap.py)
+        gen, sync = best_parts
+        return max(gen, train) + sync * work.sync_weight_bytes / 2, best[1]
     old = old_logprobs_time(search.model, gpu, s0.trainers, work)
     return best[0] + train + old, best[1]
 

@@ -55,6 +55,7 @@ class Split:
     server_hosts: tuple[int, ...] = ()
     server_gpus_per_host: int = 0
     pp: int = 1  # server: pipeline stages of each replica (TP × PP GPUs), only where no replica of TP alone fits
+    asynchronous: bool = False  # AsyncGRPOTrainer on this split: generation and training overlap (launch.mode)
 
     @property
     def trainers(self) -> int:
@@ -83,6 +84,15 @@ class Split:
 
     @property
     def label(self) -> str:
+        return self._where + (" · async" if self.asynchronous else "")
+
+    @property
+    def disjoint(self) -> bool:
+        """The server and the trainers hold different GPUs (what AsyncGRPOTrainer needs)."""
+        return self.kind not in (SplitKind.COLOCATE, SplitKind.OFF)
+
+    @property
+    def _where(self) -> str:
         if self.kind == SplitKind.COLOCATE:
             return f"colocate ({self.dp} engine(s) × TP {self.tp})"
         if self.kind == SplitKind.OFF:

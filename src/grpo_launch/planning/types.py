@@ -189,9 +189,18 @@ class StepTime:
     training_s: float
     sync_s: float
     old_logprobs_s: float = 0.0  # TRL's forward pass for the old log-probs (importance sampling)
+    # AsyncGRPOTrainer: generation and training overlap on disjoint GPUs (planning/cost/overlap.py)
+    overlapped: bool = False
 
     @property
     def total_s(self) -> float:
+        if self.overlapped:
+            return max(self.generation_s, self.old_logprobs_s + self.training_s) + self.sync_s
+        return self.generation_s + self.old_logprobs_s + self.training_s + self.sync_s
+
+    @property
+    def sequential_s(self) -> float:
+        """The same work one side after the other (what the overlap saves is measured against)."""
         return self.generation_s + self.old_logprobs_s + self.training_s + self.sync_s
 
     @property
@@ -202,6 +211,29 @@ class StepTime:
     def trainer_generation_s(self) -> float:
         """What the trainers time as generation: generating, the old log-probs and the weight sync."""
         return self.generation_s + self.old_logprobs_s + self.sync_s
+
+
+@frozen
+class AsyncSettings:
+    """AsyncGRPOTrainer's pipeline values as planned (launch.mode async), with the predictions behind them."""
+
+    max_inflight_tasks: int
+    max_staleness: int
+    token_budget: int
+    weight_sync_steps: int
+    queue_maxsize: int
+    dtype: str  # the trainer's model dtype (AsyncGRPOConfig.dtype, float32 unless the recipe sets it)
+    predicted_staleness: float  # mean lag of a trained sample, in weight versions
+    overlap_bound: float  # (gen + train) / max(gen, train) of the chosen split
+    sync_step_s: float | None = None  # the best synchronous plan's step at the same work (None: none plans)
+    sync_label: str = ""  # that plan's split
+    speedup: float | None = None  # sync_step_s over the async step
+    weight_sync_timeout: int = 1800  # seconds before a stuck weight sync raises (AsyncGRPOConfig.weight_sync_timeout)
+    lora_rank: int | None = None  # --max-lora-rank of the server when use_peft (adapter-only weight sync)
+    max_loras: int | None = None  # --max-loras: max_staleness + 2 (trl async_grpo_trainer.py:899)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 @frozen
@@ -306,6 +338,7 @@ class Plan:
     vllm_version: str | None = None  # the trainers' (and so the server's) vLLM, when known (some flags depend on it)
     runtime: Runtime = Runtime()  # what the plan was made with (a replan after an OOM reuses it)
     split: str = ""  # how the GPUs are split, as the search labels it (a candidate's label)
+    asynchronous: AsyncSettings | None = None  # launch.mode async (or auto choosing it): AsyncGRPOTrainer
 
     @property
     def paths(self) -> RunPaths:

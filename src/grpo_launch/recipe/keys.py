@@ -3,7 +3,7 @@ open-r1's extras, with the value checks that apply to them."""
 
 from __future__ import annotations
 
-from grpo_launch.recipe import open_r1_schema, trl_schema
+from grpo_launch.recipe import async_schema, open_r1_schema, trl_schema
 
 # Keys grpo-launch's training entry (python -m grpo_launch.train) reads itself, beyond TRL's script arguments.
 TRAIN_ENTRY_KEYS: dict[str, str] = {
@@ -20,6 +20,7 @@ _TRL_AND_ENTRY = {
     **trl_schema.MODEL_CONFIG,
     **trl_schema.SCRIPT_ARGUMENTS,
     **TRAIN_ENTRY_KEYS,
+    **async_schema.ASYNC_ONLY,  # AsyncGRPOConfig's own keys (launch.mode async; ignored by a sync run)
 }
 # open-r1's own GRPOConfig / script-argument fields beyond TRL's, generated from its dataclasses
 # (scripts/gen_open_r1_schema.py). Accepted so an open-r1 recipe runs unmodified.

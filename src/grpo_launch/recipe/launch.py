@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
-from grpo_launch.enums import DistBackend, Offload, OnOom, VllmMode
+from grpo_launch.enums import DistBackend, LaunchMode, Offload, OnOom, VllmMode
 from grpo_launch.errors import did_you_mean, short
 from grpo_launch.recipe.values import AUTO, ENV_NAME, finite
 from grpo_launch.spec import frozen
@@ -24,6 +24,10 @@ HOST_PATTERN = (
 class LaunchSettings:
     """grpo-launch's own settings: the recipe's optional ``launch:`` block."""
 
+    # sync: TRL's GRPOTrainer; async: its AsyncGRPOTrainer (trl/experimental/async_grpo), generation and training
+    # overlapped on disjoint GPUs; auto: the planner chooses by the model and the predicted step. Sync by default
+    # until async has run on a GPU somewhere (issue 25).
+    mode: LaunchMode = field(default=LaunchMode.SYNC, metadata={"enum": LaunchMode})
     vllm: VllmMode | None = field(default=None, metadata={"enum": VllmMode})  # None: auto (the planner chooses)
     vllm_gpus: int | None = field(default=None, metadata={"min": 1, "max": 4096})
     vllm_tensor_parallel_size: int | None = field(default=None, metadata={"min": 1, "max": 4096})
@@ -165,6 +169,11 @@ def convert_launch(key: str, value: Any) -> tuple[str | None, Any]:
 def check_launch(launch: LaunchSettings) -> list[str]:
     """Problems between launch settings."""
     problems = []
+    if launch.mode is LaunchMode.ASYNC and launch.vllm in (VllmMode.COLOCATE, VllmMode.OFF):
+        problems.append(
+            f"launch.mode=async needs a vLLM server on GPUs of its own (AsyncGRPOTrainer talks to "
+            f"vllm_server_base_url only), but launch.vllm is {launch.vllm}: set launch.vllm=server, or launch.mode=sync"
+        )
     if launch.vllm is not VllmMode.OFF and launch.vllm_port == launch.main_process_port:
         problems.append(
             f"launch.vllm_port and launch.main_process_port are both {launch.vllm_port}: the vLLM server and the "

@@ -89,6 +89,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             }
             for c in plan.candidates
         ],
+        "asynchronous": plan.asynchronous.to_dict() if plan.asynchronous else None,
         "decisions": [asdict(d) for d in plan.decisions],
         "notices": list(plan.notices),
         "warnings": list(plan.warnings),

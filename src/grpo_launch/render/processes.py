@@ -68,6 +68,13 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         argv += ["--max-model-len", str(v.max_model_len)]
     if v.max_num_seqs:
         argv += ["--max-num-seqs", str(v.max_num_seqs)]
+    lora_env = {}
+    a = plan.asynchronous
+    if a is not None and a.lora_rank:
+        # AsyncGRPOTrainer's adapter-only sync (select_adapter_sync, trl async_grpo_trainer.py:861-908): LoRA on,
+        # the adapter's rank, max_staleness + 2 adapters resident, and runtime adapter loading.
+        argv += ["--enable-lora", "--max-lora-rank", str(a.lora_rank), "--max-loras", str(a.max_loras)]
+        lora_env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
     # As TRL's own build_command: its model implementation (GRPOConfig.vllm_model_impl), remote code when the
     # recipe trusts it, and the scale-out endpoints on vLLM >= 0.30 (an unknown version is taken as the newest TRL
     # supports; the run's preflight reads the real one).
@@ -85,7 +92,7 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         "-1",
         *launch.vllm_extra_args,
     ]
-    env = {"VLLM_SERVER_DEV_MODE": "1", **network_env(plan), **_host_ip(v, v.address), **launch.vllm_env}
+    env = {"VLLM_SERVER_DEV_MODE": "1", **lora_env, **network_env(plan), **_host_ip(v, v.address), **launch.vllm_env}
     return ProcessSpec(
         name="vllm",
         argv=tuple(argv),

@@ -26,7 +26,7 @@ from grpo_launch.recipe.keys import OPEN_R1_REWARD_KEYS
 from grpo_launch.recipe.parse import yaml_load
 from grpo_launch.rundir.control import mark_stopped
 from grpo_launch.rundir.layout import COMPLETE_MARKER, NO_RESUME, RESUME_ENV, RunPaths
-from grpo_launch.train import console
+from grpo_launch.train import async_entry, console
 from grpo_launch.train.callbacks import make_callbacks
 from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset, split_values
 from grpo_launch.train.rewards import load_reward
@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipe", required=True, help="resolved trainer recipe written by grpo-launch")
     args = ap.parse_args(argv)
     values = yaml_load(Path(args.recipe).read_text())
+    if async_entry.is_async(values):  # launch.mode async: TRL's AsyncGRPOTrainer
+        return async_entry.main(values, paths)
     grpo_kwargs, model_kwargs, script = split_values(values)
     for key, env in (
         ("wandb_entity", "WANDB_ENTITY"),

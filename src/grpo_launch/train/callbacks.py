@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.rundir.async_signals import signals_text
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.records import LogRecord, SaveRecord, StepRecord, append
 
@@ -54,7 +55,7 @@ def metrics_text(logs: dict) -> str:
     for key in ("kl", "entropy"):
         if isinstance(logs.get(key), (int, float)):
             out.append(f"{key} {logs[key]:.3g}")
-    return "".join(f" | {x}" for x in out)
+    return "".join(f" | {x}" for x in out) + signals_text(logs)  # AsyncGRPOTrainer's own, when it logs them
 
 
 def gpu_utilization() -> int | None:

@@ -7,6 +7,7 @@ as keyword lists (the answer column as ``answer``). Importing this module is che
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Callable, Mapping
@@ -76,16 +77,18 @@ def digits_reward(prompts: list, completions: list, **_: Any) -> list[float]:
     return out
 
 
-def make_length_reward(max_completion_length: int) -> RewardFunc:
-    def length_reward(prompts: list, completions: list, completion_ids: list | None = None, **_: Any) -> list[float]:
-        """1 − length / max_completion_length: prefers concise completions (tokens when known, else characters)."""
-        if completion_ids is not None:
-            sizes = [len(ids) for ids in completion_ids]
-        else:
-            sizes = [len(_text(c)) for c in completions]
-        return [max(0.0, 1.0 - n / max_completion_length) for n in sizes]
+def length_reward(
+    prompts: list, completions: list, completion_ids: list | None = None, *, max_completion_length: int, **_: Any
+) -> list[float]:
+    """1 − length / max_completion_length: prefers concise completions (tokens when known, else characters)."""
+    sizes = [len(ids) for ids in completion_ids] if completion_ids is not None else [len(_text(c)) for c in completions]
+    return [max(0.0, 1.0 - n / max_completion_length) for n in sizes]
 
-    return length_reward
+
+def make_length_reward(max_completion_length: int) -> RewardFunc:
+    """A functools.partial, not a closure: AsyncGRPOTrainer pickles its rewards into a spawned child
+    (trl async_rollout_worker.py:1209), and TRL names a partial after the function it wraps (get_callable_name)."""
+    return functools.partial(length_reward, max_completion_length=max_completion_length)
 
 
 REGISTRY: dict[str, Callable[[Mapping[str, Any]], RewardFunc]] = {
@@ -132,3 +135,16 @@ def _open_r1_reward(name: str, config: Mapping[str, Any]) -> RewardFunc:
     settings = {**OPEN_R1_DEFAULTS, **{k: v for k, v in config.items() if k in OPEN_R1_DEFAULTS}}
     (func,) = get_reward_funcs(SimpleNamespace(**settings, reward_funcs=[name]))
     return func
+
+
+class Weighted:
+    """A reward scaled by its weight, picklable (a module-level class; AsyncGRPOTrainer pickles its rewards into a
+    spawned child, async_rollout_worker.py:1209, and sums them unweighted: AsyncGRPOConfig has no reward_weights).
+    Named after the reward it scales (TRL's get_callable_name reads ``__name__``)."""
+
+    def __init__(self, func: RewardFunc, weight: float) -> None:
+        self.func, self.weight = func, float(weight)
+        self.__name__ = getattr(func, "__name__", None) or getattr(getattr(func, "func", None), "__name__", "reward")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list:
+        return [None if r is None else self.weight * r for r in self.func(*args, **kwargs)]

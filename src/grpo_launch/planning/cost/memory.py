@@ -79,7 +79,7 @@ class TrainMemory:
 
 
 def model_states(
-    model: ModelShape, n: int, backend: DistBackend, offload: Offload, *, lora: bool = False
+    model: ModelShape, n: int, backend: DistBackend, offload: Offload, *, lora: bool = False, lora_base_bytes: int = 2
 ) -> tuple[float, ...]:
     """(weights, gradients, optimizer) bytes per training GPU, term by term as DeepSpeed's own estimators count them
     (``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``; the 18 bytes per
@@ -91,10 +91,13 @@ def model_states(
     - DDP: float32 weights, gradients and Adam moments (4 + 4 + 8 = 16P): the planner loads float32 under DDP, so
       there is no separate master copy.
     - FSDP2: the same 16P in float32, sharded (/n), plus the gathered largest layer (4L); parameter offload keeps 4L.
-    - LoRA: the frozen bf16 base (2P, /n under ZeRO-3); the adapters are negligible.
+    - LoRA: the frozen bf16 base (2P, /n under ZeRO-3 and FSDP); the adapters are negligible. AsyncGRPOTrainer
+      loads the base in float32 by default (``lora_base_bytes`` 4: async_grpo_config.py:178).
     """
     b, o = backend, offload
     p, big = model.params, 4 * model.largest_layer_params
+    if lora and (lora_base_bytes != 2 or b == DistBackend.FSDP):  # FSDP shards the frozen base too
+        return (lora_base_bytes * p / (n if b in (DistBackend.ZERO3, DistBackend.FSDP) else 1), 0.0, 0.0)
     if lora:
         return (2 * p / (n if b == DistBackend.ZERO3 else 1), 0.0, 0.0)
     if b == DistBackend.ZERO2:
@@ -124,7 +127,9 @@ def host_memory_per_node(
 def train_memory(model: ModelShape, n: int, backend: DistBackend, offload: Offload, work: Workload) -> TrainMemory:
     """Memory per training GPU for ``n`` training processes."""
     p = model.params
-    weights, grads, optim = model_states(model, n, backend, offload, lora=work.lora)
+    weights, grads, optim = model_states(
+        model, n, backend, offload, lora=work.lora, lora_base_bytes=work.lora_base_bytes
+    )
     # The reference model loads like the policy: float32 under DDP/FSDP (see trainer_values), bf16 under ZeRO;
     # sharded under ZeRO-3 and FSDP.
     ref_bytes = 2 if backend.is_deepspeed else 4

@@ -37,6 +37,9 @@ class Workload:
     old_logprobs: bool = False  # TRL's extra forward pass over the completions for the old log-probs
     num_iterations: int = 1  # TRL's num_iterations: each generation is trained on that many times
     expected_completion_len: float = 0.0  # the mean completion length; 0: every completion runs to the maximum
+    overlapped: bool = False  # AsyncGRPOTrainer: generation and training overlap (planning/cost/overlap.py)
+    lora_base_bytes: int = 2  # bytes per parameter of a frozen LoRA base (4: AsyncGRPOConfig's float32 default)
+    sync_weight_bytes: int = 2  # bytes per parameter the weight sync streams (4: float32 trainer weights)
     scale: Calibration = Calibration()
 
     @property

@@ -1,0 +1,116 @@
+"""launch.mode: sync (TRL's GRPOTrainer), async (its AsyncGRPOTrainer) or auto, planned side by side. Pure.
+
+Async candidates are the splits whose server and trainers hold different GPUs, planned by the same split search
+(:mod:`.search`) at the same completions per step as the sync ones; the plan keeps both sets of candidates for
+``--explain``, and says what the chosen mode gains over the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from grpo_launch.enums import LaunchMode
+from grpo_launch.errors import Fix, PlanError
+from grpo_launch.planning.refusal.async_grpo import async_problems, async_warnings
+from grpo_launch.planning.search import Search, search_splits
+from grpo_launch.planning.split import Split
+from grpo_launch.planning.types import Decision, Plan
+
+PlanOne = Callable[[Search, Split | None, int | None], Plan]
+
+
+def check_mode(search: Search) -> bool:
+    """Whether this plan tries async: launch.mode async refuses here with every reason and its fixes; auto stays
+    sync (and says why) where async cannot run."""
+    mode = search.recipe.launch.mode
+    if mode is LaunchMode.SYNC:
+        return False
+    problems = async_problems(search.topology, search.recipe, search.model)
+    if not problems:
+        return True
+    if mode is LaunchMode.ASYNC:
+        raise PlanError(
+            "launch.mode=async: TRL 1.16's AsyncGRPOTrainer cannot run this plan:",
+            problems=[why for why, _ in problems],
+            fixes=[fix for _, fixes in problems for fix in fixes],
+        )
+    search.base.decide("launch.mode", LaunchMode.SYNC, f"auto: async cannot run here: {problems[0][0]}")
+    return False
+
+
+def plan_modes(search: Search, splits: list[Split], target: int | None, plan_one: PlanOne,
+               sync_plan: Callable[[], Plan], default_split: Callable[[list[Split]], Split],
+               estimable: bool) -> Plan:  # fmt: skip
+    """The async plan (launch.mode async), or the faster of the two (auto), beside the best sync plan."""
+    mode = search.recipe.launch.mode
+    shared = [dataclasses.replace(s, asynchronous=True) for s in splits if s.disjoint]
+    if not shared:
+        why = "no split gives the vLLM server GPUs of its own (AsyncGRPOTrainer needs disjoint GPUs; TRL docs)"
+        if mode is LaunchMode.ASYNC:
+            raise PlanError(
+                f"launch.mode=async: {why}",
+                fixes=[
+                    Fix("gpus", None, "at least 2 GPUs: one serves, one trains", 1, in_recipe=False),
+                    Fix("launch.mode", "sync", "TRL's GRPOTrainer (colocated vLLM)", rank=2),
+                ],
+            )
+        search.base.decide("launch.mode", LaunchMode.SYNC, f"auto: {why}")
+        return sync_plan()
+    if not estimable:
+        if mode is LaunchMode.AUTO:
+            search.base.decide("launch.mode", LaunchMode.SYNC, "auto: no estimate (model or GPU unknown) to compare")
+            return sync_plan()
+        split = default_split(shared)
+        search.base.decide("split", split.label, "no estimate (model or GPU unknown): the default split")
+        return _finish(plan_one(search, split, target), None, search)
+    chosen = search_splits(search, shared, target, plan_one)
+    try:
+        sync = sync_plan()
+    except PlanError:
+        sync = None
+    if mode is LaunchMode.AUTO and sync is not None and _step(sync) <= _step(chosen):
+        why = f"auto: sync {_step(sync):.1f} s per step ≤ async {_step(chosen):.1f} s at the same work"
+        return _merge(sync, chosen, Decision("launch.mode", LaunchMode.SYNC, why))
+    return _finish(chosen, sync, search)
+
+
+def _step(plan: Plan) -> float:
+    assert plan.estimate is not None and plan.estimate.step is not None
+    return plan.estimate.step.total_s
+
+
+def _finish(plan: Plan, sync: Plan | None, search: Search) -> Plan:
+    """The async plan with its speed-up over the best sync plan (the same work per step) and the warnings."""
+    settings = plan.asynchronous
+    assert settings is not None
+    said = "set in the recipe" if search.recipe.launch.mode is LaunchMode.ASYNC else "auto"
+    if sync is not None and sync.estimate and sync.estimate.step and plan.estimate and plan.estimate.step:
+        speedup = _step(sync) / _step(plan)
+        best_sync = next((c.label for c in sync.candidates if c.chosen), sync.vllm.mode)
+        settings = dataclasses.replace(settings, sync_step_s=round(_step(sync), 3), sync_label=str(best_sync),
+                                       speedup=round(speedup, 3))  # fmt: skip
+        why = (f"{said}: predicted {_step(plan):.1f} s per step against {_step(sync):.1f} s for the best sync plan "
+               f"({best_sync}) at the same completions per step: {speedup:.2f}× (overlap alone gains at most "
+               f"{settings.overlap_bound:.2f}× on this split); samples lag {settings.predicted_staleness:.1f} weight "
+               "versions on average (off-policy by that much)")  # fmt: skip
+        if speedup < 1:
+            plan = dataclasses.replace(plan, warnings=(*plan.warnings, (
+                f"async is predicted slower than the best sync plan ({_step(plan):.1f} s against {_step(sync):.1f} s "
+                f"per step, {best_sync}): set launch.mode=sync, or auto to let the planner choose")))  # fmt: skip
+    else:
+        why = f"{said}: no sync plan to compare" if plan.estimate else f"{said}: no estimate"
+    decision = Decision("launch.mode", LaunchMode.ASYNC, why)
+    plan = dataclasses.replace(plan, asynchronous=settings,
+                               warnings=(*plan.warnings, *async_warnings(search.topology, search.recipe)))  # fmt: skip
+    return _merge(plan, sync, decision) if sync is not None else _with(plan, decision)
+
+
+def _merge(chosen: Plan, other: Plan | None, decision: Decision) -> Plan:
+    """``chosen`` with the other mode's candidates beside its own (none of them chosen)."""
+    others = tuple(dataclasses.replace(c, chosen=False) for c in (other.candidates if other else ()))
+    return dataclasses.replace(_with(chosen, decision), candidates=(*chosen.candidates, *others))
+
+
+def _with(plan: Plan, decision: Decision) -> Plan:
+    return dataclasses.replace(plan, decisions=(decision, *plan.decisions))
