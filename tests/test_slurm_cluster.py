@@ -9,6 +9,7 @@ GRPO_LAUNCH_REQUIRE_SLURM=1, which turns the skip into a failure.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -268,6 +269,7 @@ def test_hostile_job_name_and_run_dir_reach_slurm_unchanged(cluster, tmp_path):
 # NVML cannot run without a GPU: this stand-in for pynvml answers as the node it runs on (SLURMD_NODENAME) would,
 # so the test shows which node each report came from. Everything else (sbatch, the srun steps, the gres) is real.
 FAKE_PYNVML = """
+import json
 import os
 NODE_GPU = {"n1": ("NVIDIA H100 80GB HBM3", 85520809984), "n2": ("NVIDIA A100-SXM4-40GB", 42505273344)}
 class NVMLError(Exception):
@@ -453,4 +455,40 @@ def test_a_pipeline_over_two_nodes_serves_the_third(cluster, tmp_path):
     assert head["host"] == "n3" and head["argv"][-1] == "--headless" and "[vllm@n3]" in text
     assert head["argv"][head["argv"].index("--node-rank") + 1] == "1"
     check_dedicated_node_run(run, ["n2", "n3"], ["n1"], per_host=1, server_world=2)
+    assert wait_no_processes(run) == []
+
+
+@pytest.mark.vllm
+def test_adapt_resplits_inside_the_allocation_and_resumes(cluster, tmp_path):
+    """launch.adapt inside a Slurm job (one node, 3 fake L4s probed through the pynvml stand-in of
+    tests/test_adapt_run.py): the first decision is injected as there (why: see that module), the vLLM servers and
+    trainers of each layout run as srun steps of the same allocation, and the run resumes on the new layout without
+    asking for more nodes; steps are logged exactly once."""
+    from .test_adapt_run import DRIVER, fake_nvml, records, server_recipe
+
+    if not VLLM_PY.exists():
+        pytest.fail("the vLLM CPU environment is missing: run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+    recipe = server_recipe(tmp_path / "adapt.yaml", learning_rate=1e-9, max_steps=24, adapt=True)
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    run, out = tmp_path / "run", tmp_path / "job.out"
+    env = {**cluster, "PYTHONPATH": str(fake_nvml(tmp_path)), "FAKE_L4_GPUS": "3"}
+    launch = f"{VLLM_PY} {driver} run --slurm {recipe} --run-dir {run}"
+    job = sh(env, "sbatch", "--parsable", "-N1", "--gpus-per-node=3", f"--output={out}", f"--chdir={ROOT}",
+             "--wrap", launch).strip()  # fmt: skip
+    try:
+        state = wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 600)
+    finally:
+        sh(cluster, "scancel", job, check=False)
+    text = out.read_text(errors="replace")
+    assert state == "COMPLETED", text[-5000:]
+    steps = [r["step"] for r in records(run / "metrics.jsonl") if "step_s" in r]
+    assert steps == list(range(1, 25)), steps
+    attempts = records(run / "control" / "attempts.jsonl")
+    moved = attempts[0]["adaptations"][0]
+    assert attempts[0]["state"] == "stopped-for-checkpoint" and moved["action"] == "resplit"
+    assert moved["split"] != moved["new_split"] and attempts[-1]["state"] == "succeeded"
+    assert "adapt: resuming from step" in text and len(attempts) >= 2
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["topology"]["source"] == "slurm" and plan["topology"]["description"].startswith("1 × 3")
     assert wait_no_processes(run) == []
