@@ -490,5 +490,6 @@ def test_adapt_resplits_inside_the_allocation_and_resumes(cluster, tmp_path):
     assert moved["split"] != moved["new_split"] and attempts[-1]["state"] == "succeeded"
     assert "adapt: resuming from step" in text and len(attempts) >= 2
     plan = json.loads((run / "plan.json").read_text())
-    assert plan["topology"]["source"] == "slurm" and plan["topology"]["description"].startswith("1 × 3")
+    assert plan["topology"]["source"] == "slurm" and len(plan["topology"]["hosts"]) == 1  # the same allocation
+    assert plan["topology"]["description"] == "3 × NVIDIA L4 22 GiB"
     assert wait_no_processes(run) == []
