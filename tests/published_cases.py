@@ -126,9 +126,10 @@ SMALL, MEDIUM = "Qwen/Qwen2.5-Math-1.5B", "Qwen/Qwen2.5-Math-7B"
 # ------------------------------------------------------------------ open-r1 issue #251 (8 × H100, TRL 0.15)
 # github.com/huggingface/open-r1/issues/251: Qwen2.5-Math-7B, recipes/Qwen2.5-Math-7B/grpo/config_simple_rl.yaml
 # at open-r1 commit 0da0f7cce21a46ff88d55a6715a9421de1ebff9d (2025-02-07, the issue's date), 8 × H100 SXM:
-# 7 training processes + 1 vLLM GPU, ZeRO-2, num_generations 7, per-device batch 2, gradient accumulation 8, prompts ≤ 512 and completions ≤ 1024 tokens,
-# gradient checkpointing; logged mean completion length 639; 68.6–70 s per step (468 steps ≈ 9 h). TRL 0.15
-# generated once per micro-step (2 prompts × 7 per call), which is TRL 1.16's steps_per_generation=1.
+# 7 training processes + 1 vLLM GPU, ZeRO-2, num_generations 7, per-device batch 2, gradient accumulation 8,
+# prompts ≤ 512 and completions ≤ 1024 tokens, gradient checkpointing; logged mean completion length 639;
+# 68.6–70 s per step (468 steps ≈ 9 h). TRL 0.15 generated once
+# per micro-step (2 prompts × 7 per call), which is TRL 1.16's steps_per_generation=1.
 OPEN_R1_251 = {
     "model_name_or_path": "Qwen/Qwen2.5-Math-7B",
     "num_generations": 7,
