@@ -23,6 +23,9 @@ from grpo_launch.recipe import Recipe, build_recipe, load_recipe
 from grpo_launch.recipe.parse import parse_override
 
 ROOT = Path(__file__).resolve().parents[1]
+# Added to a bound derived from a test's configured poll, grace and health values: process start-up and scheduling on
+# the CI machine (2 cores shared by 4 pytest workers; a Python start with torch imported takes up to ~3 s there).
+SLACK_S = 10.0
 TINY = ROOT / ".cache" / "tiny"
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 TINY_RECIPE = str(ROOT / "recipes" / "tiny-cpu.yaml")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from grpo_launch.errors import PlanError
+from grpo_launch.planning.estimate import off_policy_lag
 from grpo_launch.planning.layout import LayoutRequest, solve_layout
 
+from .helpers import plan_recipe
 from .trl_oracle import grpo_config
 
 
@@ -18,7 +20,8 @@ from .trl_oracle import grpo_config
         # Seed case 2: single GPU: per-device batch a multiple of num_generations, or accumulation.
         (1, dict(per_device=4, num_generations=8), dict(gradient_accumulation_steps=2, generation_batch_size=8)),
         (4, dict(per_device=2, num_generations=8), dict(gradient_accumulation_steps=1, generation_batch_size=8)),
-        # The recipe's own generation rhythm: steps_per_generation set, accumulation kept (its off-policy choice).
+        # The recipe's own generation rhythm: steps_per_generation set, accumulation kept (its off-policy choice,
+        # which the plan states as a notice: test_a_recipes_own_off_policy_rhythm_is_a_notice).
         (
             3,
             dict(per_device=1, grad_accum=2, steps_per_generation=8, num_generations=8),
@@ -82,6 +85,34 @@ def test_accumulation_that_does_not_fill_groups_is_refused_not_made_off_policy()
     off = next(f for f in fixes if f.startswith("set steps_per_generation="))
     assert "steps_per_generation=8" in off and "serves 4 optimizer steps" in off and "3 step(s) old" in off
     grpo_config(dict(per_device_train_batch_size=1, gradient_accumulation_steps=8, num_generations=8), 3)
+
+
+@pytest.mark.parametrize(
+    ("accum", "spg", "iterations", "lag"),
+    [(2, 8, 1, 3), (8, 2, 1, 0), (8, 8, 1, 0), (4, 8, 1, 1), (6, 4, 1, 1), (2, 3, 1, 1), (4, 2, 2, 0), (2, 2, 2, 1)],
+)
+def test_off_policy_lag_counts_the_optimizer_steps_inside_a_generation(accum, spg, iterations, lag):
+    """TRL 1.16 generates every steps_per_generation × num_iterations micro-batches and steps the optimizer every
+    gradient_accumulation_steps: the lag is the number of optimizer steps a generation's micro-batches straddle,
+    zero exactly where TRL itself sees no off-policy data (its accumulation % generate_every test)."""
+    layout, _ = solve_layout(1, LayoutRequest(per_device=8, grad_accum=accum, steps_per_generation=spg,
+                                              num_generations=8))  # fmt: skip
+    assert off_policy_lag(layout, iterations) == lag
+    assert (lag > 0) == (accum % (spg * iterations) != 0)
+
+
+def test_a_recipes_own_off_policy_rhythm_is_a_notice():
+    """Seed case 1 with steps_per_generation=8 and accumulation 2, as the recipe asks: one generation serves 4
+    optimizer steps. The planner keeps the recipe's choice and says so in a notice, with the lag and the fix; an
+    on-policy recipe gets no such notice."""
+    values = {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "per_device_train_batch_size": 1,
+              "num_generations": 8, "launch": {"vllm": "server", "vllm_gpus": 1}}  # fmt: skip
+    plan = plan_recipe({**values, "gradient_accumulation_steps": 2, "steps_per_generation": 8}, "4xL20-48GB")
+    assert (plan.layout.gradient_accumulation_steps, plan.layout.steps_per_generation) == (2, 8)
+    (notice,) = [n for n in plan.notices if n.startswith("off policy")]
+    assert "up to 3 step(s) old" in notice and "set steps_per_generation=2" in notice, notice
+    on_policy = plan_recipe({**values, "gradient_accumulation_steps": 8}, "4xL20-48GB")
+    assert not [n for n in on_policy.notices if n.startswith("off policy")]
 
 
 def test_a_target_that_does_not_split_is_refused():
