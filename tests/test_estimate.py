@@ -122,25 +122,25 @@ def test_full_7b_on_one_24gb_gpu_is_refused_with_the_nearest_fixes():
 
 
 def test_seed_case_3_memory_pressure_turns_on_checkpointing_and_offload_only_when_needed():
-    """Seed case 3: raising the batch on 4 GPUs hit OOM until gradient checkpointing and offload were on."""
-    small = plan(
-        {
-            "model_name_or_path": QWEN7,
-            "num_generations": 4,
-            "per_device_train_batch_size": 4,
-            "max_completion_length": 256,
-            "launch": {"vllm": "server"},
-        },
-        "8xH100-80GB",
-    )
-    big = plan(
-        {"model_name_or_path": QWEN7, "num_generations": 4, "per_device_train_batch_size": 4,
-         "max_completion_length": 2048, "launch": {"vllm": "server"}},
-        "4xA100-40GB",
-    )  # fmt: skip
-    assert small.train.gradient_checkpointing is False and small.train.offload == "none"
+    """Seed case 3: raising the batch on one machine hit OOM until gradient checkpointing and offload were on. One
+    topology (8 × H100, a 1-GPU server, 7 trainers), one model and length; only the per-device batch grows. Each
+    saving appears at the batch that needs it, and each is needed there: without it the same plan does not fit."""
+    base = {"model_name_or_path": QWEN7, "num_generations": 4, "max_completion_length": 1024,
+            "launch": {"vllm": "server", "vllm_gpus": 1}}  # fmt: skip
+
+    def at(batch: int, **more):
+        return plan({**base, "per_device_train_batch_size": batch, **more}, "8xH100-80GB")
+
+    small, mid, big = at(1), at(4), at(64)
+    assert small.train.num_processes == mid.train.num_processes == big.train.num_processes == 7
+    assert (small.train.gradient_checkpointing, small.train.offload) == (False, "none")
+    assert (mid.train.gradient_checkpointing, mid.train.offload) == (True, "none")
     assert big.train.gradient_checkpointing is True and big.train.offload != "none"
     assert big.trainer_values["gradient_checkpointing"] is True
+    with pytest.raises(PlanError, match="does not fit"):  # the mid batch without checkpointing, same backend
+        at(4, gradient_checkpointing=False, launch={**base["launch"], "backend": mid.train.backend.value})
+    with pytest.raises(PlanError, match="does not fit"):  # the big batch without offload
+        at(64, launch={**base["launch"], "offload": "none"})
 
 
 def test_vllm_sizing_covers_the_round_and_respects_the_kv_cache():
