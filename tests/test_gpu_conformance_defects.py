@@ -19,7 +19,7 @@ from grpo_launch.render import render_files
 from grpo_launch.render.configs import render_accelerate_config
 from grpo_launch.render.processes import trainers, vllm_server
 
-from .helpers import ROOT, plan_recipe
+from .helpers import ROOT, VLLM_PY, plan_recipe, require_vllm
 
 QWEN15 = "Qwen/Qwen2.5-1.5B-Instruct"
 LLAMA8 = "meta-llama/Llama-3.1-8B-Instruct"
@@ -200,13 +200,16 @@ def test_vllm_must_be_importable_in_the_trainers_at_the_servers_version(tmp_path
 
 def test_vllm_version_is_read_from_a_real_environment():
     """The same check against the real environments: .venv has no vLLM, .venv-vllm has 0.31."""
+    import importlib.metadata
+    import importlib.util
+
     from grpo_launch.probe.pythons import vllm_version_of
 
-    here = vllm_version_of(sys.executable)
-    assert here == "missing" or here.startswith("0.")  # .venv has none here; a [train,vllm] install has one
-    venv_vllm = ROOT / ".venv-vllm" / "bin" / "python"
-    if venv_vllm.exists():
-        assert vllm_version_of(str(venv_vllm)).startswith("0.31")
+    # this interpreter's answer, from importlib's own records (the [train] .venv has no vLLM; [train,vllm] has one)
+    expected = importlib.metadata.version("vllm") if importlib.util.find_spec("vllm") else "missing"
+    assert vllm_version_of(sys.executable) == expected
+    require_vllm()
+    assert vllm_version_of(str(VLLM_PY)).startswith("0.31")
 
 
 def test_review_fsdp_keeps_checkpointing_and_refuses_optimizer_only_offload():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, SLACK_S, free_port, tiny_overrides
+from .helpers import ROOT, SLACK_S, free_port, require_root_tool, tiny_overrides
 from .helpers import TINY_RECIPE as RECIPE
 
 pytestmark = pytest.mark.slow
@@ -325,8 +325,7 @@ def test_a_full_disk_is_named_and_the_damaged_checkpoint_skipped_after(tmp_path)
         and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode
         == 0
     )
-    if not mounted:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    require_root_tool(mounted, "GRPO_LAUNCH_REQUIRE_MOUNT", "mounting a small tmpfs (root; CI runs as root)")
     try:
         run = tmp_path / "run"
         overrides = (f"output_dir={mnt / 'out'}", "max_steps=6", "save_steps=1")

