@@ -254,8 +254,8 @@ def python_with_fake_nvml(tmp_path: Path) -> str:
 
 def test_inspect_and_plan_probe_each_host_over_ssh(hosts, tmp_path):
     """Without gpu= in the hostfile, each host reports itself over ssh: its GPUs (h1 H100s, h2 A100s, from a pynvml
-    stand-in keyed by the host's own name), CPUs and RAM; the plan carries them (sized for the smaller GPU, the
-    host-RAM check for offload reads the RAM)."""
+    stand-in keyed by the host's own name), CPUs and RAM; the plan carries them (the host-RAM check for offload reads
+    the RAM)."""
     import json
 
     f = hostfile(tmp_path, "h1 slots=2", "h2 slots=2")
@@ -277,10 +277,8 @@ def test_inspect_and_plan_probe_each_host_over_ssh(hosts, tmp_path):
     plan = subprocess.run([*base, "plan", *recipe, "--hostfile", str(f), *ssh_args(hosts), "--json", "--no-write"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)  # fmt: skip
     assert plan.returncode == 0, plan.stderr
-    planned = json.loads(plan.stdout)
-    assert all(h["memory_bytes"] == ram for h in planned["topology"]["hosts"])
-    assert [h["gpus"][0]["name"] for h in planned["topology"]["hosts"]] == [
-        "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"]  # fmt: skip
+    planned = json.loads(plan.stdout)  # the tiny CPU recipe (use_cpu) sets the GPUs aside: the RAM is what it reads
+    assert [(h["name"], h["memory_bytes"]) for h in planned["topology"]["hosts"]] == [("h1", ram), ("h2", ram)]
 
 
 def run_dedicated(hosts: Path, tmp_path: Path, slots: int, **recipe_options) -> tuple[Path, str]:
