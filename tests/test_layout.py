@@ -43,6 +43,19 @@ from .trl_oracle import grpo_config
         (7, dict(), dict(per_device_train_batch_size=8, gradient_accumulation_steps=1)),
         # per-device unset with num_generations 6 on 4 GPUs: the nearest to TRL's 8 that fills whole groups is 9.
         (4, dict(num_generations=6), dict(per_device_train_batch_size=9, gradient_accumulation_steps=1)),
+        # … below TRL's 8 when that is nearer: 7 × 3 processes = 21 = 3 groups of 7.
+        (3, dict(num_generations=7), dict(per_device_train_batch_size=7, gradient_accumulation_steps=1)),
+        # The recipe's steps_per_generation with no per-device batch: the nearest to 8 filling whole groups.
+        (
+            3,
+            dict(steps_per_generation=2, num_generations=12),
+            dict(per_device_train_batch_size=8, steps_per_generation=2, generation_batch_size=48),
+        ),
+        (
+            5,
+            dict(steps_per_generation=3, num_generations=9),
+            dict(per_device_train_batch_size=9, steps_per_generation=3),
+        ),
         # generation_batch_size given: per-device derived from it.
         (
             4,
@@ -60,6 +73,8 @@ def test_layouts_are_accepted_by_trl(n, req, expect):
     layout, _why = solve_layout(n, LayoutRequest(**req), completions=completions)
     for key, value in expect.items():
         assert getattr(layout, key) == value, key
+    for key, value in layout.trl_values().items():  # whole numbers, as TRL's int fields (a 2.0 would be written)
+        assert type(value) is int, (key, value)
     cfg = grpo_config(
         {
             **layout.trl_values(),
@@ -113,6 +128,47 @@ def test_a_recipes_own_off_policy_rhythm_is_a_notice():
     assert "up to 3 step(s) old" in notice and "set steps_per_generation=2" in notice, notice
     on_policy = plan_recipe({**values, "gradient_accumulation_steps": 8}, "4xL20-48GB")
     assert not [n for n in on_policy.notices if n.startswith("off policy")]
+
+
+def test_each_choice_is_said_with_its_arithmetic():
+    """The reasons solve_layout returns go into the plan's decisions: each chosen value with the sum behind it, and
+    nothing for a value the recipe set or TRL's default kept."""
+    _, why = solve_layout(3, LayoutRequest(per_device=1, num_generations=8), completions=48)
+    assert why == ["gradient_accumulation_steps=16: 1 per device × 3 processes × 16 = 48 completions = 6 prompts × 8"]
+    _, why = solve_layout(3, LayoutRequest(per_device=1, grad_accum=2, num_generations=8), completions=48)
+    assert why == ["gradient_accumulation_steps=16 (the recipe says 2): 1 per device × 3 processes × 16 = 48 "
+                   "completions, the 6 prompts per step every split is planned for"]  # fmt: skip
+    _, why = solve_layout(3, LayoutRequest(num_generations=8), completions=48)
+    assert why == ["gradient_accumulation_steps=2: 8 per device × 3 processes × 2 = 48 completions = 6 prompts × 8"]
+    _, why = solve_layout(3, LayoutRequest(num_generations=8), completions=24)
+    assert why == []  # TRL's defaults (8 per device, no accumulation) meet it: nothing to say
+    _, why = solve_layout(3, LayoutRequest(num_generations=8), completions=72)
+    assert why == ["gradient_accumulation_steps=3: 8 per device × 3 processes × 3 = 72 completions = 9 prompts × 8"]
+    _, why = solve_layout(2, LayoutRequest(per_device=3, num_generations=8), completions=48)
+    assert why == ["gradient_accumulation_steps=8: 3 per device × 2 processes × 8 = 48 completions = 6 prompts × 8"]
+    _, why = solve_layout(3, LayoutRequest(per_device=1, num_generations=8))
+    assert why == ["gradient_accumulation_steps=8: 1×3 processes is not a multiple of num_generations=8; accumulating "
+                   "8 steps gives 24 completions = 3 prompts × 8"]  # fmt: skip
+    _, why = solve_layout(3, LayoutRequest(num_generations=7))
+    assert why == ["per_device_train_batch_size=7: 7×3 processes×1 is a multiple of 7"]
+    _, why = solve_layout(4, LayoutRequest(per_device=2, num_generations=8, grad_accum=1))
+    assert why == []
+
+
+def test_the_recipes_layout_values_are_read_as_trl_reads_them():
+    req = LayoutRequest.from_values({"per_device_train_batch_size": "auto", "gradient_accumulation_steps": 4,
+                                     "generation_batch_size": 64, "num_generations": 8, "do_eval": True,
+                                     "eval_strategy": "steps", "per_device_eval_batch_size": 2,
+                                     "num_generations_eval": 4})  # fmt: skip
+    assert req == LayoutRequest(per_device=None, grad_accum=4, generation_batch_size=64, num_generations=8,
+                                eval_on=True, per_device_eval=2, num_generations_eval=4)  # fmt: skip
+    assert LayoutRequest.from_values({"do_eval": True}).eval_on is False  # TRL's eval_strategy default is "no"
+    assert LayoutRequest.from_values({"eval_strategy": "steps"}).eval_on is False
+    assert LayoutRequest.from_values({"steps_per_generation": 2}).steps_per_generation == 2
+    layout, _ = solve_layout(3, LayoutRequest(per_device=1, num_generations=8, eval_on=True))
+    assert layout.trl_values()["per_device_eval_batch_size"] == layout.per_device_eval_batch_size == 8
+    plain, _ = solve_layout(3, LayoutRequest(per_device=1, num_generations=8))
+    assert "per_device_eval_batch_size" not in plain.trl_values()
 
 
 def test_a_target_that_does_not_split_is_refused():
