@@ -8,7 +8,7 @@
 #   MUTMUT_CHILDREN=N  parallel mutants (default 1)
 #
 # It ends with `mutmut results` (the mutants that survived, by name); `cd WORKDIR/tree && WORKDIR/venv/bin/mutmut
-# show NAME` prints one as a diff. A second run reuses the venv and mutmut's cache of results.
+# show NAME` prints one as a diff. A second run reuses the venv.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${1:-/tmp/grpo-launch-mutmut}
@@ -27,8 +27,10 @@ fi
 
 TREE=$WORK/tree
 mkdir -p "$TREE"
-# Fresh sources and tests each run (mutmut's cache keys its results on the code, so unchanged mutants are not rerun).
+# Fresh sources, tests and mutants each run: mutmut 3.8 keeps a mutant's result while its code is unchanged, even
+# when the tests changed (MUTMUT_KEEP=1 keeps the previous results).
 rm -rf "$TREE/src" "$TREE/tests" "$TREE/recipes" "$TREE/scripts" "$TREE/.cache"
+[ "${MUTMUT_KEEP:-0}" = 1 ] || rm -rf "$TREE/mutants"
 cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/recipes" "$ROOT/scripts" "$ROOT/pyproject.toml" "$TREE/"
 mkdir -p "$TREE/.cache"
 bash -c "cd '$ROOT' && .venv/bin/python scripts/make_tiny_assets.py .cache/tiny" >/dev/null  # some tests read it
