@@ -171,6 +171,41 @@ def test_the_recipes_layout_values_are_read_as_trl_reads_them():
     assert "per_device_eval_batch_size" not in plain.trl_values()
 
 
+GA, PD, NG, SPG = (
+    "gradient_accumulation_steps",
+    "per_device_train_batch_size",
+    "num_generations",
+    "steps_per_generation",
+)
+
+
+@pytest.mark.parametrize(
+    ("n", "req", "colocate_n", "fixes"),
+    [
+        (3, dict(per_device=1, grad_accum=12), 4,
+         [(GA, 16, 0), (GA, 8, 0), (PD, 2, 1), (NG, 6, 2), ("launch.vllm", "colocate", 3), (SPG, 24, 3)]),
+        (5, dict(per_device=2, grad_accum=3), 8,
+         [(GA, 4, 0), (PD, 8, 1), (NG, 6, 2), ("launch.vllm", "colocate", 3), (SPG, 12, 3)]),
+        (3, dict(per_device=1, grad_accum=2), 3, [(GA, 8, 0), (PD, 4, 1), (NG, 3, 2), (SPG, 8, 3)]),
+    ],
+)  # fmt: skip
+def test_the_on_policy_fixes_are_the_nearest_whole_groups(n, req, colocate_n, fixes):
+    """Each fix of a batch that does not fill whole groups of 8 (ranked on policy first, then by how far it moves
+    the recipe): the accumulations either side of the recipe's that fill them, the nearest per-device batch, the
+    divisors of the batch nearest 8 as the group size, colocated vLLM where its process count fills them, and last
+    the off-policy rhythm with its lag. Each is checked by TRL too (test_fixes.py plans every fix shown)."""
+    with pytest.raises(PlanError) as e:
+        solve_layout(n, LayoutRequest(num_generations=8, **req), colocate_n=colocate_n)
+    got = [(*f.assignments()[0], f.rank) for f in e.value.fixes]
+    assert got == fixes
+    for fix in e.value.fixes:
+        key, value = fix.assignments()[0]
+        if key == "gradient_accumulation_steps":
+            assert (req["per_device"] * n * value) % 8 == 0
+        if key == "steps_per_generation":
+            assert str(value // req["grad_accum"] - 1) + " step(s) old" in str(fix)
+
+
 def test_a_target_that_does_not_split_is_refused():
     with pytest.raises(PlanError, match=r"64 completions .* do not split over 7 processes"):
         solve_layout(7, LayoutRequest(num_generations=8), completions=64)
