@@ -6,9 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/setup_vllm_cpu.sh
+# Built, so the vLLM tests (the real CPU server, vLLM's parsers as the conformance oracle) must run, not skip.
+export GRPO_LAUNCH_REQUIRE_VLLM=1
 if [ "$(id -u)" = 0 ]; then
   bash scripts/install_system_packages.sh
   # Installed, so the Slurm and sshd tests must run: a skip would hide a broken set-up.
-  export GRPO_LAUNCH_REQUIRE_SLURM=1 GRPO_LAUNCH_REQUIRE_SSHD=1 GRPO_LAUNCH_REQUIRE_BROWSER=1
+  # Root can mount the small tmpfs of the full-disk test.
+  export GRPO_LAUNCH_REQUIRE_SLURM=1 GRPO_LAUNCH_REQUIRE_SSHD=1 GRPO_LAUNCH_REQUIRE_BROWSER=1 GRPO_LAUNCH_REQUIRE_MOUNT=1
 fi
 exec .venv/bin/python -m pytest tests -q "$@"

@@ -14,7 +14,6 @@ from grpo_launch.machines.gpus import GIB, find_gpu_spec
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import make_plan
-from grpo_launch.planning.cost.constants import HEADROOM
 from grpo_launch.planning.cost.memory import train_memory, vllm_memory
 from grpo_launch.planning.cost.steptime import generation_time
 from grpo_launch.planning.cost.workload import Workload
@@ -75,7 +74,8 @@ def test_seed_case_4_generation_is_the_bottleneck_of_long_completions():
 
 def test_trl_docs_72b_on_four_training_nodes_and_one_vllm_node():
     """TRL's GRPO docs run Qwen2.5-72B on 5 nodes of 8 × H100: 4 train, 1 serves vLLM with TP 8. That layout plans
-    (ZeRO-3, within memory), and what the planner chooses at the same batch predicts a step no longer than it."""
+    (ZeRO-3; "within memory" is the planner's own acceptance, not asserted again), and what the planner chooses
+    at the same batch predicts a step no longer than it."""
     values = {
         "model_name_or_path": "Qwen/Qwen2.5-72B-Instruct",
         "num_generations": 8,
@@ -90,7 +90,6 @@ def test_trl_docs_72b_on_four_training_nodes_and_one_vllm_node():
                 "5x8xH100-80GB")  # fmt: skip
     assert docs.vllm.mode == "server" and docs.vllm.tensor_parallel_size == 8 and docs.vllm.host == "node4"
     assert docs.train.num_processes == 32 and docs.train.backend == "zero3"
-    assert docs.estimate.train_memory_gib <= HEADROOM * 80
     assert docs.layout.completions_per_optimizer_step == chosen.layout.completions_per_optimizer_step
     assert chosen.estimate.step.total_s <= docs.estimate.step.total_s
 
@@ -102,7 +101,6 @@ def test_open_r1_small_model_on_one_node_needs_no_offload():
         "8xH100-80GB",
     )
     assert p.train.offload == "none" and p.train.backend in ("ddp", "zero2")
-    assert p.estimate.train_memory_gib < 80
 
 
 def test_full_7b_on_one_24gb_gpu_is_refused_with_the_nearest_fixes():
@@ -122,25 +120,25 @@ def test_full_7b_on_one_24gb_gpu_is_refused_with_the_nearest_fixes():
 
 
 def test_seed_case_3_memory_pressure_turns_on_checkpointing_and_offload_only_when_needed():
-    """Seed case 3: raising the batch on 4 GPUs hit OOM until gradient checkpointing and offload were on."""
-    small = plan(
-        {
-            "model_name_or_path": QWEN7,
-            "num_generations": 4,
-            "per_device_train_batch_size": 4,
-            "max_completion_length": 256,
-            "launch": {"vllm": "server"},
-        },
-        "8xH100-80GB",
-    )
-    big = plan(
-        {"model_name_or_path": QWEN7, "num_generations": 4, "per_device_train_batch_size": 4,
-         "max_completion_length": 2048, "launch": {"vllm": "server"}},
-        "4xA100-40GB",
-    )  # fmt: skip
-    assert small.train.gradient_checkpointing is False and small.train.offload == "none"
+    """Seed case 3: raising the batch on one machine hit OOM until gradient checkpointing and offload were on. One
+    topology (8 × H100, a 1-GPU server, 7 trainers), one model and length; only the per-device batch grows. Each
+    saving appears at the batch that needs it, and each is needed there: without it the same plan does not fit."""
+    base = {"model_name_or_path": QWEN7, "num_generations": 4, "max_completion_length": 1024,
+            "launch": {"vllm": "server", "vllm_gpus": 1}}  # fmt: skip
+
+    def at(batch: int, **more):
+        return plan({**base, "per_device_train_batch_size": batch, **more}, "8xH100-80GB")
+
+    small, mid, big = at(1), at(4), at(64)
+    assert small.train.num_processes == mid.train.num_processes == big.train.num_processes == 7
+    assert (small.train.gradient_checkpointing, small.train.offload) == (False, "none")
+    assert (mid.train.gradient_checkpointing, mid.train.offload) == (True, "none")
     assert big.train.gradient_checkpointing is True and big.train.offload != "none"
     assert big.trainer_values["gradient_checkpointing"] is True
+    with pytest.raises(PlanError, match="does not fit"):  # the mid batch without checkpointing, same backend
+        at(4, gradient_checkpointing=False, launch={**base["launch"], "backend": mid.train.backend.value})
+    with pytest.raises(PlanError, match="does not fit"):  # the big batch without offload
+        at(64, launch={**base["launch"], "offload": "none"})
 
 
 def test_vllm_sizing_covers_the_round_and_respects_the_kv_cache():

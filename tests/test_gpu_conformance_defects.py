@@ -19,7 +19,7 @@ from grpo_launch.render import render_files
 from grpo_launch.render.configs import render_accelerate_config
 from grpo_launch.render.processes import trainers, vllm_server
 
-from .helpers import ROOT, plan_recipe
+from .helpers import ROOT, VLLM_PY, plan_recipe, require_vllm
 
 QWEN15 = "Qwen/Qwen2.5-1.5B-Instruct"
 LLAMA8 = "meta-llama/Llama-3.1-8B-Instruct"
@@ -53,19 +53,42 @@ def test_without_max_prompt_length_prompts_are_bounded_and_filtered():
         plan({"vllm_max_model_length": 1000, "max_completion_length": 1024}, "1xH100-80GB")
 
 
+# A template that reads chat_template_kwargs and tools as Qwen3's does (its enable_thinking switch, its tool list).
+THINKING_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
+    "{% endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+    "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
 def test_prompt_filter_uses_the_chat_template_kwargs():
-    """2. TRL tokenizes prompts with chat_template_kwargs; the filter must count the same tokens."""
+    """2. TRL tokenizes prompts with chat_template_kwargs; the filter must count the same tokens. The tiny model's
+    real tokenizer, with a template that reads enable_thinking and tools, against the call TRL 1.16 makes
+    (trl/trainer/grpo_trainer.py, _tokenize_prompts: apply_chat_template(conversation=..., tools=...,
+    add_generation_prompt=True, tokenize=True, return_dict=True, **chat_template_kwargs))."""
+    from transformers import AutoTokenizer
+
     from grpo_launch.train.data import prompt_token_count
 
-    class Tok:
-        def apply_chat_template(self, messages, add_generation_prompt, tokenize, **kw):
-            assert add_generation_prompt and tokenize
-            return list(range(10 + (5 if kw.get("enable_thinking") else 0) + len(kw.get("tools") or [])))
+    from .helpers import ensure_tiny_assets
 
-    row = {"prompt": [{"role": "user", "content": "hi"}]}
-    assert prompt_token_count(Tok(), row, {}) == 10
-    assert prompt_token_count(Tok(), row, {"enable_thinking": True}) == 15
-    assert prompt_token_count(Tok(), {**row, "tools": ["a", "b"]}, {}) == 12
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_assets() / "model")
+    tok.chat_template = THINKING_TEMPLATE
+    tool = {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {"type": "object"}}}
+
+    def trl(prompt, tools, kwargs):
+        out = tok.apply_chat_template(conversation=[prompt], tools=tools or None, add_generation_prompt=True,
+                                      tokenize=True, return_dict=True, **kwargs)  # fmt: skip
+        return len(out["input_ids"][0])
+
+    row = {"prompt": [{"role": "user", "content": "What is 2 + 2?"}]}
+    counts = {}
+    for name, r, kwargs in (("plain", row, {}), ("no thinking", row, {"enable_thinking": False}),
+                            ("tools", {**row, "tools": [tool]}, {})):  # fmt: skip
+        counts[name] = prompt_token_count(tok, r, kwargs)
+        assert counts[name] == trl(r["prompt"], r.get("tools"), kwargs), name
+    assert counts["no thinking"] > counts["plain"] and counts["tools"] > counts["plain"]  # each kwarg is used
 
 
 @pytest.mark.parametrize("tp", [3, 6])
@@ -169,23 +192,36 @@ def test_trainer_processes_get_their_gpus_as_data():
     assert trainers(p)[0].gpus == ("0", "1", "2") and vllm_server(p).gpus == ("3",)
 
 
-def _fake_python(path, version: str):
-    path.write_text(f"#!/bin/sh\necho {version}\n")
-    path.chmod(0o755)
-    return str(path)
+def _python_with_vllm(root, version: str) -> str:
+    """A real interpreter (a venv of this Python) whose path holds a ``vllm`` package with that ``_version.py``,
+    as vLLM's wheels ship it; "missing": none."""
+    import venv
+
+    if not (root / "bin" / "python").exists():
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
+    site = next((root / "lib").glob("python3*/site-packages"))
+    package = site / "vllm"
+    if version != "missing":
+        package.mkdir(exist_ok=True)
+        (package / "__init__.py").write_text("")
+        (package / "_version.py").write_text(f"__version__ = version = {version!r}\n")
+    return str(root / "bin" / "python")
 
 
 def test_vllm_must_be_importable_in_the_trainers_at_the_servers_version(tmp_path):
     """6. TRL imports vLLM in the trainers in both modes (client, NCCL weight transfer): it must be there, in TRL's
-    range, and the server's version. The check reads each environment's vllm/_version.py (see probe.py); here the
-    interpreters are stand-ins that answer as that code would."""
+    range, and the server's version. The check reads each environment's vllm/_version.py (probe/pythons.py); here
+    each is a real interpreter with a vllm package of that version on its path."""
     from grpo_launch.errors import LaunchError
     from grpo_launch.execute.preflight import check_vllm
 
     def server_plan(trainer: str, server: str, mode: str = "server"):
-        launch = {"vllm": mode, "vllm_command": [_fake_python(tmp_path / "python3-server", server), "-m", "vllm"]}
+        launch = {
+            "vllm": mode,
+            "vllm_command": [_python_with_vllm(tmp_path / f"server-{server}", server), "-m", "vllm"],
+        }
         return dataclasses.replace(
-            plan({"launch": launch}, "4xL20-48GB"), python=_fake_python(tmp_path / "python3-trainer", trainer)
+            plan({"launch": launch}, "4xL20-48GB"), python=_python_with_vllm(tmp_path / f"trainer-{trainer}", trainer)
         )
 
     assert check_vllm(server_plan("0.31.0", "0.31.0")) == "0.31.0"
@@ -200,13 +236,16 @@ def test_vllm_must_be_importable_in_the_trainers_at_the_servers_version(tmp_path
 
 def test_vllm_version_is_read_from_a_real_environment():
     """The same check against the real environments: .venv has no vLLM, .venv-vllm has 0.31."""
+    import importlib.metadata
+    import importlib.util
+
     from grpo_launch.probe.pythons import vllm_version_of
 
-    here = vllm_version_of(sys.executable)
-    assert here == "missing" or here.startswith("0.")  # .venv has none here; a [train,vllm] install has one
-    venv_vllm = ROOT / ".venv-vllm" / "bin" / "python"
-    if venv_vllm.exists():
-        assert vllm_version_of(str(venv_vllm)).startswith("0.31")
+    # this interpreter's answer, from importlib's own records (the [train] .venv has no vLLM; [train,vllm] has one)
+    expected = importlib.metadata.version("vllm") if importlib.util.find_spec("vllm") else "missing"
+    assert vllm_version_of(sys.executable) == expected
+    require_vllm()
+    assert vllm_version_of(str(VLLM_PY)).startswith("0.31")
 
 
 def test_review_fsdp_keeps_checkpointing_and_refuses_optimizer_only_offload():

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, free_port, tiny_overrides
+from .helpers import ROOT, SLACK_S, free_port, require_root_tool, tiny_overrides
 from .helpers import TINY_RECIPE as RECIPE
 
 pytestmark = pytest.mark.slow
+GRACE_S = 3.0  # launch.grace_period_s of every run here
 
 FAULTS = """
 import os, signal, time
@@ -37,6 +38,7 @@ def reward(completions, trainer_state=None, **kw):
             time.sleep(600)
         if mode == "ignore-term":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            Path(str(once) + ".ignoring").write_text(str(os.getpid()))
             time.sleep(600)
         if mode == "oom":
             import torch
@@ -66,7 +68,7 @@ def argv(run: Path, *overrides: str) -> list[str]:
         RECIPE,
         *tiny_overrides(run.parent),
         f"launch.main_process_port={free_port()}",
-        "launch.grace_period_s=3",
+        f"launch.grace_period_s={GRACE_S:g}",
         *overrides,
         "--run-dir",
         str(run),
@@ -139,12 +141,20 @@ def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     run = tmp_path / "run"
     proc = start(run, "max_steps=50", "reward_funcs=[faultmod:reward]", env=fault_env(tmp_path, "ignore-term", at=2))
     wait_for_line(proc, "step 1/50 done")
-    time.sleep(3)  # rank 1 is now in its reward, ignoring SIGTERM
+    ignoring = Path(fault_env(tmp_path, "ignore-term")["FAULT_ONCE"] + ".ignoring")
+    deadline = time.monotonic() + 120
+    while not ignoring.exists():  # rank 1 is in its reward, ignoring SIGTERM, once this file is written
+        assert time.monotonic() < deadline and proc.poll() is None, "the fault was never reached"
+        time.sleep(0.1)
+    rank = int(ignoring.read_text())
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
-    assert time.monotonic() - t0 < 15
+    assert "[grpo-launch] train still running after 3 s grace: SIGKILL" in out, out[-3000:]
+    assert GRACE_S <= took < GRACE_S + SLACK_S  # the whole grace period, then SIGKILL: not sooner, not much later
+    assert not Path(f"/proc/{rank}").exists() or "zombie" in Path(f"/proc/{rank}/status").read_text()
     assert gone_within(run, 5) == []
 
 
@@ -286,9 +296,12 @@ def test_a_local_time_limit_saves_a_checkpoint_before_it(tmp_path):
     """launch.time_limit_s: the run stops with a checkpoint when the time left no longer covers a step and a save
     (and the processes' exit), as measured; the next run resumes from it."""
     run = tmp_path / "run"
+    t0 = time.monotonic()
     done = run_cli(run, "max_steps=500", "save_steps=1000", "launch.time_limit_s=45")
+    took = time.monotonic() - t0
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
+    assert took < 45 + SLACK_S, out[-3000:]  # it ended by the limit (the slack: this test's clock starts earlier)
     assert "before the time limit" in out and "saving a checkpoint now" in out
     step = int((run / "control" / "stopped-at-step").read_text())
     assert 1 <= step < 500 and (run / "output" / f"checkpoint-{step}" / "trainer_state.json").is_file()
@@ -312,8 +325,7 @@ def test_a_full_disk_is_named_and_the_damaged_checkpoint_skipped_after(tmp_path)
         and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode
         == 0
     )
-    if not mounted:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    require_root_tool(mounted, "GRPO_LAUNCH_REQUIRE_MOUNT", "mounting a small tmpfs (root; CI runs as root)")
     try:
         run = tmp_path / "run"
         overrides = (f"output_dir={mnt / 'out'}", "max_steps=6", "save_steps=1")

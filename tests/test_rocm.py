@@ -18,7 +18,7 @@ from grpo_launch.probe.local import NvmlDevice, probe_local
 from grpo_launch.render.processes import all_processes
 
 from .conformance.grid import VLLM_PY
-from .helpers import ROOT, plan_recipe
+from .helpers import ROOT, plan_recipe, require_vllm
 
 MI300X = [NvmlDevice(i, "AMD Instinct MI300X", 192 * 2**30, f"uuid-{i}") for i in range(8)]
 
@@ -53,8 +53,8 @@ def _vllm_sync_function():
     return namespace
 
 
-@pytest.mark.skipif(not VLLM_PY.exists(), reason="needs .venv-vllm (scripts/setup_vllm_cpu.sh)")
 def test_every_process_on_amd_gpus_passes_vllms_and_torchs_visibility_checks():
+    require_vllm()
     import torch
 
     plan = plan_recipe(ROOT / "recipes" / "qwen7b-math.yaml", "8xMI300X", "launch.vllm=server")

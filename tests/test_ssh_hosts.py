@@ -209,13 +209,57 @@ def test_unreachable_host_fails_before_anything_starts(hosts, tmp_path):
     assert time.monotonic() - t0 < 60
 
 
+# NVML cannot run without a GPU: this stand-in for pynvml answers as the host it runs on would, keyed by that host's
+# own name (each namespace host has its own UTS hostname, h1 or h2; this machine has neither), so the test shows
+# which host each report came from: a probe that fell back to this machine would not find h1's or h2's GPUs.
+# Everything else (ssh, the remote Python, grpo_launch.node.host_report, /proc/meminfo) is real.
+FAKE_PYNVML = """
+import socket
+NODE_GPU = {"h1": ("NVIDIA H100 80GB HBM3", 85520809984), "h2": ("NVIDIA A100-SXM4-40GB", 42505273344)}
+class NVMLError(Exception):
+    pass
+def _gpu():
+    if socket.gethostname() not in NODE_GPU:
+        raise NVMLError("Driver Not Loaded")
+    return NODE_GPU[socket.gethostname()]
+def nvmlInit(): _gpu()
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return 2
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetName(h): return _gpu()[0]
+def nvmlDeviceGetUUID(h): return "GPU-%08d-1111-2222-3333-%012d" % (h, h)
+class _Mem:
+    def __init__(self, total): self.total = total
+def nvmlDeviceGetMemoryInfo(h): return _Mem(_gpu()[1])
+def nvmlDeviceGetMigMode(h): raise NVMLError("not supported")
+"""
+
+
+def python_with_fake_nvml(tmp_path: Path) -> str:
+    """A venv of this Python that sees the stand-in pynvml first, then this environment's packages: the launcher
+    runs with it, so the remote probe (which runs the launcher's interpreter on each host) does too."""
+    import site
+    import venv
+
+    root = tmp_path / "py"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
+    fake = tmp_path / "fake_nvml"
+    fake.mkdir()
+    (fake / "pynvml.py").write_text(FAKE_PYNVML)
+    here = next(p for p in site.getsitepackages() if Path(p).is_dir())
+    target = next((root / "lib").glob("python3*/site-packages"))
+    (target / "00-fake-nvml.pth").write_text(f"{fake}\nimport site; site.addsitedir({here!r})\n")
+    return str(root / "bin" / "python")
+
+
 def test_inspect_and_plan_probe_each_host_over_ssh(hosts, tmp_path):
-    """Without gpu= in the hostfile, each host reports itself over ssh: its GPUs (none here), CPUs and RAM; the plan
-    carries them (the host-RAM check for offload reads them)."""
+    """Without gpu= in the hostfile, each host reports itself over ssh: its GPUs (h1 H100s, h2 A100s, from a pynvml
+    stand-in keyed by the host's own name), CPUs and RAM; the plan carries them (the host-RAM check for offload reads
+    the RAM)."""
     import json
 
-    f = hostfile(tmp_path, "h1 slots=1", "h2 slots=1")
-    base = [sys.executable, "-m", "grpo_launch"]
+    f = hostfile(tmp_path, "h1 slots=2", "h2 slots=2")
+    base = [python_with_fake_nvml(tmp_path), "-m", "grpo_launch"]
     env = {**os.environ, "SSH_AUTH_SOCK": ""}
     out = subprocess.run([*base, "inspect", "--hostfile", str(f), *ssh_args(hosts), "--json"], capture_output=True,
                          text=True, cwd=ROOT, timeout=120, env=env)  # fmt: skip
@@ -223,14 +267,18 @@ def test_inspect_and_plan_probe_each_host_over_ssh(hosts, tmp_path):
     topo = json.loads(out.stdout)
     meminfo = Path("/proc/meminfo").read_text().splitlines()
     ram = int(next(line.split()[1] for line in meminfo if line.startswith("MemTotal:"))) * 1024
-    assert [h["name"] for h in topo["hosts"]] == ["h1", "h2"]
+    assert [(h["name"], {g["name"] for g in h["gpus"]}, len(h["gpus"])) for h in topo["hosts"]] == [
+        ("h1", {"NVIDIA H100 80GB HBM3"}, 2),
+        ("h2", {"NVIDIA A100-SXM4-40GB"}, 2),
+    ], topo  # each host's own report: a local fallback finds no GPU here
     assert all(h["memory_bytes"] == ram for h in topo["hosts"]), topo  # read on each host (one shared kernel here)
     assert not any("could not probe" in w for w in topo["warnings"])
     recipe = [str(ROOT / "recipes" / "tiny-cpu.yaml"), f"model_name_or_path={ROOT / '.cache/tiny/model'}"]
     plan = subprocess.run([*base, "plan", *recipe, "--hostfile", str(f), *ssh_args(hosts), "--json", "--no-write"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)  # fmt: skip
     assert plan.returncode == 0, plan.stderr
-    assert all(h["memory_bytes"] == ram for h in json.loads(plan.stdout)["topology"]["hosts"])
+    planned = json.loads(plan.stdout)  # the tiny CPU recipe (use_cpu) sets the GPUs aside: the RAM is what it reads
+    assert [(h["name"], h["memory_bytes"]) for h in planned["topology"]["hosts"]] == [("h1", ram), ("h2", ram)]
 
 
 def run_dedicated(hosts: Path, tmp_path: Path, slots: int, **recipe_options) -> tuple[Path, str]:

@@ -15,9 +15,10 @@ import pytest
 from grpo_launch.enums import RunState
 from grpo_launch.execute.faults import root_cause
 from grpo_launch.execute.session import SessionSpec, supervise
+from grpo_launch.execute.supervisor import POLL_S
 from grpo_launch.spec import ProcessSpec
 
-from .helpers import ROOT, alive, free_port, pids_in, write_scripts
+from .helpers import ROOT, SLACK_S, alive, free_port, pids_in, write_scripts
 
 
 def _specs(tmp_path, server_mode: str, trainer_mode: str):
@@ -66,12 +67,17 @@ def test_trainer_failure_stops_server_and_names_root_cause(tmp_path):
     assert _all_gone(pids_in(pids))
 
 
-def test_server_death_stops_trainer_within_10s(tmp_path):
+def test_server_death_stops_the_trainer_at_the_next_poll(tmp_path):
+    """The server exits 1.5 s after its start (helpers.SERVER's die-after-1s): the trainer (which exits on SIGTERM)
+    is stopped at the next poll, without waiting out the grace period."""
     srv, trn, url, pids = _specs(tmp_path, "die-after-1s", "sleep")
+    lines: list[str] = []
     t0 = time.monotonic()
-    result = _run(tmp_path, srv, trn, url)
+    result = _run(tmp_path, srv, trn, url, lines=lines, grace=30.0)
+    took = time.monotonic() - t0
     assert result.state == RunState.FAILED and result.failed_process == "vllm"
-    assert time.monotonic() - t0 < 10
+    assert not [line for line in lines if "grace: SIGKILL" in line], lines
+    assert took < 1.5 + POLL_S + SLACK_S < 30.0  # a wait for the 30 s grace period would fail it
     assert _all_gone(pids_in(pids))
 
 
@@ -105,7 +111,10 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stdout + proc.stderr
-    assert "SIGKILL" in proc.stdout  # the trainer ignored SIGTERM and was killed after the grace period
+    # the trainer ignored SIGTERM and was killed after the grace period (1.5 s, printed rounded)
+    assert "[grpo-launch] train still running after 2 s grace: SIGKILL" in proc.stdout, proc.stdout
+    took = float(re.search(r"TOOK ([\d.]+)", proc.stdout).group(1))
+    assert 2.0 + 1.5 <= took < 2.0 + 1.5 + SLACK_S  # the signal at 2 s, then the whole grace period, then SIGKILL
     assert _all_gone(pids_in(pids))
     del lines
 
@@ -176,12 +185,17 @@ def test_a_server_that_stops_answering_stops_the_run(tmp_path):
     from grpo_launch.enums import FailureKind
 
     srv, trn, url, pids = _specs(tmp_path, "stop-answering", "sleep")
+    poll, health_grace, grace = 0.5, 3.0, 2.0
     t0 = time.monotonic()
-    session = SessionSpec(srv, [trn], tmp_path / "logs", health_url=url, health_timeout_s=20, grace_s=2,
-                          health_poll_s=0.5, health_grace_s=3)  # fmt: skip
+    session = SessionSpec(srv, [trn], tmp_path / "logs", health_url=url, health_timeout_s=20, grace_s=grace,
+                          health_poll_s=poll, health_grace_s=health_grace)  # fmt: skip
     result = supervise(session, environ={"PATH": "/usr/bin:/bin"}, emit=lambda line: None)
+    took = time.monotonic() - t0
     assert result.state == RunState.FAILED and "the vLLM server stopped answering" in result.message
-    assert result.failure.kind == FailureKind.HANG and time.monotonic() - t0 < 20
+    assert result.failure.kind == FailureKind.HANG
+    # It answers for 2 s (helpers.SERVER's stop-answering), then not: the run stops once health_grace has passed
+    # since the last answer, at a poll (each unanswered one waits out healthy()'s 2 s timeout), not before.
+    assert 2.0 + health_grace <= took < 2.0 + health_grace + 2 * (poll + 2.0) + grace + SLACK_S
     assert _all_gone(pids_in(pids))
 
 

@@ -26,13 +26,15 @@ from grpo_launch.recipe import build_recipe
 from grpo_launch.render.processes import vllm_server as render_vllm_command
 from grpo_launch.spec import ProcessSpec
 
-from .helpers import ROOT, ensure_tiny_assets, free_port
+from .helpers import VLLM_PY, ensure_tiny_assets, free_port, require_vllm
 
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not VLLM_PY.exists(), reason="run scripts/setup_vllm_cpu.sh (scripts/test.sh does)"),
-]
+pytestmark = [pytest.mark.vllm]
+
+
+@pytest.fixture(autouse=True)
+def _needs_vllm() -> None:
+    require_vllm()  # a skip without .venv-vllm, a failure where GRPO_LAUNCH_REQUIRE_VLLM=1 (CI)
+
 
 CLIENT = textwrap.dedent(
     """
@@ -76,14 +78,24 @@ def _server_plan(tmp_path, port, model=None, gpus="2xL4-24GB", prompt_len=64, **
 def _supervise(tmp_path, server, client, port, emit):
     session = SessionSpec(
         server, [client], tmp_path / "logs", health_url=f"http://127.0.0.1:{port}/health", health_timeout_s=300,
-        grace_s=20,
+        grace_s=20, run_id=_run_id(port),
     )  # fmt: skip
     return supervise(session, environ=dict(os.environ), emit=emit)
 
 
+def _run_id(port: int) -> str:
+    return f"vllm-server-test-{port}"
+
+
 def _leftovers(port: int) -> list[str]:
+    """This test's server and its engines, whatever their names (EngineCore_DP0 …): every process marked with this
+    test's run id, or with its port on the command line. Other sessions' vLLM servers on this machine are not
+    counted (a match on "EngineCore" alone took theirs for ours)."""
+    from grpo_launch.node import reaper
+
     ps = subprocess.run(["ps", "-e", "-o", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
-    return [p for p in ps if f"--port {port}" in p or "EngineCore" in p]
+    mine = {str(pid) for pid in reaper.marked(_run_id(port))}
+    return [p for p in ps if f"--port {port}" in p or p.split(maxsplit=1)[0] in mine]
 
 
 @pytest.mark.parametrize("model", ["model", "moe-model"])

@@ -15,10 +15,9 @@ from grpo_launch.planning.types import Plan
 from grpo_launch.render import render_files
 from grpo_launch.rundir.files import write_run_files
 
-from ..helpers import plan_recipe
+from ..helpers import VLLM_PY, plan_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 QWEN15, QWEN7, LLAMA70 = ("recipes/qwen1.5b.yaml", "recipes/qwen7b-math.yaml", "recipes/llama70b.yaml")
 MOE = "recipes/qwen3-30b-a3b.yaml"
 

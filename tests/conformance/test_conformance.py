@@ -24,8 +24,9 @@ import yaml
 from grpo_launch.recipe.trl_schema import GRPO_CONFIG
 from grpo_launch.render.processes import trainers, vllm_server, vllm_servers
 
+from ..helpers import require_vllm
 from ..trl_oracle import grpo_config
-from .grid import GRID, VLLM_PY, hf_config, plan_case, vllm_oracle
+from .grid import GRID, hf_config, plan_case, vllm_oracle
 
 pytestmark = pytest.mark.conformance
 PLANS = {case.id: plan_case(case, Path(tempfile.mkdtemp(prefix=f"conf-{case.id}-"))) for case in GRID}
@@ -69,8 +70,7 @@ def _trl_script_args(plan) -> dict:
 @pytest.fixture(scope="module")
 def vllm_verdicts() -> dict[str, dict]:
     """One run of tests/conformance/vllm_oracle.py (vLLM's and TRL's code, in .venv-vllm) for the whole grid."""
-    if not VLLM_PY.exists():
-        pytest.skip("run scripts/setup_vllm_cpu.sh (scripts/test.sh does)")
+    require_vllm()
     cases = []
     for case_id, plan in PLANS.items():
         item: dict = {"id": case_id}
@@ -209,12 +209,18 @@ def test_vllm_parses_every_headless_host_of_a_multi_node_server(vllm_verdicts, c
     assert sorted(r + j for r in starts for j in range(v.local_data_parallel_size)) == list(range(v.data_parallel_size))
 
 
+# Every field of vLLM's engine arguments is compared; these were once left out and are named so they stay in.
+ENGINE_FIELDS_NAMED = {"dtype", "kv_cache_dtype", "enable_prefix_caching", "enforce_eager",
+                       "distributed_executor_backend", "max_num_seqs", "gpu_memory_utilization"}  # fmt: skip
+
+
 @pytest.mark.parametrize("case_id", SERVER)
 def test_server_command_equals_trls_build_command(vllm_verdicts, case_id):
     """Both commands parsed by vLLM: every engine setting equal, apart from DIFFERENCES_FROM_TRL."""
     verdict = vllm_verdicts[case_id]
     assert verdict["trl_error"] is None and verdict["trl_parse_error"] is None
     ours, trl = verdict["parsed"], verdict["trl_parsed"]
+    assert set(ours) == set(trl) and set(ours) >= ENGINE_FIELDS_NAMED, sorted(ENGINE_FIELDS_NAMED - set(ours))
     differ = {k for k in ours if ours[k] != trl[k]}
     assert differ <= set(DIFFERENCES_FROM_TRL), {k: (ours[k], trl[k]) for k in differ}
 
@@ -291,6 +297,8 @@ def test_deepspeed_accepts_the_config_transformers_fills(case_id):
     assert parsed.zero_optimization_stage == plan.train.backend.zero_stage
     assert parsed.train_batch_size == lay.per_device_train_batch_size * lay.gradient_accumulation_steps * world
     assert (parsed.zero_config.offload_optimizer is not None) == plan.train.offload.optimizer
+    if plan.train.backend.zero_stage == 3:
+        assert (parsed.zero_config.offload_param is not None) == plan.train.offload.params
     assert parsed.bfloat16_config.enabled is (plan.train.mixed_precision == "bf16")
     assert parsed.float16_config.enabled is (plan.train.mixed_precision == "fp16")
 

@@ -2,7 +2,8 @@
 backward passes on CPU: small Qwen2-shaped models and a Qwen3-MoE (8 experts, top-2) in float32 with TRL 1.16's
 fused LM head, at several batch × length points, with and without gradient checkpointing, at two vocabulary sizes
 (8k and Qwen's 152k, where the embedding gradient and the LM head dominate). Measured over predicted must lie
-within 0.8–1.25.
+within PEAK_BAND: the measured ratios are 0.985–1.070 (CPU, float32, glibc malloc with a 64 KiB mmap threshold), so
+the band leaves a few per cent either side and a prediction 20 % off fails.
 
 On CPU TRL folds the LM-head tiles with torch (its Triton kernels need a GPU), so the prediction uses the CPU
 precision (float32, no Triton); the layer terms are the same as on a GPU, at 4 bytes instead of 2.
@@ -40,6 +41,8 @@ POINTS = [
     MOE | {"batch": 8, "prompt": 128, "completion": 384, "ckpt": True},
 ]
 CPU = Precision(activation_bytes=4, param_bytes=4, triton=False)
+PEAK_BAND = (0.95, 1.10)  # measured ÷ predicted peak (measured 0.985–1.070 over POINTS)
+DROP_BAND = (0.95, 1.15)  # measured ÷ predicted drop from checkpointing (measured 1.10)
 
 
 @functools.cache
@@ -91,14 +94,14 @@ def test_measured_peak_within_band(index):
         CPU,
     ).peak
     ratio = measured["peak_bytes"] / predicted
-    assert 0.8 <= ratio <= 1.25, (
+    assert PEAK_BAND[0] <= ratio <= PEAK_BAND[1], (
         f"measured {measured['peak_bytes'] / 2**20:.0f} MiB, predicted {predicted / 2**20:.0f} MiB"
     )
 
 
 def test_checkpointing_saves_what_the_model_says():
     """The drop from checkpointing (all layers' saved tensors → their inputs plus one recomputed layer) is the
-    layer term on its own; measured and predicted drops agree within the same band."""
+    layer term on its own; measured and predicted drops agree within DROP_BAND."""
     m = _measured()
     drop = m[0]["peak_bytes"] - m[1]["peak_bytes"]
     point = POINTS[0]
@@ -106,7 +109,7 @@ def test_checkpointing_saves_what_the_model_says():
     args = (shape, point["batch"], point["prompt"] + point["completion"], point["completion"])
     predicted = activation_memory(*args, False, CPU).peak - activation_memory(*args, True, CPU).peak
     assert predicted > 0
-    assert 0.8 <= drop / predicted <= 1.25
+    assert DROP_BAND[0] <= drop / predicted <= DROP_BAND[1]
 
 
 def test_lm_head_tiles_are_trls_own():

@@ -246,7 +246,10 @@ def parse_serve(argv: list[str], extra_fields: list[str]) -> tuple[dict[str, Any
         extra = captured.getvalue().strip()
         return None, f"{message}\n{extra}" if extra else message
 
-    parsed = {name: _jsonable(getattr(engine_args, name, None)) for name in (*ENGINE_FIELDS, *extra_fields)}
+    # Every field of the engine arguments (not only ENGINE_FIELDS, which other checks read by name), so that two
+    # commands compared here differ nowhere unseen: dtype, kv_cache_dtype, prefix caching, enforce_eager, executor…
+    every = [f.name for f in dataclasses.fields(engine_args)]
+    parsed = {name: _jsonable(getattr(engine_args, name, None)) for name in (*ENGINE_FIELDS, *every, *extra_fields)}
     parsed.update({name: _jsonable(getattr(args, name, None)) for name in NAMESPACE_FIELDS})
     return parsed, None
 

@@ -67,11 +67,19 @@ def workload(recipe: Recipe, layout: Layout, calibration: Calibration | None = N
     )
 
 
+def off_policy_lag(layout: Layout, iterations: int = 1) -> int:
+    """How many optimizer steps old the policy behind a generation's last micro-batch can be: TRL 1.16 generates
+    every steps_per_generation × num_iterations micro-batches and steps the optimizer every
+    gradient_accumulation_steps (trl/trainer/grpo_trainer.py, _prepare_inputs); 0 when every generation falls within
+    one optimizer step (TRL's own test: accumulation % (steps_per_generation × num_iterations) == 0)."""
+    g, w = layout.gradient_accumulation_steps, layout.steps_per_generation * iterations
+    return max(sum(j % g == g - 1 for j in range(m * w, m * w + w - 1)) for m in range(g))
+
+
 def _old_logprobs(recipe: Recipe, layout: Layout) -> bool:
     """Whether TRL 1.16 runs the extra forward for the old log-probs (trl/trainer/grpo_trainer.py): with vLLM's
     importance-sampling correction (on by default), or when a generation serves more than one optimizer step."""
-    iterations = int(recipe.get("num_iterations") or 1)
-    off_policy = layout.gradient_accumulation_steps % (layout.steps_per_generation * iterations) != 0
+    off_policy = off_policy_lag(layout, int(recipe.get("num_iterations") or 1)) > 0
     vllm = recipe.launch.vllm is not VllmMode.OFF and recipe.values.get("use_vllm") is not False
     correction = recipe.get("vllm_importance_sampling_correction")
     return off_policy or (vllm and correction is not False)

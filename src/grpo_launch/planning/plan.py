@@ -19,7 +19,7 @@ from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning import modes, placement, roles
 from grpo_launch.planning.async_grpo import async_recipe, async_trainer_values, async_workload, choose_async, lora_rank
 from grpo_launch.planning.cost.workload import Calibration
-from grpo_launch.planning.estimate import estimate_plan, size_vllm, workload
+from grpo_launch.planning.estimate import estimate_plan, off_policy_lag, size_vllm, workload
 from grpo_launch.planning.layout import LayoutRequest, solve_layout
 from grpo_launch.planning.lengths import check_positions
 from grpo_launch.planning.refusal import verify
@@ -115,7 +115,7 @@ def _sync(search: Search, splits: list[Split], target: int | None) -> Plan:
             base.decide("split", split.label, "no estimate (model or GPU unknown): the default split")
             target = pinned * (req.num_generations or 8) if pinned else None
         if split.idle:
-            base.decide("idle_gpus", split.idle, _only_split_reason(split, model))
+            base.decide("idle_gpus", split.idle, _only_split_reason(split, model, recipe))
         try:
             return _plan_one(search, split, target)
         except PlanError as exc:
@@ -125,16 +125,23 @@ def _sync(search: Search, splits: list[Split], target: int | None) -> Plan:
     return search_splits(search, splits, target, _plan_one)
 
 
-def _only_split_reason(split: Split, model: ModelShape | None) -> str:
-    """Why GPUs idle when the recipe and the model leave one split."""
+def _only_split_reason(split: Split, model: ModelShape | None, recipe: Recipe) -> str:
+    """Why GPUs idle when the recipe and the model leave one split: the recipe's pins when it has any (else the
+    model, which no split that uses every GPU fits)."""
+    launch = recipe.launch
+    pins = [f"launch.{k}={v}" for k, v in (("vllm", launch.vllm), ("vllm_gpus", launch.vllm_gpus),
+            ("vllm_tensor_parallel_size", launch.vllm_tensor_parallel_size)) if v not in (None, "auto")]  # fmt: skip
     if len(split.train_hosts) > 1 and split.kind == SplitKind.SHARED:
         why = (
-            f"the only split that fits: accelerate runs {split.trainers_per_host} trainers on every host, so the "
-            f"{split.server_gpus_per_host} GPU(s) the server takes on one host stay free on the others"
+            f"{'the recipe pins ' + ', '.join(pins) if pins else 'the only split that fits'}: accelerate runs "
+            f"{split.trainers_per_host} trainers on every host, so the {split.server_gpus_per_host} GPU(s) the "
+            "server takes on one host stay free on the others"
         )
     else:
-        why = "the only split the recipe and the model allow"
-    if model is not None:
+        why = f"the only split {'the recipe allows (' + ', '.join(pins) + ')' if pins else 'the model allows'}"
+    if pins:
+        why += "; unpin them to let the search use every GPU"
+    elif model is not None:
         why += f" (vLLM can shard {model.name} over {', '.join(map(str, model.valid_tp_sizes(split.gpus_per_host)))} "
         why += "GPUs of a host; no split that uses every GPU fits its weights)"
     return why
@@ -247,6 +254,13 @@ def _plan_one(search: Search, split: Split | None, completions: int | None) -> P
                                       colocate_n=colocate_n)  # fmt: skip
     for why in layout_why:
         trace.decide("layout", None, why)
+    if lag := off_policy_lag(layout, int(values.get("num_iterations") or 1)):
+        trace.notice(
+            f"off policy: one generation (steps_per_generation={layout.steps_per_generation}) serves more than one "
+            f"optimizer step of gradient_accumulation_steps={layout.gradient_accumulation_steps}, so its last "
+            f"micro-batches train on completions from a policy up to {lag} step(s) old; set steps_per_generation="
+            f"{layout.gradient_accumulation_steps} to stay on policy"
+        )
     if vllm.mode == VllmMode.COLOCATE and n % vllm.tensor_parallel_size:
         raise PlanError(
             f"colocated vLLM with tensor_parallel_size={vllm.tensor_parallel_size} needs the "

@@ -129,6 +129,11 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     name = short(str(p), 200)
     try:
+        if p.is_dir():
+            raise ConfigError(
+                f"recipe {name} is a directory, not a file",
+                hint="Give the path to a YAML recipe inside it, e.g. recipes/qwen1.5b.yaml.",
+            )
         if not p.is_file():
             raise ConfigError(
                 f"recipe {name} not found", hint="Give the path to a YAML recipe, e.g. recipes/qwen1.5b.yaml."
