@@ -115,7 +115,7 @@ def _sync(search: Search, splits: list[Split], target: int | None) -> Plan:
             base.decide("split", split.label, "no estimate (model or GPU unknown): the default split")
             target = pinned * (req.num_generations or 8) if pinned else None
         if split.idle:
-            base.decide("idle_gpus", split.idle, _only_split_reason(split, model, recipe))
+            base.decide("idle_gpus", split.idle, _only_split_reason(split, model, search.recipe))
         try:
             return _plan_one(search, split, target)
         except PlanError as exc:
