@@ -219,3 +219,30 @@ def test_an_async_plan_does_not_adapt_and_says_why(tmp_path):
     assert plan.asynchronous is not None and "async plan" in why_not_adaptable(plan)
     assert any(n.startswith("launch.adapt: off for this plan: an async plan") for n in plan.notices)
     assert algorithm(plan)[3] == plan.asynchronous.max_staleness
+
+
+def test_status_shows_an_async_runs_signals_and_which_side_is_slower(tmp_path):
+    """AsyncGRPOTrainer's logged signals (the keys of trl 1.16 async_grpo_trainer.py, as rank 0 writes them) reach
+    ``status``: the last step's queue, wait and staleness, and the verdict as TRL's maintainers read them."""
+    import json
+    import subprocess
+    import sys
+
+    from grpo_launch.rundir.timeline import async_row
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps({"asynchronous": {"queue_maxsize": 96}}))
+    full = {"perf/rollout_wait_s": 0.0, "sample/rollout_queue_size": 90.0, "perf/step_s": 20.0,
+            "sample/staleness_mean": 1.2, "rollout/backpressure_s": 4.0}  # fmt: skip
+    for step in range(1, 6):
+        append(run / "metrics.jsonl", StepRecord(step, 20.0, 0.0, 20.0, max_steps=100, time=float(step)))
+        append(run / "metrics.jsonl", LogRecord(step, full))
+    row = async_row(read_metrics(run / "metrics.jsonl"), {"asynchronous": {"queue_maxsize": 96}})
+    assert row and row[1].startswith("rollout wait 0.00 s, backpressure 4.00 s, queue 90, staleness 1.2")
+    assert "training is the slower side" in row[1]
+    synchronous = [LogRecord(1, {"reward": 0.5})]
+    assert async_row(synchronous, {}) is None
+    shown = subprocess.run([sys.executable, "-m", "grpo_launch", "status", str(run)], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "training is the slower side" in shown.stdout and "queue 90 of 96" in shown.stdout

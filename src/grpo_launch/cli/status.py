@@ -96,7 +96,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     from grpo_launch.rundir.control import stopped_at
     from grpo_launch.rundir.measured import metric_records, progress, read_plan_json, read_run
     from grpo_launch.rundir.records import read_attempts
-    from grpo_launch.rundir.timeline import adaptation_rows, adaptations, startup_row, startup_terms
+    from grpo_launch.rundir.timeline import adaptation_rows, adaptations, async_row, startup_row, startup_terms
 
     run_dir = Path(args.run_dir) if args.run_dir else newest_run(ctx.workdir)
     paths = RunPaths(run_dir)
@@ -163,10 +163,10 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
             said += f"; last ended {last.state} ({last.failure}): {last.why}"
         rows.append(("attempts", said))
     rows += adaptation_rows(attempts)
-    forecast = (read_plan_json(run_dir).get("estimate") or {}).get("startup_s")
+    plan_json = read_plan_json(run_dir)
+    forecast = (plan_json.get("estimate") or {}).get("startup_s")
     first = startup_row(records, forecast if isinstance(forecast, (int, float)) else None)
-    if first:
-        rows.append(first)
+    rows += [row for row in (first, async_row(records, plan_json)) if row]
     rows += [(k, f"{m.last_log[k]:.4g}") for k in SHOWN if m is not None and k in m.last_log]
     if m is not None and m.peak_memory_bytes:
         rows.append(("peak memory", f"{m.peak_memory_bytes / GIB:.1f} GiB ({m.memory_kind}, largest rank)"))

@@ -14,7 +14,7 @@ from grpo_launch.errors import ConfigError, size_text
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.measured import Measured, metric_records, read_run
 from grpo_launch.rundir.records import Attempt, StepRecord, read_attempts
-from grpo_launch.rundir.timeline import adaptation_rows, startup_row
+from grpo_launch.rundir.timeline import adaptation_rows, async_row, startup_row
 from grpo_launch.rundir.verdict import split_verdict
 
 Rows = list[tuple[str, str]]
@@ -90,9 +90,9 @@ def summary_rows(root: Path, plan: dict[str, Any], rewards: dict[str, list[float
     verdict = split_verdict(m.generation_s, m.training_s, VllmMode(mode), planned=planned, run_dir=str(root), cpu=cpu)
     rows.append(("split", verdict))
     rows += adaptation_rows(attempts)
-    first = startup_row(metric_records(root), (plan.get("estimate") or {}).get("startup_s"))
-    if first:
-        rows.append(first)
+    records = metric_records(root)
+    first = startup_row(records, (plan.get("estimate") or {}).get("startup_s"))
+    rows += [row for row in (first, async_row(records, plan)) if row]
     return rows, _last_error(attempts)
 
 

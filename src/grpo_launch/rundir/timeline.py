@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_launch.rundir.records import Attempt, MetricRecord, StartupRecord
+from grpo_launch.rundir.async_signals import async_verdict, signals_text
+from grpo_launch.rundir.records import Attempt, LogRecord, MetricRecord, StartupRecord
 
 
 def adaptations(attempts: Sequence[Attempt]) -> list[dict[str, Any]]:
@@ -76,3 +77,16 @@ def startup_row(records: Sequence[MetricRecord], forecast_s: float | None) -> tu
     if forecast_s:
         said += f"; forecast ≈ {forecast_s:.0f} s"
     return ("time to first step", said)
+
+
+def async_row(records: Sequence[MetricRecord], plan_json: dict[str, Any]) -> tuple[str, str] | None:
+    """An AsyncGRPO run's own signals at its last logged step and the verdict read from the last few (None for a
+    synchronous run)."""
+    logs = [r.log for r in records if isinstance(r, LogRecord)]
+    settings = plan_json.get("asynchronous") or {}
+    cap = settings.get("queue_maxsize") if isinstance(settings.get("queue_maxsize"), int) else None
+    verdict = async_verdict(logs, cap)
+    if verdict is None:
+        return None
+    last = next((log for log in reversed(logs) if signals_text(log)), {})
+    return ("async", f"{signals_text(last).removeprefix(' | ').replace(' | ', ', ')}; {verdict}")
