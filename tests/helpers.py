@@ -178,3 +178,29 @@ def alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def pynvml_stand_in(gpu: str, count: str, *, init: str = "pass") -> str:
+    """The source of a stand-in for pynvml (NVML cannot run without a GPU), for tests that run the launcher's real
+    probe on a machine, a Slurm node or a namespace host as if it had GPUs. ``gpu`` is the body of ``_gpu()``, which
+    returns (name, total bytes) for the host the module runs on; ``count`` the expression for the GPU count; ``init``
+    the body of ``nvmlInit()``."""
+    gpu = "\n    ".join(gpu.splitlines())
+    return f"""
+import os, socket
+class NVMLError(Exception):
+    pass
+def _gpu():
+    {gpu}
+def nvmlInit(): {init}
+def nvmlShutdown(): pass
+def nvmlSystemGetDriverVersion(): return "550.54.15"
+def nvmlDeviceGetCount(): return {count}
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetName(h): return _gpu()[0]
+def nvmlDeviceGetUUID(h): return "GPU-%08d-1111-2222-3333-%012d" % (h, h)
+class _Mem:
+    def __init__(self, total): self.total, self.used, self.free = total, 0, total
+def nvmlDeviceGetMemoryInfo(h): return _Mem(_gpu()[1])
+def nvmlDeviceGetMigMode(h): raise NVMLError("not supported")
+"""

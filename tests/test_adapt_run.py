@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import ROOT, ensure_tiny_assets, free_port
+from .helpers import ROOT, ensure_tiny_assets, free_port, pynvml_stand_in
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -55,22 +55,7 @@ DRIVER = textwrap.dedent(
 
 # NVML cannot run without a GPU: this stand-in for pynvml answers as a host with GPUS × NVIDIA L4 would, so the
 # launcher probes this machine (or a Slurm node) as it would a GPU host.
-FAKE_PYNVML = """
-import os
-class NVMLError(Exception):
-    pass
-def nvmlInit(): pass
-def nvmlShutdown(): pass
-def nvmlSystemGetDriverVersion(): return "550.54.15"
-def nvmlDeviceGetCount(): return int(os.environ.get("FAKE_L4_GPUS", "3"))
-def nvmlDeviceGetHandleByIndex(i): return i
-def nvmlDeviceGetName(h): return "NVIDIA L4"
-def nvmlDeviceGetUUID(h): return "GPU-%08d-1111-2222-3333-%012d" % (h, h)
-class _Mem:
-    def __init__(self, total): self.total, self.used, self.free = total, 0, total
-def nvmlDeviceGetMemoryInfo(h): return _Mem(24152899584)
-def nvmlDeviceGetMigMode(h): raise NVMLError("not supported")
-"""
+FAKE_PYNVML = pynvml_stand_in('return ("NVIDIA L4", 24152899584)', 'int(os.environ.get("FAKE_L4_GPUS", "3"))')
 
 
 def fake_nvml(tmp_path: Path) -> Path:

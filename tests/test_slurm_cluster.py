@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, ensure_tiny_assets, free_port, require_root_tool
+from .helpers import ROOT, ensure_tiny_assets, free_port, pynvml_stand_in, require_root_tool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -268,25 +268,8 @@ def test_hostile_job_name_and_run_dir_reach_slurm_unchanged(cluster, tmp_path):
 
 # NVML cannot run without a GPU: this stand-in for pynvml answers as the node it runs on (SLURMD_NODENAME) would,
 # so the test shows which node each report came from. Everything else (sbatch, the srun steps, the gres) is real.
-FAKE_PYNVML = """
-import json
-import os
 NODE_GPU = {"n1": ("NVIDIA H100 80GB HBM3", 85520809984), "n2": ("NVIDIA A100-SXM4-40GB", 42505273344)}
-class NVMLError(Exception):
-    pass
-def _gpu():
-    return NODE_GPU[os.environ["SLURMD_NODENAME"]]
-def nvmlInit(): pass
-def nvmlShutdown(): pass
-def nvmlDeviceGetCount(): return 4
-def nvmlDeviceGetHandleByIndex(i): return i
-def nvmlDeviceGetName(h): return _gpu()[0]
-def nvmlDeviceGetUUID(h): return "GPU-%08d-1111-2222-3333-%012d" % (h, h)
-class _Mem:
-    def __init__(self, total): self.total = total
-def nvmlDeviceGetMemoryInfo(h): return _Mem(_gpu()[1])
-def nvmlDeviceGetMigMode(h): raise NVMLError("not supported")
-"""
+FAKE_PYNVML = f"NODE_GPU = {NODE_GPU!r}\n" + pynvml_stand_in('return NODE_GPU[os.environ["SLURMD_NODENAME"]]', "4")
 
 
 def test_every_node_of_the_allocation_is_probed_in_its_own_step(cluster, tmp_path):

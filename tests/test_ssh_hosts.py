@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, ensure_tiny_assets, require_root_tool
+from .helpers import ROOT, ensure_tiny_assets, pynvml_stand_in, require_root_tool
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 SECRET = "hf_secret_value_that_must_not_leak_123"
@@ -213,26 +213,13 @@ def test_unreachable_host_fails_before_anything_starts(hosts, tmp_path):
 # own name (each namespace host has its own UTS hostname, h1 or h2; this machine has neither), so the test shows
 # which host each report came from: a probe that fell back to this machine would not find h1's or h2's GPUs.
 # Everything else (ssh, the remote Python, grpo_launch.node.host_report, /proc/meminfo) is real.
-FAKE_PYNVML = """
-import socket
 NODE_GPU = {"h1": ("NVIDIA H100 80GB HBM3", 85520809984), "h2": ("NVIDIA A100-SXM4-40GB", 42505273344)}
-class NVMLError(Exception):
-    pass
-def _gpu():
-    if socket.gethostname() not in NODE_GPU:
-        raise NVMLError("Driver Not Loaded")
-    return NODE_GPU[socket.gethostname()]
-def nvmlInit(): _gpu()
-def nvmlShutdown(): pass
-def nvmlDeviceGetCount(): return 2
-def nvmlDeviceGetHandleByIndex(i): return i
-def nvmlDeviceGetName(h): return _gpu()[0]
-def nvmlDeviceGetUUID(h): return "GPU-%08d-1111-2222-3333-%012d" % (h, h)
-class _Mem:
-    def __init__(self, total): self.total = total
-def nvmlDeviceGetMemoryInfo(h): return _Mem(_gpu()[1])
-def nvmlDeviceGetMigMode(h): raise NVMLError("not supported")
-"""
+FAKE_PYNVML = f"NODE_GPU = {NODE_GPU!r}\n" + pynvml_stand_in(
+    'if socket.gethostname() not in NODE_GPU:\n    raise NVMLError("Driver Not Loaded")\n'
+    "return NODE_GPU[socket.gethostname()]",
+    "2",
+    init="_gpu()",
+)
 
 
 def python_with_fake_nvml(tmp_path: Path) -> str:
