@@ -18,6 +18,7 @@ __all__ = ["Backend", "load", "load_submitter", "option_classes", "select"]
 # name → "module:class". Detection order: the first whose detect() answers yes wins; local is the fallback.
 REGISTRY: dict[str, str] = {
     "ssh": "grpo_launch.backends.ssh:SshBackend",
+    "ray": "grpo_launch.backends.ray:RayBackend",
     "slurm": "grpo_launch.backends.slurm:SlurmBackend",
     "local": "grpo_launch.backends.local:LocalBackend",
 }

@@ -5,14 +5,16 @@ A backend owns everything about one way of running processes: how it is chosen (
 dataclass whose fields say which command-line flag fills them: the CLI reads them, no backend sees argparse), how
 it reads the machines (``probe``), how a process is put on its host (``place``: pure, wraps the command in srun or
 ssh), what it checks before anything starts (``preflight``), how it stops a process tree on another host
-(``signal_remote``), what it does after the run (``after_run``: e.g. requeue a Slurm job), and the state of the
+(``signal_remote``), what it holds around an attempt's processes (``attempt``: Ray's placement groups), what it
+does after the run (``after_run``: e.g. requeue a Slurm job), and the state of the
 batch job a run belongs to (``job_id`` / ``job_state``, for ``grpo-launch status``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from grpo_launch.errors import LaunchError
@@ -67,6 +69,13 @@ class Backend(Protocol):
         """Send ``sig`` to process group ``pgid`` on ``spec.host`` (only for specs with ``remote_group``)."""
         ...
 
+    def attempt(
+        self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext
+    ) -> contextlib.AbstractContextManager[None]:
+        """Around one attempt's processes (as placed): what the backend holds for them (Ray's placement groups)
+        and its cleanup after them."""
+        ...
+
     def after_run(self, plan: Plan, result: RunResult, ctx: RunContext) -> RunResult: ...
 
     def deadline(self, ctx: RunContext) -> float | None:
@@ -100,6 +109,11 @@ class BaseBackend:
 
     def after_run(self, plan: Plan, result: RunResult, ctx: RunContext) -> RunResult:
         return result
+
+    def attempt(
+        self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext
+    ) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def deadline(self, ctx: RunContext) -> float | None:
         return None

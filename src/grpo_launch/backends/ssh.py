@@ -133,13 +133,19 @@ def kill_command(
 ) -> list[str]:
     """``ssh HOST -- kill -SIG -- -PGID``: signal a whole remote process group, and with ``run_id`` every process
     of the run on that host (torchrun's ranks leave the group: each starts its own session)."""
+    return [*ssh.argv(host), "--", kill_line(pgid, sig, run_id=run_id, python=python)]
+
+
+def kill_line(pgid: int, sig: int, *, run_id: str | None = None, python: str = "python3") -> str:
+    """The shell line run on a host to signal a process group there and, with ``run_id``, every process marked
+    with it (:func:`kill_command`; the Ray backend runs it in a task on the node)."""
     import signal
 
     name = signal.Signals(sig).name.removeprefix("SIG")
     line = f"kill -{name} -- -{int(pgid)}"
     if run_id:
         line += f"; exec {shlex.quote(python)} -m grpo_launch.node.reaper signal {shlex.quote(run_id)} {int(sig)}"
-    return [*ssh.argv(host), "--", line]
+    return line
 
 
 def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequence[int] = ()) -> str:
@@ -211,22 +217,55 @@ def host_ram_problem(plan: Plan, ram: object) -> str | None:
     )
 
 
-def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
-    """Before anything starts: every host answers ssh in batch mode and has this grpo-launch, Python, working
-    directory and the recipe's local paths. One error naming every host and what is wrong."""
-    import concurrent.futures
-    import json
-    import subprocess
-
-    from grpo_launch import __version__
-
-    python, environ = ctx.python, ctx.environ
+def local_paths(plan: Plan) -> list[str]:
+    """The recipe's model and dataset paths that are local (they must exist on every host)."""
     values = plan.trainer_values
-    paths = [
+    return [
         str(Path(str(values[k])).expanduser().absolute())
         for k in ("model_name_or_path", "dataset_name")
         if values.get(k) and looks_local(str(values[k]))
     ]
+
+
+def check_problem(host: str, returncode: int, stdout: str, stderr: str, plan: Plan, python: str,
+                  ports: Mapping[int, str]) -> str | None:  # fmt: skip
+    """What is wrong on ``host``, from the output of :func:`check_command` run there (None: ready)."""
+    import json
+
+    from grpo_launch import __version__
+
+    if returncode in (3, 4):
+        return f"{host}: {stdout.strip()}"
+    if "No module named grpo_launch" in stderr or "No module named 'grpo_launch" in stderr:
+        return f"{host}: {python} cannot import grpo_launch (install grpo-launch in that environment)"
+    try:
+        info = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"{host}: the environment check failed: {(stderr or stdout).strip()[-300:]}"
+    if info["version"] != __version__:
+        return f"{host}: grpo-launch {info['version']} there, {__version__} here"
+    if info["missing"]:
+        return f"{host}: missing {', '.join(info['missing'])}"
+    if info.get("busy"):
+        return f"{host}: " + "; ".join(f"port {p} ({ports[p]}) is in use" for p in info["busy"])
+    short = host_ram_problem(plan, info.get("memory_bytes"))
+    if short:
+        return f"{host}: {short}"
+    there, here = version_tuple(info.get("vllm")), version_tuple(plan.vllm_version)
+    if plan.vllm.mode != "off" and plan.vllm_version and there != here:
+        # TRL imports vLLM in every trainer (client, NCCL weight transfer): the same version everywhere.
+        return f"{host}: vLLM {info.get('vllm')} there, {plan.vllm_version} here"
+    return None
+
+
+def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
+    """Before anything starts: every host answers ssh in batch mode and has this grpo-launch, Python, working
+    directory and the recipe's local paths. One error naming every host and what is wrong."""
+    import concurrent.futures
+    import subprocess
+
+    python, environ = ctx.python, ctx.environ
+    paths = local_paths(plan)
     hosts = [h.name for h in plan.topology.hosts]
     ports = host_ports(plan)
 
@@ -247,28 +286,7 @@ def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
             return "ssh is not installed on this machine"
         if done.returncode == 255:
             return f"{host}: unreachable over ssh ({(done.stderr.strip().splitlines() or ['no message'])[-1]})"
-        if done.returncode in (3, 4):
-            return f"{host}: {done.stdout.strip()}"
-        if "No module named grpo_launch" in done.stderr or "No module named 'grpo_launch" in done.stderr:
-            return f"{host}: {python} cannot import grpo_launch (install grpo-launch in that environment)"
-        try:
-            info = json.loads(done.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return f"{host}: the environment check failed: {(done.stderr or done.stdout).strip()[-300:]}"
-        if info["version"] != __version__:
-            return f"{host}: grpo-launch {info['version']} there, {__version__} here"
-        if info["missing"]:
-            return f"{host}: missing {', '.join(info['missing'])}"
-        if info.get("busy"):
-            return f"{host}: " + "; ".join(f"port {p} ({ports[host][p]}) is in use" for p in info["busy"])
-        short = host_ram_problem(plan, info.get("memory_bytes"))
-        if short:
-            return f"{host}: {short}"
-        there, here = version_tuple(info.get("vllm")), version_tuple(plan.vllm_version)
-        if plan.vllm.mode != "off" and plan.vllm_version and there != here:
-            # TRL imports vLLM in every trainer (client, NCCL weight transfer): the same version everywhere.
-            return f"{host}: vLLM {info.get('vllm')} there, {plan.vllm_version} here"
-        return None
+        return check_problem(host, done.returncode, done.stdout, done.stderr, plan, python, ports.get(host, {}))
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
         problems = [p for p in pool.map(probe, hosts) if p]

@@ -54,7 +54,8 @@ _DISK_FULL = re.compile(
 _INFRA = re.compile(
     r"NCCL (?:error|WARN)|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|Connection refused|"
     r"ECC error|Xid|uncorrectable|device-side assert|cudaErrorLaunchFailure|unspecified launch failure|"
-    r"Socket Timeout|Timed out waiting|ssh: connect to host|Connection timed out|Host is unreachable",
+    r"Socket Timeout|Timed out waiting|ssh: connect to host|Connection timed out|Host is unreachable|"
+    r"ActorDiedError|ActorUnavailableError|NodeDiedError|RayActorError",  # the Ray backend's runner: a lost actor
     re.IGNORECASE,
 )
 _MARKERS = ("Error", "Exception", "error", "ERROR", "Killed", "exitcode", "local_rank:", "out of memory",

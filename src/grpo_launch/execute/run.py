@@ -258,14 +258,15 @@ def _attempt(
         run_id=run_id,
         paths=plan.paths,
     )
-    result = supervise(
-        session,
-        environ=ctx.environ,
-        emit=ctx.emit,
-        on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
-        signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
-        watch=watchdog,
-    )
+    with backend.attempt(prepared.processes, plan, ctx):
+        result = supervise(
+            session,
+            environ=ctx.environ,
+            emit=ctx.emit,
+            on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
+            signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
+            watch=watchdog,
+        )
     step = control.stopped_at(plan.run_dir)
     if result.ok and step is not None:
         ctx.emit(f"[grpo-launch] stopped after step {step} with a checkpoint; the next run resumes from it")

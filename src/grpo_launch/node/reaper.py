@@ -127,9 +127,11 @@ def watch_pid(pid: int, run_id: str, grace_s: float, poll_s: float = 1.0) -> int
 
 def main(argv: list[str]) -> int:
     """``RUN_ID GRACE``: the guard on a pipe; ``watch PID RUN_ID GRACE``: the guard on a process (an ssh session);
-    ``signal RUN_ID SIGNUM``: signal every marked process on this host once."""
+    ``signal RUN_ID SIGNUM``: signal every marked process on this host once and print how many."""
     if argv[:1] == ["signal"] and len(argv) == 3:
-        _signal(marked(argv[1]), int(argv[2]))
+        pids = marked(argv[1])
+        _signal(pids, int(argv[2]))
+        print(len(pids))  # how many were still there (teardown reports stragglers)
         return 0
     if argv[:1] == ["watch"] and len(argv) == 4:
         return watch_pid(int(argv[1]), argv[2], float(argv[3]))

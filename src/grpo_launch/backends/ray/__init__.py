@@ -1,0 +1,206 @@
+"""The Ray backend: runs on a Ray cluster it attaches to (``--ray ADDRESS``, or ``RAY_ADDRESS``, which a Ray job's
+driver has). Beside local, ssh and Slurm, on the same protocol:
+
+- probe: a task pinned to each node that holds all of its GPUs reports the node (NVML, CPUs, RAM); Ray's resources
+  where a node gives no report (:mod:`.cluster`);
+- place: each process becomes a local runner (:mod:`.runner`) that starts it in an actor on its planned node,
+  inside that host's placement group; CUDA_VISIBLE_DEVICES is what Ray assigns, and the runner prints it beside the
+  plan's positions;
+- per attempt: one STRICT_PACK placement group per host pinned to the node (as verl and NeMo-RL place their
+  workers), released at the end, after the run-id marker sweep on every node of the run;
+- signal: a task on the node signals the process group and every marked process there.
+
+``ray`` is an optional extra (``grpo-launch[ray]``): nothing here imports it until a run uses Ray, and the planner
+never does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from grpo_launch.backends.base import BaseBackend, check_addresses, option
+from grpo_launch.errors import LaunchError
+from grpo_launch.machines.topology import Topology
+from grpo_launch.rundir.layout import RUN_ID_ENV
+from grpo_launch.spec import ProcessSpec, RunContext, frozen
+
+if TYPE_CHECKING:
+    from grpo_launch.planning.types import Plan
+
+RAY_GROUP = "Ray cluster"
+SIGNAL_TIMEOUT_S = 20.0
+CHECK_TIMEOUT_S = 60.0
+
+
+@frozen
+class RayOptions:
+    address: str | None = option(
+        "--ray", "attach to the Ray cluster at ADDRESS (the head's HOST:PORT, or 'auto' on a node of it); without "
+        "it, used when RAY_ADDRESS is set (as in a Ray job)", metavar="ADDRESS", group=RAY_GROUP,
+    )  # fmt: skip
+
+
+def host_bundles(plan: Plan) -> dict[str, list[tuple[str, int, float]]]:
+    """Host → its processes as (name, GPUs, CPUs), in the order of the plan: one placement-group bundle each. A GPU
+    process asks for its GPUs only; a CPU process for one CPU."""
+    from grpo_launch.render.processes import all_processes
+
+    first = plan.topology.hosts[0].name
+    out: dict[str, list[tuple[str, int, float]]] = {}
+    for spec in all_processes(plan):
+        gpus = len(spec.gpus or ())
+        out.setdefault(spec.host or first, []).append((spec.name, gpus, 0.0 if gpus else 1.0))
+    return out
+
+
+def pg_name(run_id: str, host: str) -> str:
+    return f"grpo-launch-{run_id}-{host}"
+
+
+class RayBackend(BaseBackend):
+    name: ClassVar[str] = "ray"
+    Options: ClassVar[type] = RayOptions
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.addresses: dict[str, str] = {}  # host → node address, as placed (signal_remote finds the node)
+
+    @classmethod
+    def detect(cls, options: RayOptions, environ: Mapping[str, str]) -> bool:
+        return bool(options.address or environ.get("RAY_ADDRESS"))
+
+    @classmethod
+    def create(cls, options: RayOptions, environ: Mapping[str, str]) -> RayBackend:
+        address = options.address or environ.get("RAY_ADDRESS", "")
+        if address.startswith(("http://", "https://", "ray://")):
+            raise LaunchError(
+                f"{'--ray' if options.address else 'RAY_ADDRESS'}={address}: the Ray backend attaches to the head's "
+                "GCS address (HOST:PORT, e.g. 10.0.0.1:6379), not the dashboard or a Ray Client address",
+                hint="Give --ray HOST:6379 (or 'auto' on a node of the cluster); to submit a job through the dashboard "
+                "use `grpo-launch ray-submit RECIPE --ray HOST:6379`.",
+            )
+        return cls(address)
+
+    def _ray(self) -> Any:
+        from grpo_launch.backends.ray.cluster import connect, gcs_address
+
+        ray = connect(self.address)
+        self.address = gcs_address(ray)  # 'auto' resolved: the runners attach to the same head
+        return ray
+
+    def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
+        from grpo_launch.backends.ray.cluster import probe_cluster
+
+        return probe_cluster(self._ray(), sys.executable, environ)
+
+    def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
+        from grpo_launch.backends.ssh import passed_env_names
+
+        host = spec.host or plan.topology.hosts[0].name
+        self.addresses.update((h.name, h.addr) for h in plan.topology.hosts)
+        run_id = spec.env.get(RUN_ID_ENV) or "RUN_ID"
+        marker = f"{run_id}@{host}"
+        names = [name for name, _, _ in host_bundles(plan)[host]]
+        _, gpus, cpus = host_bundles(plan)[host][names.index(spec.name)]
+        env = {**spec.env, RUN_ID_ENV: marker}  # each host's processes carry their own mark, as over ssh
+        remote = [ctx.python, "-m", "grpo_launch.node.shim", "--announce-pgid", "--guard", marker, "--",
+                  "env", *(f"{k}={v}" for k, v in env.items()), *spec.argv]  # fmt: skip
+        stdin_env = passed_env_names(ctx.environ)
+        argv = [ctx.python, "-m", "grpo_launch.backends.ray.runner", "--address", self.address,
+                "--pg", pg_name(run_id, host), "--bundle", str(names.index(spec.name)), "--gpus", str(gpus),
+                "--cpus", f"{cpus:g}", "--name", spec.name, "--host", host, "--planned", ",".join(spec.gpus or ()),
+                "--cwd", ctx.workdir, *(["--env-stdin"] if stdin_env else []), "--", *remote]  # fmt: skip
+        return ProcessSpec(name=spec.name, argv=tuple(argv), host=host, role=spec.role, stdin_env=stdin_env,
+                           remote_group=True, env={RUN_ID_ENV: marker})  # fmt: skip
+
+    def preflight(self, plan: Plan, ctx: RunContext) -> None:
+        """Every planned node is in the cluster and ready: this grpo-launch and Python, the working directory,
+        the recipe's local paths, free ports (the ssh backend's checks, run in a task on each node)."""
+        from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
+        from grpo_launch.backends.ssh import check_command, check_problem, host_ports, local_paths
+
+        check_addresses(plan)
+        ray = self._ray()
+        nodes = node_ids(ray)
+        missing = [h.name for h in plan.topology.hosts if h.addr not in nodes]
+        if missing:
+            raise LaunchError(
+                f"planned node(s) {', '.join(missing)} are no longer in the Ray cluster; nothing was started",
+                hint="Plan again (the cluster changed), or bring the node back.",
+            )
+        ports = host_ports(plan)
+        line = {h.name: check_command(ctx.python, ctx.workdir, local_paths(plan), sorted(ports.get(h.name, {})))
+                for h in plan.topology.hosts}  # fmt: skip
+        by_node = {nodes[h.addr]: h.name for h in plan.topology.hosts}
+        answers = run_on_nodes(ray, {n: ["bash", "-c", line[h]] for n, h in by_node.items()}, timeout_s=CHECK_TIMEOUT_S)
+        problems = []
+        for node, host in by_node.items():
+            answer = answers[node]
+            if isinstance(answer, str):
+                problems.append(f"{host}: {answer}")
+            elif p := check_problem(host, *answer, plan, ctx.python, ports.get(host, {})):
+                problems.append(p)
+        if problems:
+            raise LaunchError(
+                "the Ray nodes are not ready; nothing was started:",
+                problems=problems,
+                hint="Every node needs the same paths as this one: the Python environment "
+                f"({ctx.python}) with grpo-launch[ray], the working directory and the model/data (a shared file "
+                "system).",
+            )
+
+    @contextlib.contextmanager
+    def attempt(self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext) -> Iterator[None]:
+        """Each host's placement group for this attempt; afterwards, the marker sweep on every node of the run
+        and the groups released."""
+        from grpo_launch.backends.ray.cluster import RESERVE_TIMEOUT_S, release, reserve
+
+        ray = self._ray()
+        run_id = next(iter(processes)).env[RUN_ID_ENV].rsplit("@", 1)[0]
+        address = {h.name: h.addr for h in plan.topology.hosts}
+        pgs: list[Any] = []
+        try:
+            for host, bundles in host_bundles(plan).items():
+                wanted = [{"GPU": float(g), "CPU": c} for _, g, c in bundles]
+                pgs.append(reserve(ray, pg_name(run_id, host), address[host], wanted, timeout_s=RESERVE_TIMEOUT_S))
+            yield
+        finally:
+            try:
+                self._sweep(ray, run_id, plan, ctx)
+            finally:
+                release(pgs)
+
+    def _sweep(self, ray: Any, run_id: str, plan: Plan, ctx: RunContext) -> None:
+        from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
+
+        nodes = node_ids(ray)
+        argv = {nodes[h.addr]: [ctx.python, "-m", "grpo_launch.node.reaper", "signal", f"{run_id}@{h.name}", "9"]
+                for h in plan.topology.hosts if h.addr in nodes}  # fmt: skip
+        names = {nodes[h.addr]: h.name for h in plan.topology.hosts if h.addr in nodes}
+        for node, answer in run_on_nodes(ray, argv, timeout_s=SIGNAL_TIMEOUT_S).items():
+            count = answer[1].strip() if isinstance(answer, tuple) else ""
+            if isinstance(answer, str):
+                ctx.emit(f"[grpo-launch] ray: could not sweep {names[node]} for the run's processes: {answer}")
+            elif count.isdigit() and int(count):
+                ctx.emit(f"[grpo-launch] ray: {count} process(es) of the run were still on {names[node]}: SIGKILL")
+        lost = [h.name for h in plan.topology.hosts if h.addr not in nodes]
+        if lost:
+            ctx.emit(f"[grpo-launch] ray: node(s) {', '.join(lost)} left the cluster: their processes went with them")
+
+    def signal_remote(self, spec: ProcessSpec, pgid: int, sig: int, ctx: RunContext) -> None:
+        from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
+        from grpo_launch.backends.ssh import kill_line
+
+        assert spec.host
+        ray = self._ray()
+        address = self.addresses.get(spec.host, spec.host)
+        node = node_ids(ray).get(address)
+        if node is None:
+            raise LaunchError(f"node {spec.host} ({address}) is no longer in the Ray cluster")
+        line = kill_line(pgid, sig, run_id=spec.env.get(RUN_ID_ENV), python=ctx.python)
+        answer = run_on_nodes(ray, {node: ["bash", "-c", line]}, timeout_s=SIGNAL_TIMEOUT_S)[node]
+        if isinstance(answer, str):
+            raise LaunchError(answer)

@@ -1,0 +1,101 @@
+"""``python -m grpo_launch.backends.ray.runner [options] -- COMMAND…``: one of the plan's processes on a Ray node,
+run from the launcher's machine. The launcher supervises this local process as it supervises an ssh client:
+
+- it attaches to the cluster, creates a :class:`~grpo_launch.backends.ray.tasks.NodeProcess` actor in its host's
+  placement group (bundle ``--bundle``, with ``--gpus`` GPUs), and has it start COMMAND there;
+- it prints what Ray gave the process (node, GPU ids: CUDA_VISIBLE_DEVICES is exactly those) beside the plan's GPU
+  positions, then COMMAND's output line by line (its first line announces the remote process group);
+- it exits with COMMAND's exit code; when the actor or its node dies, with 255 after one
+  ``ray.exceptions.ActorDiedError: …`` line (an infrastructure failure to :mod:`grpo_launch.execute.faults`);
+- ``--env-stdin``: KEY=VALUE lines on stdin (secrets) go to the process through the actor call, never a command
+  line; SIGTERM/SIGINT are passed to the remote process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+LOST = 255
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    if "--" not in argv:
+        raise SystemExit("usage: python -m grpo_launch.backends.ray.runner OPTIONS -- COMMAND…")
+    cut = argv.index("--")
+    p = argparse.ArgumentParser(prog="grpo_launch.backends.ray.runner")
+    p.add_argument("--address", required=True)
+    p.add_argument("--pg", required=True, help="the host's placement group (its name)")
+    p.add_argument("--bundle", type=int, required=True)
+    p.add_argument("--gpus", type=int, default=0)
+    p.add_argument("--cpus", type=float, default=0)
+    p.add_argument("--name", required=True)
+    p.add_argument("--host", required=True)
+    p.add_argument("--planned", default="", help="the plan's GPU positions on the host")
+    p.add_argument("--cwd", required=True)
+    p.add_argument("--env-stdin", action="store_true")
+    args = p.parse_args(argv[:cut])
+    command = argv[cut + 1 :]
+    if not command:
+        raise SystemExit("grpo_launch.backends.ray.runner: no command after --")
+    return args, command
+
+
+def main(argv: list[str]) -> int:
+    args, command = parse(argv)
+    from grpo_launch.node.shim import read_env
+
+    env = read_env(sys.stdin) if args.env_stdin else {}
+    from grpo_launch.backends.ray.cluster import connect
+    from grpo_launch.errors import GrpoLaunchError
+
+    try:
+        ray = connect(args.address)
+    except GrpoLaunchError as exc:
+        print(f"[grpo-launch] {args.name}: {exc}", flush=True)
+        return LOST
+    from ray.util import get_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from grpo_launch.backends.ray.tasks import NodeProcess
+
+    try:
+        pg = get_placement_group(args.pg)
+    except ValueError:
+        print(f"[grpo-launch] {args.name}: no placement group {args.pg!r} on the cluster (its launcher is gone)")
+        return LOST
+    strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=args.bundle)
+    actor = NodeProcess.options(num_gpus=args.gpus, num_cpus=args.cpus, scheduling_strategy=strategy).remote()
+    asked: list[int] = []
+
+    def relay(signum: int, _frame: object) -> None:
+        asked.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, relay)
+    try:
+        info = ray.get(actor.start.remote(command, env, args.cwd))
+        given = ",".join(info["gpu_ids"])
+        print(f"[grpo-launch] ray: {args.name} runs on node {info['node']} ({info['address']}), pid {info['pid']}; "
+              f"planned GPUs [{args.planned}] are Ray's GPUs [{given}] there (CUDA_VISIBLE_DEVICES={given})",
+              flush=True)  # fmt: skip
+        sent = 0
+        while True:
+            while sent < len(asked):
+                actor.signal.remote(asked[sent])
+                sent += 1
+            lines, code = ray.get(actor.read.remote(1.0))
+            for line in lines:
+                print(line, flush=True)
+            if code is not None:
+                return code if code >= 0 else 128 - code
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+        why = " ".join(str(exc).split())[:400]
+        print(f"ray.exceptions.ActorDiedError: the Ray actor running {args.name} on {args.host} died, or its node "
+              f"was lost: {why}", flush=True)  # fmt: skip
+        return LOST
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
