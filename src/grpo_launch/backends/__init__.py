@@ -22,7 +22,10 @@ REGISTRY: dict[str, str] = {
     "slurm": "grpo_launch.backends.slurm:SlurmBackend",
     "local": "grpo_launch.backends.local:LocalBackend",
 }
-SUBMITTERS: dict[str, str] = {"slurm": "grpo_launch.backends.slurm.submit:SlurmSubmitter"}
+SUBMITTERS: dict[str, str] = {
+    "slurm": "grpo_launch.backends.slurm.submit:SlurmSubmitter",
+    "ray": "grpo_launch.backends.ray.submit:RaySubmitter",
+}
 
 
 def _import(target: str) -> type:

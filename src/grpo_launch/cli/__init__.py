@@ -20,7 +20,8 @@ from grpo_launch import __version__
 from grpo_launch.cli.console import Console, drop, terminal_columns
 from grpo_launch.errors import GrpoLaunchError
 
-VERBS = ("run", "plan", "inspect", "sbatch", "status", "report")
+VERBS = ("run", "plan", "inspect", "sbatch", "ray-submit", "status", "report")
+SUBMIT_VERBS = ("sbatch", "ray-submit")  # their own arguments after "--" go to the batch system unchanged
 VALUE_OPTIONS = ("--gpus", "--hostfile", "--run-dir", "--nodes", "--gpus-per-node")
 
 
@@ -43,7 +44,7 @@ class Parser(argparse.ArgumentParser):
 
 def _verb(name: str) -> ModuleType:
     """A verb's module: ``register(sub, formatter, epilog)`` and ``command(args, ctx)``."""
-    return importlib.import_module(f"grpo_launch.cli.{name}")
+    return importlib.import_module(f"grpo_launch.cli.{name.replace('-', '_')}")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -98,7 +99,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     argv = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ if environ is None else environ
-    cut = argv.index("--") if "--" in argv else len(argv)  # sbatch's own arguments follow "--"
+    cut = argv.index("--") if "--" in argv else len(argv)  # a submit verb's own arguments follow "--"
     debug = "--debug" in argv[:cut]  # anywhere before them, not only before the verb
     argv = [a for i, a in enumerate(argv) if i >= cut or a != "--debug"]
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -112,7 +113,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     verb = next((a for a in normalised if not a.startswith("-")), None)
     parser = build_parser(verb if verb in VERBS else None)
     extra: list[str] = []
-    if normalised and normalised[0] == "sbatch" and "--" in normalised:
+    if normalised and normalised[0] in SUBMIT_VERBS and "--" in normalised:
         cut = normalised.index("--")
         normalised, extra = normalised[:cut], normalised[cut + 1 :]
     # Overrides may follow options (`RECIPE --nodes 2 max_steps=5`): argparse leaves those unparsed.
