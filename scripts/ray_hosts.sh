@@ -19,19 +19,20 @@ RAY=${RAY:-$ROOT/.venv/bin/ray}
 HEAD=10.77.0.1
 PORT=6390
 # Short node-failure detection for the tests (Ray's defaults take about 30 s to declare a node dead).
-NODE_ENV="RAY_USAGE_STATS_ENABLED=0 RAY_health_check_period_ms=1000 RAY_health_check_failure_threshold=5 ${RAY_EXTRA_ENV:-}"
+NODE_ENV="GRPO_RAY_CLUSTER=$DIR RAY_USAGE_STATS_ENABLED=0 RAY_health_check_period_ms=1000 RAY_health_check_failure_threshold=5 ${RAY_EXTRA_ENV:-}"
 
 stop() {
-  for d in "$DIR"/ray-*; do
-    [ -d "$d" ] || continue
-    # Only this cluster's processes: their command lines name its temp dirs (a plain `ray stop` would stop every
-    # Ray on the machine).
-    pkill -KILL -f -- "$d" 2>/dev/null || true
+  # Only this cluster's processes: every one carries GRPO_RAY_CLUSTER=DIR in its environment (a plain `ray stop`
+  # would stop every Ray on the machine).
+  for p in /proc/[0-9]*; do
+    if tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "GRPO_RAY_CLUSTER=$DIR"; then
+      kill -KILL "${p#/proc/}" 2>/dev/null || true
+    fi
   done
-  pkill -KILL -f -- "--port=$PORT" 2>/dev/null || true
-  pkill -KILL -f -- "$HEAD:$PORT" 2>/dev/null || true
   bash "$ROOT/scripts/ssh_hosts.sh" stop "$DIR/hosts" >/dev/null 2>&1 || true
-  rm -rf "$DIR"/ray-*
+  t=$(readlink "$DIR/ray-tmp" 2>/dev/null || true)
+  case "$t" in /tmp/rayc.*) rm -rf "$t" ;; esac
+  rm -f "$DIR/ray-tmp"
 }
 
 if [ "$action" = stop ]; then stop; exit 0; fi

@@ -4,12 +4,14 @@ trainers). Tests import these from here, never from another test module."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +215,36 @@ def vllm_cpu_env(tmp_path: Path | None = None) -> dict[str, str]:
     if tmp_path is not None:
         env |= {"TMPDIR": str(tmp_path), "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
     return env
+
+
+RAY_HEAD = "10.77.0.1:6390"  # scripts/ray_hosts.sh
+RAY_DASHBOARD = "http://10.77.0.1:8290"
+
+
+@contextlib.contextmanager
+def ray_cluster(directory: Path, *gpus: int) -> Iterator[str]:
+    """A real Ray cluster (scripts/ray_hosts.sh): the head here, one worker node per entry of ``gpus`` in the
+    namespace hosts h1, h2, … with that many fake GPUs (a pynvml stand-in on the nodes' PYTHONPATH: NVML needs a
+    GPU; 0 = a CPU node). Yields the head's GCS address. Needs root, iproute2 and sshd, else skips (fails under
+    GRPO_LAUNCH_REQUIRE_RAY=1)."""
+    import importlib.util
+
+    present = importlib.util.find_spec("ray") is not None and shutil.which("ip") is not None
+    present = present and (shutil.which("sshd") is not None or Path("/usr/sbin/sshd").exists())
+    require_root_tool(present, "GRPO_LAUNCH_REQUIRE_RAY", "Ray (grpo-launch[ray]), iproute2 and sshd")
+    ensure_tiny_assets()
+    standin = directory / "standin"
+    standin.mkdir(parents=True, exist_ok=True)
+    count = "int(os.environ.get('GRPO_TEST_GPUS', '0'))"
+    (standin / "pynvml.py").write_text(pynvml_stand_in('return ("NVIDIA L4", 23034 * 1024 * 1024)', count))
+    script = ROOT / "scripts" / "ray_hosts.sh"
+    env = {**os.environ, "STANDIN": str(standin)}
+    done = subprocess.run(["bash", str(script), "start", str(directory), *map(str, gpus)], env=env,
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    if done.returncode != 0:
+        subprocess.run(["bash", str(script), "stop", str(directory)], timeout=120)
+        raise RuntimeError(f"the Ray test cluster did not start: {done.stderr[-2000:]}")
+    try:
+        yield RAY_HEAD
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(directory)], timeout=120)

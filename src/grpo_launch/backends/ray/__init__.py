@@ -158,9 +158,17 @@ class RayBackend(BaseBackend):
         and the groups released."""
         from grpo_launch.backends.ray.cluster import RESERVE_TIMEOUT_S, release, reserve
 
+        from grpo_launch.backends.ray.cluster import node_ids
+
         ray = self._ray()
         run_id = next(iter(processes)).env[RUN_ID_ENV].rsplit("@", 1)[0]
         address = {h.name: h.addr for h in plan.topology.hosts}
+        gone = [h for h, a in address.items() if a not in node_ids(ray)]
+        if gone:  # a restart after a node was lost: its GPUs cannot be reserved again
+            raise LaunchError(
+                f"node(s) {', '.join(gone)} of the plan left the Ray cluster; nothing more was started",
+                hint="Bring the node back, or run again: the plan is made for the nodes the cluster has then.",
+            )
         pgs: list[Any] = []
         try:
             for host, bundles in host_bundles(plan).items():

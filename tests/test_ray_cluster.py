@@ -1,0 +1,175 @@
+"""grpo-launch on a real Ray cluster (scripts/ray_hosts.sh): the head on this machine (no CPU or GPU to give) and
+two CPU worker nodes in the network-namespace hosts h1 and h2 (own address, hostname and raylet; the file system is
+shared, like a cluster's home). Training is real (TRL GRPOTrainer, gloo over the namespaces' eth0); each process
+runs in a Ray actor on its planned node, started by the launcher's runner.
+
+Skipped without root, Ray, iproute2 or sshd, unless GRPO_LAUNCH_REQUIRE_RAY=1 (CI), which fails instead. The node
+kill runs last: it takes h2 out of the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .helpers import RAY_DASHBOARD, ROOT, ensure_tiny_assets, ray_cluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+SECRET = "hf_secret_value_that_must_not_leak_456"
+TRAINER = re.compile(r"trainer process (\d+)/(\d+) world_size=(\d+) .*node_rank=(\d+) local_rank=(\d+) node=(\S+)")
+PLACED = re.compile(r"ray: (\S+) runs on node (\S+) \(([\d.]+)\), pid (\d+)")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with ray_cluster(tmp_path_factory.mktemp("ray"), 0, 0) as address:
+        yield address
+
+
+def command(address: str, run: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "grpo_launch", str(ROOT / "recipes" / "tiny-cpu.yaml"), "--ray", address,
+            "--run-dir", str(run), "--network-interface", "eth0", *extra]  # fmt: skip
+
+
+def leftovers(run: Path, within: float = 15.0) -> list[str]:
+    """The run's processes on any node (the namespace hosts share this machine's process table) still there after
+    ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
+        left = [line for line in out.splitlines() if "pgrep" not in line]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.3)
+
+
+def changed_tensors(run: Path) -> int:
+    from safetensors.torch import load_file
+
+    before = load_file(str(ensure_tiny_assets() / "model" / "model.safetensors"))
+    after = load_file(str(run / "output" / "model.safetensors"))
+    return sum(1 for n, w in before.items() if n in after and not bool((w.to(after[n].dtype) == after[n]).all()))
+
+
+def test_trains_on_two_ray_nodes_and_weights_change(cluster, tmp_path):
+    """Ranks 0 and 1 run on h1 and h2 (each in an actor on its node, in that host's placement group); the trained
+    model differs from the initial one; the secret reaches both nodes' reward function through the runner's stdin
+    and the actor call, and is in no file of the run."""
+    pkg = tmp_path / "rayrewards"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    seen = tmp_path / "seen"
+    (pkg / "r.py").write_text(
+        "import os\n"
+        "def reward(completions, **kw):\n"
+        f"    with open({str(seen)!r} + '-' + os.uname().nodename, 'w') as f:\n"
+        "        f.write(os.environ.get('HF_TOKEN', 'MISSING'))\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    run = tmp_path / "run"
+    argv = command(cluster, run, "max_steps=3", "reward_funcs=[rayrewards.r:reward,digits]")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_TOKEN": SECRET}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    every = out + "".join(p.read_text() for p in (run / "logs").glob("train-*.log"))
+    trainers = {(int(r), int(w), int(nr), node) for r, w, _, nr, _, node in TRAINER.findall(every)}
+    assert trainers == {(0, 2, 0, "h1"), (1, 2, 1, "h2")}
+    placed = {name: (node, ip) for name, node, ip, _ in PLACED.findall(out)}
+    assert placed == {"train@h1": ("h1", "10.77.0.11"), "train@h2": ("h2", "10.77.0.12")}
+    assert "step 3/3 done" in out
+    assert changed_tensors(run) > 0
+    assert (tmp_path / "seen-h1").read_text() == SECRET and (tmp_path / "seen-h2").read_text() == SECRET
+    for path in run.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["topology"]["source"] == "ray"
+    assert leftovers(run) == []
+
+
+def start_long_run(cluster: str, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+    run, log = tmp_path / "run", tmp_path / "launcher.out"
+    with log.open("w") as f:
+        proc = subprocess.Popen(command(cluster, run, "max_steps=5000", *extra), stdout=f, stderr=subprocess.STDOUT,
+                                cwd=ROOT, env=dict(os.environ))  # fmt: skip
+    deadline = time.monotonic() + 180
+    while "step 2/" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    return proc, run, log
+
+
+def failure_of(run: Path) -> dict:
+    return json.loads((run / "control" / "attempts.jsonl").read_text().splitlines()[-1])
+
+
+def test_a_killed_actor_is_an_infra_failure_and_the_run_is_torn_down(cluster, tmp_path):
+    """SIGKILL of the Ray worker that hosts train@h2's actor: its runner names the lost actor, the run fails as an
+    infrastructure failure with that root cause, and nothing of the run is left on any node."""
+    proc, run, log = start_long_run(cluster, tmp_path)
+    pids = {name: int(pid) for name, _, _, pid in PLACED.findall(log.read_text())}
+    actor = int(Path(f"/proc/{pids['train@h2']}/stat").read_text().split(")")[1].split()[1])  # its parent
+    assert "NodeProcess" in Path(f"/proc/{actor}/cmdline").read_text()
+    os.kill(actor, 9)
+    assert proc.wait(timeout=120) == 1
+    out = log.read_text()
+    assert re.search(r"root cause: \[train@h2\] ray\.exceptions\.ActorDiedError: the Ray actor running train@h2", out)
+    record = failure_of(run)
+    assert record["failure"] == "infra" and "ActorDiedError" in record["cause"]
+    assert leftovers(run) == []
+
+
+def test_ray_submit_runs_the_whole_run_as_a_ray_job(cluster, tmp_path):
+    """`grpo-launch ray-submit` plans on the live cluster, writes RUN_DIR/ray-job.sh and submits it; the Ray job
+    (its driver on the head, the ranks on h1 and h2) succeeds and the weights change."""
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "grpo_launch", "ray-submit", str(ROOT / "recipes" / "tiny-cpu.yaml"), "--ray",
+            cluster, "--ray-dashboard", RAY_DASHBOARD, "--run-dir", str(run), "--network-interface", "eth0",
+            "--submission-id", f"grpo-test-{os.getpid()}", "max_steps=3"]  # fmt: skip
+    dry = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert dry.returncode == 0, dry.stderr
+    assert "ray job submit --address " + RAY_DASHBOARD in dry.stdout and not run.exists()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"submitted Ray job grpo-test-{os.getpid()}" in done.stdout and (run / "ray-job.sh").is_file()
+    ray = str(Path(sys.executable).parent / "ray")
+    job = f"grpo-test-{os.getpid()}"
+    deadline, status = time.monotonic() + 240, ""
+    while time.monotonic() < deadline:
+        status = subprocess.run([ray, "job", "status", job, "--address", RAY_DASHBOARD], capture_output=True,
+                                text=True, timeout=60).stdout  # fmt: skip
+        if re.search(r"SUCCEEDED|FAILED|STOPPED|succeeded|failed|stopped", status):
+            break
+        time.sleep(2)
+    logs = subprocess.run([ray, "job", "logs", job, "--address", RAY_DASHBOARD], capture_output=True, text=True,
+                          timeout=60).stdout  # fmt: skip
+    assert re.search(r"SUCCEEDED|succeeded", status), status + logs[-3000:]
+    assert "step 3/3 done" in logs and "started train@h2 on h2" in logs
+    assert changed_tensors(run) > 0
+    assert leftovers(run) == []
+
+
+def test_a_killed_node_fails_the_run_names_it_and_leaves_nothing(cluster, tmp_path):
+    """Every process in h2's namespace SIGKILLed (its raylet, the actor, the rank): the run fails as an
+    infrastructure failure naming train@h2's lost actor; the restart (launch.max_restarts=1) finds the node gone
+    from the cluster and stops with that said; nothing of the run is left on h1 or here."""
+    proc, run, log = start_long_run(cluster, tmp_path, "launch.max_restarts=1")
+    pids = subprocess.run(["ip", "netns", "pids", "grpo-h2"], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), 9)
+    assert proc.wait(timeout=180) == 1
+    out = log.read_text()
+    record = failure_of(run)
+    assert record["failure"] == "infra" and "ActorDiedError" in record["cause"] and "train@h2" in record["cause"]
+    assert "node(s) h2 of the plan left the Ray cluster" in out
+    assert leftovers(run) == []
