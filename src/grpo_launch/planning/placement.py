@@ -10,7 +10,7 @@ from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import TRL_COLOCATE_UTILIZATION, VLLM_SERVER_UTILIZATION, VLLM_WEIGHTS_SHARE
 from grpo_launch.planning.lengths import max_model_len, prompt_bound
-from grpo_launch.planning.split import Split, SplitKind, enumerate_splits, off_split
+from grpo_launch.planning.split import Split, SplitKind, enumerate_splits, enumerate_uneven_splits, off_split
 from grpo_launch.planning.types import ServerNode, Trace, TrainHost, VllmPlan
 from grpo_launch.recipe import Recipe
 
@@ -79,15 +79,19 @@ def server_weights(model: ModelShape | None, split: Split) -> float:
 def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None, trace: Trace) -> list[Split]:
     """The splits the recipe allows on ``topology``, each of whose vLLM weights fit; one PlanError otherwise."""
     mode = requested_mode(topology, recipe)
+    uneven = len(set(topology.gpus_per_host)) > 1
+    if uneven and (mode in (VllmMode.OFF, VllmMode.COLOCATE) or topology.is_cpu):
+        raise PlanError(
+            "hosts have different GPU counts ("
+            + ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts)
+            + f") and launch.vllm={mode}: every GPU would train, and accelerate runs the same number of processes "
+            "on every machine",
+            hint="Let the search choose (launch.vllm unset or server: whole hosts or the larger hosts' extra GPUs "
+            "serve), or give every host the same number of GPUs (hostfile slots / --gpus-per-node).",
+        )
     if topology.is_cpu or mode == VllmMode.OFF:
         return [off_split(len(topology.hosts), len(topology.hosts[0].gpus))]
-    if len(set(topology.gpus_per_host)) > 1:
-        raise PlanError(
-            "hosts have different GPU counts: " + ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts),
-            hint="accelerate runs the same number of processes on every machine: give every host the same "
-            "number of GPUs (hostfile slots / --gpus-per-node).",
-        )
-    n, g, mem = len(topology.hosts), topology.gpus_per_host[0], topology.min_gpu_memory_bytes
+    n, g, mem = len(topology.hosts), min(topology.gpus_per_host), topology.min_gpu_memory_bytes
     tp = requested_tp(recipe, mode, trace)
     if tp is not None:
         _check_tp(model, tp, g)
@@ -99,8 +103,26 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
         )
     if gpus is not None and n == 1 and gpus >= g:
         _refuse_no_trainer(model, gpus, g, mem)
+    total = sum(topology.gpus_per_host)
+    if gpus is not None and gpus >= total:
+        raise PlanError(
+            f"launch.vllm_gpus={gpus}: the {n} hosts have {total} GPUs in all "
+            f"({' + '.join(map(str, topology.gpus_per_host))}), leaving none to train",
+            hint=f"Set launch.vllm_gpus below {total} (or leave it unset to choose), or use more hosts.",
+        )
     pp = recipe.launch.vllm_pipeline_parallel_size
-    splits = [s for s in enumerate_splits(n, g, model, tp) if (tp is None or s.tp == tp) and s.pp == (pp or s.pp)]
+    every = enumerate_uneven_splits(topology.gpus_per_host, model) if uneven else enumerate_splits(n, g, model, tp)
+    if uneven and not every:
+        raise PlanError(
+            "no split of hosts with GPU counts "
+            + ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts)
+            + " leaves training hosts with equal counts (accelerate runs the same number of processes on every "
+            "machine)",
+            hint="Use hosts whose counts allow it: whole hosts of one count serve and the others (all of one count) "
+            "train, or the larger hosts have the same number of GPUs more than the smallest; or set hostfile slots / "
+            "--gpus-per-node to equal counts.",
+        )
+    splits = [s for s in every if (tp is None or s.tp == tp) and s.pp == (pp or s.pp)]
     if recipe.launch.vllm_command[-1] != "serve" and any(len(s.server_hosts) > 1 for s in splits):
         # Only `vllm serve` runs the other hosts' engines headless (vllm/entrypoints/cli/serve.py); the API server
         # module alone would start them as API servers, which TRL's weight sync cannot reach.
@@ -128,7 +150,8 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
             )
         if not served:
             raise PlanError(
-                f"no vLLM server of {gpus} GPU(s) leaves whole hosts or equal trainers on {n} host(s) of {g} GPUs",
+                f"no vLLM server of {gpus} GPU(s) (launch.vllm_gpus) leaves whole hosts or equal trainers on {n} "
+                f"host(s) of {' + '.join(map(str, topology.gpus_per_host)) if uneven else g} GPUs",
                 hint="On several hosts the server takes whole hosts (launch.vllm_gpus a multiple of the GPUs per "
                 "host, fewer than all of them), the same number of GPUs on every host (a multiple of the hosts), or "
                 "fewer GPUs than a host has on one of them.",

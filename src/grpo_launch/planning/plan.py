@@ -165,7 +165,7 @@ DEFAULT_ORDER = (
 def _default_split(splits: list[Split]) -> Split:
     """Without an estimate: colocate on one GPU, else the smallest server (one whole host of several)."""
     order = {kind: rank for rank, kinds in enumerate(DEFAULT_ORDER) for kind in kinds}
-    gpus = splits[0].hosts * splits[0].gpus_per_host
+    gpus = splits[0].gpus
     if gpus == 1:
         order[SplitKind.COLOCATE] = -1
     return min(splits, key=lambda s: (order[s.kind], s.server_gpus, s.tp))

@@ -15,6 +15,11 @@ A split is one of:
   when every use of those GPUs is slower, and says so);
 - **off**: no vLLM, the trainers generate (CPU, ``use_vllm: false``).
 
+Hosts with different GPU counts (a Ray cluster or hostfile of 4- and 2-GPU nodes): accelerate runs the same number
+of trainers on every machine, so only server splits that leave equal training hosts are possible
+(:func:`enumerate_uneven_splits`): whole hosts of one count serve and the others train, or every host trains on as
+many GPUs as the smallest has and the larger hosts' extra GPUs serve.
+
 Every split is planned at the same prompts per optimizer step (:func:`prompts_target`), so the search compares like
 with like: the recipe's algorithm (group size, prompts per step, one generation per step) is the same whatever
 wins, and only the accumulation (and a per-device batch the recipe leaves unset) adapts to the trainer count.
@@ -56,6 +61,11 @@ class Split:
     server_gpus_per_host: int = 0
     pp: int = 1  # server: pipeline stages of each replica (TP × PP GPUs), only where no replica of TP alone fits
     asynchronous: bool = False  # AsyncGRPOTrainer on this split: generation and training overlap (launch.mode)
+    total_gpus: int = 0  # hosts with different GPU counts: all their GPUs (0: hosts × gpus_per_host)
+
+    @property
+    def gpus(self) -> int:
+        return self.total_gpus or self.hosts * self.gpus_per_host
 
     @property
     def trainers(self) -> int:
@@ -69,7 +79,7 @@ class Split:
     def idle(self) -> int:
         if self.kind in (SplitKind.COLOCATE, SplitKind.OFF):
             return 0
-        return self.hosts * self.gpus_per_host - self.trainers - self.server_gpus
+        return self.gpus - self.trainers - self.server_gpus
 
     @property
     def shape(self) -> str:
@@ -99,6 +109,11 @@ class Split:
             return "no vLLM"
         if self.kind == SplitKind.NODES:
             return f"{len(self.server_hosts)} whole host(s) serve ({self.server_gpus} GPUs, {self.shape})"
+        if self.kind == SplitKind.SPREAD and len(self.server_hosts) < self.hosts:
+            return (
+                f"server on the {self.server_gpus_per_host} extra GPU(s) of {len(self.server_hosts)} larger host(s) "
+                f"({self.shape})"
+            )
         if self.kind == SplitKind.SPREAD:
             return (
                 f"server spread over {len(self.server_hosts)} hosts ({self.server_gpus_per_host} GPU(s) each, "
@@ -144,6 +159,32 @@ def enumerate_splits(
         for t, d in server_shapes(model, k, per_host):
             out.append(Split(SplitKind.SPREAD, hosts, per_host, per_host - k, everyone, t, d * hosts, everyone, k))
             out.append(Split(SplitKind.SHARED, hosts, per_host, per_host - k, everyone, t, d, (last,), k))
+    return out
+
+
+def enumerate_uneven_splits(counts: Sequence[int], model: ModelShape | None) -> list[Split]:
+    """The server splits of hosts with different GPU counts (``counts`` per host) that leave training hosts with
+    equal counts: (1) the hosts of one count serve as whole hosts (TP within a host × DP over them) and every other
+    host, all of one count, trains; (2) every host trains on as many GPUs as the smallest has, and the extra GPUs of
+    the larger hosts (the same number on each) serve. Every GPU is used in both."""
+    total, n, out = sum(counts), len(counts), []
+    for c in sorted(set(counts)):
+        serve = tuple(i for i in range(n) if counts[i] == c)
+        train = tuple(i for i in range(n) if counts[i] != c)
+        if len({counts[i] for i in train}) != 1:
+            continue
+        per = counts[train[0]]
+        for t, d in server_shapes(model, c, c):
+            out.append(Split(SplitKind.NODES, n, max(counts), per, train, t, d * len(serve), serve, c,
+                             total_gpus=total))  # fmt: skip
+    least = min(counts)
+    bigger = tuple(i for i in range(n) if counts[i] > least)
+    extra = {counts[i] - least for i in bigger}
+    if len(extra) == 1:
+        k = extra.pop()
+        for t, d in server_shapes(model, k, k):
+            out.append(Split(SplitKind.SPREAD, n, max(counts), least, tuple(range(n)), t, d * len(bigger), bigger, k,
+                             total_gpus=total))  # fmt: skip
     return out
 
 

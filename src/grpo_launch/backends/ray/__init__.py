@@ -156,9 +156,7 @@ class RayBackend(BaseBackend):
     def attempt(self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext) -> Iterator[None]:
         """Each host's placement group for this attempt; afterwards, the marker sweep on every node of the run
         and the groups released."""
-        from grpo_launch.backends.ray.cluster import RESERVE_TIMEOUT_S, release, reserve
-
-        from grpo_launch.backends.ray.cluster import node_ids
+        from grpo_launch.backends.ray.cluster import RESERVE_TIMEOUT_S, node_ids, release, reserve
 
         ray = self._ray()
         run_id = next(iter(processes)).env[RUN_ID_ENV].rsplit("@", 1)[0]
