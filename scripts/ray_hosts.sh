@@ -21,14 +21,18 @@ PORT=6390
 # Short node-failure detection for the tests (Ray's defaults take about 30 s to declare a node dead).
 NODE_ENV="GRPO_RAY_CLUSTER=$DIR RAY_USAGE_STATS_ENABLED=0 RAY_health_check_period_ms=1000 RAY_health_check_failure_threshold=5 ${RAY_EXTRA_ENV:-}"
 
-stop() {
-  # Only this cluster's processes: every one carries GRPO_RAY_CLUSTER=DIR in its environment (a plain `ray stop`
-  # would stop every Ray on the machine).
+# Kill the processes of a test cluster: those whose environment has a line matching $1 (every node of a cluster
+# started here carries GRPO_RAY_CLUSTER=DIR; a plain `ray stop` would stop every Ray on the machine).
+kill_marked() {
   for p in /proc/[0-9]*; do
-    if tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "GRPO_RAY_CLUSTER=$DIR"; then
+    if { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qx -- "$1"; then
       kill -KILL "${p#/proc/}" 2>/dev/null || true
     fi
   done
+}
+
+stop() {
+  kill_marked "GRPO_RAY_CLUSTER=$DIR"
   bash "$ROOT/scripts/ssh_hosts.sh" stop "$DIR/hosts" >/dev/null 2>&1 || true
   t=$(readlink "$DIR/ray-tmp" 2>/dev/null || true)
   case "$t" in /tmp/rayc.*) rm -rf "$t" ;; esac
@@ -39,6 +43,7 @@ if [ "$action" = stop ]; then stop; exit 0; fi
 [ "$action" = start ] || { echo "usage: ray_hosts.sh start DIR GPUS... | stop DIR" >&2; exit 2; }
 [ $# -ge 1 ] || { echo "usage: ray_hosts.sh start DIR GPUS..." >&2; exit 2; }
 stop
+kill_marked "GRPO_RAY_CLUSTER=.*"  # a test cluster left by a killed run (same ports)
 mkdir -p "$DIR"
 STANDIN=${STANDIN:-$DIR/standin}
 bash "$ROOT/scripts/ssh_hosts.sh" start "$DIR/hosts" "$#" >/dev/null

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the environments and run the whole test suite (what CI runs: .ci/run calls this script).
 # .venv: the CPU training stack; .venv-vllm: vLLM's CPU build for the real-server tests; system packages for the
-# real Slurm cluster and sshd hosts (root only; without root those tests are skipped).
+# real Slurm cluster, sshd hosts and Ray cluster (root only; without root those tests are skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -13,5 +13,6 @@ if [ "$(id -u)" = 0 ]; then
   # Installed, so the Slurm and sshd tests must run: a skip would hide a broken set-up.
   # Root can mount the small tmpfs of the full-disk test.
   export GRPO_LAUNCH_REQUIRE_SLURM=1 GRPO_LAUNCH_REQUIRE_SSHD=1 GRPO_LAUNCH_REQUIRE_BROWSER=1 GRPO_LAUNCH_REQUIRE_MOUNT=1
+  export GRPO_LAUNCH_REQUIRE_RAY=1  # a real Ray cluster over the namespace hosts (scripts/ray_hosts.sh)
 fi
 exec .venv/bin/python -m pytest tests -q "$@"

@@ -93,6 +93,8 @@ def test_trains_on_two_ray_nodes_and_weights_change(cluster, tmp_path):
             assert SECRET.encode() not in path.read_bytes(), path
     plan = json.loads((run / "plan.json").read_text())
     assert plan["topology"]["source"] == "ray"
+    logs = {p.name.split("-2")[0] for p in (run / "logs").glob("*.log")}
+    assert logs == {"launcher.log", "train-h1", "train-h2", "train-rank1-h2"}, logs  # a log per process and rank
     assert leftovers(run) == []
 
 

@@ -153,6 +153,11 @@ def run_on_nodes(
     return out
 
 
+def _address_key(address: str) -> tuple:
+    parts = address.split(".")
+    return (0, *map(int, parts)) if len(parts) == 4 and all(p.isdigit() for p in parts) else (1, address)
+
+
 def node_name(node: Mapping[str, Any]) -> str:
     return str(node.get("NodeManagerHostname") or node["NodeManagerAddress"])
 
@@ -164,6 +169,10 @@ def probe_cluster(ray: Any, python: str, environ: Mapping[str, str]) -> Topology
     from grpo_launch.probe.hosts import report_command
 
     nodes, with_gpus = usable(alive_nodes(ray))
+    here = ray.get_runtime_context().get_node_id()
+    # In a stable order, this node first when it takes part: the first training host is the main process's
+    # (machine rank 0) and the first serving host runs the API server.
+    nodes.sort(key=lambda n: (n["NodeID"] != here, _address_key(str(n["NodeManagerAddress"]))))
     if not nodes:
         raise ProbeError(
             "the Ray cluster has no node with a GPU or a CPU to give",

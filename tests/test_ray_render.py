@@ -1,0 +1,132 @@
+"""The Ray backend without a cluster: what it refuses before anything starts (an address that does not answer, a
+dashboard address, a Ray outside the supported range or none), how it places the plan's processes (pure), how a
+lost actor is classified, and that planning never imports Ray."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_launch.backends.ray import RayBackend, host_bundles, pg_name
+from grpo_launch.enums import FailureKind
+from grpo_launch.execute.faults import Event, diagnose
+from grpo_launch.render.processes import all_processes
+from grpo_launch.rundir.layout import RUN_ID_ENV
+from grpo_launch.spec import RunContext
+
+from .helpers import ROOT, free_port, plan_recipe
+
+
+def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grpo_launch", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def test_an_address_that_does_not_answer_is_refused_before_anything_starts(tmp_path):
+    port = free_port()  # nothing listens there
+    run = tmp_path / "run"
+    done = cli(str(ROOT / "recipes" / "tiny-cpu.yaml"), "--ray", f"127.0.0.1:{port}", "--run-dir", str(run))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"no Ray cluster answers at 127.0.0.1:{port}" in done.stderr and "ray start --head" in done.stderr
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("address", ["http://10.0.0.1:8265", "ray://10.0.0.1:10001"])
+def test_a_dashboard_or_client_address_is_refused_with_the_address_to_give(address):
+    done = cli("plan", str(ROOT / "recipes" / "tiny-cpu.yaml"), "--ray", address)
+    assert done.returncode == 1 and "GCS address (HOST:PORT, e.g. 10.0.0.1:6379)" in done.stderr, done.stderr
+    assert "ray-submit" in done.stderr
+
+
+def test_ray_from_the_environment_is_used_when_set_and_refused_when_it_is_a_dashboard():
+    done = cli("plan", str(ROOT / "recipes" / "tiny-cpu.yaml"), env={"RAY_ADDRESS": "http://127.0.0.1:8265"})
+    assert done.returncode == 1 and "RAY_ADDRESS=http://127.0.0.1:8265" in done.stderr, done.stderr
+
+
+def fake_ray(tmp_path: Path, body: str) -> dict[str, str]:
+    """A `ray` package that is not Ray, first on the path: one environment holds one Ray, and an old or missing
+    one cannot be installed beside it for a test."""
+    pkg = tmp_path / "fake" / "ray"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(body)
+    return {"PYTHONPATH": str(tmp_path / "fake")}
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("__version__ = '2.9.3'\n", "Ray 2.9.3 is installed; grpo-launch's Ray backend supports Ray >=2.40,<3"),
+        ("__version__ = '3.1.0'\n", "Ray 3.1.0 is installed"),
+        ("raise ImportError('No module named ray')\n", "pip install 'grpo-launch[ray]'"),
+    ],
+)
+def test_a_ray_outside_the_supported_range_or_none_is_refused(tmp_path, body, said):
+    done = cli("plan", str(ROOT / "recipes" / "tiny-cpu.yaml"), "--ray", "127.0.0.1:1", env=fake_ray(tmp_path, body))
+    assert done.returncode == 1 and said in done.stderr, done.stderr
+
+
+def test_each_process_is_placed_as_a_runner_in_its_hosts_bundle_with_secrets_on_stdin():
+    """qwen7b-math on 2 × 8 H100: every process becomes a local runner of the Ray backend; bundles number each
+    host's processes in plan order with the process's own GPUs; the remote command is the shim with the host's run
+    marker; HF_TOKEN is named for stdin and its value is nowhere in the command."""
+    plan = plan_recipe(ROOT / "recipes" / "qwen7b-math.yaml", "2x8xH100")
+    backend = RayBackend("10.0.0.1:6379")
+    ctx = RunContext(sys.executable, str(ROOT), {"HF_TOKEN": "hf_value_not_in_argv"}, print)
+    bundles = host_bundles(plan)
+    assert sum(len(b) for b in bundles.values()) == len(all_processes(plan))
+    seen: dict[str, list[int]] = {}
+    for spec in all_processes(plan):
+        spec = spec.__class__(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__},
+                                 "env": {**spec.env, RUN_ID_ENV: "rid"}})  # fmt: skip
+        placed = backend.place(spec, plan, ctx)
+        argv = list(placed.argv)
+        cut = argv.index("--")
+        opts = dict(zip(argv[3:cut:2], argv[4:cut:2], strict=False))
+        host = spec.host or plan.topology.hosts[0].name
+        assert argv[1:3] == ["-m", "grpo_launch.backends.ray.runner"] and opts["--pg"] == pg_name("rid", host)
+        assert opts["--gpus"] == str(len(spec.gpus)) and opts["--planned"] == ",".join(spec.gpus)
+        assert bundles[host][int(opts["--bundle"])][:2] == (spec.name, len(spec.gpus))
+        seen.setdefault(host, []).append(int(opts["--bundle"]))
+        assert argv[cut + 1 : cut + 7] == [sys.executable, "-m", "grpo_launch.node.shim", "--announce-pgid", "--guard",
+                                           f"rid@{host}"]  # fmt: skip
+        assert f"{RUN_ID_ENV}=rid@{host}" in argv and placed.remote_group and placed.env[RUN_ID_ENV] == f"rid@{host}"
+        assert placed.stdin_env == ("HF_TOKEN",) and "--env-stdin" in argv[:cut]
+        assert not any("hf_value_not_in_argv" in a for a in argv)
+    assert {h: sorted(b) for h, b in seen.items()} == {h: list(range(len(b))) for h, b in bundles.items()}
+
+
+def test_a_lost_actor_is_an_infrastructure_failure():
+    line = ("ray.exceptions.ActorDiedError: the Ray actor running train@h2 on h2 died, or its node was lost: The "
+            "actor died unexpectedly before finishing this task.")  # fmt: skip
+    failure = diagnose([Event(1.0, "train@h2", line)], exits=[("train@h2", 255, None)])
+    assert failure.kind == FailureKind.INFRA and failure.cause.startswith("ray.exceptions.ActorDiedError")
+
+
+def test_planning_never_imports_ray():
+    code = (
+        "import sys; from grpo_launch.cli import main; "
+        "rc = main(['plan', 'recipes/qwen7b-math.yaml', '--gpus', '2x8xH100']); "
+        "assert rc == 0, rc; assert 'ray' not in sys.modules, 'ray imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_node_without_a_report_is_planned_from_rays_resources():
+    """Ray's own view is the fallback: the node's GPU count and accelerator_type (H100, read in the GPU table)."""
+    from grpo_launch.backends.ray.cluster import _host
+
+    node = {"NodeManagerAddress": "10.0.0.7", "NodeManagerHostname": "gpu7",
+            "Resources": {"GPU": 8.0, "CPU": 96.0, "accelerator_type:H100": 1.0, "node:10.0.0.7": 1.0}}  # fmt: skip
+    host = _host(node, None, with_gpus=True)
+    assert (host.name, host.address, host.cpus, len(host.gpus)) == ("gpu7", "10.0.0.7", 96, 8)
+    from grpo_launch.machines.gpus import GIB, find_gpu_spec
+
+    h100 = find_gpu_spec("H100")
+    assert host.gpus[0].name == h100.name and host.gpus[0].memory_bytes == int(h100.memory_gib * GIB)
+    reported = _host(node, {"node": "gpu7", "gpus": [["NVIDIA H100 80GB HBM3", 85_000_000_000]] * 4}, with_gpus=True)
+    assert len(reported.gpus) == 8 and reported.gpus[0].name.startswith("H100")  # NVML saw fewer than Ray gives
