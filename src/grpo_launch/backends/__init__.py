@@ -21,7 +21,10 @@ REGISTRY: dict[str, str] = {
     "slurm": "grpo_launch.backends.slurm:SlurmBackend",
     "local": "grpo_launch.backends.local:LocalBackend",
 }
-SUBMITTERS: dict[str, str] = {"slurm": "grpo_launch.backends.slurm.submit:SlurmSubmitter"}
+SUBMITTERS: dict[str, str] = {
+    "slurm": "grpo_launch.backends.slurm.submit:SlurmSubmitter",
+    "skypilot": "grpo_launch.backends.skypilot:SkyPilotSubmitter",
+}
 
 
 def _import(target: str) -> type:

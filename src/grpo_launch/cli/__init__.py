@@ -20,7 +20,7 @@ from grpo_launch import __version__
 from grpo_launch.cli.console import Console, drop, terminal_columns
 from grpo_launch.errors import GrpoLaunchError
 
-VERBS = ("run", "plan", "inspect", "sbatch", "status", "report")
+VERBS = ("run", "plan", "inspect", "sbatch", "sky", "status", "report")
 VALUE_OPTIONS = ("--gpus", "--hostfile", "--run-dir", "--nodes", "--gpus-per-node")
 
 
