@@ -12,14 +12,17 @@ Why Ray and not an ssh hostfile (checked against SkyPilot 0.14.1's own code):
   processes (its DeepSpeed example builds the hostfile and ssh set-up by hand). Ray needs no ssh: workers dial the
   head's port.
 
-How the run section behaves (``render_run_script``): every node starts its own Ray with ``ray start --block`` as a
-child of the script, so the script can stop exactly that Ray (its process group; ``ray start --block`` makes itself
-a group leader and a reaper kills the group if it dies) and nothing else. Rank 0 starts the head on the first IP
-of ``SKYPILOT_NODE_IPS``, waits until ``SKYPILOT_NUM_NODES`` nodes have joined (``GRPO_LAUNCH_RAY_JOIN_TIMEOUT``),
-runs ``grpo-launch run --ray HEAD:PORT`` and exits with its code (the task's code). The other ranks join, then watch
-the head's port: when the head's Ray stops (the run ended there, whatever its outcome) they stop their own Ray and
-exit 0. A worker exits non-zero only when its own Ray dies while the head's is up (a lost node): SkyPilot then
-cancels the other nodes' runs (``get_or_fail`` in task_codegen.py).
+How the run section behaves (``render_run_script``): every node starts its own Ray with ``ray start --block``, a child
+of the script in a session (and process group) of its own, so the script stops exactly that Ray and nothing else:
+SIGTERM to ``ray start`` (which stops what it started), then SIGKILL to the group, which also reaches Ray's dashboard
+and runtime-env agents, which outlive a raylet killed hard. Draining is off (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0):
+the run is over when the script stops Ray, and a worker's drain would wait 30 s for a head that is gone.
+
+Rank 0 starts the head on the first IP of ``SKYPILOT_NODE_IPS``, waits until ``SKYPILOT_NUM_NODES`` nodes have
+joined (``GRPO_LAUNCH_RAY_JOIN_TIMEOUT``), runs ``grpo-launch run --ray HEAD:PORT`` and exits with its code (the
+task's code). The other ranks join, then watch the head's port: when the head's Ray stops (the run ended there,
+whatever its outcome) they stop their own Ray and exit 0. A worker exits non-zero only when its own Ray dies while
+the head's is up (a lost node): SkyPilot then cancels the other nodes' runs (``get_or_fail`` in task_codegen.py).
 """
 
 from __future__ import annotations
@@ -171,11 +174,14 @@ temp_dir=/tmp/grpo-ray-$rank-$(printf '%s' "${SKYPILOT_TASK_ID:-task}" | cksum |
 say() { echo "[grpo-launch sky] node $rank ($node_ip): $*"; }
 fail() { say "error: $*" >&2; exit 1; }
 ray_pid=
-stop_ray() {  # this node's Ray only: the process group `ray start --block` leads
+stop_ray() {  # this node's Ray only: the session `ray start --block` leads (its agents outlive a killed raylet)
   [ -n "$ray_pid" ] || return 0
-  kill -TERM -- "-$ray_pid" 2>/dev/null || kill -TERM "$ray_pid" 2>/dev/null
-  for _ in $(seq 1 60); do kill -0 "$ray_pid" 2>/dev/null || break; sleep 0.5; done
-  kill -KILL -- "-$ray_pid" 2>/dev/null || true
+  kill -TERM "$ray_pid" 2>/dev/null
+  for _ in $(seq 1 40); do  # up to 20 s for ray start to stop what it started (then a zombie, or gone)
+    case $(sed 's/.*) //' "/proc/$ray_pid/stat" 2>/dev/null | cut -c1) in Z | "") break ;; esac
+    sleep 0.5
+  done
+  kill -KILL -- "-$ray_pid" 2>/dev/null
   wait "$ray_pid" 2>/dev/null
   ray_pid=
 }
@@ -183,8 +189,9 @@ trap stop_ray EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
-start_ray() {
-  "$py" -m ray.scripts.scripts start --block --disable-usage-stats --temp-dir "$temp_dir" \
+start_ray() {  # in a session of its own, so that stop_ray can reach every process it starts and nothing else
+  RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 "$py" -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' \
+    "$py" -m ray.scripts.scripts start --block --disable-usage-stats --temp-dir "$temp_dir" \
     --node-ip-address "$node_ip" --num-gpus "$gpus" --dashboard-agent-listen-port @AGENT_PORT@ "$@" &
   ray_pid=$!
 }
