@@ -33,8 +33,11 @@ class SkyOptions:
         "(a use_cpu recipe)",
         metavar="NAME:COUNT",
     )
-    nodes: int = option("--nodes", "number of nodes (SkyPilot's num_nodes)", default=1, type=int)
+    nodes: int = option(
+        "--nodes", "number of nodes (SkyPilot's num_nodes; default 1)", default=1, type=int, metavar="N"
+    )
     cluster: str | None = option("--cluster", "SkyPilot cluster name (default: grpo-RECIPE)", metavar="NAME")
+    # SkyPilot's default disk: DEFAULT_DISK_SIZE_GB = 256 in sky/resources.py (0.14.1).
     disk_size: int | None = option("--disk-size", "disk per node in GB (default: SkyPilot's, 256)", type=int,
                                    metavar="GB")  # fmt: skip
     down: bool = option(
