@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
     add_options(p, _load_submitter("skypilot").Options)
     p.add_argument(
         "--run-dir",
-        help="run directory on the nodes; a relative one is inside the copy of this directory (default: grpo_runs/NAME)",
+        help="run directory on the nodes; a relative one is in the copy of this directory (default: grpo_runs/NAME)",
     )
     add_launch_flags(p)
     p.add_argument(
