@@ -235,3 +235,32 @@ def test_grpo_launch_never_imports_sky():
     code = ("import sys, grpo_launch.cli, grpo_launch.backends.skypilot, grpo_launch.backends.skypilot.task; "
             "assert 'sky' not in sys.modules")  # fmt: skip
     subprocess.run([os.sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+
+
+SKY_PORTS = r"""
+import json, pathlib, re, sky_templates
+from sky.skylet import constants
+from sky.provision import instance_setup
+start = (pathlib.Path(sky_templates.__file__).parent / "ray" / "start_cluster").read_text()
+default = lambda name: int(re.search(r"^" + name + r"=\$\{" + name + r":-(\d+)\}", start, re.M).group(1))
+print(json.dumps({"sky_ray": constants.SKY_REMOTE_RAY_PORT, "sky_dashboard": constants.SKY_REMOTE_RAY_DASHBOARD_PORT,
+                  "sky_head_cmd": instance_setup.ray_head_start_command(None, None),
+                  "template_head": default("RAY_HEAD_PORT"),
+                  "template_agent": default("RAY_DASHBOARD_AGENT_LISTEN_PORT")}))
+"""
+
+
+def test_the_ray_ports_are_skypilots_user_ray_ports_and_clash_with_none_of_its_own(sky_python, tmp_path):
+    """Read from SkyPilot 0.14.1 itself: its own Ray's ports (constants, the head's `ray start` command) and the user
+    Ray template's defaults (sky_templates/ray/start_cluster)."""
+    from grpo_launch.backends.skypilot.task import RAY_CLIENT_PORT, RAY_DASHBOARD_AGENT_PORT, RAY_PORT
+
+    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "")}
+    done = subprocess.run([str(sky_python), "-c", SKY_PORTS], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sky = json.loads(done.stdout)
+    assert sky["template_head"] == RAY_PORT == 6379 and sky["sky_ray"] != RAY_PORT
+    assert sky["template_agent"] == RAY_DASHBOARD_AGENT_PORT
+    taken = {sky["sky_ray"], sky["sky_dashboard"], 8076, 10001, 52365, 8265}  # 8076: its object manager (head cmd)
+    assert "--object-manager-port=${SKYPILOT_RAY_OBJECT_MANAGER_PORT:-8076}" in sky["sky_head_cmd"]
+    assert RAY_CLIENT_PORT not in taken and not 10002 <= RAY_CLIENT_PORT <= 19999  # Ray's default worker ports
