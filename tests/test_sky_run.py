@@ -9,6 +9,7 @@ Skipped when sshd/iproute2 are missing or not root, unless GRPO_LAUNCH_REQUIRE_S
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
@@ -23,7 +24,10 @@ from grpo_launch.cli import main
 from .helpers import ROOT, ensure_tiny_assets, require_root_tool
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
-IPS = ("10.77.0.11", "10.77.0.12")  # h1, h2 (scripts/ssh_hosts.sh: 10.77.0.(10 + i))
+IPS = ("10.77.0.11", "10.77.0.12")
+TRAINER = re.compile(
+    r"trainer process (\d+)/(\d+) world_size=(\d+) .*node_rank=(\d+) local_rank=(\d+) node=(\S+)"
+)  # h1, h2 (scripts/ssh_hosts.sh: 10.77.0.(10 + i))
 TASK_ID = "sky-2026-11-26-01-30-00-123456_grpo-tiny-cpu_1"
 
 
@@ -171,6 +175,9 @@ def test_the_run_section_trains_on_two_hosts(hosts, tmp_path, monkeypatch, capsy
     logs = "".join((tmp_path / f"node{r}.log").read_text() for r in (0, 1))
     assert codes == [0, 0], logs[-6000:]
     assert "step 3/3 done" in logs
+    every = logs + "".join(p.read_text() for p in (run_dir / "logs").glob("train-*.log"))
+    trainers = {(int(r), int(w), int(nr), node) for r, w, _, nr, _, node in TRAINER.findall(every)}
+    assert trainers == {(0, 2, 0, "h1"), (1, 2, 1, "h2")}, "one trainer rank on each SkyPilot node"
     before = load_file(str(tiny / "model" / "model.safetensors"))
     after = load_file(str(run_dir / "output" / "model.safetensors"))
     assert any((w.to(after[k].dtype) != after[k]).any() for k, w in before.items() if w.dim() == 2 and k in after)

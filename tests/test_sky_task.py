@@ -264,3 +264,24 @@ def test_the_ray_ports_are_skypilots_user_ray_ports_and_clash_with_none_of_its_o
     taken = {sky["sky_ray"], sky["sky_dashboard"], 8076, 10001, 52365, 8265}  # 8076: its object manager (head cmd)
     assert "--object-manager-port=${SKYPILOT_RAY_OBJECT_MANAGER_PORT:-8076}" in sky["sky_head_cmd"]
     assert RAY_CLIENT_PORT not in taken and not 10002 <= RAY_CLIENT_PORT <= 19999  # Ray's default worker ports
+
+
+HOSTILE = ('system_prompt=it\'s "$(touch /tmp/pwned)" `id` $HOME; # not a comment: ü ✓', "run_name='a: b | c'")
+
+
+def test_hostile_overrides_reach_the_run_command_as_written(sky_python, tmp_path, capsys, monkeypatch):
+    """Quotes, command substitutions, YAML's ': ' and '#', non-ASCII: the task still parses, and the command line
+    in its run section splits back into exactly the overrides given; a control character is refused."""
+    import shlex
+
+    monkeypatch.chdir(ROOT)
+    text = dry_run(capsys, QWEN, "--accelerators", "H100:8", *HOSTILE, "--run-dir", "grpo_runs/sky test")
+    path = tmp_path / "task.yaml"
+    path.write_text(text)
+    (task,) = sky_reads(sky_python, [path], tmp_path / "home")
+    line = next(x for x in task["run"].splitlines() if "-m grpo_launch run" in x)
+    words = shlex.split(line)
+    assert words[words.index("run") + 1 :] == [QWEN, *HOSTILE, "--run-dir", "grpo_runs/sky test", "--ray",
+                                               "$head_ip:$port"]  # fmt: skip
+    with pytest.raises(ConfigError, match="control character"):
+        render_task(SkyTaskRequest(name="x", recipe="r.yaml", workdir="/w", run_dir="r", overrides=("a=b\x07",)))

@@ -49,6 +49,8 @@ JOIN_TIMEOUT_S = 600  # nodes of one cluster come up together; SkyPilot's templa
 # key of `secrets:` is resolved at launch from `sky launch --secret NAME`, or refused).
 SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
 TASK_FILE = "sky-task.yaml"
+# What YAML 1.1/1.2 files may not hold (their "printable" set: tab, line breaks and the printable Unicode ranges).
+_NOT_YAML = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 @frozen
@@ -78,6 +80,8 @@ def check_request(req: SkyTaskRequest) -> None:
     for what, value in named:
         if "\n" in value or "\r" in value or "\0" in value:
             problems.append(f"{what} contains a line break or NUL byte: {value!r}")
+        elif _NOT_YAML.search(value):
+            problems.append(f"{what} contains a control character, which a YAML file cannot hold: {value!r}")
     if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", req.name):
         problems.append(f"--cluster {req.name!r}: SkyPilot cluster names are lower-case letters, digits and '-'")
     if req.num_nodes < 1:
