@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +44,16 @@ def hosts(tmp_path_factory):
         yield d
     finally:
         subprocess.run(["bash", str(script), "stop", str(d)], timeout=120)
+
+
+@pytest.fixture(autouse=True)
+def ray_temp_dirs():
+    """The run section's Ray temp dirs (/tmp/grpo-ray-RANK-<cksum of SKYPILOT_TASK_ID>), removed after each test:
+    on SkyPilot they stay on the node's /tmp with Ray's logs."""
+    yield
+    key = subprocess.run(["cksum"], input=TASK_ID, capture_output=True, text=True).stdout.split()[0]
+    for rank in (0, 1):
+        shutil.rmtree(f"/tmp/grpo-ray-{rank}-{key}", ignore_errors=True)
 
 
 def run_section(tmp_path: Path, run_dir: Path, *overrides: str, monkeypatch, capsys) -> Path:
