@@ -9,8 +9,9 @@ Why Ray and not an ssh hostfile (checked against SkyPilot 0.14.1's own code):
   which would also stop SkyPilot's Ray and the job with it. The run section here starts that kind of Ray.
 - SkyPilot gives each node its rank and every node's IP (``SKYPILOT_NODE_RANK``, ``SKYPILOT_NODE_IPS``, one IP per
   line, rank order: sky/backends/task_codegen.py) but documents no passwordless ssh between nodes for user
-  processes (its DeepSpeed example builds the hostfile and ssh set-up by hand). Ray needs no ssh: workers dial the
-  head's port.
+  processes: its DeepSpeed example (examples/deepspeed-multinode/sky.yaml) builds the hostfile by hand, installs
+  pdsh and copies the local SkyPilot private key onto every node (``file_mounts: ~/.ssh/id_rsa: ~/.ssh/sky-key``).
+  Ray needs no ssh and no key on the nodes: workers dial the head's port.
 
 How the run section behaves (``render_run_script``): every node starts its own Ray with ``ray start --block``, a child
 of the script in a session (and process group) of its own, so the script stops exactly that Ray and nothing else:
