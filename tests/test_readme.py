@@ -67,6 +67,8 @@ NOT_HERE = {
         "submits to a Slurm cluster (tests/test_slurm_cluster.py submits to a real one)",
     "grpo-launch recipes/qwen7b-math.yaml --hostfile hosts --ssh-port 2222 --ssh-identity ~/.ssh/id_ed25519":
         "starts processes on ssh hosts (tests/test_ssh_hosts.py runs on real ones)",
+    "grpo-launch sky recipes/qwen7b-math.yaml --accelerators H100:8 --nodes 2 --launch":
+        "rents cloud GPUs (tests/test_sky_task.py: SkyPilot's own parser; tests/test_sky_run.py: the run section)",
 }  # fmt: skip
 # Lines that plan for this machine's GPUs run here with --gpus added (the README's own run directory stands in).
 WITH_GPUS = {"grpo-launch plan recipes/qwen1.5b.yaml --calibrate-from grpo_runs/qwen1.5b": ["--gpus", "8xH100-80GB"]}

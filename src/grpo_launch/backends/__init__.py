@@ -25,6 +25,7 @@ REGISTRY: dict[str, str] = {
 SUBMITTERS: dict[str, str] = {
     "slurm": "grpo_launch.backends.slurm.submit:SlurmSubmitter",
     "ray": "grpo_launch.backends.ray.submit:RaySubmitter",
+    "skypilot": "grpo_launch.backends.skypilot:SkyPilotSubmitter",
 }
 
 

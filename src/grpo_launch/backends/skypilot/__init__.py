@@ -1,0 +1,185 @@
+"""The SkyPilot backend (``grpo-launch sky``): plan for the cluster ``--accelerators`` × ``--nodes`` asks for, render
+the task YAML (:mod:`.task`) into the run directory and, with ``--launch``, hand it to ``sky launch``. SkyPilot is
+never imported: ``--launch`` runs its CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
+
+from grpo_launch.backends.base import option
+from grpo_launch.backends.submit import Submission, SubmitJob
+from grpo_launch.errors import ConfigError, LaunchError
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.machines.topology import MAX_NODES, Gpu, Host, Topology
+from grpo_launch.spec import frozen
+
+if TYPE_CHECKING:
+    from grpo_launch.planning.types import Plan
+    from grpo_launch.spec import RunContext
+
+INSTALL_HINT = "pip install 'grpo-launch[sky]' and configure a cloud (sky check)"
+
+
+@frozen
+class SkyOptions:
+    """What ``grpo-launch sky`` asks SkyPilot for."""
+
+    accelerators: str | None = option(
+        "--accelerators",
+        "GPUs per node as SkyPilot names them, NAME:COUNT (H100:8, A100-80GB:8, L4:1); leave out for CPU nodes "
+        "(a use_cpu recipe)",
+        metavar="NAME:COUNT",
+    )
+    nodes: int = option(
+        "--nodes", "number of nodes (SkyPilot's num_nodes; default 1)", default=1, type=int, metavar="N"
+    )
+    cluster: str | None = option("--cluster", "SkyPilot cluster name (default: grpo-RECIPE)", metavar="NAME")
+    # SkyPilot's default disk: DEFAULT_DISK_SIZE_GB = 256 in sky/resources.py (0.14.1).
+    disk_size: int | None = option("--disk-size", "disk per node in GB (default: SkyPilot's, 256)", type=int,
+                                   metavar="GB")  # fmt: skip
+    down: bool = option(
+        "--down",
+        "with --launch: tear the cluster down when the job ends (its disks go too: keep checkpoints elsewhere)",
+        default=False,
+        action="store_true",
+    )
+
+
+def default_cluster_name(recipe_path: str) -> str:
+    """``grpo-RECIPE`` in SkyPilot's cluster-name alphabet (lower-case letters, digits, '-')."""
+    stem = os.path.splitext(os.path.basename(recipe_path))[0].lower()
+    stem = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")
+    return f"grpo-{stem or 'run'}"[:60].rstrip("-")
+
+
+class SkyPilotSubmitter:
+    """``grpo-launch sky``: plan for --nodes × --accelerators, write RUN_DIR/sky-task.yaml, ``sky launch`` it."""
+
+    Options: ClassVar[type] = SkyOptions
+
+    def __init__(self) -> None:
+        self.cluster, self.down, self.secrets = "", False, ()  # what request() decided, for submit()
+
+    @classmethod
+    def requested_topology(cls, options: SkyOptions, local: Topology) -> Topology:
+        """--nodes nodes of --accelerators GPUs each (the GPU from our table, to check memory); CPU nodes without
+        --accelerators."""
+        from grpo_launch.backends.skypilot.accelerators import parse_accelerators
+
+        if not 1 <= options.nodes <= MAX_NODES:
+            raise ConfigError(f"--nodes must be between 1 and {MAX_NODES}, got {options.nodes}",
+                              hint="e.g. --nodes 2 --accelerators H100:8")  # fmt: skip
+        gpus: tuple[Gpu, ...] = ()
+        if options.accelerators is not None:
+            _, spec, count = parse_accelerators(options.accelerators)
+            memory = int(spec.memory_gib * GIB)
+            gpus = tuple(Gpu(visible_id=str(i), name=spec.name, memory_bytes=memory) for i in range(count))
+        hosts = tuple(Host(name=f"node{i + 1}", gpus=gpus) for i in range(options.nodes))
+        return Topology(hosts, "skypilot")
+
+    def request(self, job: SubmitJob, plan: Plan, options: SkyOptions, ctx: RunContext) -> Submission:
+        from grpo_launch.backends.skypilot.accelerators import parse_accelerators
+        from grpo_launch.backends.skypilot.task import TASK_FILE, SkyTaskRequest, render_task
+        from grpo_launch.enums import VllmMode
+
+        workdir = os.path.abspath(ctx.workdir)
+        recipe = _inside(job.recipe, workdir, "the recipe")
+        run_dir = os.path.relpath(plan.run_dir, workdir) if _within(plan.run_dir, workdir) else plan.run_dir
+        accelerators = None
+        if options.accelerators is not None:
+            name, _, count = parse_accelerators(options.accelerators)
+            accelerators = f"{name}:{count}"
+        extras = ("train", *(("vllm",) if plan.vllm.mode != VllmMode.OFF else ()), "ray")
+        request = SkyTaskRequest(
+            name=options.cluster or default_cluster_name(job.recipe),
+            recipe=recipe,
+            workdir=workdir,
+            run_dir=run_dir,
+            num_nodes=options.nodes,
+            accelerators=accelerators,
+            overrides=job.overrides,
+            extras=extras,
+            install_from_workdir=_is_grpo_launch_source(workdir),
+            secrets=secrets_needed(plan, ctx.environ),
+            disk_size=options.disk_size,
+        )
+        self.cluster, self.down, self.secrets = request.name, options.down, request.secrets
+        where = accelerators or "CPU"
+        return Submission(
+            render_task(request),
+            os.path.join(plan.run_dir, TASK_FILE),
+            summary=f"{options.nodes} node(s) × {where}, plan {plan.topology.describe()}",
+        )
+
+    def launch_argv(self, submission: Submission, ctx: RunContext) -> list[str]:
+        """``sky launch -c CLUSTER TASK --yes`` (and ``--secret NAME`` for each secret: SkyPilot reads its value
+        from this environment); refused, before anything is written, without the sky command or a secret."""
+        import shutil
+
+        sky = shutil.which("sky", path=ctx.environ.get("PATH"))
+        if sky is None:
+            raise LaunchError(
+                "the sky command is not installed here: --launch runs `sky launch`",
+                hint=f"{INSTALL_HINT}; or leave --launch out and launch the written task: sky launch {submission.path}",
+            )
+        missing = [s for s in self.secrets if not ctx.environ.get(s)]
+        if missing:
+            raise LaunchError(
+                f"the task needs {', '.join(missing)}, which is not set here",
+                hint="export it before --launch (sky launch --secret passes it; it is never written into the task)",
+            )
+        argv = [sky, "launch", "-c", self.cluster, submission.path, "--yes"]
+        argv += [a for s in self.secrets for a in ("--secret", s)]
+        return [*argv, "--down"] if self.down else argv
+
+    def submit(self, submission: Submission, ctx: RunContext) -> str:
+        """Run ``sky launch`` (its output goes to this terminal); returns the cluster name."""
+        import subprocess
+
+        done = subprocess.run(self.launch_argv(submission, ctx), cwd=ctx.workdir, env=dict(ctx.environ))
+        if done.returncode != 0:
+            raise LaunchError(
+                f"sky launch exited with {done.returncode}",
+                hint=f"See its output above; the task is {submission.path} (sky logs {self.cluster}).",
+            )
+        return self.cluster
+
+
+def secrets_needed(plan: Plan, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The secrets the task declares (by name only): those set here, and WANDB_API_KEY when the recipe reports to
+    Weights & Biases."""
+    from grpo_launch.backends.skypilot.task import SECRET_NAMES
+
+    report_to = plan.recipe.values.get("report_to") or ()
+    report_to = [report_to] if isinstance(report_to, str) else list(report_to)
+    wanted = {n for n in SECRET_NAMES if environ.get(n)}
+    if "wandb" in report_to or "all" in report_to:
+        wanted.add("WANDB_API_KEY")
+    return tuple(n for n in SECRET_NAMES if n in wanted)
+
+
+def _within(path: str, root: str) -> bool:
+    path, root = os.path.abspath(path), os.path.abspath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _inside(path: str, workdir: str, what: str) -> str:
+    """``path`` relative to the workdir SkyPilot copies to every node; refused when outside it."""
+    if not _within(path, workdir):
+        raise ConfigError(
+            f"{what} {path} is outside the working directory {workdir}, which is what SkyPilot copies to the nodes",
+            hint="Run grpo-launch sky from a directory that holds the recipe (and its local files).",
+        )
+    return os.path.relpath(path, workdir)
+
+
+def _is_grpo_launch_source(workdir: str) -> bool:
+    """The workdir is a checkout of grpo-launch (its pyproject names the project): the nodes install that."""
+    try:
+        with open(os.path.join(workdir, "pyproject.toml"), encoding="utf-8") as f:
+            return re.search(r'^name\s*=\s*"grpo-launch"', f.read(), re.MULTILINE) is not None
+    except OSError:
+        return False

@@ -1,0 +1,264 @@
+"""``grpo-launch sky``: the SkyPilot task YAML (a pure renderer) and its run section, a shell script that runs on
+every node of the cluster.
+
+Why Ray and not an ssh hostfile (checked against SkyPilot 0.14.1's own code):
+
+- SkyPilot ships a user Ray cluster template, ``~/sky_templates/ray/start_cluster`` (the ``sky_templates`` package):
+  a user's Ray on every node, on Ray's default port 6379 because SkyPilot's own Ray listens on 6380
+  (``SKY_REMOTE_RAY_PORT`` in sky/skylet/constants.py), and its ``stop_cluster`` warns not to use ``ray stop``,
+  which would also stop SkyPilot's Ray and the job with it. The run section here starts that kind of Ray.
+- SkyPilot gives each node its rank and every node's IP (``SKYPILOT_NODE_RANK``, ``SKYPILOT_NODE_IPS``, one IP per
+  line, rank order: sky/backends/task_codegen.py) but documents no passwordless ssh between nodes for user
+  processes: its DeepSpeed example (examples/deepspeed-multinode/sky.yaml) builds the hostfile by hand, installs
+  pdsh and copies the local SkyPilot private key onto every node (``file_mounts: ~/.ssh/id_rsa: ~/.ssh/sky-key``).
+  Ray needs no ssh and no key on the nodes: workers dial the head's port.
+
+How the run section behaves (``render_run_script``): every node starts its own Ray with ``ray start --block``, a child
+of the script in a session (and process group) of its own, so the script stops exactly that Ray and nothing else:
+SIGTERM to ``ray start`` (which stops what it started), then SIGKILL to the group, which also reaches Ray's dashboard
+and runtime-env agents, which outlive a raylet killed hard. Draining is off (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0):
+the run is over when the script stops Ray, and a worker's drain would wait 30 s for a head that is gone.
+
+Rank 0 starts the head on the first IP of ``SKYPILOT_NODE_IPS``, waits until ``SKYPILOT_NUM_NODES`` nodes have
+joined (``GRPO_LAUNCH_RAY_JOIN_TIMEOUT``), runs ``grpo-launch run --ray HEAD:PORT`` and exits with its code (the
+task's code). The other ranks join, then watch the head's port: when the head's Ray stops (the run ended there,
+whatever its outcome) they stop their own Ray and exit 0. A worker exits non-zero only when its own Ray dies while
+the head's is up (a lost node): SkyPilot then cancels the other nodes' runs (``get_or_fail`` in task_codegen.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import field
+
+from grpo_launch import __version__
+from grpo_launch.errors import ConfigError
+from grpo_launch.spec import frozen
+
+# SkyPilot's own Ray uses 6380, its dashboard 8266 and its dashboard agent 52365 (sky/skylet/constants.py,
+# sky/provision/instance_setup.py); the user Ray template uses Ray's defaults 6379 / 8265 and agent port 52366
+# (sky_templates/ray/start_cluster). The Ray client server (Ray's default 10001, taken by SkyPilot's head) moves to
+# 6381, outside Ray's default worker-port range 10002-19999, which Ray refuses to overlap.
+RAY_PORT = 6379
+RAY_CLIENT_PORT = 6381
+RAY_DASHBOARD_AGENT_PORT = 52366
+JOIN_TIMEOUT_S = 600  # nodes of one cluster come up together; SkyPilot's template waits 300 s for its own Ray
+# Secrets never written into the task: declared by name with a null value (SkyPilot 0.14.1 task.py: a null-valued
+# key of `secrets:` is resolved at launch from `sky launch --secret NAME`, or refused).
+SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
+TASK_FILE = "sky-task.yaml"
+# What YAML 1.1/1.2 files may not hold (their "printable" set: tab, line breaks and the printable Unicode ranges).
+_NOT_YAML = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+@frozen
+class SkyTaskRequest:
+    """What the task runs. ``workdir`` is the local directory SkyPilot copies to every node (~/sky_workdir, where
+    setup and run start); ``recipe`` and ``run_dir`` are as the nodes see them (relative: inside that copy)."""
+
+    name: str
+    recipe: str
+    workdir: str
+    run_dir: str
+    num_nodes: int = 1
+    accelerators: str | None = None  # "H100:8"; None: CPU nodes
+    overrides: tuple[str, ...] = ()
+    extras: tuple[str, ...] = ("train", "ray")
+    install_from_workdir: bool = False  # the workdir is grpo-launch's source: install it, else the same version
+    secrets: tuple[str, ...] = ()
+    disk_size: int | None = None
+    envs: Mapping[str, str] = field(default_factory=dict)
+
+
+def check_request(req: SkyTaskRequest) -> None:
+    """Refuse values the task cannot carry, all at once."""
+    problems: list[str] = []
+    named = [("recipe path", req.recipe), ("--run-dir", req.run_dir), ("workdir", req.workdir), ("name", req.name),
+             *((f"override {o.split('=', 1)[0]!r}", o) for o in req.overrides)]  # fmt: skip
+    for what, value in named:
+        if "\n" in value or "\r" in value or "\0" in value:
+            problems.append(f"{what} contains a line break or NUL byte: {value!r}")
+        elif _NOT_YAML.search(value):
+            problems.append(f"{what} contains a control character, which a YAML file cannot hold: {value!r}")
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", req.name):
+        problems.append(f"--cluster {req.name!r}: SkyPilot cluster names are lower-case letters, digits and '-'")
+    if req.num_nodes < 1:
+        problems.append(f"--nodes must be at least 1, got {req.num_nodes}")
+    if req.disk_size is not None and req.disk_size < 1:
+        problems.append(f"--disk-size must be a positive number of GB, got {req.disk_size}")
+    for k in (*req.envs, *req.secrets):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            problems.append(f"environment variable name {k!r} is not valid")
+    if problems:
+        raise ConfigError("cannot write the SkyPilot task:", problems=problems)
+
+
+def _q(value: str) -> str:
+    """A YAML scalar: JSON's double-quoted strings are YAML's."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _block(text: str) -> list[str]:
+    """A literal block scalar (``|``), every line indented two spaces."""
+    return ["  " + line if line else "" for line in text.rstrip("\n").split("\n")]
+
+
+def render_setup(req: SkyTaskRequest) -> str:
+    """Installs grpo-launch with its extras on every node (SkyPilot runs it once per node, in the workdir)."""
+    extras = ",".join(req.extras)
+    target = shlex.quote(f".[{extras}]") if req.install_from_workdir else shlex.quote(
+        f"grpo-launch[{extras}]=={__version__}")  # fmt: skip
+    editable = "-e " if req.install_from_workdir else ""
+    return "\n".join([
+        "set -euo pipefail",
+        '"${GRPO_LAUNCH_PYTHON:-python3}" -m pip install ' + editable + target,
+        '"${GRPO_LAUNCH_PYTHON:-python3}" -m grpo_launch --version',
+        "",
+    ])  # fmt: skip
+
+
+def render_task(req: SkyTaskRequest) -> str:
+    """The task YAML, readable and launchable with plain ``sky launch``."""
+    check_request(req)
+    envs = {
+        "GRPO_LAUNCH_PYTHON": "python3",
+        "GRPO_LAUNCH_RAY_PORT": str(RAY_PORT),
+        "GRPO_LAUNCH_RAY_JOIN_TIMEOUT": str(JOIN_TIMEOUT_S),
+        **req.envs,
+    }
+    lines = [
+        f"# SkyPilot task written by grpo-launch {__version__} for {req.recipe}.",
+        "# Every node installs grpo-launch (setup), starts its own Ray (port GRPO_LAUNCH_RAY_PORT, not SkyPilot's",
+        "# 6380); node 0 runs `grpo-launch run --ray` once all nodes have joined, and its exit code is the task's.",
+        "# Launch: sky launch -c CLUSTER THIS_FILE"
+        + "".join(f" --secret {s}" for s in req.secrets)
+        + " (secrets are read from your environment, never written here)",
+        f"name: {_q(req.name)}",
+        f"num_nodes: {req.num_nodes}",
+    ]
+    resources = []
+    if req.accelerators:
+        resources.append(f"  accelerators: {_q(req.accelerators)}")
+    if req.disk_size:
+        resources.append(f"  disk_size: {req.disk_size}")
+    lines += ["resources:", *resources] if resources else []
+    lines += [f"workdir: {_q(req.workdir)}", "envs:", *(f"  {k}: {_q(v)}" for k, v in envs.items())]
+    if req.secrets:
+        lines += ["secrets:", *(f"  {s}: null" for s in req.secrets)]
+    lines += ["setup: |", *_block(render_setup(req)), "run: |", *_block(render_run_script(req)), ""]
+    return "\n".join(lines)
+
+
+def render_run_script(req: SkyTaskRequest) -> str:
+    """The run section: the same script on every node, its role from ``SKYPILOT_NODE_RANK``."""
+    q = shlex.quote
+    run = " ".join(["run", q(req.recipe), *(q(o) for o in req.overrides), "--run-dir", q(req.run_dir)])
+    return _RUN_SCRIPT.lstrip("\n").replace("@RUN@", run).replace("@VERSION@", __version__).replace(
+        "@CLIENT_PORT@", str(RAY_CLIENT_PORT)).replace("@AGENT_PORT@", str(RAY_DASHBOARD_AGENT_PORT)).replace(
+        "@RAY_PORT@", str(RAY_PORT)).replace("@JOIN_TIMEOUT@", str(JOIN_TIMEOUT_S))  # fmt: skip
+
+
+_RUN_SCRIPT = r"""
+# grpo-launch @VERSION@: runs on every node with SkyPilot's variables (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS,
+# SKYPILOT_NUM_NODES, SKYPILOT_NUM_GPUS_PER_NODE). Each node runs its own Ray (`ray start --block`, a child of this
+# script) and stops only that one at the end: never `ray stop`, which would stop SkyPilot's Ray too.
+set -uo pipefail
+py=${GRPO_LAUNCH_PYTHON:-python3}
+port=${GRPO_LAUNCH_RAY_PORT:-@RAY_PORT@}
+join_timeout=${GRPO_LAUNCH_RAY_JOIN_TIMEOUT:-@JOIN_TIMEOUT@}
+rank=${SKYPILOT_NODE_RANK:?not set: run this under sky launch, or set the SKYPILOT_* variables}
+nodes=${SKYPILOT_NUM_NODES:?not set: run this under sky launch, or set the SKYPILOT_* variables}
+gpus=${SKYPILOT_NUM_GPUS_PER_NODE:-0}
+head_ip=$(printf '%s\n' "${SKYPILOT_NODE_IPS:?not set}" | sed -n 1p)
+node_ip=$(printf '%s\n' "$SKYPILOT_NODE_IPS" | sed -n "$((rank + 1))p")
+# Ray's socket paths must stay under 107 bytes: a short directory of this node's own.
+temp_dir=/tmp/grpo-ray-$rank-$(printf '%s' "${SKYPILOT_TASK_ID:-task}" | cksum | cut -d' ' -f1)
+say() { echo "[grpo-launch sky] node $rank ($node_ip): $*"; }
+fail() { say "error: $*" >&2; exit 1; }
+ray_pid=
+stop_ray() {  # this node's Ray only: the session `ray start --block` leads (its agents outlive a killed raylet)
+  [ -n "$ray_pid" ] || return 0
+  kill -TERM "$ray_pid" 2>/dev/null
+  for _ in $(seq 1 40); do  # up to 20 s for ray start to stop what it started (then a zombie, or gone)
+    case $(sed 's/.*) //' "/proc/$ray_pid/stat" 2>/dev/null | cut -c1) in Z | "") break ;; esac
+    sleep 0.5
+  done
+  kill -KILL -- "-$ray_pid" 2>/dev/null
+  wait "$ray_pid" 2>/dev/null
+  ray_pid=
+}
+trap stop_ray EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+start_ray() {  # in a session of its own, so that stop_ray can reach every process it starts and nothing else
+  RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 "$py" -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' \
+    "$py" -m ray.scripts.scripts start --block --disable-usage-stats --temp-dir "$temp_dir" \
+    --node-ip-address "$node_ip" --num-gpus "$gpus" --dashboard-agent-listen-port @AGENT_PORT@ "$@" &
+  ray_pid=$!
+}
+[ -n "$head_ip" ] && [ -n "$node_ip" ] || fail "SKYPILOT_NODE_IPS has no line $((rank + 1)) for rank $rank"
+"$py" -c "import ray, grpo_launch" 2>/dev/null ||
+  fail "$py cannot import ray and grpo_launch: the setup installs grpo-launch[ray]"
+
+if [ "$rank" = 0 ]; then
+  say "starting the Ray head on $head_ip:$port"
+  start_ray --head --port "$port" --ray-client-server-port "${GRPO_LAUNCH_RAY_CLIENT_PORT:-@CLIENT_PORT@}"
+  "$py" - "$head_ip:$port" "$nodes" "$join_timeout" "$ray_pid" <<'PY' || exit 1
+import os, sys, time
+address, want, timeout, ray_pid = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+deadline, joined, said = time.monotonic() + timeout, 0, 0.0
+import ray
+while True:
+    try:
+        os.kill(ray_pid, 0)
+    except OSError:
+        sys.exit(f"[grpo-launch sky] error: the Ray head on {address} stopped while starting (see its log above)")
+    try:
+        if not ray.is_initialized():
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        joined = sum(1 for n in ray.nodes() if n["Alive"])
+    except Exception:  # noqa: BLE001 - the head is still starting
+        pass
+    if joined >= want:
+        print(f"[grpo-launch sky] all {want} node(s) joined the Ray head {address}", flush=True)
+        break
+    if time.monotonic() > deadline:
+        sys.exit(f"[grpo-launch sky] error: {joined} of {want} node(s) joined the Ray head {address} in "
+                 f"{timeout:.0f} s: see the other nodes' logs (sky logs CLUSTER), or raise "
+                 "GRPO_LAUNCH_RAY_JOIN_TIMEOUT")
+    if time.monotonic() - said > 15:
+        print(f"[grpo-launch sky] waiting for nodes: {joined} of {want} joined", flush=True)
+        said = time.monotonic()
+    time.sleep(1)
+ray.shutdown()
+PY
+  "$py" -m grpo_launch @RUN@ --ray "$head_ip:$port"
+  code=$?
+  say "grpo-launch exited with $code; stopping this node's Ray"
+  stop_ray
+  exit "$code"
+fi
+
+say "waiting for the Ray head on $head_ip:$port"
+waited=0
+until port_open "$head_ip" "$port"; do
+  [ "$waited" -lt "$join_timeout" ] || fail "the Ray head $head_ip:$port did not answer within $join_timeout s"
+  sleep 1; waited=$((waited + 1))
+done
+start_ray --address "$head_ip:$port"
+say "joined; staying until the head's Ray stops"
+while sleep 2; do
+  if ! port_open "$head_ip" "$port"; then
+    sleep 2
+    port_open "$head_ip" "$port" && continue
+    say "the head's Ray stopped (the run ended there); stopping this node's Ray"
+    stop_ray
+    exit 0
+  fi
+  kill -0 "$ray_pid" 2>/dev/null || { ray_pid=; fail "this node's Ray stopped while the head's is up"; }
+done
+"""
