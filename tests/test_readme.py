@@ -67,6 +67,10 @@ NOT_HERE = {
         "submits to a Slurm cluster (tests/test_slurm_cluster.py submits to a real one)",
     "grpo-launch recipes/qwen7b-math.yaml --hostfile hosts --ssh-port 2222 --ssh-identity ~/.ssh/id_ed25519":
         "starts processes on ssh hosts (tests/test_ssh_hosts.py runs on real ones)",
+    "grpo-launch inspect --ray HEAD:6379": "attaches to a Ray cluster (tests/test_ray_placement.py: a real one)",
+    "grpo-launch recipes/qwen7b-math.yaml --ray HEAD:6379": "runs on a Ray cluster (tests/test_ray_cluster.py)",
+    "grpo-launch ray-submit recipes/qwen7b-math.yaml --ray HEAD:6379 --dry-run":
+        "plans on a live Ray cluster (tests/test_ray_cluster.py submits to a real one)",
     "grpo-launch sky recipes/qwen7b-math.yaml --accelerators H100:8 --nodes 2 --launch":
         "rents cloud GPUs (tests/test_sky_task.py: SkyPilot's own parser; tests/test_sky_run.py: the run section)",
 }  # fmt: skip
