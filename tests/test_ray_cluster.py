@@ -123,10 +123,12 @@ def test_a_killed_actor_is_an_infra_failure_and_the_run_is_torn_down(cluster, tm
     assert "NodeProcess" in Path(f"/proc/{actor}/cmdline").read_text()
     os.kill(actor, 9)
     assert proc.wait(timeout=120) == 1
-    out = log.read_text()
-    assert re.search(r"root cause: \[train@h2\] ray\.exceptions\.ActorDiedError: the Ray actor running train@h2", out)
     record = failure_of(run)
-    assert record["failure"] == "infra" and "ActorDiedError" in record["cause"]
+    # The runner names the lost actor; once in ten runs here Ray's core worker ended it first (exit 255, no line),
+    # which the diagnosis reads as a lost host: an infrastructure failure of train@h2 either way.
+    assert record["failure"] == "infra" and record["cause"].startswith("[train@h2] "), record
+    assert re.search(r"ray\.exceptions\.ActorDiedError: the Ray actor running train@h2|ended by exit code 255 "
+                     r"\(killed, or its host was lost\)", record["cause"]), record  # fmt: skip
     assert leftovers(run) == []
 
 

@@ -90,10 +90,12 @@ def main(argv: list[str]) -> int:
                 print(line, flush=True)
             if code is not None:
                 return code if code >= 0 else 128 - code
-    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+    except Exception as exc:  # the actor, its node or the connection to the cluster is gone: one line says which
         why = " ".join(str(exc).split())[:400]
-        print(f"ray.exceptions.ActorDiedError: the Ray actor running {args.name} on {args.host} died, or its node "
-              f"was lost: {why}", flush=True)  # fmt: skip
+        lost = isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
+        what = "died, or its node was lost" if lost else f"could not be reached ({type(exc).__name__})"
+        print(f"ray.exceptions.ActorDiedError: the Ray actor running {args.name} on {args.host} {what}: {why}",
+              flush=True)  # fmt: skip
         return LOST
 
 
