@@ -174,6 +174,7 @@ def test_a_killed_node_fails_the_run_names_it_and_leaves_nothing(cluster, tmp_pa
     assert proc.wait(timeout=180) == 1
     out = log.read_text()
     record = failure_of(run)
-    assert record["failure"] == "infra" and "ActorDiedError" in record["cause"] and "train@h2" in record["cause"]
+    assert record["failure"] == "infra" and record["cause"].startswith("[train@h2] "), record
+    assert "ActorDiedError" in record["cause"] or "its host was lost" in record["cause"], record
     assert "node(s) h2 of the plan left the Ray cluster" in out
     assert leftovers(run) == []
