@@ -104,7 +104,8 @@ def load(args: argparse.Namespace) -> Recipe:
 def topology(
     args: argparse.Namespace, ctx: RunContext, recipe: Recipe | None, *, starts: bool = False
 ) -> tuple[Topology, Backend]:
-    """The machines to plan for and the backend that runs on them: --gpus > --hostfile > Slurm > this machine.
+    """The machines to plan for and the backend that runs on them: --gpus > --hostfile > --ray (or RAY_ADDRESS) >
+    Slurm > this machine.
     ``starts``: the plan's processes start here (``run`` without ``--dry-run``)."""
     from grpo_launch.machines.topology import parse_gpu_spec
 
@@ -112,7 +113,9 @@ def topology(
     if args.gpus is not None:
         asked = [name for name, opts in options.items() if name != "local" and load_backend(name).detect(opts, {})]
         if asked:
-            other = {"ssh": "--hostfile", "slurm": "--slurm"}.get(asked[0], f"the {asked[0]} backend's options")
+            other = {"ssh": "--hostfile", "slurm": "--slurm", "ray": "--ray"}.get(
+                asked[0], f"the {asked[0]} backend's options"
+            )
             raise ConfigError(
                 f"--gpus and {other} both say which machines to plan for",
                 hint="Keep one: --gpus simulates GPUs; a hostfile line can name its own (node1 slots=8 gpu=H100-80GB).",
