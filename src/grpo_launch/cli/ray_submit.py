@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from grpo_launch.backends import load_submitter as _load_submitter
-from grpo_launch.cli.common import add_launch_flags, add_recipe_args, flag_overrides, load, plan_on
-from grpo_launch.cli.options import add_options, read_options
+from grpo_launch.backends.ray.submit import SCRIPT_NAME, dashboard_of
+from grpo_launch.cli.submitting import add_submit_args, emit_dry_run, plan_submission, write_submission
 from grpo_launch.spec import RunContext
 
 DESCRIPTION = (
@@ -27,53 +26,28 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         epilog=epilog,
         formatter_class=formatter,
     )
-    add_recipe_args(p)
-    add_options(p, _load_submitter("ray").Options)
-    p.add_argument("--run-dir", help="run directory on a file system all nodes share (default: grpo_runs/NAME)")
-    add_launch_flags(p)
+    add_submit_args(p, "ray", "run directory on a file system all nodes share (default: grpo_runs/NAME)")
     p.add_argument("--dry-run", action="store_true", help="print the submission; submit nothing")
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     import dataclasses
-    import os
 
-    from grpo_launch.backends.submit import SubmitJob
-    from grpo_launch.cli.tables import summary_lines
-    from grpo_launch.execute.preflight import preflight
-    from grpo_launch.probe.local import probe_local
-    from grpo_launch.render import render_files
-    from grpo_launch.rundir.files import run_record, write_run_files
+    def address(options, recipe):  # type: ignore[no-untyped-def]
+        if not options.address and ctx.environ.get("RAY_ADDRESS"):
+            return dataclasses.replace(options, address=ctx.environ["RAY_ADDRESS"])
+        return options
 
-    submitter_cls = _load_submitter("ray")
-    options = read_options(args, submitter_cls.Options)
-    if not options.address and ctx.environ.get("RAY_ADDRESS"):
-        options = dataclasses.replace(options, address=ctx.environ["RAY_ADDRESS"])
-    recipe = load(args)
-    topology = submitter_cls.requested_topology(options, probe_local(ctx.environ))
-    plan = plan_on(topology, recipe, args, ctx)  # refuse before submitting what cannot run
-    preflight(plan, ctx.workdir)
-    submitter = submitter_cls()
-    job = SubmitJob(os.path.abspath(args.recipe), tuple(flag_overrides(args)), tuple(args.extra))
-    submission = submitter.request(job, plan, options, ctx)
-    summary = summary_lines(plan)
+    planned = plan_submission(args, ctx, "ray", address)
     if args.dry_run:
-        ctx.emit(submission.text.rstrip("\n"))
-        ctx.emit("\n".join("# " + line for line in summary))
-        return 0
-    for line in summary:
+        return emit_dry_run(planned, ctx)
+    plan, submission = planned.plan, planned.submission
+    for line in planned.summary:
         ctx.emit(line)
-    files = {"ray-job.sh": submission.text}
-    if record := run_record(plan.run_dir):
-        names = " and ".join(p.name for p in record)
-        ctx.emit(f"notice: {plan.run_dir} holds a run's record ({names}): only ray-job.sh is written; the job "
-                 "resumes that run (another --run-dir starts a new one)")  # fmt: skip
-    else:
-        files |= render_files(plan)
-    write_run_files(plan.run_dir, files)
-    job_id = submitter.submit(submission, ctx)
+    write_submission(planned, SCRIPT_NAME, ctx)
+    job_id = planned.submitter.submit(submission, ctx)
     ctx.emit(f"submitted Ray job {job_id} (plan {plan.topology.describe()})")
-    ctx.emit(f"  follow:  ray job logs -f {job_id} --address {submission.text.split('--address ')[1].split()[0]}")
+    ctx.emit(f"  follow:  ray job logs -f {job_id} --address {dashboard_of(planned.options, planned.options.address)}")
     ctx.emit(f"  logs:    {plan.paths.logs}/ per process   status: grpo-launch status --run-dir {plan.run_dir}")
-    ctx.emit(f"  stop:    ray job stop {job_id}")
+    ctx.emit(f"  stop:    ray job stop {job_id} --address {dashboard_of(planned.options, planned.options.address)}")
     return 0

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from grpo_launch.backends import load_submitter as _load_submitter
-from grpo_launch.cli.common import add_launch_flags, add_recipe_args, flag_overrides, load, plan_on
-from grpo_launch.cli.options import add_options, read_options
+from grpo_launch.cli.submitting import add_submit_args, emit_dry_run, plan_submission
 from grpo_launch.errors import ConfigError
 from grpo_launch.spec import RunContext
 
@@ -30,19 +28,10 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         epilog=epilog,
         formatter_class=formatter,
     )
-    add_recipe_args(p)
-    add_options(p, _load_submitter("skypilot").Options)
-    p.add_argument(
-        "--run-dir",
-        help="run directory on the nodes; a relative one is in the copy of this directory (default: grpo_runs/NAME)",
-    )
-    add_launch_flags(p)
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        metavar="N",
-        help="restarts after a failure that is not the recipe's code (same as launch.max_restarts=N)",
-    )
+    add_submit_args(
+        p, "skypilot",
+        "run directory on the nodes; a relative one is in the copy of this directory (default: grpo_runs/NAME)",
+    )  # fmt: skip
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the task YAML; write and launch nothing")
     mode.add_argument("--launch", action="store_true", help="write the task and run sky launch -c CLUSTER on it")
@@ -52,38 +41,26 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     import dataclasses
     import os
 
-    from grpo_launch.backends.submit import SubmitJob
-    from grpo_launch.cli.tables import summary_lines
-    from grpo_launch.execute.preflight import preflight
-    from grpo_launch.probe.local import probe_local
     from grpo_launch.rundir.files import write_run_files
 
-    submitter_cls = _load_submitter("skypilot")
-    options = read_options(args, submitter_cls.Options)
-    recipe = load(args)
-    if options.accelerators is None and recipe.values.get("use_cpu") is not True:
-        raise ConfigError(
-            "which GPUs? --accelerators is missing, and the recipe does not ask for CPU (use_cpu: true)",
-            hint="e.g. grpo-launch sky RECIPE --accelerators H100:8 --nodes 2 (`sky show-gpus` lists the names)",
-        )
-    if options.accelerators is not None and recipe.values.get("use_cpu") is True:
-        options = dataclasses.replace(options, accelerators=None)  # the recipe asks for CPU nodes
-        ctx.emit("notice: the recipe sets use_cpu: true, so the task asks for CPU nodes (--accelerators ignored)")
-    topology = submitter_cls.requested_topology(options, probe_local(ctx.environ))
-    # Refuse before writing what cannot run.
-    plan = plan_on(topology, recipe, args, ctx)
-    preflight(plan, ctx.workdir)
-    submitter = submitter_cls()
-    job = SubmitJob(os.path.abspath(args.recipe), tuple(flag_overrides(args)))
-    submission = submitter.request(job, plan, options, ctx)
-    summary = summary_lines(plan)
+    def cpu_or_gpus(options, recipe):  # type: ignore[no-untyped-def]
+        if options.accelerators is None and recipe.values.get("use_cpu") is not True:
+            raise ConfigError(
+                "which GPUs? --accelerators is missing, and the recipe does not ask for CPU (use_cpu: true)",
+                hint="e.g. grpo-launch sky RECIPE --accelerators H100:8 --nodes 2 (`sky show-gpus` lists the names)",
+            )
+        if options.accelerators is not None and recipe.values.get("use_cpu") is True:
+            ctx.emit("notice: the recipe sets use_cpu: true, so the task asks for CPU nodes (--accelerators ignored)")
+            return dataclasses.replace(options, accelerators=None)
+        return options
+
+    planned = plan_submission(args, ctx, "skypilot", cpu_or_gpus)
     if args.dry_run:
-        ctx.emit(submission.text.rstrip("\n"))
-        ctx.emit("\n".join("# " + line for line in summary))
-        return 0
+        return emit_dry_run(planned, ctx)
+    submitter, submission, plan = planned.submitter, planned.submission, planned.plan
     if args.launch:
         submitter.launch_argv(submission, ctx)  # refuse before writing: no sky command, or a secret not set
-    for line in summary:
+    for line in planned.summary:
         ctx.emit(line)
     write_run_files(plan.run_dir, {os.path.basename(submission.path): submission.text})
     ctx.emit(f"wrote {submission.path}: {submission.summary}")

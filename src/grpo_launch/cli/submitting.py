@@ -1,0 +1,96 @@
+"""What the verbs that hand a run to another system share (``sbatch``, ``ray-submit``, ``sky``): their arguments,
+and planning the submission before anything is written (refuse what cannot run), then ``--dry-run``'s output."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from grpo_launch.backends import load_submitter
+from grpo_launch.cli.common import add_launch_flags, add_recipe_args, flag_overrides, load, plan_on
+from grpo_launch.cli.options import add_options, read_options
+from grpo_launch.spec import RunContext, frozen
+
+if TYPE_CHECKING:
+    from grpo_launch.backends.submit import Submission
+    from grpo_launch.planning.types import Plan
+    from grpo_launch.recipe import Recipe
+
+
+def add_submit_args(p: argparse.ArgumentParser, submitter: str, run_dir_help: str) -> None:
+    """RECIPE and its overrides, the submitter's options, --run-dir, the launch flags and --max-restarts."""
+    add_recipe_args(p)
+    add_options(p, load_submitter(submitter).Options)
+    p.add_argument("--run-dir", help=run_dir_help)
+    add_launch_flags(p)
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="restarts after a failure that is not the recipe's code (same as launch.max_restarts=N)",
+    )
+
+
+@frozen
+class Planned:
+    """A submission planned and rendered, not yet written or submitted."""
+
+    submitter: Any
+    options: Any
+    plan: Plan
+    submission: Submission
+    summary: tuple[str, ...]
+
+
+def plan_submission(
+    args: argparse.Namespace,
+    ctx: RunContext,
+    submitter_name: str,
+    adjust: Callable[[Any, Recipe], Any] | None = None,
+) -> Planned:
+    """Plan for what the submission asks for and render it (pure past the submitter's own probe). ``adjust`` may
+    change the options once the recipe is read (e.g. CPU nodes for a recipe that sets use_cpu)."""
+    import os
+
+    from grpo_launch.backends.submit import SubmitJob
+    from grpo_launch.cli.tables import summary_lines
+    from grpo_launch.execute.preflight import preflight
+    from grpo_launch.probe.local import probe_local
+
+    submitter_cls = load_submitter(submitter_name)
+    options = read_options(args, submitter_cls.Options)
+    recipe = load(args)
+    if adjust is not None:
+        options = adjust(options, recipe)
+    topology = submitter_cls.requested_topology(options, probe_local(ctx.environ))
+    plan = plan_on(topology, recipe, args, ctx)  # refuse before submitting what cannot run
+    preflight(plan, ctx.workdir)
+    submitter = submitter_cls()
+    job = SubmitJob(os.path.abspath(args.recipe), tuple(flag_overrides(args)), tuple(getattr(args, "extra", ())))
+    submission = submitter.request(job, plan, options, ctx)
+    return Planned(submitter, options, plan, submission, tuple(summary_lines(plan)))
+
+
+def emit_dry_run(planned: Planned, ctx: RunContext) -> int:
+    """The submission as it would be written, then the plan's summary as comments."""
+    ctx.emit(planned.submission.text.rstrip("\n"))
+    ctx.emit("\n".join("# " + line for line in planned.summary))
+    return 0
+
+
+def write_submission(planned: Planned, name: str, ctx: RunContext) -> None:
+    """The submission into the run directory, with the plan's files unless it holds a run's record (the job then
+    resumes that run)."""
+    from grpo_launch.render import render_files
+    from grpo_launch.rundir.files import run_record, write_run_files
+
+    plan = planned.plan
+    files = {name: planned.submission.text}
+    if record := run_record(plan.run_dir):
+        names = " and ".join(p.name for p in record)
+        ctx.emit(f"notice: {plan.run_dir} holds a run's record ({names}): only {name} is written; the job resumes "
+                 "that run (another --run-dir starts a new one)")  # fmt: skip
+    else:
+        files |= render_files(plan)
+    write_run_files(plan.run_dir, files)
