@@ -101,9 +101,10 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
         _refuse_no_trainer(model, gpus, g, mem)
     pp = recipe.launch.vllm_pipeline_parallel_size
     splits = [s for s in enumerate_splits(n, g, model, tp) if (tp is None or s.tp == tp) and s.pp == (pp or s.pp)]
-    if recipe.launch.vllm_command[-1] != "serve" and any(len(s.server_hosts) > 1 for s in splits):
-        # Only `vllm serve` runs the other hosts' engines headless (vllm/entrypoints/cli/serve.py); the API server
-        # module alone would start them as API servers, which TRL's weight sync cannot reach.
+    # Only `vllm serve` runs the other hosts' engines headless (vllm/entrypoints/cli/serve.py); the API server module
+    # alone would start them as API servers, which TRL's weight sync cannot reach.
+    headless = recipe.launch.vllm_command[-1] == "serve" or not any(len(s.server_hosts) > 1 for s in splits)
+    if not headless:
         splits = [s for s in splits if len(s.server_hosts) <= 1]
         trace.notice(
             "launch.vllm_command does not end in `serve`: a vLLM server over several hosts (which needs `vllm "
@@ -126,12 +127,25 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
                 hint="Each replica is TP × PP GPUs, within a host or over whole hosts, and leaves GPUs to train: "
                 "change launch.vllm_pipeline_parallel_size (or launch.vllm_gpus), or leave it unset to choose.",
             )
+        if not served and n * g == 1:
+            raise PlanError(
+                "launch.vllm=server on a single GPU: the server would take it, leaving none to train",
+                hint="Use launch.vllm=colocate (vLLM shares the GPU with the trainer), or more GPUs.",
+            )
         if not served:
             raise PlanError(
-                f"no vLLM server of {gpus} GPU(s) leaves whole hosts or equal trainers on {n} host(s) of {g} GPUs",
+                f"no vLLM server{f' of {gpus} GPU(s)' if gpus else ''} leaves whole hosts or equal trainers on {n} "
+                f"host(s) of {g} GPUs"
+                + ("" if headless else " with a launch.vllm_command that does not end in `serve`"),
                 hint="On several hosts the server takes whole hosts (launch.vllm_gpus a multiple of the GPUs per "
                 "host, fewer than all of them), the same number of GPUs on every host (a multiple of the hosts), or "
-                "fewer GPUs than a host has on one of them.",
+                "fewer GPUs than a host has on one of them"
+                + (
+                    "."
+                    if headless
+                    else "; a server over several hosts needs `vllm serve` (it starts the others "
+                    "headless): end launch.vllm_command in `serve`, or keep the server on one host."
+                ),
             )
         if not fitting:
             need = model.weight_bytes_bf16 / GIB if model else 0
@@ -207,7 +221,10 @@ def _check_tp(model: ModelShape | None, tp: int, per_host: int) -> None:
 
 
 def _refuse_no_trainer(model: ModelShape | None, gpus: int, per_host: int, mem: int | None) -> None:
-    fixes = [Fix("launch.vllm", "colocate", "vLLM shares the training GPUs", rank=1)]
+    # launch.vllm_gpus goes with it: a server size asks for a server (requested_mode), and colocate has none.
+    fixes = [
+        Fix("launch.vllm", "colocate", "vLLM shares the training GPUs", rank=1, also=(("launch.vllm_gpus", None),))
+    ]
     smaller = [
         t
         for t in (model.valid_tp_sizes(per_host - 1) if model else range(1, per_host))
@@ -276,11 +293,17 @@ def place(
     shape = split.shape + (" with expert parallelism" if moe else "")
     trace.decide("vllm_tensor_parallel_size", split.tp, f"{split.server_gpus} server GPU(s) as {shape}")
     if split.pp > 1 and model is not None:
+        pinned = recipe.launch.vllm_pipeline_parallel_size
         trace.decide(
             "vllm_pipeline_parallel_size",
             split.pp,
-            f"no server of tensor parallelism alone holds {model.name} ({model.weight_bytes_bf16 / GIB:.0f} GiB of "
-            f"bf16 weights) in half of each GPU: {split.pp} pipeline stages of TP {split.tp}, "
+            (
+                "set in the recipe (launch.vllm_pipeline_parallel_size)"
+                if pinned
+                else f"no server of tensor parallelism alone holds {model.name} "
+                f"({model.weight_bytes_bf16 / GIB:.0f} GiB of bf16 weights) in half of each GPU"
+            )
+            + f": {split.pp} pipeline stages of TP {split.tp}, "
             f"{server_weights(model, split) / GIB:.1f} GiB per GPU"
             + (f", each replica over {split.replica_hosts} hosts" if split.replica_hosts > 1 else ""),
         )
