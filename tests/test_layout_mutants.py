@@ -396,6 +396,47 @@ ALL8 = "0,1,2,3,4,5,6,7"
           ("vllm_enable_sleep_mode", False, "TRL's default: vLLM keeps its share while the trainers train, and the "
            "training budget leaves it")],
          dict(mode="colocate", sleep_mode=False), []),
+        # A mixture of experts on a 2-GPU server: TP 1 × DP 2 spreads the experts (29.9 GiB per GPU); pinned to TP 2
+        # (one replica) there is nothing to spread.
+        ({"launch": {"vllm_gpus": 2}}, "4xH100-80GB", "Qwen/Qwen3-30B-A3B",
+         [("vllm_tensor_parallel_size", 1, "2 server GPU(s) as TP 1 × DP 2 with expert parallelism"),
+          ("vllm_data_parallel_size", 2, "Qwen3-30B-A3B is a mixture of experts: the 128 experts spread over all 2 "
+           "GPUs (29.9 GiB of weights per GPU), a KV cache per rank"),
+          ("server_gpus", "localhost:2,3", "server on 2 GPU(s) (TP 1 × DP 2)")],
+         dict(expert_parallel=True, data_parallel_size=2), []),
+        ({"launch": {"vllm_gpus": 2, "vllm_tensor_parallel_size": 2}}, "4xH100-80GB", "Qwen/Qwen3-30B-A3B",
+         [("vllm_tensor_parallel_size", 2, "2 server GPU(s) as TP 2"),
+          ("server_gpus", "localhost:2,3", "server on 2 GPU(s) (TP 2)")],
+         dict(expert_parallel=False, data_parallel_size=1), []),
+        # The API server module cannot start other hosts' engines: a server on one host, said in a notice.
+        ({"launch": {"vllm_gpus": 4, "vllm_command": ["python", "-m", "vllm.entrypoints.openai.api_server"]}},
+         "2x8xH100-80GB", QWEN15,
+         [("vllm_tensor_parallel_size", 1, "4 server GPU(s) as TP 1 × DP 4"),
+          ("vllm_data_parallel_size", 4, "4 replicas of the model, each with its own KV cache and decode batch"),
+          ("server_gpus", "node1:4,5,6,7", "server on 4 GPU(s) (TP 1 × DP 4), 4 GPU(s) idle elsewhere")],
+         dict(nodes=()),
+         ["launch.vllm_command does not end in `serve`: a vLLM server over several hosts (which needs `vllm serve "
+          "--headless` on the others) is not considered"]),
+        # … on one host there is nothing to leave out, and nothing to say.
+        ({"launch": {"vllm_gpus": 2, "vllm_command": ["python", "-m", "vllm.entrypoints.openai.api_server"]}},
+         "8xH100-80GB", QWEN15,
+         [("vllm_tensor_parallel_size", 1, "2 server GPU(s) as TP 1 × DP 2"),
+          ("vllm_data_parallel_size", 2, "2 replicas of the model, each with its own KV cache and decode batch"),
+          ("server_gpus", "localhost:6,7", "server on 2 GPU(s) (TP 1 × DP 2)")],
+         dict(nodes=()), []),
+        # Any command ending in `serve` runs a server over whole hosts.
+        ({"launch": {"vllm_gpus": 16, "vllm_command": ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]}},
+         "3x8xH100-80GB", QWEN15,
+         [("vllm_tensor_parallel_size", 4, "16 server GPU(s) as TP 4 × DP 4"),
+          ("vllm_data_parallel_size", 4, "4 replicas of the model, each with its own KV cache and decode batch"),
+          ("server_gpus", f"node1:{ALL8} node2:{ALL8}", "2 whole host(s) serve (16 GPUs, TP 4 × DP 4)"),
+          ("vllm_nodes", 2, NODE_DP)],
+         dict(host="node1"), []),
+        # The recipe's own port and vLLM length.
+        ({"launch": {"vllm_gpus": 1, "vllm_port": 8123, "vllm_max_model_len": 4096}}, "2xH100-80GB", QWEN15,
+         [("vllm_tensor_parallel_size", 1, "1 server GPU(s) as TP 1"),
+          ("server_gpus", "localhost:1", "server on 1 GPU(s) (TP 1)")],
+         dict(port=8123, max_model_len=4096, max_prompt_length=3584), []),
         # A pipeline size of 1 is no pipeline: colocate accepts it.
         ({"launch": {"vllm": "colocate", "vllm_pipeline_parallel_size": 1}}, "2xH100-80GB", QWEN15,
          [("vllm_tensor_parallel_size", 2, "colocate: 1 engine(s) of TP 2"),
@@ -411,7 +452,16 @@ def test_placement_decides_the_server_and_says_why(values, gpus, model, decision
     plan = plan_recipe({"model_name_or_path": model, **values}, gpus, model=find_model_shape(model))
     assert [(d.what, d.value, d.why) for d in plan.decisions if d.what in SERVER_KEYS] == decisions
     assert {k: getattr(plan.vllm, k) for k in vllm} == vllm
-    assert [n for n in plan.notices if n.startswith("vllm_")] == notices
+    assert [n for n in plan.notices if n.startswith(("vllm_", "launch.vllm"))] == notices
+    assert not [w for w in plan.warnings if w.startswith("colocated vLLM")]  # every colocated engine here fits
+
+
+@pytest.mark.parametrize("mode", ["server", "colocate"])
+def test_without_a_model_shape_vllm_still_gets_its_lengths(mode):
+    """No model shape (nothing to size vLLM's memory by): the lengths come from the recipe alone."""
+    launch = {"vllm_gpus": 1} if mode == "server" else {"vllm": "colocate"}
+    plan = plan_recipe({"model_name_or_path": QWEN15, "launch": launch}, "2xH100-80GB", model=None)
+    assert (plan.vllm.mode, plan.vllm.max_model_len, plan.vllm.max_prompt_length) == (mode, 1024, 512)
 
 
 @pytest.mark.parametrize(
@@ -476,6 +526,18 @@ def test_placement_decides_the_server_and_says_why(values, gpus, model, decision
             "Use GPUs with more memory, more GPUs per node, or more nodes (a dense model's server spans whole nodes as "
             "pipeline stages; a mixture of experts spreads its experts over a data-parallel server's GPUs), or a "
             "smaller model."]),
+        ({"launch": {"vllm": "server", "vllm_pipeline_parallel_size": 16}}, "8xH100-80GB", QWEN15, [
+            "no vLLM server of 16 pipeline stages fits 1 host(s) of 8 GPUs",
+            "Each replica is TP × PP GPUs, within a host or over whole hosts, and leaves GPUs to train: change "
+            "launch.vllm_pipeline_parallel_size (or launch.vllm_gpus), or leave it unset to choose."]),
+        # One GPU: no server was tried, so the reach is the host's one GPU.
+        ({}, "1xH100-80GB", LLAMA405, [
+            "Llama-3.1-405B (756 GiB of bf16 weights) does not fit vLLM on up to 1 GPUs of 80 GiB (tensor parallel "
+            "within a node of 1, pipeline stages over nodes): not as a server (the weights take over half of each "
+            "GPU) nor colocated (they take over 90% of each GPU)",
+            "Use GPUs with more memory, more GPUs per node, or more nodes (a dense model's server spans whole nodes as "
+            "pipeline stages; a mixture of experts spreads its experts over a data-parallel server's GPUs), or a "
+            "smaller model."]),
         ({"launch": {"vllm": "server"}}, "2x8xH100-80GB", LLAMA405, [
             "Llama-3.1-405B (756 GiB of bf16 weights) does not fit a vLLM server on up to 14 GPUs of 80 GiB (tensor "
             "parallel within a node of 8, pipeline stages over nodes)",
@@ -523,6 +585,16 @@ def _topology(counts: list[int], memory: int | None = 80 * 2**30) -> Topology:
 @pytest.mark.parametrize(
     ("counts", "memory", "model", "fixes"),
     [
+        # 3 GPUs: a server of 2 (TP 2 divides Qwen 1.5B's 12 heads); no model: of 2 on 2 GPUs, 1 on 2.
+        ([3], 80 * 2**30, QWEN15, [("launch.vllm_gpus", 2, 0), ("launch.vllm", "colocate", 1), ("gpus", None, 3)]),
+        ([2], 80 * 2**30, None, [("launch.vllm_gpus", 1, 0), ("launch.vllm", "colocate", 1), ("gpus", None, 3)]),
+        # Qwen2.5-72B (135 GiB): TP 4 holds 34 GiB per GPU, within half of 80 GB.
+        (
+            [8],
+            80 * 2**30,
+            "Qwen/Qwen2.5-72B-Instruct",
+            [("launch.vllm_gpus", 4, 0), ("launch.vllm", "colocate", 1), ("gpus", None, 3)],
+        ),
         # The largest TP size the model shards to below 8 (Qwen 1.5B's 12 heads: 4), colocate, or 9 GPUs.
         ([8], 80 * 2**30, QWEN15, [("launch.vllm_gpus", 4, 0), ("launch.vllm", "colocate", 1), ("gpus", None, 3)]),
         # No model: any smaller server (7 GPUs).
@@ -535,12 +607,13 @@ def _topology(counts: list[int], memory: int | None = 80 * 2**30) -> Topology:
 )
 def test_a_server_on_every_gpu_of_one_host_is_refused_with_fixes_that_fit(counts, memory, model, fixes):
     """placement's own refusal, before the planner re-plans each fix (tests/test_fixes.py checks that step)."""
-    recipe = build_recipe({"model_name_or_path": model or QWEN15, "launch": {"vllm_gpus": 8}}, [])
+    g = counts[0]
+    recipe = build_recipe({"model_name_or_path": model or QWEN15, "launch": {"vllm_gpus": g}}, [])
     with pytest.raises(NoGpuLeftForTraining) as info:
         allowed_splits(_topology(counts, memory), recipe, find_model_shape(model) if model else None, Trace())
-    assert info.value.message == "the vLLM server needs 8 GPU(s), leaving none of the 8 for training"
+    assert info.value.message == f"the vLLM server needs {g} GPU(s), leaving none of the {g} for training"
     assert [(f.setting, f.value, f.rank) for f in info.value.fixes] == fixes
-    assert str(info.value.fixes[-1]) == "more GPUs: at least 9"
+    assert str(info.value.fixes[-1]) == f"more GPUs: at least {g + 1}"
 
 
 def test_hosts_with_different_gpu_counts_are_refused_by_name():
@@ -566,6 +639,28 @@ def test_the_servers_left_out_for_their_weights_are_listed_with_their_numbers():
                            ("server on 3 GPU(s) (TP 1 × DP 3)", 135.4), ("server on 3 GPU(s) (TP 1 × PP 3)", 46.5)]
     ]  # fmt: skip
     assert unfit_servers(_topology([4], None), model) == [] and unfit_servers(_topology([4]), None) == []
+    assert unfit_servers(_topology([4]), find_model_shape(QWEN15)) == []  # 3 GiB fits every server
+
+
+def test_colocated_engines_on_gpus_of_unknown_memory_are_all_allowed():
+    recipe = build_recipe({"model_name_or_path": LLAMA405, "launch": {"vllm": "colocate"}}, [])
+    splits = allowed_splits(_topology([8], None), recipe, find_model_shape(LLAMA405), Trace())
+    assert splits and all(s.kind == "colocate" for s in splits) and len({s.tp for s in splits}) > 1
+
+
+@pytest.mark.parametrize(
+    ("model", "warning"),
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", None),  # 7.1 GiB per GPU at TP 2: within half the 23.9 GiB share
+        ("Qwen/Qwen2.5-14B-Instruct", "colocated vLLM: 13.7 GiB of weights per GPU at TP 2 is over half of the 30% "
+         "vLLM share (23.9 GiB): expect a small KV cache"),
+    ],
+)  # fmt: skip
+def test_two_colocated_gpus_warn_only_when_the_weights_crowd_the_share(model, warning):
+    plan = plan_recipe({"model_name_or_path": model, "vllm_gpu_memory_utilization": 0.3,
+                        "launch": {"vllm": "colocate"}}, "2xH100-80GB")  # fmt: skip
+    assert plan.vllm.tensor_parallel_size == 2
+    assert [w for w in plan.warnings if w.startswith("colocated vLLM")] == ([warning] if warning else [])
 
 
 def test_colocated_weights_over_half_the_vllm_share_are_warned_about():
