@@ -437,6 +437,15 @@ ALL8 = "0,1,2,3,4,5,6,7"
          [("vllm_tensor_parallel_size", 1, "1 server GPU(s) as TP 1"),
           ("server_gpus", "localhost:1", "server on 1 GPU(s) (TP 1)")],
          dict(port=8123, max_model_len=4096, max_prompt_length=3584), []),
+        # Its TP size pinned to 4: pipelines of TP 4 (8 stages over 4 hosts), not of the largest TP.
+        ({"launch": {"vllm": "server", "vllm_tensor_parallel_size": 4}}, "8x8xH100-80GB", LLAMA405,
+         [("vllm_tensor_parallel_size", 4, "32 server GPU(s) as TP 4 × PP 8"),
+          ("vllm_pipeline_parallel_size", 8, "no server of tensor parallelism alone holds Llama-3.1-405B (756 GiB of "
+           "bf16 weights) in half of each GPU: 8 pipeline stages of TP 4, 24.7 GiB per GPU, each replica over 4 hosts"),
+          ("server_gpus", " ".join(f"node{i}:{ALL8}" for i in range(4, 8)), "4 whole host(s) serve (32 GPUs, TP 4 × "
+           "PP 8)"),
+          ("vllm_nodes", 4, NODE_PP)],
+         dict(tensor_parallel_size=4, pipeline_parallel_size=8), []),
         # A pipeline size of 1 is no pipeline: colocate accepts it.
         ({"launch": {"vllm": "colocate", "vllm_pipeline_parallel_size": 1}}, "2xH100-80GB", QWEN15,
          [("vllm_tensor_parallel_size", 2, "colocate: 1 engine(s) of TP 2"),
@@ -523,6 +532,26 @@ def test_without_a_model_shape_vllm_still_gets_its_lengths(mode):
         ({"launch": {"vllm": "server"}}, "2x2xL20-48GB", "Qwen/Qwen3-30B-A3B", [
             "Qwen3-30B-A3B (57 GiB of bf16 weights) does not fit a vLLM server on up to 2 GPUs of 44 GiB (tensor "
             "parallel within a node of 2, experts spread over a data-parallel server)",
+            "Use GPUs with more memory, more GPUs per node, or more nodes (a dense model's server spans whole nodes as "
+            "pipeline stages; a mixture of experts spreads its experts over a data-parallel server's GPUs), or a "
+            "smaller model."]),
+        # Two hosts of two GPUs (as many hosts as GPUs each, but not one GPU): the general refusal.
+        ({"launch": {"vllm": "server", "vllm_gpus": 3}}, "2x2xH100-80GB", QWEN15, [
+            "no vLLM server of 3 GPU(s) leaves whole hosts or equal trainers on 2 host(s) of 2 GPUs",
+            "On several hosts the server takes whole hosts (launch.vllm_gpus a multiple of the GPUs per host, fewer "
+            "than all of them), the same number of GPUs on every host (a multiple of the hosts), or fewer GPUs than a "
+            "host has on one of them."]),
+        # A tensor-parallel size that takes every GPU: no server size was given, so none is named.
+        ({"launch": {"vllm_tensor_parallel_size": 4}}, "4xH100-80GB", QWEN15, [
+            "no vLLM server leaves whole hosts or equal trainers on 1 host(s) of 4 GPUs",
+            "On several hosts the server takes whole hosts (launch.vllm_gpus a multiple of the GPUs per host, fewer "
+            "than all of them), the same number of GPUs on every host (a multiple of the hosts), or fewer GPUs than a "
+            "host has on one of them."]),
+        # A mixture of experts fits neither way: its reach is experts over data parallelism.
+        ({}, "2xL4-24GB", "Qwen/Qwen3-30B-A3B", [
+            "Qwen3-30B-A3B (57 GiB of bf16 weights) does not fit vLLM on up to 1 GPUs of 22 GiB (tensor parallel "
+            "within a node of 2, experts spread over a data-parallel server): not as a server (the weights take over "
+            "half of each GPU) nor colocated (they take over 90% of each GPU)",
             "Use GPUs with more memory, more GPUs per node, or more nodes (a dense model's server spans whole nodes as "
             "pipeline stages; a mixture of experts spreads its experts over a data-parallel server's GPUs), or a "
             "smaller model."]),
@@ -640,6 +669,25 @@ def test_the_servers_left_out_for_their_weights_are_listed_with_their_numbers():
     ]  # fmt: skip
     assert unfit_servers(_topology([4], None), model) == [] and unfit_servers(_topology([4]), None) == []
     assert unfit_servers(_topology([4]), find_model_shape(QWEN15)) == []  # 3 GiB fits every server
+
+
+def test_weights_of_exactly_the_allowed_share_fit():
+    """The weight shares are upper bounds, inclusive: Qwen2.5-1.5B's 3.08e9 bytes of bf16 weights on GPUs of exactly
+    twice that fit a server of one GPU (half of each GPU), and are no unfit server; colocated at 50 % utilization,
+    GPUs of four times that hold them at TP 1 (half of the share); a smaller server left for trainers too."""
+    model = find_model_shape(QWEN15)
+    w = int(model.weight_bytes_bf16)
+    server = build_recipe({"model_name_or_path": QWEN15, "launch": {"vllm": "server", "vllm_gpus": 1}}, [])
+    assert [s.server_gpus for s in allowed_splits(_topology([2], 2 * w), server, model, Trace())] == [1]
+    assert unfit_servers(_topology([2], 2 * w), model) == []
+    colocate = build_recipe({"model_name_or_path": QWEN15, "vllm_gpu_memory_utilization": 0.5,
+                             "launch": {"vllm": "colocate"}}, [])  # fmt: skip
+    trace = Trace()
+    assert [s.tp for s in allowed_splits(_topology([1], 4 * w), colocate, model, trace)] == [1] and not trace.warnings
+    full = build_recipe({"model_name_or_path": QWEN15, "launch": {"vllm_gpus": 2}}, [])
+    with pytest.raises(NoGpuLeftForTraining) as info:
+        allowed_splits(_topology([2], 2 * w), full, model, Trace())
+    assert (info.value.fixes[0].setting, info.value.fixes[0].value) == ("launch.vllm_gpus", 1)
 
 
 def test_colocated_engines_on_gpus_of_unknown_memory_are_all_allowed():
