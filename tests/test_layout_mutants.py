@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_launch.errors import PlanError
-from grpo_launch.machines.topology import Gpu, Host, Topology
+from grpo_launch.machines.topology import Gpu, Host, Topology, parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning.layout import LayoutRequest, solve_layout
 from grpo_launch.planning.placement import NoGpuLeftForTraining, allowed_splits, unfit_servers
@@ -688,6 +688,15 @@ def test_weights_of_exactly_the_allowed_share_fit():
     with pytest.raises(NoGpuLeftForTraining) as info:
         allowed_splits(_topology([2], 2 * w), full, model, Trace())
     assert (info.value.fixes[0].setting, info.value.fixes[0].value) == ("launch.vllm_gpus", 1)
+
+
+def test_a_pinned_tp_size_gets_every_pipeline_of_that_size():
+    """Llama-3.1-405B on 8 × 8 H200 with TP 4 pinned: pipelines of TP 4 at every stage count that fits, including
+    4 stages × 2 replicas on 32 GPUs, which unpinned would go to TP 8 (the largest TP takes each stage count)."""
+    launch = {"vllm": "server", "vllm_tensor_parallel_size": 4}
+    recipe = build_recipe({"model_name_or_path": LLAMA405, "launch": launch}, [])
+    splits = allowed_splits(parse_gpu_spec("8x8xH200-141GB"), recipe, find_model_shape(LLAMA405), Trace())
+    assert sorted({(s.tp, s.pp, s.dp) for s in splits if s.server_gpus == 32}) == [(4, 4, 2), (4, 8, 1)]
 
 
 def test_colocated_engines_on_gpus_of_unknown_memory_are_all_allowed():
