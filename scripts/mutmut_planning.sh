@@ -9,9 +9,10 @@
 #
 # With NAMEs (mutant names as `mutmut results` prints them, fnmatch patterns allowed, e.g.
 # 'grpo_launch.planning.layout.x_solve_layout__mutmut_49') only those mutants run, and it ends with each one's
-# status (killed / survived); without, every mutant runs (hours on two cores) and it ends with `mutmut results` (the
-# survivors). `cd WORKDIR/tree && WORKDIR/venv/bin/mutmut show NAME` prints one as a diff. A second run reuses the
-# venv. docs/mutation-testing.md lists the survivors of the last full run and what was done about each.
+# status (killed / survived); without, every mutant runs (about 1700; long on two shared cores) and it ends with
+# `mutmut results` (the survivors). `cd WORKDIR/tree && WORKDIR/venv/bin/mutmut show NAME` prints one as a diff. A
+# second run reuses the venv. docs/mutation-testing.md lists the survivors of the last full run and what was done
+# about each (docs/mutmut-survivors.tsv, one line each).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${1:-/tmp/grpo-launch-mutmut}

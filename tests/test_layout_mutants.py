@@ -1,8 +1,10 @@
 """What the mutation run over planning/layout.py and planning/placement.py found unpinned (docs/mutation-testing.md):
 a refusal's exact text (its message, every problem, the fixes in rank order with their reasons), the fixes' costs,
 the layout's reasons for each choice, the planned sizes reaching the trainer, and placement's decisions, server
-fields and refusals. Every expected value below was worked out from TRL's batch rules (layout.py's docstring) and
-the case's numbers, as each comment shows; all run the real planner, nothing is faked."""
+fields and refusals. The layout cases were worked out from TRL's batch rules (layout.py's docstring), each one's
+arithmetic in its comment; the placement texts pin what the planner says, each read against the case's numbers (the
+weight shares, the GPUs). All run the real planner (solve_layout, allowed_splits, unfit_servers, the whole plan);
+nothing is faked."""
 
 from __future__ import annotations
 
