@@ -4,14 +4,19 @@
 # CI and not a project dependency: mutmut goes into a throwaway venv that also sees .venv's packages, and it runs
 # in a copy of the tree (it writes mutants/ next to the code it mutates).
 #
-#   scripts/mutmut_planning.sh [WORKDIR]      default WORKDIR: /tmp/grpo-launch-mutmut
+#   scripts/mutmut_planning.sh [WORKDIR [NAME…]]   default WORKDIR: /tmp/grpo-launch-mutmut
 #   MUTMUT_CHILDREN=N  parallel mutants (default 1)
 #
-# It ends with `mutmut results` (the mutants that survived, by name); `cd WORKDIR/tree && WORKDIR/venv/bin/mutmut
-# show NAME` prints one as a diff. A second run reuses the venv.
+# With NAMEs (mutant names as `mutmut results` prints them, fnmatch patterns allowed, e.g.
+# 'grpo_launch.planning.layout.x_solve_layout__mutmut_49') only those mutants run, and it ends with each one's
+# status (killed / survived); without, every mutant runs (about 1700; long on two shared cores) and it ends with
+# `mutmut results` (the survivors). `cd WORKDIR/tree && WORKDIR/venv/bin/mutmut show NAME` prints one as a diff. A
+# second run reuses the venv. docs/mutation-testing.md lists the survivors of the last full run and what was done
+# about each (docs/mutmut-survivors.tsv, one line each).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${1:-/tmp/grpo-launch-mutmut}
+shift || true
 MUTMUT_VERSION=3.8.1
 mkdir -p "$WORK"
 
@@ -48,6 +53,7 @@ also_copy=
     .cache/
 pytest_add_cli_args_test_selection=
     tests/test_layout.py
+    tests/test_layout_mutants.py
     tests/test_plan.py
     tests/test_fixes.py
     tests/test_published_cases.py
@@ -59,5 +65,10 @@ pytest_add_cli_args=
 CFG
 cd "$TREE"
 # No PYTHONPATH: mutmut puts its mutated copy of src/ first.
-env -u PYTHONPATH "$WORK/venv/bin/mutmut" run --max-children "${MUTMUT_CHILDREN:-1}"
-env -u PYTHONPATH "$WORK/venv/bin/mutmut" results
+env -u PYTHONPATH "$WORK/venv/bin/mutmut" run --max-children "${MUTMUT_CHILDREN:-1}" "$@"
+if [ $# -gt 0 ]; then
+  # Each named mutant's status, one per line ("NAME: killed" / "NAME: survived").
+  env -u PYTHONPATH "$WORK/venv/bin/mutmut" results --all true | grep -F -f <(printf '%s\n' "$@" | sed -E '/\*/!s/$/:/; s/\*.*//; s/^/    /')
+else
+  env -u PYTHONPATH "$WORK/venv/bin/mutmut" results
+fi

@@ -109,8 +109,9 @@ class LayoutRequest:
 
 
 def _nearest(target: int, ok: Any, lo: int = 1, hi: int = MAX_AUTO) -> int | None:
-    """The value in [lo, hi] closest to ``target`` for which ``ok`` holds; ties go to the smaller one."""
-    for d in range(0, hi):
+    """The value in [lo, hi] closest to ``target`` for which ``ok`` holds; ties go to the smaller one. ``target`` may
+    lie outside [lo, hi] (a per-device share below TRL's default): the search reaches the far end either way."""
+    for d in range(max(target - lo, hi - target) + 1):
         for v in (target - d, target + d):
             if lo <= v <= hi and ok(v):
                 return v
@@ -265,10 +266,8 @@ def _meet(n: int, completions: int, req: LayoutRequest) -> tuple[int, int, str |
     if rest:
         return 1, 1, f"{completions} completions ({completions // k} prompts × {k}) do not split over {n} processes"
     p = req.per_device
-    if p is None and req.grad_accum is not None:
-        if share % req.grad_accum == 0:
-            return share // req.grad_accum, req.grad_accum, None
-        p = _nearest(TRL_DEFAULTS["per_device_train_batch_size"], lambda v: share % v == 0, hi=share)
+    if p is None and req.grad_accum is not None and share % req.grad_accum == 0:
+        return share // req.grad_accum, req.grad_accum, None
     if p is None:
         p = _nearest(TRL_DEFAULTS["per_device_train_batch_size"], lambda v: share % v == 0, hi=share)
     if p is None or share % p:

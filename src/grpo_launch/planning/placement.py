@@ -10,7 +10,15 @@ from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import TRL_COLOCATE_UTILIZATION, VLLM_SERVER_UTILIZATION, VLLM_WEIGHTS_SHARE
 from grpo_launch.planning.lengths import max_model_len, prompt_bound
-from grpo_launch.planning.split import Split, SplitKind, enumerate_splits, enumerate_uneven_splits, off_split
+from grpo_launch.planning.split import (
+    Split,
+    SplitKind,
+    enumerate_splits,
+    enumerate_uneven_splits,
+    off_split,
+    refuse_uneven_counts,
+    refuse_uneven_mode,
+)
 from grpo_launch.planning.types import ServerNode, Trace, TrainHost, VllmPlan
 from grpo_launch.recipe import Recipe
 
@@ -80,15 +88,8 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     """The splits the recipe allows on ``topology``, each of whose vLLM weights fit; one PlanError otherwise."""
     mode = requested_mode(topology, recipe)
     uneven = len(set(topology.gpus_per_host)) > 1
-    if uneven and (mode in (VllmMode.OFF, VllmMode.COLOCATE) or topology.is_cpu):
-        raise PlanError(
-            "hosts have different GPU counts ("
-            + ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts)
-            + f") and launch.vllm={mode}: every GPU would train, and accelerate runs the same number of processes "
-            "on every machine",
-            hint="Let the search choose (launch.vllm unset or server: whole hosts or the larger hosts' extra GPUs "
-            "serve), or give every host the same number of GPUs (hostfile slots / --gpus-per-node).",
-        )
+    if uneven:
+        refuse_uneven_mode(topology, mode)
     if topology.is_cpu or mode == VllmMode.OFF:
         return [off_split(len(topology.hosts), len(topology.hosts[0].gpus))]
     n, g, mem = len(topology.hosts), min(topology.gpus_per_host), topology.min_gpu_memory_bytes
@@ -113,19 +114,12 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     pp = recipe.launch.vllm_pipeline_parallel_size
     every = enumerate_uneven_splits(topology.gpus_per_host, model) if uneven else enumerate_splits(n, g, model, tp)
     if uneven and not every:
-        raise PlanError(
-            "no split of hosts with GPU counts "
-            + ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts)
-            + " leaves training hosts with equal counts (accelerate runs the same number of processes on every "
-            "machine)",
-            hint="Use hosts whose counts allow it: whole hosts of one count serve and the others (all of one count) "
-            "train, or the larger hosts have the same number of GPUs more than the smallest; or set hostfile slots / "
-            "--gpus-per-node to equal counts.",
-        )
+        refuse_uneven_counts(topology)
     splits = [s for s in every if (tp is None or s.tp == tp) and s.pp == (pp or s.pp)]
-    if recipe.launch.vllm_command[-1] != "serve" and any(len(s.server_hosts) > 1 for s in splits):
-        # Only `vllm serve` runs the other hosts' engines headless (vllm/entrypoints/cli/serve.py); the API server
-        # module alone would start them as API servers, which TRL's weight sync cannot reach.
+    # Only `vllm serve` runs the other hosts' engines headless (vllm/entrypoints/cli/serve.py); the API server module
+    # alone would start them as API servers, which TRL's weight sync cannot reach.
+    headless = recipe.launch.vllm_command[-1] == "serve" or not any(len(s.server_hosts) > 1 for s in splits)
+    if not headless:
         splits = [s for s in splits if len(s.server_hosts) <= 1]
         trace.notice(
             "launch.vllm_command does not end in `serve`: a vLLM server over several hosts (which needs `vllm "
@@ -148,13 +142,25 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
                 hint="Each replica is TP × PP GPUs, within a host or over whole hosts, and leaves GPUs to train: "
                 "change launch.vllm_pipeline_parallel_size (or launch.vllm_gpus), or leave it unset to choose.",
             )
+        if not served and n * g == 1:
+            raise PlanError(
+                "launch.vllm=server on a single GPU: the server would take it, leaving none to train",
+                hint="Use launch.vllm=colocate (vLLM shares the GPU with the trainer), or more GPUs.",
+            )
         if not served:
             raise PlanError(
-                f"no vLLM server of {gpus} GPU(s) (launch.vllm_gpus) leaves whole hosts or equal trainers on {n} "
-                f"host(s) of {' + '.join(map(str, topology.gpus_per_host)) if uneven else g} GPUs",
+                f"no vLLM server{f' of {gpus} GPU(s) (launch.vllm_gpus)' if gpus else ''} leaves whole hosts or equal "
+                f"trainers on {n} host(s) of {' + '.join(map(str, topology.gpus_per_host)) if uneven else g} GPUs"
+                + ("" if headless else " with a launch.vllm_command that does not end in `serve`"),
                 hint="On several hosts the server takes whole hosts (launch.vllm_gpus a multiple of the GPUs per "
                 "host, fewer than all of them), the same number of GPUs on every host (a multiple of the hosts), or "
-                "fewer GPUs than a host has on one of them.",
+                "fewer GPUs than a host has on one of them"
+                + (
+                    "."
+                    if headless
+                    else "; a server over several hosts needs `vllm serve` (it starts the others "
+                    "headless): end launch.vllm_command in `serve`, or keep the server on one host."
+                ),
             )
         if not fitting:
             need = model.weight_bytes_bf16 / GIB if model else 0
@@ -230,7 +236,10 @@ def _check_tp(model: ModelShape | None, tp: int, per_host: int) -> None:
 
 
 def _refuse_no_trainer(model: ModelShape | None, gpus: int, per_host: int, mem: int | None) -> None:
-    fixes = [Fix("launch.vllm", "colocate", "vLLM shares the training GPUs", rank=1)]
+    # launch.vllm_gpus goes with it: a server size asks for a server (requested_mode), and colocate has none.
+    fixes = [
+        Fix("launch.vllm", "colocate", "vLLM shares the training GPUs", rank=1, also=(("launch.vllm_gpus", None),))
+    ]
     smaller = [
         t
         for t in (model.valid_tp_sizes(per_host - 1) if model else range(1, per_host))
@@ -299,11 +308,17 @@ def place(
     shape = split.shape + (" with expert parallelism" if moe else "")
     trace.decide("vllm_tensor_parallel_size", split.tp, f"{split.server_gpus} server GPU(s) as {shape}")
     if split.pp > 1 and model is not None:
+        pinned = recipe.launch.vllm_pipeline_parallel_size
         trace.decide(
             "vllm_pipeline_parallel_size",
             split.pp,
-            f"no server of tensor parallelism alone holds {model.name} ({model.weight_bytes_bf16 / GIB:.0f} GiB of "
-            f"bf16 weights) in half of each GPU: {split.pp} pipeline stages of TP {split.tp}, "
+            (
+                "set in the recipe (launch.vllm_pipeline_parallel_size)"
+                if pinned
+                else f"no server of tensor parallelism alone holds {model.name} "
+                f"({model.weight_bytes_bf16 / GIB:.0f} GiB of bf16 weights) in half of each GPU"
+            )
+            + f": {split.pp} pipeline stages of TP {split.tp}, "
             f"{server_weights(model, split) / GIB:.1f} GiB per GPU"
             + (f", each replica over {split.replica_hosts} hosts" if split.replica_hosts > 1 else ""),
         )

@@ -30,7 +30,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from grpo_launch.enums import StrEnum
+from grpo_launch.enums import StrEnum, VllmMode
+from grpo_launch.errors import PlanError
+from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.layout import TRL_DEFAULTS, LayoutRequest
 from grpo_launch.spec import frozen
@@ -186,6 +188,32 @@ def enumerate_uneven_splits(counts: Sequence[int], model: ModelShape | None) -> 
             out.append(Split(SplitKind.SPREAD, n, max(counts), least, tuple(range(n)), t, d * len(bigger), bigger, k,
                              total_gpus=total))  # fmt: skip
     return out
+
+
+def refuse_uneven_mode(topology: Topology, mode: VllmMode | None) -> None:
+    """Hosts with different GPU counts cannot all train (colocate, no vLLM, CPU)."""
+    if mode in (VllmMode.OFF, VllmMode.COLOCATE) or topology.is_cpu:
+        raise PlanError(
+            f"hosts have different GPU counts ({_counts(topology)}) and launch.vllm={mode}: every GPU would train, "
+            "and accelerate runs the same number of processes on every machine",
+            hint="Let the search choose (launch.vllm unset or server: whole hosts or the larger hosts' extra GPUs "
+            "serve), or give every host the same number of GPUs (hostfile slots / --gpus-per-node).",
+        )
+
+
+def refuse_uneven_counts(topology: Topology) -> None:
+    """No split of these counts leaves equal training hosts (:func:`enumerate_uneven_splits` found none)."""
+    raise PlanError(
+        f"no split of hosts with GPU counts {_counts(topology)} leaves training hosts with equal counts (accelerate "
+        "runs the same number of processes on every machine)",
+        hint="Use hosts whose counts allow it: whole hosts of one count serve and the others (all of one count) "
+        "train, or the larger hosts have the same number of GPUs more than the smallest; or set hostfile slots / "
+        "--gpus-per-node to equal counts.",
+    )
+
+
+def _counts(topology: Topology) -> str:
+    return ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts)
 
 
 def pipeline_shapes(
