@@ -519,8 +519,8 @@ def test_without_a_model_shape_vllm_still_gets_its_lengths(mode):
         # 16 GPUs are 2 whole hosts, but the API server module cannot start the second host's engines.
         ({"launch": {"vllm_gpus": 16, "vllm_command": ["python", "-m", "vllm.entrypoints.openai.api_server"]}},
          "3x8xH100-80GB", "Qwen/Qwen2.5-7B-Instruct", [
-            "no vLLM server of 16 GPU(s) (launch.vllm_gpus) leaves whole hosts or equal trainers on 3 host(s) of 8 GPUs with a "
-            "launch.vllm_command that does not end in `serve`",
+            "no vLLM server of 16 GPU(s) (launch.vllm_gpus) leaves whole hosts or equal trainers on 3 host(s) of 8 "
+            "GPUs with a launch.vllm_command that does not end in `serve`",
             "On several hosts the server takes whole hosts (launch.vllm_gpus a multiple of the GPUs per host, fewer "
             "than all of them), the same number of GPUs on every host (a multiple of the hosts), or fewer GPUs than a "
             "host has on one of them; a server over several hosts needs `vllm serve` (it starts the others headless): "

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -129,6 +130,18 @@ def test_a_killed_actor_is_an_infra_failure_and_the_run_is_torn_down(cluster, tm
     assert record["failure"] == "infra" and record["cause"].startswith("[train@h2] "), record
     assert re.search(r"ray\.exceptions\.ActorDiedError: the Ray actor running train@h2|ended by exit code 255 "
                      r"\(killed, or its host was lost\)", record["cause"]), record  # fmt: skip
+    assert leftovers(run) == []
+
+
+def test_ctrl_c_stops_every_node_within_the_grace_period(cluster, tmp_path):
+    """SIGINT to the launcher: each node's process group gets it (in a task on its node) and ends on its own, before
+    the grace period's SIGKILL. The thread of the Ray worker that starts each process blocks SIGINT, which the shim
+    undoes: without that, both ranks ran on until the SIGKILL 30 s later."""
+    proc, run, log = start_long_run(cluster, tmp_path)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    out = log.read_text()
+    assert "SIGINT: stopping every process" in out and "SIGKILL" not in out, out[-3000:]
     assert leftovers(run) == []
 
 

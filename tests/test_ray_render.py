@@ -130,3 +130,24 @@ def test_a_node_without_a_report_is_planned_from_rays_resources():
     assert host.gpus[0].name == h100.name and host.gpus[0].memory_bytes == int(h100.memory_gib * GIB)
     reported = _host(node, {"node": "gpu7", "gpus": [["NVIDIA H100 80GB HBM3", 85_000_000_000]] * 4}, with_gpus=True)
     assert len(reported.gpus) == 8 and reported.gpus[0].name.startswith("H100")  # NVML saw fewer than Ray gives
+
+
+def test_the_shim_gives_the_command_sigint_unblocked_and_default_whatever_its_parent_did():
+    """A Ray worker's thread (the actor that starts each process) blocks SIGINT, and a blocked or ignored signal
+    stays so across exec: without the shim's reset, the SIGINT that teardown forwards would not reach the command.
+    The command reports whether SIGINT is blocked or ignored for it (/proc's masks)."""
+    probe = (
+        "import signal; st = dict(l.split(':', 1) for l in open('/proc/self/status')); "
+        "bit = 1 << (signal.SIGINT - 1); "
+        "print(bool(int(st['SigBlk'], 16) & bit), signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    )
+    code = (
+        "import signal, subprocess, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); "
+        f"print(subprocess.run([sys.executable, '-m', 'grpo_launch.node.shim', '--', sys.executable, '-c', {probe!r}], "
+        "capture_output=True, text=True).stdout.strip()); "
+        f"print(subprocess.run([sys.executable, '-c', {probe!r}], capture_output=True, text=True).stdout.strip())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    # through the shim: neither blocked nor ignored; a bare child keeps both
+    assert done.stdout.splitlines() == ["False False", "True True"], done.stdout + done.stderr

@@ -11,13 +11,16 @@
   session's sshd); when the session ends (the launcher or its ssh client died, or the command finished) it stops
   every process marked with RUN_ID on this host.
 
-Then it ``exec``s COMMAND. Standard library only: it must start fast.
+Then it ``exec``s COMMAND with SIGINT and SIGTERM at their defaults and unblocked (a parent that ignores or blocks
+them, as a Ray worker's thread blocks SIGINT, would leave the command deaf to teardown). Standard library only: it
+must start fast.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 from grpo_launch.rundir.layout import PGID_ANNOUNCE
@@ -92,6 +95,13 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"grpo_launch.node.shim: unknown option {opt!r}")
     if guard_id:
         _fork_guard(guard_id)
+    # Ignored and blocked signals stay so across exec: the thread of a Ray worker (the Ray backend's actor) that
+    # starts the command blocks SIGINT, which would leave the command deaf to the SIGINT teardown forwards. The
+    # command starts with the defaults, unblocked.
+    stop = {signal.SIGINT, signal.SIGTERM}
+    for sig in stop:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
     try:
         os.execvp(command[0], command)
     except FileNotFoundError:
