@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     import dataclasses
 
-    def address(options, recipe):  # type: ignore[no-untyped-def]
+    def address(options, recipe):
         if not options.address and ctx.environ.get("RAY_ADDRESS"):
             return dataclasses.replace(options, address=ctx.environ["RAY_ADDRESS"])
         return options

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
     p.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
 
 
-def _cpu_nodes(options, recipe):  # type: ignore[no-untyped-def]
+def _cpu_nodes(options, recipe):
     import dataclasses
 
     if recipe.values.get("use_cpu") is True and options.gpus_per_node is None:

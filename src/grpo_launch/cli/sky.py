@@ -43,7 +43,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
 
     from grpo_launch.rundir.files import write_run_files
 
-    def cpu_or_gpus(options, recipe):  # type: ignore[no-untyped-def]
+    def cpu_or_gpus(options, recipe):
         if options.accelerators is None and recipe.values.get("use_cpu") is not True:
             raise ConfigError(
                 "which GPUs? --accelerators is missing, and the recipe does not ask for CPU (use_cpu: true)",

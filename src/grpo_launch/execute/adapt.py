@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from grpo_launch.planning.adapt import Adaptation, split_key, warmup_steps
 from grpo_launch.planning.replan import Previous, decide
@@ -76,4 +76,4 @@ class Adapter:
             self.previous = Previous(self.plan, adaptation.measured_s)
         else:
             self.previous = None  # a revert returns to a measured split: nothing left to compare it with
-        return adaptation.plan
+        return cast("Plan", adaptation.plan)  # a move or a revert always carries its plan

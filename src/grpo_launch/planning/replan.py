@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from grpo_launch.errors import GrpoLaunchError
 from grpo_launch.planning.adapt import (
@@ -40,7 +41,7 @@ def decide(plan: Plan, measured: Measured, *, tried: Sequence[str], resplits: in
     key, prompts = split_key(plan), prompts_per_step(plan)
     measured_s = measured.step_s / prompts
     predicted_s = per_prompt_s(plan)
-    keep = dict(split=key, at_step=measured.last_step, measured_s=measured_s, predicted_s=predicted_s)
+    keep: dict[str, Any] = dict(split=key, at_step=measured.last_step, measured_s=measured_s, predicted_s=predicted_s)
     if previous is not None and measured_s > previous.measured_s * (1 + REVERT_MARGIN):
         back = split_key(previous.plan)
         why = (f"{key} measured {measured_s:.3g} s per prompt, slower than the {previous.measured_s:.3g} s of {back} "
@@ -65,7 +66,7 @@ def decide(plan: Plan, measured: Measured, *, tried: Sequence[str], resplits: in
         calibrated_s = same.bound_s / same.prompts_per_step  # a lower bound: the gain is at least this
     new_s = per_prompt_s(new)
     keep["calibrated_s"] = calibrated_s
-    found = dict(new_split=new_key, new_s=new_s)
+    found: dict[str, Any] = dict(new_split=new_key, new_s=new_s)
     if new_key == key:
         return Adaptation("keep", f"the measurements re-plan to the same split ({key})", **keep, **found)
     if new_key in tried:

@@ -286,7 +286,7 @@ def _better_batch(
     except PlanError:
         same = None
     if same is not None and same.estimate is not None:
-        against = same.estimate.step.total_s / prompts
+        against = same.estimate.step.total_s / prompts  # type: ignore[union-attr]  # an estimate of a candidate has its step
         where = f"{against:.2f} s with the chosen split at that batch"
     if per_prompt >= against * (1 - WORTH_IT):
         return None
@@ -315,13 +315,13 @@ def _latency_bound(
         return None
     assert bigger.estimate is not None
     prompts = best.prompts_per_step * LARGER
-    now, then = best.step.total_s / best.prompts_per_step, bigger.estimate.step.total_s / prompts
+    now, then = best.step.total_s / best.prompts_per_step, bigger.estimate.step.total_s / prompts  # type: ignore[union-attr]  # an estimate of a candidate has its step
     if then >= now * (1 - WORTH_IT):
         return None
     return int(prompts), (
         f"generation is {best.balance:.0f}× the training at {best.prompts_per_step:g} prompts per step: decode "
         f"latency, not throughput (each engine runs the longest completion's steps whatever its batch); "
-        f"launch.prompts_per_step={prompts:g} would take {bigger.estimate.step.total_s:.1f} s per step, "
+        f"launch.prompts_per_step={prompts:g} would take {bigger.estimate.step.total_s:.1f} s per step, "  # type: ignore[union-attr]  # an estimate of a candidate has its step
         f"{1 - then / now:.0%} less per prompt (a different batch: your choice)"
     )
 

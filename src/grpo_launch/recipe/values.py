@@ -210,7 +210,7 @@ def _is_number(value: Any) -> bool:
 def unlikely(values: Mapping[str, Any]) -> list[str]:
     """Values that run but are most likely typos: warnings, not refusals."""
     out = []
-    lr = values.get("learning_rate")
+    lr: Any = values.get("learning_rate")
     if _is_number(lr) and lr > 0 and not LR_WARN[0] <= lr <= LR_WARN[1]:
         out.append(
             f"learning_rate={lr:g} is outside {LR_WARN[0]:g}–{LR_WARN[1]:g}, the range GRPO recipes use (open-r1 and "

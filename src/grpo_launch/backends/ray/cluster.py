@@ -147,7 +147,7 @@ def run_on_nodes(
             out[node] = f"no answer within {timeout_s + 15:.0f} s (is the node busy or its GPUs held?)"
             continue
         try:
-            out[node] = tuple(ray.get(ref))  # type: ignore[assignment]
+            out[node] = tuple(ray.get(ref))
         except Exception as exc:  # a task's failure on a node is that node's problem, reported with it
             out[node] = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
     return out

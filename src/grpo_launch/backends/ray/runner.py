@@ -66,7 +66,9 @@ def main(argv: list[str]) -> int:
         print(f"[grpo-launch] {args.name}: no placement group {args.pg!r} on the cluster (its launcher is gone)")
         return LOST
     strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=args.bundle)
-    actor = NodeProcess.options(num_gpus=args.gpus, num_cpus=args.cpus, scheduling_strategy=strategy).remote()
+    actor = NodeProcess.options(  # type: ignore[attr-defined]  # (ray.remote made it an ActorClass)
+        num_gpus=args.gpus, num_cpus=args.cpus, scheduling_strategy=strategy
+    ).remote()
     asked: list[int] = []
 
     def relay(signum: int, _frame: object) -> None:

@@ -26,7 +26,7 @@ def shell(argv: Sequence[str], cwd: str | None, timeout_s: float) -> tuple[int, 
     return done.returncode, done.stdout, done.stderr
 
 
-@ray.remote(max_restarts=0, max_concurrency=4)
+@ray.remote(max_restarts=0, max_concurrency=4)  # type: ignore[call-overload]  # (ray types functions only)
 class NodeProcess:
     """One of the plan's processes on the node Ray placed this actor on, with the GPUs Ray gave it: the command
     runs as this actor's child (through :mod:`grpo_launch.node.shim`, whose guard stops the run's processes here

@@ -61,7 +61,9 @@ class SkyPilotSubmitter:
     Options: ClassVar[type] = SkyOptions
 
     def __init__(self) -> None:
-        self.cluster, self.down, self.secrets = "", False, ()  # what request() decided, for submit()
+        # what request() decided, for submit()
+        self.cluster, self.down = "", False
+        self.secrets: tuple[str, ...] = ()
 
     @classmethod
     def requested_topology(cls, options: SkyOptions, local: Topology) -> Topology:
