@@ -217,6 +217,20 @@ def vllm_cpu_env(tmp_path: Path | None = None) -> dict[str, str]:
     return env
 
 
+def leftovers(run: Path, within: float = 10.0) -> list[str]:
+    """The run's processes on any host (the namespace hosts share this machine's process table) still there after
+    ``within`` seconds (teardown's own bound): the lines of ``pgrep -af RUN_DIR``."""
+    import time
+
+    deadline = time.monotonic() + within
+    while True:
+        out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
+        left = [line for line in out.splitlines() if "pgrep" not in line]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.3)
+
+
 RAY_HEAD = "10.77.0.1:6390"  # scripts/ray_hosts.sh
 RAY_DASHBOARD = "http://10.77.0.1:8290"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import RAY_DASHBOARD, ROOT, ensure_tiny_assets, ray_cluster
+from .helpers import RAY_DASHBOARD, ROOT, ensure_tiny_assets, leftovers, ray_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SECRET = "hf_secret_value_that_must_not_leak_456"
@@ -38,18 +38,6 @@ def cluster(tmp_path_factory):
 def command(address: str, run: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "grpo_launch", str(ROOT / "recipes" / "tiny-cpu.yaml"), "--ray", address,
             "--run-dir", str(run), "--network-interface", "eth0", *extra]  # fmt: skip
-
-
-def leftovers(run: Path, within: float = 15.0) -> list[str]:
-    """The run's processes on any node (the namespace hosts share this machine's process table) still there after
-    ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
-        left = [line for line in out.splitlines() if "pgrep" not in line]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.3)
 
 
 def changed_tensors(run: Path) -> int:
@@ -96,7 +84,7 @@ def test_trains_on_two_ray_nodes_and_weights_change(cluster, tmp_path):
     assert plan["topology"]["source"] == "ray"
     logs = {p.name.split("-2")[0] for p in (run / "logs").glob("*.log")}
     assert logs == {"launcher.log", "train-h1", "train-h2", "train-rank1-h2"}, logs  # a log per process and rank
-    assert leftovers(run) == []
+    assert leftovers(run, within=15.0) == []
 
 
 def start_long_run(cluster: str, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
@@ -130,7 +118,7 @@ def test_a_killed_actor_is_an_infra_failure_and_the_run_is_torn_down(cluster, tm
     assert record["failure"] == "infra" and record["cause"].startswith("[train@h2] "), record
     assert re.search(r"ray\.exceptions\.ActorDiedError: the Ray actor running train@h2|ended by exit code 255 "
                      r"\(killed, or its host was lost\)", record["cause"]), record  # fmt: skip
-    assert leftovers(run) == []
+    assert leftovers(run, within=15.0) == []
 
 
 def test_ctrl_c_stops_every_node_within_the_grace_period(cluster, tmp_path):
@@ -142,7 +130,7 @@ def test_ctrl_c_stops_every_node_within_the_grace_period(cluster, tmp_path):
     assert proc.wait(timeout=120) == 130
     out = log.read_text()
     assert "SIGINT: stopping every process" in out and "SIGKILL" not in out, out[-3000:]
-    assert leftovers(run) == []
+    assert leftovers(run, within=15.0) == []
 
 
 def test_ray_submit_runs_the_whole_run_as_a_ray_job(cluster, tmp_path):
@@ -172,7 +160,7 @@ def test_ray_submit_runs_the_whole_run_as_a_ray_job(cluster, tmp_path):
     assert re.search(r"SUCCEEDED|succeeded", status), status + logs[-3000:]
     assert "step 3/3 done" in logs and "started train@h2 on h2" in logs
     assert changed_tensors(run) > 0
-    assert leftovers(run) == []
+    assert leftovers(run, within=15.0) == []
 
 
 def test_a_killed_node_fails_the_run_names_it_and_leaves_nothing(cluster, tmp_path):
@@ -190,4 +178,4 @@ def test_a_killed_node_fails_the_run_names_it_and_leaves_nothing(cluster, tmp_pa
     assert record["failure"] == "infra" and record["cause"].startswith("[train@h2] "), record
     assert "ActorDiedError" in record["cause"] or "its host was lost" in record["cause"], record
     assert "node(s) h2 of the plan left the Ray cluster" in out
-    assert leftovers(run) == []
+    assert leftovers(run, within=15.0) == []

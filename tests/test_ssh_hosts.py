@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, ensure_tiny_assets, pynvml_stand_in, require_root_tool
+from .helpers import ROOT, ensure_tiny_assets, leftovers, pynvml_stand_in, require_root_tool
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 SECRET = "hf_secret_value_that_must_not_leak_123"
@@ -73,17 +73,6 @@ def command(d: Path, hf: Path, run: Path, *extra: str) -> list[str]:
         *ssh_args(d),
         *extra,
     ]
-
-
-def leftovers(run: Path, within: float = 10.0) -> list[str]:
-    """The run's processes on any host still there after ``within`` seconds (teardown's own bound)."""
-    deadline = time.monotonic() + within
-    while True:
-        out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
-        left = [line for line in out.splitlines() if "pgrep" not in line]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.3)
 
 
 def reward_module(tmp_path: Path, body: str) -> dict[str, str]:
