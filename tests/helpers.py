@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -229,6 +230,26 @@ def leftovers(run: Path, within: float = 10.0) -> list[str]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.3)
+
+
+# What every training rank prints first (grpo_launch.train): rank/world, world size, node rank, local rank, host.
+TRAINER_LINE = re.compile(r"trainer process (\d+)/(\d+) world_size=(\d+) .*node_rank=(\d+) local_rank=(\d+) node=(\S+)")
+
+
+@contextlib.contextmanager
+def ssh_hosts(directory: Path, count: int) -> Iterator[Path]:
+    """``count`` sshd hosts h1, h2, … in network namespaces (scripts/ssh_hosts.sh), stopped afterwards. Needs root
+    and sshd, else skips (fails under GRPO_LAUNCH_REQUIRE_SSHD=1)."""
+    present = shutil.which("sshd") is not None or Path("/usr/sbin/sshd").exists()
+    require_root_tool(present, "GRPO_LAUNCH_REQUIRE_SSHD", "openssh-server (sshd)")
+    ensure_tiny_assets()
+    script = ROOT / "scripts" / "ssh_hosts.sh"
+    subprocess.run(["bash", str(script), "start", str(directory), str(count)], check=True, timeout=120,
+                   capture_output=True)  # fmt: skip
+    try:
+        yield directory
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(directory)], timeout=120)
 
 
 RAY_HEAD = "10.77.0.1:6390"  # scripts/ray_hosts.sh

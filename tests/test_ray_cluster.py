@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import RAY_DASHBOARD, ROOT, ensure_tiny_assets, leftovers, ray_cluster
+from .helpers import RAY_DASHBOARD, ROOT, TRAINER_LINE, ensure_tiny_assets, leftovers, ray_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SECRET = "hf_secret_value_that_must_not_leak_456"
-TRAINER = re.compile(r"trainer process (\d+)/(\d+) world_size=(\d+) .*node_rank=(\d+) local_rank=(\d+) node=(\S+)")
+TRAINER = TRAINER_LINE
 PLACED = re.compile(r"ray: (\S+) runs on node (\S+) \(([\d.]+)\), pid (\d+)")
 
 

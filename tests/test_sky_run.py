@@ -9,7 +9,6 @@ Skipped when sshd/iproute2 are missing or not root, unless GRPO_LAUNCH_REQUIRE_S
 
 from __future__ import annotations
 
-import re
 import shlex
 import shutil
 import subprocess
@@ -22,28 +21,18 @@ import yaml
 
 from grpo_launch.cli import main
 
-from .helpers import ROOT, ensure_tiny_assets, require_root_tool
+from .helpers import ROOT, TRAINER_LINE, ensure_tiny_assets, ssh_hosts
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
-IPS = ("10.77.0.11", "10.77.0.12")
-TRAINER = re.compile(
-    r"trainer process (\d+)/(\d+) world_size=(\d+) .*node_rank=(\d+) local_rank=(\d+) node=(\S+)"
-)  # h1, h2 (scripts/ssh_hosts.sh: 10.77.0.(10 + i))
+IPS = ("10.77.0.11", "10.77.0.12")  # h1, h2 (scripts/ssh_hosts.sh: 10.77.0.(10 + i))
+TRAINER = TRAINER_LINE
 TASK_ID = "sky-2026-11-26-01-30-00-123456_grpo-tiny-cpu_1"
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
-    present = Path("/usr/sbin/sshd").exists()
-    require_root_tool(present, "GRPO_LAUNCH_REQUIRE_SSHD", "openssh-server (sshd)")
-    ensure_tiny_assets()
-    d = tmp_path_factory.mktemp("hosts")
-    script = ROOT / "scripts" / "ssh_hosts.sh"
-    subprocess.run(["bash", str(script), "start", str(d), "2"], check=True, timeout=120, capture_output=True)
-    try:
+    with ssh_hosts(tmp_path_factory.mktemp("hosts"), 2) as d:
         yield d
-    finally:
-        subprocess.run(["bash", str(script), "stop", str(d)], timeout=120)
 
 
 @pytest.fixture(autouse=True)

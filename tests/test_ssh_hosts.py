@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, ensure_tiny_assets, leftovers, pynvml_stand_in, require_root_tool
+from .helpers import ROOT, TRAINER_LINE, ensure_tiny_assets, leftovers, pynvml_stand_in, ssh_hosts
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 SECRET = "hf_secret_value_that_must_not_leak_123"
@@ -26,16 +25,8 @@ SECRET = "hf_secret_value_that_must_not_leak_123"
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
-    present = shutil.which("sshd") is not None or Path("/usr/sbin/sshd").exists()
-    require_root_tool(present, "GRPO_LAUNCH_REQUIRE_SSHD", "openssh-server (sshd)")
-    ensure_tiny_assets()
-    d = tmp_path_factory.mktemp("hosts")
-    script = ROOT / "scripts" / "ssh_hosts.sh"
-    subprocess.run(["bash", str(script), "start", str(d), "3"], check=True, timeout=120, capture_output=True)
-    try:
+    with ssh_hosts(tmp_path_factory.mktemp("hosts"), 3) as d:
         yield d
-    finally:
-        subprocess.run(["bash", str(script), "stop", str(d)], timeout=120)
 
 
 def ssh_args(d: Path) -> list[str]:
@@ -83,7 +74,7 @@ def reward_module(tmp_path: Path, body: str) -> dict[str, str]:
     return {"PYTHONPATH": str(tmp_path)}
 
 
-TRAINER = re.compile(r"trainer process (\d+)/(\d+) world_size=(\d+) .*node_rank=(\d+) local_rank=(\d+) node=(\S+)")
+TRAINER = TRAINER_LINE
 
 
 def test_trains_across_two_hosts_and_passes_secrets_only_on_stdin(hosts, tmp_path):
