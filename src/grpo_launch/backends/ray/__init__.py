@@ -103,8 +103,9 @@ class RayBackend(BaseBackend):
         self.addresses.update((h.name, h.addr) for h in plan.topology.hosts)
         run_id = spec.env.get(RUN_ID_ENV) or "RUN_ID"
         marker = f"{run_id}@{host}"
-        names = [name for name, _, _ in host_bundles(plan)[host]]
-        _, gpus, cpus = host_bundles(plan)[host][names.index(spec.name)]
+        bundles = host_bundles(plan)[host]
+        names = [name for name, _, _ in bundles]
+        _, gpus, cpus = bundles[names.index(spec.name)]
         env = {**spec.env, RUN_ID_ENV: marker}  # each host's processes carry their own mark, as over ssh
         remote = [ctx.python, "-m", "grpo_launch.node.shim", "--announce-pgid", "--guard", marker, "--",
                   "env", *(f"{k}={v}" for k, v in env.items()), *spec.argv]  # fmt: skip
