@@ -184,11 +184,13 @@ def test_the_refusals_cite_trl_code_that_says_so():
     assert 'default="float32"' in at(config, 178, 180)
     assert 'CUDA_VISIBLE_DEVICES"] = ""' in at(worker, 250, 250) and "pickle.dumps" in at(worker, 1209, 1209)
     assert "flash-attn3" in at(packing, 160, 165)
-    docs_line = "only FSDP2 is supported (DeepSpeed ZeRO is not)"
-    assert docs_line in subprocess.run(
-        ["git", "-C", "/work/.mirror/huggingface+trl/repo", "show", "HEAD:docs/source/async_grpo_trainer.md"],
-        capture_output=True, text=True, check=False,
-    ).stdout.splitlines()[3] or not Path("/work/.mirror/huggingface+trl/repo").exists()  # fmt: skip
+    # TRL's docs are not in the wheel: read from a checkout of TRL's repository where one is at hand (checked for
+    # existence first: indexing an empty git output raised IndexError where there is none).
+    checkout = Path("/work/.mirror/huggingface+trl/repo")
+    if checkout.exists():
+        docs = subprocess.run(["git", "-C", str(checkout), "show", "HEAD:docs/source/async_grpo_trainer.md"],
+                              capture_output=True, text=True, check=False).stdout.splitlines()  # fmt: skip
+        assert any("only FSDP2 is supported (DeepSpeed ZeRO is not)" in line for line in docs[:10])
 
 
 def test_async_schema_matches_the_installed_trl():
