@@ -1,20 +1,22 @@
 """Training entry: ``python -m grpo_launch.train --recipe trainer_recipe.yaml``, run under ``accelerate launch``.
 
-Loads the tokenizer, dataset and rewards from the resolved recipe and runs TRL's GRPOTrainer; resumes from the
-newest checkpoint in ``output_dir`` and saves the final model there. (Not ``trl grpo``: that validates the layout
-once in the launcher with world size 1.)
+Reads the resolved recipe and the job's environment (:class:`~grpo_launch.train.environment.JobEnvironment`, read
+once here and passed down), then trains with TRL's GRPOTrainer (here) or, for launch.mode async, AsyncGRPOTrainer
+(:mod:`.async_entry`). The model, tokenizer (with the recipe's chat_template), datasets, rewards, resume decision and
+completion marker are built by :mod:`.core` for both. (Not ``trl grpo``: that validates the layout once in the
+launcher with world size 1.)
 
-The model is loaded as TRL's own ``trl grpo`` script loads it: GRPOTrainer gets the model path with
-``model_init_kwargs`` (revision, trust_remote_code, attn_implementation, dtype, then the recipe's own
-model_init_kwargs), the quantization config (load_in_4bit / load_in_8bit) and the PEFT config; a
-``reward_model_name_or_path`` becomes the first reward. The one deliberate difference is planned, not made here:
-under DDP and FSDP the planner writes ``dtype: float32`` (see grpo_launch.planning.trainer_values).
+What is the sync entry's own: the model is loaded as TRL's own ``trl grpo`` script loads it: GRPOTrainer gets the
+model path with ``model_init_kwargs`` (revision, trust_remote_code, attn_implementation, dtype, then the recipe's
+own model_init_kwargs), the quantization config (load_in_4bit / load_in_8bit) and the PEFT config; a
+``reward_model_name_or_path`` becomes the first reward; GRPOConfig applies reward_weights; the eval dataset when
+eval_strategy is not "no". The one deliberate difference from ``trl grpo`` is planned, not made here: under DDP and
+FSDP the planner writes ``dtype: float32`` (see grpo_launch.planning.trainer_values).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -22,14 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.recipe.keys import OPEN_R1_REWARD_KEYS
 from grpo_launch.recipe.parse import yaml_load
-from grpo_launch.rundir.control import mark_stopped
-from grpo_launch.rundir.layout import COMPLETE_MARKER, NO_RESUME, RESUME_ENV, RunPaths
 from grpo_launch.train import async_entry, console
 from grpo_launch.train.callbacks import make_callbacks
-from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset, split_values
-from grpo_launch.train.rewards import load_reward
+from grpo_launch.train.core import build_inputs, config_kwargs, train_and_finish
+from grpo_launch.train.data import split_values
+from grpo_launch.train.environment import JobEnvironment
 
 _KEEP: list[Any] = []  # the stack-dump file stays open for faulthandler
 
@@ -58,8 +58,8 @@ class TiedHeadFilter(logging.Filter):
         return not record.getMessage().startswith(self.MESSAGE)
 
 
-def main(argv: list[str] | None = None) -> int:
-    started = time.monotonic()
+def prepare_process(job: JobEnvironment) -> None:
+    """What every rank sets up before the recipe is read: warnings, loggers' directories and the hang dump."""
     import faulthandler
     import signal
     import warnings
@@ -70,23 +70,28 @@ def main(argv: list[str] | None = None) -> int:
 
     # grpo-launch's watchdog asks for every rank's stack when no step finishes in time (a hang): each rank writes it
     # to RUN_DIR/control/stacks/rank-R.txt (on stderr when grpo-launch did not start it).
-    paths = RunPaths.from_environ(os.environ)
+    paths = job.paths
     if paths:
         # report_to's loggers write under the run directory unless told otherwise (TensorBoard, W&B).
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(paths.tensorboard))
         os.environ.setdefault("WANDB_DIR", str(paths.root))
         paths.stacks.mkdir(parents=True, exist_ok=True)
-        _KEEP.append(open(paths.rank_stack(os.environ.get("RANK", "0")), "w"))  # noqa: SIM115
+        _KEEP.append(open(paths.rank_stack(job.rank), "w"))  # noqa: SIM115
         faulthandler.register(signal.SIGUSR1, file=_KEEP[-1], all_threads=True)
     else:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def read_recipe(argv: list[str] | None) -> dict[str, Any]:
+    """The resolved trainer recipe named on the command line."""
     ap = argparse.ArgumentParser(prog="python -m grpo_launch.train", description=__doc__)
     ap.add_argument("--recipe", required=True, help="resolved trainer recipe written by grpo-launch")
     args = ap.parse_args(argv)
-    values = yaml_load(Path(args.recipe).read_text())
-    if async_entry.is_async(values):  # launch.mode async: TRL's AsyncGRPOTrainer
-        return async_entry.main(values, paths)
-    grpo_kwargs, model_kwargs, script = split_values(values)
+    return yaml_load(Path(args.recipe).read_text())
+
+
+def set_logger_defaults(script: dict[str, Any]) -> None:
+    """The recipe's W&B settings, as defaults of the environment W&B reads (what is set there already wins)."""
     for key, env in (
         ("wandb_entity", "WANDB_ENTITY"),
         ("wandb_project", "WANDB_PROJECT"),
@@ -95,91 +100,69 @@ def main(argv: list[str] | None = None) -> int:
         if script.get(key):
             os.environ.setdefault(env, str(script[key]))
 
-    # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing and warns on the old name, which
-    # TRL 1.16's config sets by default: give the new name the value (the recipe's, else TRL's default, on). Earlier
-    # transformers (5.17 has only the old name) keep it.
-    import dataclasses
 
-    from transformers.trainer_utils import get_last_checkpoint
-    from trl import GRPOConfig, GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
+def build_trainer(config: Any, model_kwargs: dict[str, Any], script: dict[str, Any], callbacks: list[Any]) -> Any:
+    """GRPOTrainer as ``trl grpo`` builds it, from the shared inputs (:func:`~grpo_launch.train.core.build_inputs`)."""
+    from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
-    renamed = "activation_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}
-    if renamed and "activation_checkpointing" not in grpo_kwargs:
-        grpo_kwargs["activation_checkpointing"] = grpo_kwargs.pop("gradient_checkpointing", True)
-        if "gradient_checkpointing_kwargs" in grpo_kwargs:
-            grpo_kwargs["activation_checkpointing_kwargs"] = grpo_kwargs.pop("gradient_checkpointing_kwargs")
-    config = GRPOConfig(**grpo_kwargs)
+    inputs = build_inputs(config, model_kwargs, script, with_eval=config.eval_strategy != "no")
+    config.model_init_kwargs = model_init_kwargs(config, inputs.model_args)
+    rewards = list(inputs.rewards)
+    if script.get("reward_model_name_or_path"):
+        rewards.insert(0, script["reward_model_name_or_path"])  # as trl grpo: GRPOTrainer loads the reward model
+    return GRPOTrainer(
+        model=inputs.path,
+        reward_funcs=rewards,
+        args=config,
+        train_dataset=inputs.train,
+        eval_dataset=inputs.eval,
+        processing_class=inputs.tokenizer,
+        quantization_config=get_quantization_config(inputs.model_args),
+        peft_config=get_peft_config(inputs.model_args),
+        callbacks=callbacks,
+    )
+
+
+def fit_console(trainer: Any, step_log: Any) -> None:
+    """grpo-launch's step line in place of transformers' printed dicts and progress bar; the generation timed; the
+    tied head's warning dropped."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for noisy in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(noisy)
+    if hasattr(trainer, "_generate_and_score_completions"):
+        trainer._generate_and_score_completions = step_log.timed(trainer._generate_and_score_completions)
+    if getattr(getattr(trainer.model, "config", None), "tie_word_embeddings", False):
+        logging.getLogger("transformers.trainer").addFilter(TiedHeadFilter())
+
+
+def main(argv: list[str] | None = None, job: JobEnvironment | None = None) -> int:
+    """Train as the recipe says. ``job``: the environment read once by the process's entry (read here if None)."""
+    started = time.monotonic()
+    job = job or JobEnvironment.from_environ(os.environ)
+    prepare_process(job)
+    values = read_recipe(argv)
+    if async_entry.is_async(values):  # launch.mode async: TRL's AsyncGRPOTrainer
+        return async_entry.main(values, job)
+    grpo_kwargs, model_kwargs, script = split_values(values)
+    set_logger_defaults(script)
+
+    from trl import GRPOConfig
+
+    config = GRPOConfig(**config_kwargs(grpo_kwargs, GRPOConfig))
     rank, world = config.process_index, config.world_size
     print(
         f"[grpo-launch] trainer process {rank}/{world} world_size={world} device={config.device} "
-        f"node_rank={os.environ.get('GROUP_RANK', '0')} local_rank={os.environ.get('LOCAL_RANK', '0')} "
-        f"node={os.environ.get('SLURMD_NODENAME') or os.uname().nodename} pid={os.getpid()}",
+        f"node_rank={job.node_rank} local_rank={job.local_rank} node={job.node} pid={os.getpid()}",
         flush=True,
     )
     is_main = rank == 0
-
-    model_args = ModelConfig(**model_kwargs)
-    path = model_args.model_name_or_path
-    if not path:
-        raise ValueError("the recipe has no model_name_or_path")
-    tokenizer = load_tokenizer(path, model_args.model_revision, trust_remote_code=config.trust_remote_code)
-    config.model_init_kwargs = model_init_kwargs(config, model_args)
-    template_kwargs = config.chat_template_kwargs if isinstance(config.chat_template_kwargs, dict) else None
-
-    dataset_name = script.get("dataset_name")
-    if not dataset_name:
-        raise ValueError("the recipe has no dataset_name")
-    train_split = script.get("dataset_train_split", "train")
-    train = load_dataset_split(
-        dataset_name,
-        script.get("dataset_config"),
-        train_split,
-        bool(script.get("dataset_streaming")),
-        train_split=train_split,
-    )
-    train = prepare_dataset(train, script, tokenizer, is_main, template_kwargs)
-    eval_ds = None
-    if config.eval_strategy != "no":
-        eval_ds = load_dataset_split(
-            dataset_name,
-            script.get("dataset_config"),
-            script.get("dataset_test_split", "test"),
-            train_split=train_split,
-        )
-        eval_ds = prepare_dataset(eval_ds, script, tokenizer, is_main, template_kwargs)
-
-    reward_cfg = {k: script[k] for k in OPEN_R1_REWARD_KEYS if script.get(k) is not None}
-    reward_cfg.update(max_completion_length=config.max_completion_length, **(script.get("reward_kwargs") or {}))
-    names = script.get("reward_funcs") or ["accuracy", "format"]
-    rewards: list[Any] = [load_reward(n, reward_cfg) for n in names]
-    if script.get("reward_model_name_or_path"):
-        rewards.insert(0, script["reward_model_name_or_path"])  # as trl grpo: GRPOTrainer loads the reward model
-
-    step_log, stop = make_callbacks(paths, is_main)
-    trainer = GRPOTrainer(
-        model=path,
-        reward_funcs=rewards,
-        args=config,
-        train_dataset=train,
-        eval_dataset=eval_ds,
-        processing_class=tokenizer,
-        quantization_config=get_quantization_config(model_args),
-        peft_config=get_peft_config(model_args),
-        callbacks=[step_log, *([stop] if stop else [])],
-    )
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    for noisy in (PrinterCallback, ProgressCallback):  # grpo-launch's step line replaces the dicts and the bar
-        trainer.remove_callback(noisy)
-    if hasattr(trainer, "_generate_and_score_completions"):
-        trainer._generate_and_score_completions = step_log.timed(  # type: ignore[method-assign]
-            trainer._generate_and_score_completions
-        )
-    if getattr(getattr(trainer.model, "config", None), "tie_word_embeddings", False):
-        logging.getLogger("transformers.trainer").addFilter(TiedHeadFilter())
+    step_log, stop = make_callbacks(job, is_main)
+    trainer = build_trainer(config, model_kwargs, script, [step_log, *([stop] if stop else [])])
+    fit_console(trainer, step_log)
     from grpo_launch.train.startup import record_startup
 
-    record_startup(trainer, paths, is_main, started)
+    record_startup(trainer, job.paths, is_main, started)
     acc = trainer.accelerator
     stage = acc.state.deepspeed_plugin.zero_stage if acc.state.deepspeed_plugin else None
     print(
@@ -187,29 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         f"num_processes={acc.num_processes}",
         flush=True,
     )
-    output_dir = config.output_dir or "trainer_output"
-    decided = os.environ.get(RESUME_ENV)  # grpo-launch decided (the same for every rank); else the Trainer's way
-    if decided is not None:
-        checkpoint = None if decided == NO_RESUME else decided
-    else:
-        checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-    if is_main:
-        print(f"[grpo-launch] {'resuming from ' + checkpoint if checkpoint else 'starting fresh'}", flush=True)
-    trainer.train(resume_from_checkpoint=checkpoint)
-    if stop is not None and stop.stopped_at is not None:
-        if is_main and paths:
-            mark_stopped(paths.root, stop.stopped_at)
-            print(
-                f"[grpo-launch] stopped on request after step {stop.stopped_at}; checkpoint saved in "
-                f"{output_dir}/checkpoint-{stop.stopped_at}",
-                flush=True,
-            )
-    else:
-        trainer.save_model(output_dir)
-        if is_main:
-            record = {"step": trainer.state.global_step, "max_steps": trainer.state.max_steps, "time": time.time()}
-            Path(output_dir, COMPLETE_MARKER).write_text(json.dumps(record) + "\n")
-            print(f"[grpo-launch] training done; model saved to {output_dir}", flush=True)
+    train_and_finish(trainer, stop, job)
     _close_process_group(trainer)
     return 0
 
@@ -242,12 +203,12 @@ def _exit(code: int) -> None:
 def _entry() -> int:
     """Rank 0 on the console, the other ranks in their own log files (errors as one console line each)."""
     console.quiet_progress_bars()
-    paths = RunPaths.from_environ(os.environ)
-    own = console.to_own_log(paths.logs) if paths else None
+    job = JobEnvironment.from_environ(os.environ)
+    own = console.to_own_log(job)
     try:
-        return main()
+        return main(job=job)
     except BaseException as exc:
-        console.report_error(exc, own)
+        console.report_error(exc, own, job.rank)
         raise
     finally:
         console.flush_own_log()

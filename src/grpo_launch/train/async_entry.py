@@ -1,29 +1,30 @@
 """The training entry's async half (launch.mode async): TRL 1.16's AsyncGRPOTrainer (trl/experimental/async_grpo)
-built from the same recipe keys as the sync entry where they mean the same thing: model, tokenizer, dataset, system
-prompt, max_prompt_length (longer prompts dropped: the rollout worker does not truncate, and vLLM answers a prompt
-over max_model_len − max_tokens with HTTP 400), rewards (reward_weights applied by :class:`Weighted`, since the async
-trainer sums its rewards) and PEFT; the planner wrote AsyncGRPOConfig's own values. Its signals reach metrics.jsonl
-through the same callbacks (rundir/async_signals.py reads them).
+built from the same recipe keys as the sync entry where they mean the same thing, by the same code
+(:mod:`grpo_launch.train.core`): model, tokenizer with the recipe's chat_template, dataset, system prompt,
+max_prompt_length (longer prompts dropped: the rollout worker does not truncate, and vLLM answers a prompt over
+max_model_len − max_tokens with HTTP 400), rewards, the resume decision and the completion marker. Its signals reach
+metrics.jsonl through the same callbacks (rundir/async_signals.py reads them).
 
-Not from the recipe, by TRL's design: ``attn_implementation`` (the trainer forces its tree attention,
-async_grpo_trainer.py:1083-1088) and ``dtype`` through model_init_kwargs (AsyncGRPOConfig.dtype is the planned one).
+What is the async entry's own, by TRL's design:
+
+* the config is AsyncGRPOConfig (the planner wrote its own values: max_inflight_tasks, max_staleness, the server);
+* ``attn_implementation`` and ``dtype`` are not passed through model_init_kwargs (the trainer forces its tree
+  attention, async_grpo_trainer.py:1083-1088, and AsyncGRPOConfig.dtype is the planned one): only the recipe's own
+  model_init_kwargs and a model_revision other than "main";
+* reward_weights are applied by :class:`~grpo_launch.train.rewards.Weighted` (the async trainer sums its rewards);
+* no eval dataset, no quantization config, no reward model (AsyncGRPOTrainer takes none of them);
+* the sync entry's console fitting, start-up records and process-group close are not made here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import time
-from pathlib import Path
 from typing import Any
 
 from grpo_launch.recipe import trl_schema
-from grpo_launch.recipe.keys import OPEN_R1_REWARD_KEYS
-from grpo_launch.rundir.control import mark_stopped
-from grpo_launch.rundir.layout import COMPLETE_MARKER, NO_RESUME, RESUME_ENV, RunPaths
-from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset
-from grpo_launch.train.rewards import Weighted, load_reward
+from grpo_launch.train.core import build_inputs, config_kwargs, train_and_finish
+from grpo_launch.train.environment import JobEnvironment
+from grpo_launch.train.rewards import Weighted
 
 MARKER = "max_inflight_tasks"  # the planner writes it into every async trainer recipe, and only there
 
@@ -43,83 +44,52 @@ def split_async_values(values: dict[str, Any]) -> tuple[dict, dict, dict]:
     return config, model, script
 
 
-def build_async_trainer(values: dict[str, Any], callbacks: list[Any] | None = None) -> Any:
-    """The AsyncGRPOTrainer the resolved trainer recipe describes (nothing connects to the server before train())."""
-    from trl import ModelConfig, get_peft_config
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
-
-    kwargs, model_kwargs, script = split_async_values(values)
-    renamed = {f.name for f in dataclasses.fields(AsyncGRPOConfig)} >= {"activation_checkpointing"}
-    if renamed and "activation_checkpointing" not in kwargs:  # the newer transformers' name (as the sync entry)
-        kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing", True)
-        if "gradient_checkpointing_kwargs" in kwargs:
-            kwargs["activation_checkpointing_kwargs"] = kwargs.pop("gradient_checkpointing_kwargs")
-    config = AsyncGRPOConfig(**kwargs)
-    model_args = ModelConfig(**model_kwargs)
-    path = model_args.model_name_or_path
-    if not path:
-        raise ValueError("the recipe has no model_name_or_path")
-    tokenizer = load_tokenizer(path, model_args.model_revision, trust_remote_code=config.trust_remote_code)
-    if script.get("chat_template"):
-        tokenizer.chat_template = script["chat_template"]
+def async_model_init_kwargs(config: Any, model_args: Any) -> dict[str, Any] | None:
+    """AsyncGRPOConfig.model_init_kwargs: the recipe's own, and its model_revision when not the default."""
     init = dict(config.model_init_kwargs) if isinstance(config.model_init_kwargs, dict) else {}
     if model_args.model_revision and model_args.model_revision != "main":
         init.setdefault("revision", model_args.model_revision)
-    config.model_init_kwargs = init or None
-    template_kwargs = config.chat_template_kwargs if isinstance(config.chat_template_kwargs, dict) else None
-    dataset_name = script.get("dataset_name")
-    if not dataset_name:
-        raise ValueError("the recipe has no dataset_name")
-    split = script.get("dataset_train_split", "train")
-    train = load_dataset_split(dataset_name, script.get("dataset_config"), split, bool(script.get("dataset_streaming")),
-                               train_split=split)  # fmt: skip
-    train = prepare_dataset(train, script, tokenizer, config.process_index == 0, template_kwargs)
-    reward_cfg = {k: script[k] for k in OPEN_R1_REWARD_KEYS if script.get(k) is not None}
-    reward_cfg.update(max_completion_length=config.max_completion_length, **(script.get("reward_kwargs") or {}))
-    names = script.get("reward_funcs") or ["accuracy", "format"]
-    rewards: list[Any] = [load_reward(n, reward_cfg) for n in ([names] if isinstance(names, str) else names)]
-    weights = script.get("reward_weights")
-    if weights:
-        if len(weights) != len(rewards):
-            raise ValueError(f"reward_weights has {len(weights)} weight(s) for {len(rewards)} reward function(s)")
-        rewards = [r if float(w) == 1.0 else Weighted(r, w) for r, w in zip(rewards, weights, strict=True)]
+    return init or None
+
+
+def weighted(rewards: list[Any], weights: list[float] | None) -> list[Any]:
+    """The rewards scaled by the recipe's reward_weights (one per reward; a weight of 1 leaves its reward as is)."""
+    if not weights:
+        return rewards
+    if len(weights) != len(rewards):
+        raise ValueError(f"reward_weights has {len(weights)} weight(s) for {len(rewards)} reward function(s)")
+    return [r if float(w) == 1.0 else Weighted(r, w) for r, w in zip(rewards, weights, strict=True)]
+
+
+def build_async_trainer(values: dict[str, Any], callbacks: list[Any] | None = None) -> Any:
+    """The AsyncGRPOTrainer the resolved trainer recipe describes (nothing connects to the server before train())."""
+    from trl import get_peft_config
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    kwargs, model_kwargs, script = split_async_values(values)
+    config = AsyncGRPOConfig(**config_kwargs(kwargs, AsyncGRPOConfig))
+    inputs = build_inputs(config, model_kwargs, script, with_eval=False)
+    config.model_init_kwargs = async_model_init_kwargs(config, inputs.model_args)
     return AsyncGRPOTrainer(
-        model=path,
-        reward_funcs=rewards,
+        model=inputs.path,
+        reward_funcs=weighted(inputs.rewards, script.get("reward_weights")),
         args=config,
-        train_dataset=train,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
+        train_dataset=inputs.train,
+        processing_class=inputs.tokenizer,
+        peft_config=get_peft_config(inputs.model_args),
         callbacks=callbacks,
     )
 
 
-def main(values: dict[str, Any], paths: RunPaths | None) -> int:
-    """Train with AsyncGRPOTrainer: resume from the newest checkpoint, save the final model (as the sync entry)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
+def main(values: dict[str, Any], job: JobEnvironment) -> int:
+    """Train with AsyncGRPOTrainer: resume, train, save and mark the run complete as the sync entry does."""
     from grpo_launch.train.callbacks import make_callbacks
 
-    rank = int(os.environ.get("RANK", "0"))
-    step_log, stop = make_callbacks(paths, rank == 0)
+    step_log, stop = make_callbacks(job, job.is_rank_zero)
     trainer = build_async_trainer(values, [step_log, *([stop] if stop else [])])
     config = trainer.args
     print(f"[grpo-launch] async trainer process {config.process_index}/{config.world_size}: "
           f"max_inflight_tasks={config.max_inflight_tasks} max_staleness={config.max_staleness} "
           f"server {config.vllm_server_base_url}", flush=True)  # fmt: skip
-    output_dir = config.output_dir or "trainer_output"
-    decided = os.environ.get(RESUME_ENV)
-    if decided is not None:
-        checkpoint = None if decided == NO_RESUME else decided
-    else:
-        checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-    trainer.train(resume_from_checkpoint=checkpoint)
-    if stop is not None and stop.stopped_at is not None:
-        if rank == 0 and paths:
-            mark_stopped(paths.root, stop.stopped_at)
-    else:
-        trainer.save_model(output_dir)
-        if rank == 0:
-            record = {"step": trainer.state.global_step, "max_steps": trainer.state.max_steps, "time": time.time()}
-            Path(output_dir, COMPLETE_MARKER).write_text(json.dumps(record) + "\n")
+    train_and_finish(trainer, stop, job)
     return 0

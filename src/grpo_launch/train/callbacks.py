@@ -1,17 +1,19 @@
 """Trainer callbacks for the training entry: the per-step timing log (and RUN_DIR/metrics.jsonl) and
 checkpoint-and-stop on request.
 
-Importing this module is cheap; :func:`make_callbacks` imports torch and transformers when called.
+Importing this module is cheap: the callbacks' steps are plain classes here, and :func:`make_callbacks` mixes them
+into transformers' TrainerCallback when called (torch is imported by the steps that need it).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from grpo_launch.rundir.async_signals import signals_text
-from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.records import LogRecord, SaveRecord, StepRecord, append
+from grpo_launch.train.environment import JobEnvironment
 
 
 def peak_memory_bytes() -> tuple[int, str]:
@@ -58,10 +60,8 @@ def metrics_text(logs: dict) -> str:
     return "".join(f" | {x}" for x in out) + signals_text(logs)  # AsyncGRPOTrainer's own, when it logs them
 
 
-def gpu_utilization() -> int | None:
+def gpu_utilization(job: JobEnvironment) -> int | None:
     """This rank's GPU busy percent from NVML (its recent sampling window), or None (no CUDA, no NVML)."""
-    import os
-
     import torch
 
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
@@ -70,9 +70,7 @@ def gpu_utilization() -> int | None:
         import pynvml
 
         pynvml.nvmlInit()
-        index = torch.cuda.current_device()
-        visible = [t.strip() for t in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if t.strip()]
-        token = visible[index] if index < len(visible) else str(index)
+        token = job.device_token(torch.cuda.current_device())
         if token.startswith(("GPU-", "MIG-")):
             handle = pynvml.nvmlDeviceGetHandleByUUID(token)
         else:
@@ -82,124 +80,143 @@ def gpu_utilization() -> int | None:
         return None
 
 
-def make_callbacks(paths: RunPaths | None, is_main: bool) -> tuple[Any, Any]:
-    """(the step log, the stop-on-request callback or None). Imports transformers: call inside the trainer only.
+def _gather(mine: tuple[int, int | None], every_rank: bool) -> list[tuple[int, int | None]]:
+    """Every rank's (peak memory, GPU utilisation), ``every_rank`` and distributed; else this rank's alone. Every
+    rank calls it (callbacks run on all), so the gather is collective."""
+    import torch
+
+    if not (every_rank and torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [mine]
+    samples = [mine] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(samples, mine)
+    return samples
+
+
+class StepLogSteps:
+    """The step log's steps, as TrainerCallback events (:func:`make_callbacks` mixes them into one): one line per
+    optimizer step on the main process: wall time, and how much of it went to generating (and scoring)
+    completions, to compare with ``grpo-launch plan``'s estimate. Generation happens in the first micro-step of a
+    generation round, so a step's split can include the round's whole generation."""
+
+    def __init__(self, job: JobEnvironment, is_main: bool) -> None:
+        self.job, self.is_main = job, is_main
+        self.metrics_path = job.paths.metrics if job.paths else None
+        self.t0 = self.t_end = time.monotonic()
+        self.generation_s = 0.0
+        self.tokens: int | None = None
+        self.times: list[float] = []
+        self.pending: tuple[str, str] | None = None
+        self.gpu_util: list[int | None] = []
+
+    def timed(self, fn):
+        def wrapper(*a, **kw):
+            t = time.monotonic()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.generation_s += time.monotonic() - t
+
+        return wrapper
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.t0 = time.monotonic()
+
+    def on_save(self, args, state, control, **kwargs):
+        """The checkpoint's save time (from the end of its step), for the walltime-aware stop."""
+        if self.is_main and self.metrics_path:
+            append(self.metrics_path, SaveRecord(state.global_step, time.monotonic() - self.t_end))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.t_end = time.monotonic()
+        dt = self.t_end - self.t0
+        gen, self.generation_s = self.generation_s, 0.0
+        peak, kind = peak_memory_bytes()
+        samples = _gather((peak, gpu_utilization(self.job)), every_rank=self.metrics_path is not None)
+        peaks = [p for p, _ in samples]
+        self.gpu_util = [u for _, u in samples]
+        if self.is_main:
+            tokens = int(state.num_input_tokens_seen)
+            rate = (tokens - self.tokens) / dt if dt > 0 and self.tokens is not None else None
+            self.tokens = tokens
+            self.times.append(dt)
+            self.pending = step_line(state.global_step, state.max_steps, dt, gen, rate, self.times)
+            if not control.should_log:  # else on_log adds this step's metrics to the line
+                self.print_pending({})
+            if self.metrics_path:
+                self.write_metrics(state, dt, gen, peaks, kind)
+
+    def print_pending(self, logs) -> None:
+        if self.pending:
+            head, tail = self.pending
+            print(head + metrics_text(logs) + tail, flush=True)
+            self.pending = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """TRL's logged metrics (reward, completions/mean_length, …) as their own lines: {"step", "log"}."""
+        if self.is_main and logs:
+            self.print_pending(logs)
+        if self.is_main and self.metrics_path and logs:
+            numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            append(self.metrics_path, LogRecord(state.global_step, numbers))
+
+    def write_metrics(self, state, dt: float, gen: float, peaks: list[int], kind: str) -> None:
+        assert self.metrics_path is not None
+        record = StepRecord(
+            step=state.global_step,
+            max_steps=state.max_steps,
+            time=time.time(),
+            step_s=dt,
+            generation_s=gen,
+            training_s=max(0.0, dt - gen),
+            num_tokens=int(state.num_input_tokens_seen),  # TRL counts prompt + completion tokens here
+            peak_memory_bytes=tuple(peaks),
+            memory_kind=kind,
+            gpu_utilization=tuple(self.gpu_util),
+        )
+        append(self.metrics_path, record)
+
+
+class StopOnRequestSteps:
+    """Save a checkpoint and stop at the end of the step in which the run's stop request appears (as a
+    TrainerCallback event, mixed in by :func:`make_callbacks`).
+
+    Every rank must stop at the same step (saving is collective), so the flag is all-reduced each step.
+    """
+
+    def __init__(self, request: Path) -> None:
+        self.request = request
+        self.stopped_at: int | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch
+
+        flag = self.request.exists()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            t = torch.tensor([1 if flag else 0], device=args.device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            flag = bool(t.item())
+        if flag and state.global_step < state.max_steps:
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_at = state.global_step
+        return control
+
+
+def make_callbacks(job: JobEnvironment, is_main: bool) -> tuple[Any, Any]:
+    """(the step log, the stop-on-request callback or None: only in a run directory). Imports transformers: call
+    inside the trainer only.
 
     In a run directory the main process appends a record per optimizer step to its metrics (:mod:`records`): its
     wall, generation and training seconds, the tokens processed so far, and every rank's peak memory (gathered from
     all ranks) — what `grpo-launch plan` predicted, measured; one per save; one per logging step with TRL's logged
     metrics."""
-    import time
-
-    import torch
     from transformers import TrainerCallback
 
-    metrics_path = paths.metrics if paths else None
+    # The steps first: their events override TrainerCallback's no-op ones, which the Trainer calls for the rest.
+    class StepLog(StepLogSteps, TrainerCallback):
+        pass
 
-    class StepLog(TrainerCallback):
-        """One line per optimizer step on the main process: wall time, and how much of it went to generating
-        (and scoring) completions, to compare with ``grpo-launch plan``'s estimate. Generation happens in the
-        first micro-step of a generation round, so a step's split can include the round's whole generation."""
+    class StopOnRequest(StopOnRequestSteps, TrainerCallback):
+        pass
 
-        def __init__(self) -> None:
-            self.t0 = self.t_end = time.monotonic()
-            self.generation_s = 0.0
-            self.tokens: int | None = None
-            self.times: list[float] = []
-            self.pending: tuple[str, str] | None = None
-            self.gpu_util: list[int | None] = []
-
-        def timed(self, fn):
-            def wrapper(*a, **kw):
-                t = time.monotonic()
-                try:
-                    return fn(*a, **kw)
-                finally:
-                    self.generation_s += time.monotonic() - t
-
-            return wrapper
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.t0 = time.monotonic()
-
-        def on_save(self, args, state, control, **kwargs):
-            """The checkpoint's save time (from the end of its step), for the walltime-aware stop."""
-            if is_main and metrics_path:
-                append(metrics_path, SaveRecord(state.global_step, time.monotonic() - self.t_end))
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.t_end = time.monotonic()
-            dt = self.t_end - self.t0
-            gen, self.generation_s = self.generation_s, 0.0
-            peak, kind = peak_memory_bytes()
-            mine = (peak, gpu_utilization())
-            samples = [mine]
-            if metrics_path and torch.distributed.is_available() and torch.distributed.is_initialized():
-                samples = [mine] * torch.distributed.get_world_size()
-                torch.distributed.all_gather_object(samples, mine)  # every rank calls it: callbacks run on all
-            peaks = [p for p, _ in samples]
-            self.gpu_util = [u for _, u in samples]
-            if is_main:
-                tokens = int(state.num_input_tokens_seen)
-                rate = (tokens - self.tokens) / dt if dt > 0 and self.tokens is not None else None
-                self.tokens = tokens
-                self.times.append(dt)
-                self.pending = step_line(state.global_step, state.max_steps, dt, gen, rate, self.times)
-                if not control.should_log:  # else on_log adds this step's metrics to the line
-                    self.print_pending({})
-                if metrics_path:
-                    self.write_metrics(state, dt, gen, peaks, kind)
-
-        def print_pending(self, logs) -> None:
-            if self.pending:
-                head, tail = self.pending
-                print(head + metrics_text(logs) + tail, flush=True)
-                self.pending = None
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            """TRL's logged metrics (reward, completions/mean_length, …) as their own lines: {"step", "log"}."""
-            if is_main and logs:
-                self.print_pending(logs)
-            if is_main and metrics_path and logs:
-                numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-                append(metrics_path, LogRecord(state.global_step, numbers))
-
-        def write_metrics(self, state, dt: float, gen: float, peaks: list[int], kind: str) -> None:
-            assert metrics_path is not None
-            record = StepRecord(
-                step=state.global_step,
-                max_steps=state.max_steps,
-                time=time.time(),
-                step_s=dt,
-                generation_s=gen,
-                training_s=max(0.0, dt - gen),
-                num_tokens=int(state.num_input_tokens_seen),  # TRL counts prompt + completion tokens here
-                peak_memory_bytes=tuple(peaks),
-                memory_kind=kind,
-                gpu_utilization=tuple(self.gpu_util),
-            )
-            append(metrics_path, record)
-
-    class StopOnRequest(TrainerCallback):
-        """Save a checkpoint and stop at the end of the step in which the run's stop request appears.
-
-        Every rank must stop at the same step (saving is collective), so the flag is all-reduced each step.
-        """
-
-        def __init__(self, request: Path) -> None:
-            self.request = request
-            self.stopped_at: int | None = None
-
-        def on_step_end(self, args, state, control, **kwargs):
-            flag = self.request.exists()
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                t = torch.tensor([1 if flag else 0], device=args.device)
-                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-                flag = bool(t.item())
-            if flag and state.global_step < state.max_steps:
-                control.should_save = True
-                control.should_training_stop = True
-                self.stopped_at = state.global_step
-            return control
-
-    return StepLog(), (StopOnRequest(paths.stop_request) if paths else None)
+    return StepLog(job, is_main), (StopOnRequest(job.paths.stop_request) if job.paths else None)

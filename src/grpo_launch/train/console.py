@@ -16,11 +16,9 @@ import time
 from pathlib import Path
 from typing import IO
 
+from grpo_launch.train.environment import JobEnvironment
+
 _REAL_STDERR: list[IO[str]] = []
-
-
-def rank() -> int:
-    return int(os.environ.get("RANK", "0") or 0)
 
 
 def quiet_progress_bars() -> None:
@@ -48,13 +46,12 @@ def _stamp(read_fd: int, out: IO[bytes]) -> None:
             out.flush()
 
 
-def to_own_log(log_dir: str | Path) -> Path | None:
-    """For a rank other than 0: stdout and stderr go to its own time-stamped log file. Returns the file."""
-    r = rank()
-    if r == 0:
+def to_own_log(job: JobEnvironment) -> Path | None:
+    """For a rank other than 0 in a run directory: stdout and stderr go to its own time-stamped log file there
+    (RUN_DIR/logs). Returns the file."""
+    if job.is_rank_zero or job.paths is None:
         return None
-    host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
-    path = Path(log_dir) / f"train-rank{r}-{host}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    path = job.paths.logs / f"train-rank{job.rank}-{job.node}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         out = path.open("ab")
@@ -71,7 +68,7 @@ def to_own_log(log_dir: str | Path) -> Path | None:
     return path
 
 
-def report_error(exc: BaseException, log: Path | None) -> None:
+def report_error(exc: BaseException, log: Path | None, rank: int) -> None:
     """One line on the console for a rank whose output goes to its own log (the traceback is in the log)."""
     if not _REAL_STDERR or isinstance(exc, KeyboardInterrupt):
         return
@@ -80,7 +77,7 @@ def report_error(exc: BaseException, log: Path | None) -> None:
     module = type(exc).__module__
     name = type(exc).__qualname__ if module == "builtins" else f"{module}.{type(exc).__qualname__}"
     with contextlib.suppress(OSError):
-        _REAL_STDERR[0].write(f"[rank{rank()}]: {name}: {message}{where}\n")
+        _REAL_STDERR[0].write(f"[rank{rank}]: {name}: {message}{where}\n")
 
 
 def flush_own_log() -> None:
