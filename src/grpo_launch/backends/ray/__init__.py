@@ -97,7 +97,7 @@ class RayBackend(BaseBackend):
         return probe_cluster(self._ray(), sys.executable, environ)
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
-        from grpo_launch.backends.ssh import passed_env_names
+        from grpo_launch.backends.remote import passed_env_names
 
         host = spec.host or plan.topology.hosts[0].name
         self.addresses.update((h.name, h.addr) for h in plan.topology.hosts)
@@ -119,9 +119,10 @@ class RayBackend(BaseBackend):
 
     def preflight(self, plan: Plan, ctx: RunContext) -> None:
         """Every planned node is in the cluster and ready: this grpo-launch and Python, the working directory,
-        the recipe's local paths, free ports (the ssh backend's checks, run in a task on each node)."""
+        the recipe's local paths, free ports (the remote hosts' checks, :mod:`grpo_launch.backends.remote`, run in a
+        task on each node)."""
         from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
-        from grpo_launch.backends.ssh import check_command, check_problem, host_ports, local_paths
+        from grpo_launch.backends.remote import check_command, check_problem, host_ports, local_paths
 
         check_addresses(plan)
         ray = self._ray()
@@ -199,7 +200,7 @@ class RayBackend(BaseBackend):
 
     def signal_remote(self, spec: ProcessSpec, pgid: int, sig: int, ctx: RunContext) -> None:
         from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
-        from grpo_launch.backends.ssh import kill_line
+        from grpo_launch.backends.remote import kill_line
 
         assert spec.host
         ray = self._ray()
