@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.probe.dataset import looks_local
-from grpo_launch.probe.pythons import version_tuple
+from grpo_launch.recipe.versions import version_tuple
 from grpo_launch.render.processes import weight_sync_port
 
 if TYPE_CHECKING:
