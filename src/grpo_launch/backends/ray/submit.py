@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 # Ray's dashboard port, where the job server listens (`ray start --head --dashboard-port`, default 8265:
 # https://docs.ray.io/en/latest/cluster/running-applications/job-submission/quickstart.html).
 DASHBOARD_PORT = 8265
-SCRIPT_NAME = "ray-job.sh"
 
 
 @frozen
@@ -95,7 +94,7 @@ class RaySubmitter:
             "# they come from the environment of the head's `ray start`.\n"
             f"exec {shlex.join(submit)}\n"
         )
-        return Submission(text, str(Path(plan.run_dir) / SCRIPT_NAME), summary=name)
+        return Submission(text, str(plan.paths.ray_job_script), summary=name)
 
     def submit(self, submission: Submission, ctx: RunContext) -> str:
         import subprocess

@@ -84,7 +84,7 @@ class SkyPilotSubmitter:
 
     def request(self, job: SubmitJob, plan: Plan, options: SkyOptions, ctx: RunContext) -> Submission:
         from grpo_launch.backends.skypilot.accelerators import parse_accelerators
-        from grpo_launch.backends.skypilot.task import TASK_FILE, SkyTaskRequest, render_task
+        from grpo_launch.backends.skypilot.task import SkyTaskRequest, render_task
         from grpo_launch.enums import VllmMode
 
         workdir = os.path.abspath(ctx.workdir)
@@ -112,7 +112,7 @@ class SkyPilotSubmitter:
         where = accelerators or "CPU"
         return Submission(
             render_task(request),
-            os.path.join(plan.run_dir, TASK_FILE),
+            str(plan.paths.sky_task),
             summary=f"{options.nodes} node(s) × {where}, plan {plan.topology.describe()}",
         )
 
