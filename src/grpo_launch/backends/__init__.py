@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_launch.backends.base import Backend
 
 if TYPE_CHECKING:
-    from grpo_launch.backends.submit import Submitter
+    from grpo_launch.backends.submission import Submitter
 
 __all__ = ["Backend", "load", "load_submitter", "option_classes", "select"]
 

@@ -1,5 +1,5 @@
 """What a backend is: the Backend protocol and the options each one declares (a backend that hands runs to a
-batch system also has a Submitter: :mod:`.submit`).
+batch system also has a Submitter: :mod:`.submission`).
 
 A backend owns everything about one way of running processes: how it is chosen (``detect``), its options (a frozen
 dataclass whose fields say which command-line flag fills them: the CLI reads them, no backend sees argparse), how

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import option
-from grpo_launch.backends.submit import Submission, SubmitJob
+from grpo_launch.backends.submission import Submission, SubmitJob
 from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import MAX_NODES, Gpu, Host, Topology

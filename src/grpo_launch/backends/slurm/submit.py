@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import option
-from grpo_launch.backends.submit import Submission, SubmitJob
+from grpo_launch.backends.submission import Submission, SubmitJob
 from grpo_launch.errors import ConfigError, short
 from grpo_launch.machines.gpus import GIB, find_gpu_spec
 from grpo_launch.machines.topology import MAX_GPUS_PER_NODE, MAX_NODES, Gpu, Host, Topology

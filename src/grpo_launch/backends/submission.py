@@ -1,5 +1,7 @@
-"""Backends that hand the run to a batch system (``grpo-launch sbatch``): the Submitter protocol and what passes
-through it. Imported by the submitting verb only: planning and running a plan never need it."""
+"""Handing a run to a batch system (``grpo-launch sbatch``, ``ray-submit``, ``sky``): the Submitter protocol and what
+passes through it. Each submitting backend implements it in its own folder (``slurm/submit.py``, ``ray/submit.py``,
+``skypilot/``); this module is the protocol, as :mod:`.base` is the Backend's. Imported by the submitting verbs
+only: planning and running a plan never need it."""
 
 from __future__ import annotations
 
