@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import BaseBackend, check_addresses, option
+from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses, option
 from grpo_launch.backends.remote import (
     check_command,
     check_problem,
@@ -39,7 +39,7 @@ SSH_GROUP = "hostfile hosts (ssh: probed, then run)"
 
 
 @frozen
-class SshOptions:
+class SshOptions(BackendOptions):
     """The ssh backend's options: the hostfile, and how to reach its hosts."""
 
     hostfile: str | None = option(
@@ -185,9 +185,9 @@ def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
 # ------------------------------------------------------------------------------------------------ backend
 
 
-class SshBackend(BaseBackend):
+class SshBackend(BaseBackend[SshOptions]):
     name: ClassVar[str] = "ssh"
-    Options: ClassVar[type] = SshOptions
+    Options: ClassVar[type[BackendOptions]] = SshOptions
 
     def __init__(self, hostfile: str, options: SshOptions) -> None:
         self.hostfile = hostfile

@@ -5,8 +5,9 @@ only: planning and running a plan never need it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
+from grpo_launch.backends.base import BackendOptions
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
@@ -34,17 +35,22 @@ class SubmitJob:
     extra_args: tuple[str, ...] = ()
 
 
-class Submitter(Protocol):
-    """A backend that hands the run to a batch system (``grpo-launch sbatch``)."""
+# A submitter's own options class (``Options`` names it at run time: tests/test_backends.py checks they agree).
+SubmitOptionsT = TypeVar("SubmitOptionsT", bound=BackendOptions, contravariant=True)
 
-    Options: ClassVar[type]
+
+class Submitter(Protocol[SubmitOptionsT]):
+    """A backend that hands the run to a batch system (``grpo-launch sbatch``), with options of type
+    ``SubmitOptionsT``; each derives from ``Submitter[ItsOptions]``."""
+
+    Options: ClassVar[type[BackendOptions]]
 
     @classmethod
-    def requested_topology(cls, options: Any, local: Topology) -> Topology:
+    def requested_topology(cls, options: SubmitOptionsT, local: Topology) -> Topology:
         """The machines the submission asks for, to plan before submitting."""
         ...
 
-    def request(self, job: SubmitJob, plan: Plan, options: Any, ctx: RunContext) -> Submission:
+    def request(self, job: SubmitJob, plan: Plan, options: SubmitOptionsT, ctx: RunContext) -> Submission:
         """The submission as data (pure)."""
         ...
 

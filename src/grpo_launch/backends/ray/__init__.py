@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from grpo_launch.backends.base import BaseBackend, check_addresses, option
+from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses, option
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.rundir.layout import RUN_ID_ENV
@@ -36,7 +36,7 @@ CHECK_TIMEOUT_S = 60.0
 
 
 @frozen
-class RayOptions:
+class RayOptions(BackendOptions):
     address: str | None = option(
         "--ray", "attach to the Ray cluster at ADDRESS (the head's HOST:PORT, or 'auto' on a node of it); without "
         "it, used when RAY_ADDRESS is set (as in a Ray job)", metavar="ADDRESS", group=RAY_GROUP,
@@ -60,9 +60,9 @@ def pg_name(run_id: str, host: str) -> str:
     return f"grpo-launch-{run_id}-{host}"
 
 
-class RayBackend(BaseBackend):
+class RayBackend(BaseBackend[RayOptions]):
     name: ClassVar[str] = "ray"
-    Options: ClassVar[type] = RayOptions
+    Options: ClassVar[type[BackendOptions]] = RayOptions
 
     def __init__(self, address: str) -> None:
         self.address = address

@@ -8,8 +8,8 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import option
-from grpo_launch.backends.submission import Submission, SubmitJob
+from grpo_launch.backends.base import BackendOptions, option
+from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.spec import frozen
@@ -24,7 +24,7 @@ DASHBOARD_PORT = 8265
 
 
 @frozen
-class RaySubmitOptions:
+class RaySubmitOptions(BackendOptions):
     """Where ``grpo-launch ray-submit`` plans and submits."""
 
     address: str | None = option(
@@ -61,10 +61,10 @@ def ray_cli(python: str) -> str:
     return found
 
 
-class RaySubmitter:
+class RaySubmitter(Submitter[RaySubmitOptions]):
     """``grpo-launch ray-submit``: plan on the live cluster, write RUN_DIR/ray-job.sh, submit it."""
 
-    Options: ClassVar[type] = RaySubmitOptions
+    Options: ClassVar[type[BackendOptions]] = RaySubmitOptions
 
     @classmethod
     def requested_topology(cls, options: RaySubmitOptions, local: Topology) -> Topology:

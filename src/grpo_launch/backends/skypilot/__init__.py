@@ -9,8 +9,8 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import option
-from grpo_launch.backends.submission import Submission, SubmitJob
+from grpo_launch.backends.base import BackendOptions, option
+from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
 from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import MAX_NODES, Gpu, Host, Topology
@@ -24,7 +24,7 @@ INSTALL_HINT = "pip install 'grpo-launch[sky]' and configure a cloud (sky check)
 
 
 @frozen
-class SkyOptions:
+class SkyOptions(BackendOptions):
     """What ``grpo-launch sky`` asks SkyPilot for."""
 
     accelerators: str | None = option(
@@ -55,10 +55,10 @@ def default_cluster_name(recipe_path: str) -> str:
     return f"grpo-{stem or 'run'}"[:60].rstrip("-")
 
 
-class SkyPilotSubmitter:
+class SkyPilotSubmitter(Submitter[SkyOptions]):
     """``grpo-launch sky``: plan for --nodes × --accelerators, write RUN_DIR/sky-task.yaml, ``sky launch`` it."""
 
-    Options: ClassVar[type] = SkyOptions
+    Options: ClassVar[type[BackendOptions]] = SkyOptions
 
     def __init__(self) -> None:
         # what request() decided, for submit()
