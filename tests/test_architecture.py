@@ -158,3 +158,37 @@ def test_checker_sees_a_violation(tmp_path):
     bad = tmp_path / "m.py"
     bad.write_text("def f():\n    from grpo_launch.cli import main\n    return main\n")
     assert _imports(bad) == {"grpo_launch.cli"}
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """The string (and bytes) literals of a module's code, f-string parts included, docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, (str, bytes)) and id(n) not in docs:
+            out.append((n.lineno, n.value.decode(errors="replace") if isinstance(n.value, bytes) else n.value))
+    return out
+
+
+def test_grpo_launch_variables_are_spelled_only_in_the_run_directory_contract():
+    """Every GRPO_LAUNCH_* environment variable is named once, in rundir/layout.py (the contract between the
+    launcher and what it starts); the code elsewhere (the SkyPilot task's sections included) takes the name from
+    there. Docstrings may cite a name."""
+    layout = SRC / "rundir" / "layout.py"
+    spelled = [
+        f"{path.relative_to(SRC)}:{line}: {text.strip()[:80]!r}"
+        for path in _modules()
+        if path != layout
+        for line, text in _code_strings(path)
+        if "GRPO_LAUNCH_" in text
+    ]
+    assert not spelled, "GRPO_LAUNCH_* spelled outside rundir/layout.py:\n" + "\n".join(spelled)
+    assert any("GRPO_LAUNCH_" in text for _, text in _code_strings(layout)), "the checker reads the layout's names"

@@ -231,6 +231,24 @@ def test_a_missing_secret_is_refused_before_launch(tmp_path, capsys, monkeypatch
     assert not (tmp_path / "r").exists()
 
 
+def test_the_tasks_grpo_launch_variables_are_the_run_directory_contracts():
+    """The variables the task sets (envs:) and its setup and run sections read are named by rundir/layout.py: the
+    task spells none of its own."""
+    import re
+
+    from grpo_launch.rundir import layout
+
+    req = SkyTaskRequest(name="grpo-x", recipe="r.yaml", workdir="/w", run_dir="runs/x", accelerators="H100:8")
+    task = yaml.safe_load(render_task(req))
+    contract = {v for k, v in vars(layout).items() if k.endswith("_ENV") and isinstance(v, str)}
+    assert set(task["envs"]) == {layout.NODE_PYTHON_ENV, layout.RAY_PORT_ENV, layout.RAY_JOIN_TIMEOUT_ENV}
+    read = set(re.findall(r"\bGRPO_LAUNCH_[A-Z_]+", task["setup"] + task["run"]))
+    assert read == {layout.NODE_PYTHON_ENV, layout.RAY_PORT_ENV, layout.RAY_JOIN_TIMEOUT_ENV,
+                    layout.RAY_CLIENT_PORT_ENV}  # fmt: skip
+    assert read <= contract
+    assert not re.findall(r"@[A-Z_]+@", task["setup"] + task["run"]), "every placeholder of the script is filled"
+
+
 def test_grpo_launch_never_imports_sky():
     code = ("import sys, grpo_launch.cli, grpo_launch.backends.skypilot, grpo_launch.backends.skypilot.task; "
             "assert 'sky' not in sys.modules")  # fmt: skip

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_launch.backends.ssh import SshOptions, check_command, kill_command, passed_env_names, remote_command, ssh_spec
+from grpo_launch.backends.remote import check_command, passed_env_names
+from grpo_launch.backends.ssh import SshOptions, kill_command, remote_command, ssh_spec
 from grpo_launch.probe.local import parse_meminfo
 from grpo_launch.spec import ProcessSpec
 
@@ -93,7 +94,7 @@ def test_host_check_reports_a_busy_port_on_that_host(tmp_path):
 def test_ports_checked_per_host_and_the_weight_sync_address():
     """On several hosts the trainer head hosts TRL's weight-sync group: its port is checked there, and
     VLLM_HOST_IP (what TRL advertises to the server) is the head's address, not its default route."""
-    from grpo_launch.backends.ssh import host_ports
+    from grpo_launch.backends.remote import host_ports
     from grpo_launch.machines.topology import Gpu, Host, Topology
     from grpo_launch.models.builtin import find_model_shape
     from grpo_launch.planning import make_plan
@@ -115,7 +116,7 @@ def test_ports_checked_per_host_and_the_weight_sync_address():
 
 def test_a_host_without_the_ram_for_offload_is_named():
     """The plan's offload (ZeRO-3 + optimizer offload of a 70B model on one node) against a host's reported RAM."""
-    from grpo_launch.backends.ssh import host_ram_problem
+    from grpo_launch.backends.remote import host_ram_problem
     from grpo_launch.machines.gpus import GIB
     from grpo_launch.machines.topology import parse_gpu_spec
     from grpo_launch.models.builtin import find_model_shape

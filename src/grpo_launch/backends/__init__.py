@@ -8,10 +8,10 @@ import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from grpo_launch.backends.base import Backend
+from grpo_launch.backends.base import Backend, BackendOptions
 
 if TYPE_CHECKING:
-    from grpo_launch.backends.submit import Submitter
+    from grpo_launch.backends.submission import Submitter
 
 __all__ = ["Backend", "load", "load_submitter", "option_classes", "select"]
 
@@ -34,20 +34,22 @@ def _import(target: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def load(name: str) -> type[Backend]:
+def load(name: str) -> type[Backend[Any]]:
     return _import(REGISTRY[name])
 
 
-def load_submitter(name: str) -> type[Submitter]:
+def load_submitter(name: str) -> type[Submitter[Any]]:
     return _import(SUBMITTERS[name])
 
 
-def option_classes() -> dict[str, type]:
+def option_classes() -> dict[str, type[BackendOptions]]:
     """Every backend's options dataclass, by backend name."""
     return {name: load(name).Options for name in REGISTRY}
 
 
-def select(options: Mapping[str, Any], environ: Mapping[str, str], *, simulated: bool = False) -> Backend:
+def select(
+    options: Mapping[str, BackendOptions], environ: Mapping[str, str], *, simulated: bool = False
+) -> Backend[Any]:
     """The backend the options (by backend name) and the environment ask for. A simulated topology (``--gpus``)
     plans for this machine's backend whatever else is set."""
     names = ["local"] if simulated else list(REGISTRY)
@@ -57,3 +59,22 @@ def select(options: Mapping[str, Any], environ: Mapping[str, str], *, simulated:
         if cls.detect(opts, environ):
             return cls.create(opts, environ)
     raise AssertionError("the local backend always applies")
+
+
+if TYPE_CHECKING:  # mypy checks every registered class against its protocol, typed by the class's own options
+    from grpo_launch.backends.base import NoOptions
+    from grpo_launch.backends.local import LocalBackend
+    from grpo_launch.backends.ray import RayBackend, RayOptions
+    from grpo_launch.backends.ray.submit import RaySubmitOptions, RaySubmitter
+    from grpo_launch.backends.skypilot import SkyOptions, SkyPilotSubmitter
+    from grpo_launch.backends.slurm import SlurmBackend, SlurmOptions
+    from grpo_launch.backends.slurm.submit import SbatchOptions, SlurmSubmitter
+    from grpo_launch.backends.ssh import SshBackend, SshOptions
+
+    _ssh: type[Backend[SshOptions]] = SshBackend
+    _ray: type[Backend[RayOptions]] = RayBackend
+    _slurm: type[Backend[SlurmOptions]] = SlurmBackend
+    _local: type[Backend[NoOptions]] = LocalBackend
+    _sbatch: type[Submitter[SbatchOptions]] = SlurmSubmitter
+    _ray_submit: type[Submitter[RaySubmitOptions]] = RaySubmitter
+    _sky: type[Submitter[SkyOptions]] = SkyPilotSubmitter

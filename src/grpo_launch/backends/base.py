@@ -1,8 +1,10 @@
 """What a backend is: the Backend protocol and the options each one declares (a backend that hands runs to a
-batch system also has a Submitter: :mod:`.submit`).
+batch system also has a Submitter: :mod:`.submission`).
 
 A backend owns everything about one way of running processes: how it is chosen (``detect``), its options (a frozen
-dataclass whose fields say which command-line flag fills them: the CLI reads them, no backend sees argparse), how
+dataclass derived from :class:`BackendOptions` whose fields say which command-line flag fills them: the CLI reads
+them, no backend sees argparse; the protocol is generic in it, so ``detect``/``create`` are typed per backend, as
+torchx's ``Scheduler`` is in its request type), how
 it reads the machines (``probe``), how a process is put on its host (``place``: pure, wraps the command in srun or
 ssh), what it checks before anything starts (``preflight``), how it stops a process tree on another host
 (``signal_remote``), what it holds around an attempt's processes (``attempt``: Ray's placement groups), what it
@@ -15,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
@@ -35,23 +37,34 @@ def option(flag: str, help: str, *, default: Any = None, metavar: str | None = N
 
 
 @frozen
-class NoOptions:
+class BackendOptions:
+    """What every backend's and submitter's options derive from: a frozen dataclass of :func:`option` fields."""
+
+
+@frozen
+class NoOptions(BackendOptions):
     """A backend without options of its own."""
 
 
-class Backend(Protocol):
-    """One way of running the plan's processes (local, ssh hosts, a Slurm allocation, …)."""
+# A backend's own options class. ``Options`` (a class variable, which cannot hold a type variable) names the same
+# class at run time; tests/test_backends.py checks that they agree.
+OptionsT = TypeVar("OptionsT", bound=BackendOptions)
+
+
+class Backend(Protocol[OptionsT]):
+    """One way of running the plan's processes (local, ssh hosts, a Slurm allocation, …), with options of type
+    ``OptionsT``. The registry (:func:`grpo_launch.backends.select`) picks one by name: ``Backend[Any]`` there."""
 
     name: ClassVar[str]
-    Options: ClassVar[type]  # a frozen dataclass of option() fields
+    Options: ClassVar[type[BackendOptions]]  # OptionsT itself: what the CLI fills from the command line
 
     @classmethod
-    def detect(cls, options: Any, environ: Mapping[str, str]) -> bool:
+    def detect(cls, options: OptionsT, environ: Mapping[str, str]) -> bool:
         """Whether this backend is the one the options and environment ask for."""
         ...
 
     @classmethod
-    def create(cls, options: Any, environ: Mapping[str, str]) -> Backend: ...
+    def create(cls, options: OptionsT, environ: Mapping[str, str]) -> Backend[OptionsT]: ...
 
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
         """The machines this backend runs on; ``local`` is this machine as probed here."""
@@ -92,11 +105,11 @@ class Backend(Protocol):
         ...
 
 
-class BaseBackend:
-    """Defaults for the optional parts of :class:`Backend`."""
+class BaseBackend(Generic[OptionsT]):
+    """Defaults for the optional parts of :class:`Backend`; a backend derives from ``BaseBackend[ItsOptions]``."""
 
     name: ClassVar[str] = "base"
-    Options: ClassVar[type] = NoOptions
+    Options: ClassVar[type[BackendOptions]] = NoOptions
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
         return spec

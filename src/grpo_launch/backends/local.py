@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import BaseBackend
+from grpo_launch.backends.base import BaseBackend, NoOptions
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
@@ -39,15 +39,15 @@ def check_ports(plan: Plan) -> None:
         )
 
 
-class LocalBackend(BaseBackend):
+class LocalBackend(BaseBackend[NoOptions]):
     name: ClassVar[str] = "local"
 
     @classmethod
-    def detect(cls, options: object, environ: Mapping[str, str]) -> bool:
+    def detect(cls, options: NoOptions, environ: Mapping[str, str]) -> bool:
         return True  # the fallback
 
     @classmethod
-    def create(cls, options: object, environ: Mapping[str, str]) -> LocalBackend:
+    def create(cls, options: NoOptions, environ: Mapping[str, str]) -> LocalBackend:
         return cls()
 
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:

@@ -3,11 +3,12 @@ grpo_launch.node.shim --announce-pgid --env-stdin --gpus P -- env K=V … COMMAN
 
 - the shim starts a new session and prints its process-group id, so teardown can signal the whole remote tree
   (``ssh HOST kill -TERM -- -PGID``): a killed ssh client does not stop a remote process that has no tty;
-- variables from :data:`PASSED_ENV` travel on ssh's stdin, never on a command line or in a file (HF_TOKEN, …);
+- variables from :data:`.remote.PASSED_ENV` travel on ssh's stdin, never on a command line or in a file (HF_TOKEN, …);
 - the planned GPU positions select from the host's own CUDA_VISIBLE_DEVICES.
 
 Before anything starts, every host is checked in parallel: ssh in batch mode, the same grpo-launch and Python,
-the working directory and the recipe's local paths.
+the working directory and the recipe's local paths (the check and the kill line are the Ray backend's too:
+:mod:`.remote`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import BaseBackend, check_addresses, option
+from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses, option
+from grpo_launch.backends.remote import (
+    check_command,
+    check_problem,
+    host_ports,
+    kill_line,
+    local_paths,
+    passed_env_names,
+)
 from grpo_launch.errors import LaunchError
-from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
-from grpo_launch.probe.dataset import looks_local
-from grpo_launch.probe.pythons import version_tuple
-from grpo_launch.render.processes import weight_sync_port
 from grpo_launch.rundir.layout import RUN_ID_ENV
 from grpo_launch.spec import ProcessSpec, RunContext, frozen
 
@@ -33,28 +37,9 @@ if TYPE_CHECKING:
 
 SSH_GROUP = "hostfile hosts (ssh: probed, then run)"
 
-# Variables passed from the launcher's environment to every remote process (through stdin). Exact names, or
-# prefixes ending in ``*``. Anything else stays local; add more with launch.train_env / launch.vllm_env.
-PASSED_ENV: tuple[str, ...] = (
-    "HF_TOKEN",
-    "HUGGING_FACE_HUB_TOKEN",
-    "HF_HOME",
-    "HF_HUB_OFFLINE",
-    "HF_DATASETS_OFFLINE",
-    "TRANSFORMERS_OFFLINE",
-    "HF_HUB_ENABLE_HF_TRANSFER",
-    "WANDB_*",
-    "NCCL_*",
-    "GLOO_*",
-    "TORCH_*",
-    "PYTHONPATH",
-    "TMPDIR",
-    "VLLM_*",
-)
-
 
 @frozen
-class SshOptions:
+class SshOptions(BackendOptions):
     """The ssh backend's options: the hostfile, and how to reach its hosts."""
 
     hostfile: str | None = option(
@@ -82,13 +67,6 @@ class SshOptions:
         for o in self.options:
             argv += ["-o", o]
         return [*argv, host]
-
-
-def passed_env_names(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """The names of :data:`PASSED_ENV` set in ``environ``, sorted."""
-    import fnmatch
-
-    return tuple(sorted(k for k in environ if any(fnmatch.fnmatchcase(k, p) for p in PASSED_ENV)))
 
 
 def remote_command(
@@ -136,32 +114,6 @@ def kill_command(
     return [*ssh.argv(host), "--", kill_line(pgid, sig, run_id=run_id, python=python)]
 
 
-def kill_line(pgid: int, sig: int, *, run_id: str | None = None, python: str = "python3") -> str:
-    """The shell line run on a host to signal a process group there and, with ``run_id``, every process marked
-    with it (:func:`kill_command`; the Ray backend runs it in a task on the node)."""
-    import signal
-
-    name = signal.Signals(sig).name.removeprefix("SIG")
-    line = f"kill -{name} -- -{int(pgid)}"
-    if run_id:
-        line += f"; exec {shlex.quote(python)} -m grpo_launch.node.reaper signal {shlex.quote(run_id)} {int(sig)}"
-    return line
-
-
-def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequence[int] = ()) -> str:
-    """A remote shell line that runs :mod:`grpo_launch.node.host_check` in ``workdir`` with ``python``: the host's
-    grpo-launch version, which of ``paths`` are missing, which of ``ports`` are taken, its vLLM version and RAM."""
-    import json
-
-    q = shlex.quote
-    asked = json.dumps({"paths": list(paths), "ports": [int(p) for p in ports]})
-    return (
-        f"cd {q(workdir)} 2>/dev/null || {{ echo {q('no directory ' + workdir)}; exit 3; }}; "
-        f"test -x {q(python)} || {{ echo {q('no python at ' + python)}; exit 4; }}; "
-        f"exec {q(python)} -m grpo_launch.node.host_check {q(asked)}"
-    )
-
-
 def probe_over_ssh(hosts: list[str], ssh: SshOptions, environ: Mapping[str, str]) -> tuple[dict[str, dict], list[str]]:
     """Each host's own report (:mod:`grpo_launch.node.host_report`, in parallel), and what went wrong on the hosts
     that did not answer."""
@@ -186,76 +138,6 @@ def _absolute_command(spec: ProcessSpec) -> ProcessSpec:
     first = spec.argv[0]
     found = shutil.which(first) if "/" not in first else None
     return replace(spec, argv=(found, *spec.argv[1:])) if found else spec
-
-
-def host_ports(plan: Plan) -> dict[str, dict[int, str]]:
-    """The ports each host must have free: the rendezvous and vLLM weight-sync ports on the trainer head (TRL's
-    rank 0 hosts the weight-sync group there, not on the launcher), the server's port on its host."""
-    head = plan.train.hosts[0].name
-    out: dict[str, dict[int, str]] = {head: {plan.train.main_process_port: "set launch.main_process_port"}}
-    if plan.vllm.base_url and plan.vllm.host:
-        group = weight_sync_port(plan)
-        out[head][group] = "weight sync: set vllm_group_port"
-        out.setdefault(plan.vllm.host, {})[plan.vllm.port] = "vLLM server: set launch.vllm_port"
-        if plan.vllm.nodes and (plan.vllm.data_parallel_size > 1):
-            out[plan.vllm.host][plan.vllm.rpc_port] = "vLLM data-parallel coordination (launch.vllm_port + 1)"
-        if plan.vllm.spans_hosts:
-            out[plan.vllm.host][plan.vllm.master_port] = "vLLM's group over hosts (launch.vllm_port + 2)"
-    return out
-
-
-def host_ram_problem(plan: Plan, ram: object) -> str | None:
-    """What is wrong when a host's RAM (as its check reported it) cannot hold the plan's offload."""
-    from grpo_launch.planning.cost.constants import HOST_HEADROOM
-
-    need = plan.estimate.host_memory_per_node_gib * GIB if plan.estimate else 0.0
-    if not need or not isinstance(ram, int) or need <= HOST_HEADROOM * ram:
-        return None
-    return (
-        f"offload needs {need / GIB:.0f} GiB of host RAM (DeepSpeed's estimate), the host has {ram / GIB:.0f} GiB "
-        f"(at most {HOST_HEADROOM:.0%} is planned): add nodes, or use LoRA (use_peft=true)"
-    )
-
-
-def local_paths(plan: Plan) -> list[str]:
-    """The recipe's model and dataset paths that are local (they must exist on every host)."""
-    values = plan.trainer_values
-    return [
-        str(Path(str(values[k])).expanduser().absolute())
-        for k in ("model_name_or_path", "dataset_name")
-        if values.get(k) and looks_local(str(values[k]))
-    ]
-
-
-def check_problem(host: str, returncode: int, stdout: str, stderr: str, plan: Plan, python: str,
-                  ports: Mapping[int, str]) -> str | None:  # fmt: skip
-    """What is wrong on ``host``, from the output of :func:`check_command` run there (None: ready)."""
-    import json
-
-    from grpo_launch import __version__
-
-    if returncode in (3, 4):
-        return f"{host}: {stdout.strip()}"
-    if "No module named grpo_launch" in stderr or "No module named 'grpo_launch" in stderr:
-        return f"{host}: {python} cannot import grpo_launch (install grpo-launch in that environment)"
-    try:
-        info = json.loads(stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return f"{host}: the environment check failed: {(stderr or stdout).strip()[-300:]}"
-    if info["version"] != __version__:
-        return f"{host}: grpo-launch {info['version']} there, {__version__} here"
-    if info["missing"]:
-        return f"{host}: missing {', '.join(info['missing'])}"
-    if info.get("busy"):
-        return f"{host}: " + "; ".join(f"port {p} ({ports[p]}) is in use" for p in info["busy"])
-    short = host_ram_problem(plan, info.get("memory_bytes"))
-    if short:
-        return f"{host}: {short}"
-    there, here = version_tuple(info.get("vllm")), version_tuple(plan.vllm_version)
-    if plan.vllm.mode != "off" and plan.vllm_version and there != here:
-        # TRL imports vLLM in every trainer (client, NCCL weight transfer): the same version everywhere.
-        return f"{host}: vLLM {info.get('vllm')} there, {plan.vllm_version} here"
-    return None
 
 
 def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
@@ -303,9 +185,9 @@ def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
 # ------------------------------------------------------------------------------------------------ backend
 
 
-class SshBackend(BaseBackend):
+class SshBackend(BaseBackend[SshOptions]):
     name: ClassVar[str] = "ssh"
-    Options: ClassVar[type] = SshOptions
+    Options: ClassVar[type[BackendOptions]] = SshOptions
 
     def __init__(self, hostfile: str, options: SshOptions) -> None:
         self.hostfile = hostfile

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from grpo_launch.backends.ray.submit import SCRIPT_NAME, dashboard_of
+from grpo_launch.backends.ray.submit import dashboard_of
 from grpo_launch.cli.submitting import add_submit_args, emit_dry_run, plan_submission, write_submission
 from grpo_launch.spec import RunContext
 
@@ -44,7 +44,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     plan, submission = planned.plan, planned.submission
     for line in planned.summary:
         ctx.emit(line)
-    write_submission(planned, SCRIPT_NAME, ctx)
+    write_submission(planned, plan.paths.relative(plan.paths.ray_job_script), ctx)
     job_id = planned.submitter.submit(submission, ctx)
     ctx.emit(f"submitted Ray job {job_id} (plan {plan.topology.describe()})")
     ctx.emit(f"  follow:  ray job logs -f {job_id} --address {dashboard_of(planned.options, planned.options.address)}")

@@ -13,7 +13,7 @@ from grpo_launch.cli.options import add_options, read_options
 from grpo_launch.spec import RunContext, frozen
 
 if TYPE_CHECKING:
-    from grpo_launch.backends.submit import Submission
+    from grpo_launch.backends.submission import Submission
     from grpo_launch.planning.types import Plan
     from grpo_launch.recipe import Recipe
 
@@ -53,7 +53,7 @@ def plan_submission(
     change the options once the recipe is read (e.g. CPU nodes for a recipe that sets use_cpu)."""
     import os
 
-    from grpo_launch.backends.submit import SubmitJob
+    from grpo_launch.backends.submission import SubmitJob
     from grpo_launch.cli.tables import summary_lines
     from grpo_launch.execute.preflight import preflight
     from grpo_launch.probe.local import probe_local

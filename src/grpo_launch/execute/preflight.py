@@ -12,9 +12,10 @@ from grpo_launch.enums import VllmMode
 from grpo_launch.errors import ConfigError, LaunchError, size_text
 from grpo_launch.planning.types import Plan
 from grpo_launch.probe.dataset import looks_local
-from grpo_launch.probe.pythons import TRL_VLLM_RANGE, interpreter_of, version_tuple, vllm_version_of
+from grpo_launch.probe.pythons import interpreter_of, vllm_version_of
 from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
 from grpo_launch.recipe.rewards import OPEN_R1_INSTALL, is_import_path, is_open_r1_reward, reward_names
+from grpo_launch.recipe.versions import TRL_VLLM_RANGE, TRL_VLLM_RANGE_TEXT, version_tuple
 
 
 def preflight(plan: Plan, workdir: str) -> None:
@@ -96,7 +97,7 @@ def check_vllm(plan: Plan) -> str | None:
         elif v is None:
             problems.append(f"cannot read the vLLM version in {where}: {version}")
         elif not low <= v <= high:
-            problems.append(f"vLLM {version} in {where} is outside TRL 1.16's range 0.22–0.31")
+            problems.append(f"vLLM {version} in {where} is outside TRL 1.16's range {TRL_VLLM_RANGE_TEXT}")
     found = {version_tuple(v) for v in versions.values()}
     if not problems and len(found) > 1:
         problems.append(
@@ -113,7 +114,7 @@ def check_vllm(plan: Plan) -> str | None:
         raise LaunchError(
             "vLLM is not ready for this run:",
             problems=problems,
-            hint="Install the same vLLM (0.22–0.31) where the trainers run and where the server runs: "
+            hint=f"Install the same vLLM ({TRL_VLLM_RANGE_TEXT}) where the trainers run and where the server runs: "
             "pip install 'grpo-launch[train,vllm]', or point launch.vllm_command at the trainers' environment.",
         )
     return list(versions.values())[-1]  # the server's in server mode, else the trainers'

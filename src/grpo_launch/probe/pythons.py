@@ -75,17 +75,5 @@ def interpreter_of(command: str) -> str | None:
     return parts[0] if parts and "python" in Path(parts[0]).name else None
 
 
-TRL_VLLM_RANGE = ((0, 22), (0, 31))  # TRL 1.16's vllm extra
-
-
-def version_tuple(version: str | None) -> tuple[int, int] | None:
-    """(major, minor) of a version string such as ``0.31.0+cpu``; None when unreadable."""
-    parts = (version or "").split(".")
-    try:
-        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()))
-    except (IndexError, ValueError):
-        return None
-
-
 if __name__ == "__main__":
     print(vllm_version())

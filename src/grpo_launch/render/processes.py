@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from grpo_launch.enums import Device, Role, VllmMode
 from grpo_launch.planning.types import Plan, TrainHost, VllmPlan
-from grpo_launch.probe.pythons import TRL_VLLM_RANGE, version_tuple
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
+from grpo_launch.recipe.versions import TRL_VLLM_RANGE, version_tuple
 from grpo_launch.rundir.layout import RUN_DIR_ENV
 from grpo_launch.spec import ProcessSpec
 

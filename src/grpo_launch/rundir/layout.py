@@ -15,6 +15,12 @@ RUN_DIR_ENV = "GRPO_LAUNCH_RUN_DIR"  # the run directory: the trainers find thei
 RUN_ID_ENV = "GRPO_LAUNCH_RUN_ID"  # marks every descendant, so teardown finds them all (grpo_launch.node.reaper)
 RESUME_ENV = "GRPO_LAUNCH_RESUME"  # the checkpoint every rank resumes from, or "none"
 NO_RESUME = "none"
+# The SkyPilot task's own (backends/skypilot/task.py): its setup and run sections read them on every node, and
+# `sky launch --env NAME=VALUE` overrides them.
+NODE_PYTHON_ENV = "GRPO_LAUNCH_PYTHON"  # the Python that installs and runs grpo-launch on each node
+RAY_PORT_ENV = "GRPO_LAUNCH_RAY_PORT"  # the user Ray head's port (SkyPilot's own Ray has 6380)
+RAY_JOIN_TIMEOUT_ENV = "GRPO_LAUNCH_RAY_JOIN_TIMEOUT"  # seconds the head waits for every node to join
+RAY_CLIENT_PORT_ENV = "GRPO_LAUNCH_RAY_CLIENT_PORT"  # the head's Ray client server port
 
 # grpo_launch.node.shim prints this, then its process-group id, so the launcher can stop the remote tree.
 PGID_ANNOUNCE = "[grpo-launch-task] pgid="
@@ -72,6 +78,16 @@ class RunPaths:
     def output(self) -> Path:
         """The trainers' output_dir when the recipe sets none."""
         return self.root / "output"
+
+    @property
+    def sky_task(self) -> Path:
+        """The SkyPilot task ``grpo-launch sky`` writes (backends/skypilot/task.py)."""
+        return self.root / "sky-task.yaml"
+
+    @property
+    def ray_job_script(self) -> Path:
+        """The ``ray job submit`` line ``grpo-launch ray-submit`` writes and runs (backends/ray/submit.py)."""
+        return self.root / "ray-job.sh"
 
     # What the run writes while it runs.
     @property

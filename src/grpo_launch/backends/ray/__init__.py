@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from grpo_launch.backends.base import BaseBackend, check_addresses, option
+from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses, option
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.rundir.layout import RUN_ID_ENV
@@ -36,7 +36,7 @@ CHECK_TIMEOUT_S = 60.0
 
 
 @frozen
-class RayOptions:
+class RayOptions(BackendOptions):
     address: str | None = option(
         "--ray", "attach to the Ray cluster at ADDRESS (the head's HOST:PORT, or 'auto' on a node of it); without "
         "it, used when RAY_ADDRESS is set (as in a Ray job)", metavar="ADDRESS", group=RAY_GROUP,
@@ -60,9 +60,9 @@ def pg_name(run_id: str, host: str) -> str:
     return f"grpo-launch-{run_id}-{host}"
 
 
-class RayBackend(BaseBackend):
+class RayBackend(BaseBackend[RayOptions]):
     name: ClassVar[str] = "ray"
-    Options: ClassVar[type] = RayOptions
+    Options: ClassVar[type[BackendOptions]] = RayOptions
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -97,7 +97,7 @@ class RayBackend(BaseBackend):
         return probe_cluster(self._ray(), sys.executable, environ)
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
-        from grpo_launch.backends.ssh import passed_env_names
+        from grpo_launch.backends.remote import passed_env_names
 
         host = spec.host or plan.topology.hosts[0].name
         self.addresses.update((h.name, h.addr) for h in plan.topology.hosts)
@@ -119,9 +119,10 @@ class RayBackend(BaseBackend):
 
     def preflight(self, plan: Plan, ctx: RunContext) -> None:
         """Every planned node is in the cluster and ready: this grpo-launch and Python, the working directory,
-        the recipe's local paths, free ports (the ssh backend's checks, run in a task on each node)."""
+        the recipe's local paths, free ports (the remote hosts' checks, :mod:`grpo_launch.backends.remote`, run in a
+        task on each node)."""
         from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
-        from grpo_launch.backends.ssh import check_command, check_problem, host_ports, local_paths
+        from grpo_launch.backends.remote import check_command, check_problem, host_ports, local_paths
 
         check_addresses(plan)
         ray = self._ray()
@@ -199,7 +200,7 @@ class RayBackend(BaseBackend):
 
     def signal_remote(self, spec: ProcessSpec, pgid: int, sig: int, ctx: RunContext) -> None:
         from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
-        from grpo_launch.backends.ssh import kill_line
+        from grpo_launch.backends.remote import kill_line
 
         assert spec.host
         ray = self._ray()

@@ -38,7 +38,7 @@ def import_ray() -> Any:
 
 
 def check_version(version: str) -> None:
-    from grpo_launch.probe.pythons import version_tuple
+    from grpo_launch.recipe.versions import version_tuple
 
     have, (low, high) = version_tuple(version), RAY_SUPPORTED
     if have is None or not low <= have < high:

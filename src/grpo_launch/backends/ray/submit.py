@@ -8,8 +8,8 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import option
-from grpo_launch.backends.submit import Submission, SubmitJob
+from grpo_launch.backends.base import BackendOptions, option
+from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.spec import frozen
@@ -21,11 +21,10 @@ if TYPE_CHECKING:
 # Ray's dashboard port, where the job server listens (`ray start --head --dashboard-port`, default 8265:
 # https://docs.ray.io/en/latest/cluster/running-applications/job-submission/quickstart.html).
 DASHBOARD_PORT = 8265
-SCRIPT_NAME = "ray-job.sh"
 
 
 @frozen
-class RaySubmitOptions:
+class RaySubmitOptions(BackendOptions):
     """Where ``grpo-launch ray-submit`` plans and submits."""
 
     address: str | None = option(
@@ -62,10 +61,10 @@ def ray_cli(python: str) -> str:
     return found
 
 
-class RaySubmitter:
+class RaySubmitter(Submitter[RaySubmitOptions]):
     """``grpo-launch ray-submit``: plan on the live cluster, write RUN_DIR/ray-job.sh, submit it."""
 
-    Options: ClassVar[type] = RaySubmitOptions
+    Options: ClassVar[type[BackendOptions]] = RaySubmitOptions
 
     @classmethod
     def requested_topology(cls, options: RaySubmitOptions, local: Topology) -> Topology:
@@ -95,7 +94,7 @@ class RaySubmitter:
             "# they come from the environment of the head's `ray start`.\n"
             f"exec {shlex.join(submit)}\n"
         )
-        return Submission(text, str(Path(plan.run_dir) / SCRIPT_NAME), summary=name)
+        return Submission(text, str(plan.paths.ray_job_script), summary=name)
 
     def submit(self, submission: Submission, ctx: RunContext) -> str:
         import subprocess

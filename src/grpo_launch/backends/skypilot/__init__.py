@@ -9,8 +9,8 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import option
-from grpo_launch.backends.submit import Submission, SubmitJob
+from grpo_launch.backends.base import BackendOptions, option
+from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
 from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import MAX_NODES, Gpu, Host, Topology
@@ -24,7 +24,7 @@ INSTALL_HINT = "pip install 'grpo-launch[sky]' and configure a cloud (sky check)
 
 
 @frozen
-class SkyOptions:
+class SkyOptions(BackendOptions):
     """What ``grpo-launch sky`` asks SkyPilot for."""
 
     accelerators: str | None = option(
@@ -55,10 +55,10 @@ def default_cluster_name(recipe_path: str) -> str:
     return f"grpo-{stem or 'run'}"[:60].rstrip("-")
 
 
-class SkyPilotSubmitter:
+class SkyPilotSubmitter(Submitter[SkyOptions]):
     """``grpo-launch sky``: plan for --nodes × --accelerators, write RUN_DIR/sky-task.yaml, ``sky launch`` it."""
 
-    Options: ClassVar[type] = SkyOptions
+    Options: ClassVar[type[BackendOptions]] = SkyOptions
 
     def __init__(self) -> None:
         # what request() decided, for submit()
@@ -84,7 +84,7 @@ class SkyPilotSubmitter:
 
     def request(self, job: SubmitJob, plan: Plan, options: SkyOptions, ctx: RunContext) -> Submission:
         from grpo_launch.backends.skypilot.accelerators import parse_accelerators
-        from grpo_launch.backends.skypilot.task import TASK_FILE, SkyTaskRequest, render_task
+        from grpo_launch.backends.skypilot.task import SkyTaskRequest, render_task
         from grpo_launch.enums import VllmMode
 
         workdir = os.path.abspath(ctx.workdir)
@@ -112,7 +112,7 @@ class SkyPilotSubmitter:
         where = accelerators or "CPU"
         return Submission(
             render_task(request),
-            os.path.join(plan.run_dir, TASK_FILE),
+            str(plan.paths.sky_task),
             summary=f"{options.nodes} node(s) × {where}, plan {plan.topology.describe()}",
         )
 

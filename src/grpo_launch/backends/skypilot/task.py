@@ -20,10 +20,11 @@ and runtime-env agents, which outlive a raylet killed hard. Draining is off (RAY
 the run is over when the script stops Ray, and a worker's drain would wait 30 s for a head that is gone.
 
 Rank 0 starts the head on the first IP of ``SKYPILOT_NODE_IPS``, waits until ``SKYPILOT_NUM_NODES`` nodes have
-joined (``GRPO_LAUNCH_RAY_JOIN_TIMEOUT``), runs ``grpo-launch run --ray HEAD:PORT`` and exits with its code (the
-task's code). The other ranks join, then watch the head's port: when the head's Ray stops (the run ended there,
-whatever its outcome) they stop their own Ray and exit 0. A worker exits non-zero only when its own Ray dies while
-the head's is up (a lost node): SkyPilot then cancels the other nodes' runs (``get_or_fail`` in task_codegen.py).
+joined (within :data:`~grpo_launch.rundir.layout.RAY_JOIN_TIMEOUT_ENV` seconds), runs ``grpo-launch run --ray
+HEAD:PORT`` and exits with its code (the task's code). The other ranks join, then watch the head's port: when the
+head's Ray stops (the run ended there, whatever its outcome) they stop their own Ray and exit 0. A worker exits
+non-zero only when its own Ray dies while the head's is up (a lost node): SkyPilot then cancels the other nodes'
+runs (``get_or_fail`` in task_codegen.py). The variables the sections read are named in rundir/layout.py.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import field
 
 from grpo_launch import __version__
 from grpo_launch.errors import ConfigError
+from grpo_launch.rundir.layout import NODE_PYTHON_ENV, RAY_CLIENT_PORT_ENV, RAY_JOIN_TIMEOUT_ENV, RAY_PORT_ENV
 from grpo_launch.spec import frozen
 
 # SkyPilot's own Ray uses 6380, its dashboard 8266 and its dashboard agent 52365 (sky/skylet/constants.py,
@@ -49,7 +51,6 @@ JOIN_TIMEOUT_S = 600  # nodes of one cluster come up together; SkyPilot's templa
 # Secrets never written into the task: declared by name with a null value (SkyPilot 0.14.1 task.py: a null-valued
 # key of `secrets:` is resolved at launch from `sky launch --secret NAME`, or refused).
 SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
-TASK_FILE = "sky-task.yaml"
 # What YAML 1.1/1.2 files may not hold (their "printable" set: tab, line breaks and the printable Unicode ranges).
 _NOT_YAML = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -114,8 +115,8 @@ def render_setup(req: SkyTaskRequest) -> str:
     editable = "-e " if req.install_from_workdir else ""
     return "\n".join([
         "set -euo pipefail",
-        '"${GRPO_LAUNCH_PYTHON:-python3}" -m pip install ' + editable + target,
-        '"${GRPO_LAUNCH_PYTHON:-python3}" -m grpo_launch --version',
+        f'"${{{NODE_PYTHON_ENV}:-python3}}" -m pip install ' + editable + target,
+        f'"${{{NODE_PYTHON_ENV}:-python3}}" -m grpo_launch --version',
         "",
     ])  # fmt: skip
 
@@ -124,14 +125,14 @@ def render_task(req: SkyTaskRequest) -> str:
     """The task YAML, readable and launchable with plain ``sky launch``."""
     check_request(req)
     envs = {
-        "GRPO_LAUNCH_PYTHON": "python3",
-        "GRPO_LAUNCH_RAY_PORT": str(RAY_PORT),
-        "GRPO_LAUNCH_RAY_JOIN_TIMEOUT": str(JOIN_TIMEOUT_S),
+        NODE_PYTHON_ENV: "python3",
+        RAY_PORT_ENV: str(RAY_PORT),
+        RAY_JOIN_TIMEOUT_ENV: str(JOIN_TIMEOUT_S),
         **req.envs,
     }
     lines = [
         f"# SkyPilot task written by grpo-launch {__version__} for {req.recipe}.",
-        "# Every node installs grpo-launch (setup), starts its own Ray (port GRPO_LAUNCH_RAY_PORT, not SkyPilot's",
+        f"# Every node installs grpo-launch (setup), starts its own Ray (port {RAY_PORT_ENV}, not SkyPilot's",
         "# 6380); node 0 runs `grpo-launch run --ray` once all nodes have joined, and its exit code is the task's.",
         "# Launch: sky launch -c CLUSTER THIS_FILE"
         + "".join(f" --secret {s}" for s in req.secrets)
@@ -156,9 +157,20 @@ def render_run_script(req: SkyTaskRequest) -> str:
     """The run section: the same script on every node, its role from ``SKYPILOT_NODE_RANK``."""
     q = shlex.quote
     run = " ".join(["run", q(req.recipe), *(q(o) for o in req.overrides), "--run-dir", q(req.run_dir)])
-    return _RUN_SCRIPT.lstrip("\n").replace("@RUN@", run).replace("@VERSION@", __version__).replace(
-        "@CLIENT_PORT@", str(RAY_CLIENT_PORT)).replace("@AGENT_PORT@", str(RAY_DASHBOARD_AGENT_PORT)).replace(
-        "@RAY_PORT@", str(RAY_PORT)).replace("@JOIN_TIMEOUT@", str(JOIN_TIMEOUT_S))  # fmt: skip
+    values = {
+        "@RUN@": run,
+        "@VERSION@": __version__,
+        "@CLIENT_PORT@": str(RAY_CLIENT_PORT),
+        "@AGENT_PORT@": str(RAY_DASHBOARD_AGENT_PORT),
+        "@RAY_PORT@": str(RAY_PORT),
+        "@JOIN_TIMEOUT@": str(JOIN_TIMEOUT_S),
+        # the variables' names are the run directory contract's (rundir/layout.py), never spelled here
+        "@PYTHON_ENV@": NODE_PYTHON_ENV,
+        "@PORT_ENV@": RAY_PORT_ENV,
+        "@JOIN_TIMEOUT_ENV@": RAY_JOIN_TIMEOUT_ENV,
+        "@CLIENT_PORT_ENV@": RAY_CLIENT_PORT_ENV,
+    }
+    return re.sub(r"@[A-Z_]+@", lambda m: values[m.group()], _RUN_SCRIPT.lstrip("\n"))
 
 
 _RUN_SCRIPT = r"""
@@ -166,9 +178,9 @@ _RUN_SCRIPT = r"""
 # SKYPILOT_NUM_NODES, SKYPILOT_NUM_GPUS_PER_NODE). Each node runs its own Ray (`ray start --block`, a child of this
 # script) and stops only that one at the end: never `ray stop`, which would stop SkyPilot's Ray too.
 set -uo pipefail
-py=${GRPO_LAUNCH_PYTHON:-python3}
-port=${GRPO_LAUNCH_RAY_PORT:-@RAY_PORT@}
-join_timeout=${GRPO_LAUNCH_RAY_JOIN_TIMEOUT:-@JOIN_TIMEOUT@}
+py=${@PYTHON_ENV@:-python3}
+port=${@PORT_ENV@:-@RAY_PORT@}
+join_timeout=${@JOIN_TIMEOUT_ENV@:-@JOIN_TIMEOUT@}
 rank=${SKYPILOT_NODE_RANK:?not set: run this under sky launch, or set the SKYPILOT_* variables}
 nodes=${SKYPILOT_NUM_NODES:?not set: run this under sky launch, or set the SKYPILOT_* variables}
 gpus=${SKYPILOT_NUM_GPUS_PER_NODE:-0}
@@ -206,7 +218,7 @@ start_ray() {  # in a session of its own, so that stop_ray can reach every proce
 
 if [ "$rank" = 0 ]; then
   say "starting the Ray head on $head_ip:$port"
-  start_ray --head --port "$port" --ray-client-server-port "${GRPO_LAUNCH_RAY_CLIENT_PORT:-@CLIENT_PORT@}"
+  start_ray --head --port "$port" --ray-client-server-port "${@CLIENT_PORT_ENV@:-@CLIENT_PORT@}"
   "$py" - "$head_ip:$port" "$nodes" "$join_timeout" "$ray_pid" <<'PY' || exit 1
 import os, sys, time
 address, want, timeout, ray_pid = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
@@ -229,7 +241,7 @@ while True:
     if time.monotonic() > deadline:
         sys.exit(f"[grpo-launch sky] error: {joined} of {want} node(s) joined the Ray head {address} in "
                  f"{timeout:.0f} s: see the other nodes' logs (sky logs CLUSTER), or raise "
-                 "GRPO_LAUNCH_RAY_JOIN_TIMEOUT")
+                 "@JOIN_TIMEOUT_ENV@")
     if time.monotonic() - said > 15:
         print(f"[grpo-launch sky] waiting for nodes: {joined} of {want} joined", flush=True)
         said = time.monotonic()

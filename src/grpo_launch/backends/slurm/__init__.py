@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import BaseBackend, check_addresses, option
+from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses, option
 from grpo_launch.backends.slurm.env import SLURM_VARIABLES, run_scontrol, slurm_values
 from grpo_launch.enums import RunState
 from grpo_launch.machines.topology import Topology
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 @frozen
-class SlurmOptions:
+class SlurmOptions(BackendOptions):
     slurm: bool = option(
         "--slurm",
         "use the current Slurm allocation (an error outside one); without it, used when SLURM_JOB_ID is set",
@@ -28,9 +28,9 @@ class SlurmOptions:
     )
 
 
-class SlurmBackend(BaseBackend):
+class SlurmBackend(BaseBackend[SlurmOptions]):
     name: ClassVar[str] = "slurm"
-    Options: ClassVar[type] = SlurmOptions
+    Options: ClassVar[type[BackendOptions]] = SlurmOptions
 
     @classmethod
     def detect(cls, options: SlurmOptions, environ: Mapping[str, str]) -> bool:

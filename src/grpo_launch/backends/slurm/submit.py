@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import option
-from grpo_launch.backends.submit import Submission, SubmitJob
+from grpo_launch.backends.base import BackendOptions, option
+from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
 from grpo_launch.errors import ConfigError, short
 from grpo_launch.machines.gpus import GIB, find_gpu_spec
 from grpo_launch.machines.topology import MAX_GPUS_PER_NODE, MAX_NODES, Gpu, Host, Topology
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @frozen
-class SbatchOptions:
+class SbatchOptions(BackendOptions):
     """What ``grpo-launch sbatch`` asks Slurm for."""
 
     nodes: int = option("--nodes", "number of nodes", default=0, type=int, required=True)
@@ -36,10 +36,10 @@ class SbatchOptions:
     job_name: str | None = option("--job-name", "job name (default: grpo-RECIPE)")
 
 
-class SlurmSubmitter:
+class SlurmSubmitter(Submitter[SbatchOptions]):
     """``grpo-launch sbatch``: plan for the requested allocation, write RUN_DIR/job.sbatch, submit it."""
 
-    Options: ClassVar[type] = SbatchOptions
+    Options: ClassVar[type[BackendOptions]] = SbatchOptions
 
     @classmethod
     def requested_topology(cls, options: SbatchOptions, local: Topology) -> Topology:

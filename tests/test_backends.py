@@ -1,0 +1,40 @@
+"""The backend registry (:mod:`grpo_launch.backends`): every backend and submitter declares its options once, as a
+frozen :class:`BackendOptions` dataclass, and the protocol is typed by that same class (mypy checks the methods
+against it: the ``TYPE_CHECKING`` block of backends/__init__.py; this checks the class variable agrees)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from grpo_launch.backends import REGISTRY, SUBMITTERS, load, load_submitter, select
+from grpo_launch.backends.base import BackendOptions, BaseBackend
+from grpo_launch.backends.submission import Submitter
+
+CLASSES = [("backend", name, load) for name in REGISTRY] + [("submitter", name, load_submitter) for name in SUBMITTERS]
+
+
+def _typed_by(cls: type) -> type:
+    """The options class ``cls`` is generic over: X in ``class C(BaseBackend[X])`` / ``Submitter[X]``."""
+    (base,) = [b for b in getattr(cls, "__orig_bases__", ()) if typing.get_origin(b) in (BaseBackend, Submitter)]
+    (options,) = typing.get_args(base)
+    return options
+
+
+@pytest.mark.parametrize(("kind", "name", "loader"), CLASSES, ids=[f"{k}:{n}" for k, n, _ in CLASSES])
+def test_options_are_declared_once_and_type_the_protocol(kind, name, loader):
+    cls = loader(name)
+    assert issubclass(cls.Options, BackendOptions), f"{kind} {name}: Options must derive from BackendOptions"
+    assert dataclasses.is_dataclass(cls.Options) and cls.Options.__dataclass_params__.frozen
+    assert _typed_by(cls) is cls.Options, f"{kind} {name} is typed by {_typed_by(cls)}, declares {cls.Options}"
+
+
+def test_select_passes_each_backend_its_own_options():
+    """Without options or a batch system's environment the local backend runs; --hostfile picks ssh with them."""
+    from grpo_launch.backends.ssh import SshOptions
+
+    assert select({}, {}).name == "local"
+    chosen = select({"ssh": SshOptions(hostfile="hosts")}, {})
+    assert chosen.name == "ssh" and chosen.options == SshOptions(hostfile="hosts")
