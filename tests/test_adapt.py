@@ -1,4 +1,4 @@
-"""launch.adapt's decision (planning/adapt.py), the stale-weights watch (rundir/stale.py) and the run's timeline
+"""launch.adapt's decision (planning/after_run/), the stale-weights watch (rundir/stale.py) and the run's timeline
 (rundir/timeline.py), with the real planner on real recipes. The measurements are written into a real run
 directory with the records' own writer, as a run's rank 0 writes them: "generation took 4× the plan's prediction"
 is what a GPU run of a plan whose cost model was 4× too fast on generation measures."""
@@ -6,19 +6,30 @@ is what a GPU run of a plan whose cost model was 4× too fast on generation meas
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
+from grpo_launch.enums import AdaptAction
 from grpo_launch.errors import ConfigError
-from grpo_launch.planning.adapt import MIN_GAIN, algorithm, per_prompt_s, split_key, warmup_steps, why_not_adaptable
+from grpo_launch.planning.adapt_terms import MIN_GAIN, warmup_steps, why_not_adaptable
+from grpo_launch.planning.after_run.decision import Adaptation, Previous, algorithm, decide, per_prompt_s, split_key
 from grpo_launch.planning.calibration import calibration_from
 from grpo_launch.planning.cost.workload import Calibration
-from grpo_launch.planning.replan import Previous, decide
 from grpo_launch.recipe import load_recipe
 from grpo_launch.render import render_files
 from grpo_launch.rundir.files import write_run_files
 from grpo_launch.rundir.measured import read_run
-from grpo_launch.rundir.records import Attempt, LogRecord, StartupRecord, StepRecord, append, read_metrics
+from grpo_launch.rundir.records import (
+    AdaptRecord,
+    Attempt,
+    LogRecord,
+    StartupRecord,
+    StepRecord,
+    append,
+    read_attempts,
+    read_metrics,
+)
 from grpo_launch.rundir.stale import FLOOR, GapWatch
 from grpo_launch.rundir.timeline import adaptation_rows, adaptations, critical_path_s, startup_terms
 
@@ -171,10 +182,11 @@ def test_timeline_pairs_each_move_with_what_came_after():
             "predicted_s": 1.0, "calibrated_s": 2.0, "new_s": 1.2, "reason": "faster"}  # fmt: skip
     keep = {"action": "keep", "at_step": 30, "split": "B", "new_split": "B", "measured_s": 1.3,
             "predicted_s": 1.2, "calibrated_s": 1.3, "new_s": 1.3, "reason": "same split"}  # fmt: skip
-    attempts = [Attempt(1, 0.0, "stopped-for-checkpoint", 0, adaptations=(move,)),
-                Attempt(2, 1.0, "succeeded", 0, adaptations=(keep,))]  # fmt: skip
+    attempts = [Attempt(1, 0.0, "stopped-for-checkpoint", 0, adaptations=(AdaptRecord.from_json(move),)),
+                Attempt(2, 1.0, "succeeded", 0, adaptations=(AdaptRecord.from_json(keep),))]  # fmt: skip
     made = adaptations(attempts)
     assert [a["measured_after_s"] for a in made] == [1.3, None]
+    assert made[0] == move | {"measured_after_s": 1.3}  # status --json shows the decision as the run keeps it
     rows = adaptation_rows(attempts)
     assert "step 12: resplit A → B" in rows[0][1] and "measured after 1.3 s" in rows[0][1]
 
@@ -190,13 +202,52 @@ def test_startup_terms_take_the_latest_attempt_and_its_critical_path():
 
 
 def test_the_attempt_record_keeps_its_decisions(tmp_path):
-    decision = {"action": "keep", "at_step": 4, "split": "A", "measured_s": 1.0}
+    decision = AdaptRecord.from_json({"action": "keep", "at_step": 4, "split": "A", "measured_s": 1.0})
     append(tmp_path / "attempts.jsonl", Attempt(1, 0.0, "succeeded", 0, adaptations=(decision,)))
     from grpo_launch.rundir.records import read_attempts
 
     (back,) = read_attempts(tmp_path / "attempts.jsonl")
     assert back.adaptations == (decision,)
     assert dataclasses.replace(back, adaptations=()).adaptations == ()
+
+
+@pytest.mark.parametrize("action", list(AdaptAction))
+def test_each_adapt_action_round_trips_through_the_record(tmp_path, action):
+    """The decision the planner makes, written as the attempt loop writes it and read back: the same record, its
+    action the enum member, and the file's line the same keys and plain words as before the record was typed."""
+    plan = server_plan(tmp_path / "run")
+    made = Adaptation(action, "why", at_step=7, split=split_key(plan), measured_s=1.5, predicted_s=1.0,
+                      calibrated_s=1.4, new_split="B", new_s=1.1, plan=plan)  # fmt: skip
+    record = made.record()
+    append(tmp_path / "attempts.jsonl", Attempt(1, 0.0, "succeeded", 0, adaptations=(record,)))
+    line = json.loads((tmp_path / "attempts.jsonl").read_text())
+    assert line["adaptations"] == [{"action": str(action), "reason": "why", "at_step": 7, "split": split_key(plan),
+                                    "measured_s": 1.5, "predicted_s": 1.0, "calibrated_s": 1.4, "new_split": "B",
+                                    "new_s": 1.1}]  # fmt: skip
+    (back,) = read_attempts(tmp_path / "attempts.jsonl")
+    assert back.adaptations == (record,) and back.adaptations[0].action is action
+    assert AdaptRecord.from_json(record.to_json()) == record
+    assert made.to_json() == record.to_json()  # the plan stays out of the file
+    assert AdaptRecord(str(action), "", 0, "A", 1.0).action is action  # a plain word becomes the member
+
+
+def test_an_unknown_adapt_action_in_the_run_directory_is_a_clear_error(tmp_path, capsys):
+    """A decision this version does not know (a newer version's, or a hand edit): one message that names the file
+    and the action, exit 2, no traceback; the same from ``status``."""
+    from grpo_launch.cli import main
+
+    run = tmp_path / "run"
+    attempts = run / "control" / "attempts.jsonl"
+    attempts.parent.mkdir(parents=True)
+    decision = {"action": "shrink", "at_step": 4, "split": "A", "measured_s": 1.0}
+    attempts.write_text(json.dumps({"attempt": 1, "ended": 1e9, "state": "succeeded", "adaptations": [decision]}))
+    with pytest.raises(ConfigError) as caught:
+        read_attempts(attempts)
+    assert str(attempts) in caught.value.message and "'shrink'" in caught.value.message
+    assert "keep, resplit, revert" in caught.value.message
+    assert main(["status", str(run)], environ={}) == 2
+    err = capsys.readouterr().err
+    assert str(attempts) in err and "'shrink'" in err and "Traceback" not in err
 
 
 def test_a_restart_says_what_it_costs_before_the_first_step_again(tmp_path):

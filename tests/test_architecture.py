@@ -131,6 +131,22 @@ def test_no_import_from_a_higher_folder(path):
         assert rel == Path("execute/preflight.py"), f"{rel}: only preflight may use the training entry's reward names"
 
 
+def test_after_run_sits_above_the_rest_of_planning():
+    """planning/after_run/ re-plans what follows an attempt with make_plan: it may import any of planning/, and no
+    other planning module may import it (execute/ does)."""
+    after_run = SRC / "planning" / "after_run"
+    below = [p for p in (SRC / "planning").rglob("*.py") if after_run not in p.parents]
+    climbing = sorted(
+        str(p.relative_to(SRC))
+        for p in below
+        if any(
+            m == "grpo_launch.planning.after_run" or m.startswith("grpo_launch.planning.after_run.")
+            for m in _imports(p)
+        )
+    )
+    assert not climbing, f"planning modules that import planning/after_run/ (which sits above them): {climbing}"
+
+
 def test_the_import_graph_has_no_cycle():
     graph = _graph()
     state: dict[str, int] = {}

@@ -117,3 +117,16 @@ class FailureKind(StrEnum):
     @property
     def retryable(self) -> bool:
         return self in (FailureKind.INFRA, FailureKind.HANG)
+
+
+class AdaptAction(StrEnum):
+    """launch.adapt's decision after a layout's warm-up (planning/after_run/decision.py)."""
+
+    KEEP = "keep"  # stay on the running split
+    RESPLIT = "resplit"  # move to the split the measurements re-plan to
+    REVERT = "revert"  # back to the split the last re-split replaced, which measured faster
+
+    @property
+    def moves(self) -> bool:
+        """Whether the run stops with a checkpoint and resumes on another layout."""
+        return self is not AdaptAction.KEEP

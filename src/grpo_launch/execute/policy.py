@@ -2,7 +2,7 @@
 restart. Pure: the attempt's result and what has been spent so far in, the next action out.
 
 - A success, a checkpoint-and-stop or an interruption ends the run.
-- An out-of-memory failure: the plan's next memory fix (:mod:`grpo_launch.planning.refusal.after_oom`, on the
+- An out-of-memory failure: the plan's next memory fix (:mod:`grpo_launch.planning.after_run.oom`, on the
   side that ran out). With ``launch.on_oom: replan`` it is applied and the run restarts (at most
   :data:`MAX_OOM_REPLANS` times: each is one step more frugal, and there are only a few); otherwise the fix is
   named in the failure.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from grpo_launch.enums import FailureKind, OnOom, Role, RunState, StrEnum
-from grpo_launch.planning.refusal.after_oom import next_frugal_plan
+from grpo_launch.planning.after_run.oom import next_frugal_plan
 from grpo_launch.planning.types import Plan
 from grpo_launch.spec import RunResult, frozen
 

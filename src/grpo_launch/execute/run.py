@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from grpo_launch.backends.base import Backend
 from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState
 from grpo_launch.errors import size_text
-from grpo_launch.execute.adapt import Adapter
 from grpo_launch.execute.policy import Action, Spent, next_action
 from grpo_launch.execute.preflight import check_output_dir, check_vllm, output_dir_of, preflight, stale_build_locks
+from grpo_launch.execute.resplit import Adapter, adapter_for
 from grpo_launch.execute.session import SessionSpec, supervise
 from grpo_launch.execute.watchdog import Watchdog
 from grpo_launch.planning.types import Plan
@@ -112,19 +112,6 @@ def run_plan(
     return result
 
 
-def _adapter(plan: Plan, ctx: RunContext) -> Adapter | None:
-    """launch.adapt's state for this run, when it is asked for and the plan can adapt (else it says why not)."""
-    from grpo_launch.planning.adapt import why_not_adaptable
-
-    if not plan.recipe.launch.adapt:
-        return None
-    why = why_not_adaptable(plan)
-    if why is not None:
-        ctx.emit(f"[grpo-launch] launch.adapt: off for this run: {why}")
-        return None
-    return Adapter(plan, ctx.emit)
-
-
 def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode, max_restarts: int) -> RunResult:
     spent = Spent()
     started = time.time()
@@ -133,7 +120,7 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
             f"[grpo-launch] --resume never: the earlier run's record (plan.json, metrics, attempts) is kept in {aside}"
         )
     limit = plan.recipe.launch.time_limit_s
-    adapter = _adapter(plan, ctx)
+    adapter = adapter_for(plan, ctx.emit)
     while True:
         decision = decide_resume(output_dir_of(plan, ctx.workdir), resume, _max_steps(plan))
         for note in decision.notes:

@@ -62,7 +62,7 @@ def make_plan(
 
 
 def _with_adapt_notice(plan: Plan) -> Plan:
-    from grpo_launch.planning.adapt import adapt_notice
+    from grpo_launch.planning.adapt_terms import adapt_notice
 
     return dataclasses.replace(plan, notices=(*plan.notices, adapt_notice(plan)))
 

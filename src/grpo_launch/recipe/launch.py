@@ -81,7 +81,7 @@ class LaunchSettings:
     hang_timeout_s: float | None = field(default=None, metadata={"min": 1, "max": 7 * 86400, "kind": "float"})
     # Wall-clock limit of a run in seconds: save a checkpoint and stop before it (a Slurm job's own limit applies too).
     time_limit_s: float | None = field(default=None, metadata={"min": 1, "max": 365 * 86400, "kind": "float"})
-    # Closed-loop re-splitting (planning/adapt.py): after a warm-up, re-plan with the run's own measurements and move
+    # Closed-loop re-splitting (planning/after_run/): after a warm-up, re-plan with the run's own measurements and move
     # to a split predicted at least 15 % faster per prompt (checkpoint, stop, resume on the new layout).
     adapt: bool = False
     adapt_max_resplits: int = field(default=2, metadata={"min": 0, "max": 20})

@@ -4,7 +4,8 @@ reader (standard library only: the trainers write some of them).
 - ``metrics.jsonl`` (rank 0 of the trainers appends): a :class:`StepRecord` per optimizer step, a
   :class:`SaveRecord` per checkpoint and a :class:`LogRecord` per logging step (TRL's logged metrics). The
   watchdog, ``status``, ``plan --calibrate-from`` and the report read them with :func:`read_metrics`.
-- ``control/attempts.jsonl`` (the launcher appends): an :class:`Attempt` per supervised attempt.
+- ``control/attempts.jsonl`` (the launcher appends): an :class:`Attempt` per supervised attempt, with the
+  launch.adapt decisions made in it (:class:`AdaptRecord`).
 - ``plan.json``'s estimate: the :class:`Prediction` the plan made, which calibration, ``status`` and the report
   compare with what was measured.
 
@@ -16,11 +17,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, field
+from dataclasses import asdict, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from grpo_launch.enums import FailureKind, Role, RunState, StrEnum
+from grpo_launch.enums import AdaptAction, FailureKind, Role, RunState, StrEnum
+from grpo_launch.errors import ConfigError
 from grpo_launch.spec import frozen
 
 E = TypeVar("E", bound=StrEnum)
@@ -196,13 +198,11 @@ class Attempt:
     side: Role | None = None
     cause: str | None = None
     message: str = ""
-    # launch.adapt's decisions in this attempt (planning.adapt.Adaptation.to_json: action, reason, the split and the
-    # seconds per prompt measured, predicted and re-predicted, the split moved to)
-    adaptations: tuple[dict[str, Any], ...] = ()
+    adaptations: tuple[AdaptRecord, ...] = ()  # launch.adapt's decisions in this attempt
 
     def to_json(self) -> dict[str, Any]:
         out = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(self).items()}
-        out["adaptations"] = list(self.adaptations)
+        out["adaptations"] = [a.to_json() for a in self.adaptations]
         return out
 
     @classmethod
@@ -216,7 +216,7 @@ class Attempt:
             side=_enum(Role, row.get("side")),
             cause=row.get("cause"),
             message=str(row.get("message") or ""),
-            adaptations=tuple(a for a in row.get("adaptations") or () if isinstance(a, dict)),
+            adaptations=tuple(AdaptRecord.from_json(a) for a in row.get("adaptations") or () if isinstance(a, dict)),
         )
 
     @property
@@ -225,12 +225,22 @@ class Attempt:
 
 
 def read_attempts(path: str | Path) -> list[Attempt]:
-    """The attempts of a run ([] when none was recorded)."""
+    """The attempts of a run ([] when none was recorded). Raises ConfigError, naming the file, for a record this
+    version cannot read (a launch.adapt decision with an action it does not know)."""
     try:
         text = Path(path).read_text(errors="replace")
     except OSError:
         return []
-    return [Attempt.from_json(row) for row in parse_lines(text)]
+    attempts = []
+    for row in parse_lines(text):
+        try:
+            attempts.append(Attempt.from_json(row))
+        except ValueError as exc:
+            raise ConfigError(
+                f"{path}: attempt {row.get('attempt')!r}: {exc}",
+                hint="The file was written by another version of grpo-launch, or edited by hand.",
+            ) from None
+    return attempts
 
 
 @frozen
@@ -274,4 +284,54 @@ class Prediction:
             sync_s=_float(times.get("sync")),
             train_memory_gib=float(memory["total"]) if _number(memory.get("total")) else None,
             workload=workload if isinstance(workload, dict) else None,
+        )
+
+
+# launch.adapt's decisions: made by planning/after_run/decision.py, kept with the attempt they were made in.
+
+
+@frozen
+class AdaptRecord:
+    """One launch.adapt decision, as ``control/attempts.jsonl`` keeps it (``status`` and the report read it). Times
+    are seconds per prompt: ``measured_s`` on the running split; ``predicted_s`` what its plan predicted;
+    ``calibrated_s`` the running split re-predicted with the measurements; ``new_s`` the split moved to, predicted
+    the same way (a revert: the measured time of the split returned to)."""
+
+    action: AdaptAction
+    reason: str
+    at_step: int
+    split: str
+    measured_s: float
+    predicted_s: float | None = None
+    calibrated_s: float | None = None
+    new_split: str | None = None
+    new_s: float | None = None
+
+    def __post_init__(self) -> None:
+        # a plain "resplit" becomes the enum member (ValueError for a word that is none), so `.action.moves` holds
+        object.__setattr__(self, "action", AdaptAction(self.action))
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(AdaptRecord)}
+        out["action"] = str(self.action)
+        return out
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> AdaptRecord:
+        """Raises ValueError for an action this version does not know: what follows a decision depends on it."""
+        action = _enum(AdaptAction, row.get("action"))
+        if action is None:
+            known = ", ".join(AdaptAction)
+            raise ValueError(f"a launch.adapt decision with the unknown action {row.get('action')!r} (known: {known})")
+        new_split = row.get("new_split")
+        return cls(
+            action=action,
+            reason=str(row.get("reason") or ""),
+            at_step=_int_or_none(row.get("at_step")) or 0,
+            split=str(row.get("split") or ""),
+            measured_s=_float(row.get("measured_s")),
+            predicted_s=_float_or_none(row.get("predicted_s")),
+            calibrated_s=_float_or_none(row.get("calibrated_s")),
+            new_split=new_split if isinstance(new_split, str) else None,
+            new_s=_float_or_none(row.get("new_s")),
         )

@@ -8,18 +8,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpo_launch.rundir.async_signals import async_verdict, signals_text
-from grpo_launch.rundir.records import Attempt, LogRecord, MetricRecord, StartupRecord
+from grpo_launch.rundir.records import AdaptRecord, Attempt, LogRecord, MetricRecord, StartupRecord
+
+
+def _decided(attempts: Sequence[Attempt]) -> list[tuple[AdaptRecord, float | None]]:
+    """Every decision in order, with what the split it moved to measured at the next decision (None: no move, or
+    no later decision)."""
+    made = [a for attempt in attempts for a in attempt.adaptations]
+    later: list[AdaptRecord | None] = [*made[1:], None] if made else []
+    return [(a, n.measured_s if a.action.moves and n is not None else None) for a, n in zip(made, later, strict=True)]
 
 
 def adaptations(attempts: Sequence[Attempt]) -> list[dict[str, Any]]:
-    """Every decision in order, each with ``measured_after_s``: what the split it moved to measured at the next
-    decision (None when there was none)."""
-    made = [dict(a) for attempt in attempts for a in attempt.adaptations]
-    for i, a in enumerate(made):
-        later = made[i + 1] if i + 1 < len(made) else None
-        moved = a.get("action") in ("resplit", "revert")
-        a["measured_after_s"] = later.get("measured_s") if moved and later else None
-    return made
+    """Every decision in order, as the run directory keeps it, each with ``measured_after_s``: what the split it
+    moved to measured at the next decision (None when there was none)."""
+    return [a.to_json() | {"measured_after_s": after} for a, after in _decided(attempts)]
 
 
 def _s(value: Any) -> str:
@@ -28,19 +31,18 @@ def _s(value: Any) -> str:
 
 def adaptation_rows(attempts: Sequence[Attempt]) -> list[tuple[str, str]]:
     rows = []
-    for a in adaptations(attempts):
-        head = f"step {a.get('at_step')}: {a.get('action')}"
-        if a.get("action") != "keep":
-            head += f" {a.get('split')} → {a.get('new_split')}"
+    for a, after in _decided(attempts):
+        head = f"step {a.at_step}: {a.action}"
+        if a.action.moves:
+            head += f" {a.split} → {a.new_split}"
         times = (
-            f"per prompt: measured {_s(a.get('measured_s'))} (planned {_s(a.get('predicted_s'))}, re-predicted "
-            f"{_s(a.get('calibrated_s'))})"
+            f"per prompt: measured {_s(a.measured_s)} (planned {_s(a.predicted_s)}, re-predicted {_s(a.calibrated_s)})"
         )
-        if a.get("action") != "keep" or a.get("new_s") is not None:
-            times += f"; {a.get('new_split')}: predicted {_s(a.get('new_s'))}"
-        if a.get("measured_after_s") is not None:
-            times += f", measured after {_s(a['measured_after_s'])}"
-        rows.append(("adapt", f"{head}; {times}; {a.get('reason')}"))
+        if a.action.moves or a.new_s is not None:
+            times += f"; {a.new_split}: predicted {_s(a.new_s)}"
+        if after is not None:
+            times += f", measured after {_s(after)}"
+        rows.append(("adapt", f"{head}; {times}; {a.reason}"))
     return rows
 
 

@@ -1,5 +1,6 @@
 """After an out-of-memory failure: the plan's next memory fix, one step more frugal by the cost model, re-planned
-before it is offered (printed with the failure; applied and restarted with ``launch.on_oom: replan``). Pure.
+with :func:`~grpo_launch.planning.plan.make_plan` before it is offered (printed with the failure; applied and
+restarted with ``launch.on_oom: replan``, :mod:`grpo_launch.execute.policy`). Pure.
 
 Training side, in order: gradient checkpointing; half the per-device batch with twice the accumulation (the same
 generation batch, so the same learning signal); ZeRO-3; optimizer offload; optimizer and parameter offload.
@@ -15,6 +16,7 @@ from typing import Any
 
 from grpo_launch.enums import DistBackend, Offload, VllmMode
 from grpo_launch.errors import PlanError, override_value
+from grpo_launch.planning.plan import make_plan
 from grpo_launch.planning.refusal.verify import with_assignments
 from grpo_launch.planning.types import Plan
 
@@ -57,8 +59,6 @@ def _vllm_changes(plan: Plan, cause: str) -> Iterator[Change]:
 
 def next_frugal_plan(plan: Plan, *, vllm_side: bool, cause: str = "") -> tuple[Plan, str] | None:
     """The first change (in the order above) whose recipe still plans, as (the new plan, "key=value …: why")."""
-    from grpo_launch.planning.plan import make_plan
-
     changes = _vllm_changes(plan, cause) if vllm_side else _training_changes(plan)
     for assignments, why in changes:
         recipe = with_assignments(plan.recipe, assignments)
