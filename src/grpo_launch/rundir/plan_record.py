@@ -1,0 +1,160 @@
+"""plan.json as its readers use it (standard library only): :class:`PlanRecord` holds the fields ``status``, the run
+report, the timeline rows, the measured-against-predicted reading, ``plan --calibrate-from`` and the resume hint read,
+not the whole plan. render/plan_json.py writes plan.json; this is its one reading.
+
+Every key read here is required (a null where the plan has nothing to say): a missing or mistyped key is an error
+naming the file and the key (:class:`.fields.RunFileError`), so renaming a key in ``plan_to_dict`` fails loudly
+instead of showing a default. Keys plan.json has and no reader uses are not read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from grpo_launch.rundir.fields import Fields
+from grpo_launch.spec import frozen
+
+
+@frozen
+class Prediction:
+    """What the plan predicted for one optimizer step, as plan.json's estimate records it (render writes it;
+    calibration, ``status`` and the report read it). ``workload`` is planning's Workload.to_dict()."""
+
+    generation_s: float
+    old_logprobs_s: float
+    training_s: float
+    sync_s: float
+    train_memory_gib: float | None = None
+    workload: dict[str, Any] | None = None
+
+    @property
+    def step_s(self) -> float:
+        return self.generation_s + self.old_logprobs_s + self.training_s + self.sync_s
+
+    @property
+    def trainer_generation_s(self) -> float:
+        """What the trainer's own "generation" time includes: generation, the old log-probs, the weight sync."""
+        return self.generation_s + self.old_logprobs_s + self.sync_s
+
+    def to_json(self) -> dict[str, Any]:
+        """The keys of plan.json's estimate this record owns."""
+        times = {"generation": self.generation_s, "old_logprobs": self.old_logprobs_s, "training": self.training_s}
+        return {"time_s": times | {"sync": self.sync_s, "step": self.step_s}, "workload": self.workload}
+
+    @classmethod
+    def read(cls, estimate: Fields) -> Prediction | None:
+        """From plan.json's estimate (None when it predicted no time: a model or GPU the planner does not know)."""
+        times = estimate.obj_or_none("time_s")
+        if times is None:
+            return None
+        memory = estimate.obj_or_none("memory_per_training_gpu_gib")
+        workload = estimate.obj_or_none("workload")
+        return cls(
+            generation_s=times.real("generation"),
+            old_logprobs_s=times.real("old_logprobs"),
+            training_s=times.real("training"),
+            sync_s=times.real("sync"),
+            train_memory_gib=memory.real("total") if memory is not None else None,
+            workload=dict(workload.data) if workload is not None else None,
+        )
+
+    @classmethod
+    def from_json(cls, estimate: dict[str, Any] | None, file: str | Path = "plan.json") -> Prediction | None:
+        return None if estimate is None else cls.read(Fields(estimate, file, "estimate"))
+
+
+@frozen
+class RecordedCalibration:
+    """The calibration a plan was made with (planning's Calibration, as plan.json's estimate records it)."""
+
+    generation: float
+    training: float
+    memory: float
+    mean_completion_len: float | None
+    source: str
+
+    @classmethod
+    def read(cls, f: Fields) -> RecordedCalibration:
+        return cls(f.real("generation"), f.real("training"), f.real("memory"), f.real_or_none("mean_completion_len"),
+                   f.text("source"))  # fmt: skip
+
+
+@frozen
+class RoleRecord:
+    host: str
+    role: str
+    gpu: str
+
+
+@frozen
+class PlanRecord:
+    """plan.json, the fields its readers use. ``gpus``: every GPU of the topology; ``price_per_gpu_hour``: the run's
+    price over its GPU-hours, when the plan priced it; ``queue_maxsize``: AsyncGRPO's rollout queue (None: a
+    synchronous run)."""
+
+    file: str
+    recipe: str | None
+    gpus: int
+    topology: str
+    roles: tuple[RoleRecord, ...]
+    vllm_mode: str
+    vllm_parallel: tuple[int, ...]  # tensor, pipeline, data parallel sizes
+    vllm_memory_share: float | None
+    layout: dict[str, int]  # LAYOUT_KEYS
+    train: dict[str, str]  # TRAIN_KEYS
+    prediction: Prediction | None
+    startup_s: float | None
+    price_per_gpu_hour: float | None
+    calibration: RecordedCalibration | None
+    queue_maxsize: int | None
+    trainer_values: dict[str, Any]
+
+    @property
+    def output_dir(self) -> str | None:
+        out = self.trainer_values.get("output_dir")
+        return out if isinstance(out, str) else None
+
+    @classmethod
+    def from_json(cls, data: Any, file: str | Path = "plan.json") -> PlanRecord:
+        """Strict: raises RunFileError naming ``file`` and the key missing or mistyped."""
+        f = Fields(data, file)
+        topology, vllm, estimate = f.obj("topology"), f.obj("vllm"), f.obj_or_none("estimate")
+        layout, train = f.obj("layout"), f.obj("train")
+        asynchronous = f.obj_or_none("asynchronous")
+        return cls(
+            file=str(file),
+            recipe=f.text_or_none("recipe"),
+            gpus=sum(len(h.sequence("gpus")) for h in topology.objects("hosts")),
+            topology=topology.text("description"),
+            roles=tuple(RoleRecord(r.text("host"), r.text("role"), r.text("gpu")) for r in f.objects("roles")),
+            vllm_mode=vllm.text("mode"),
+            vllm_parallel=tuple(vllm.integer(f"{k}_parallel_size") for k in ("tensor", "pipeline", "data")),
+            vllm_memory_share=vllm.real_or_none("gpu_memory_utilization"),
+            layout={k: layout.integer(k) for k in LAYOUT_KEYS},
+            train={k: train.text(k) for k in TRAIN_KEYS},
+            prediction=Prediction.read(estimate) if estimate is not None else None,
+            startup_s=estimate.real_or_none("startup_s") if estimate is not None else None,
+            price_per_gpu_hour=_price(estimate),
+            calibration=_calibration(estimate),
+            queue_maxsize=asynchronous.integer_or_none("queue_maxsize") if asynchronous is not None else None,
+            trainer_values=f.mapping("trainer_values"),
+        )
+
+
+LAYOUT_KEYS = ("per_device_train_batch_size", "num_processes", "gradient_accumulation_steps",
+               "completions_per_optimizer_step", "num_generations")  # fmt: skip
+TRAIN_KEYS = ("backend", "device", "offload", "mixed_precision")
+
+
+def _price(estimate: Fields | None) -> float | None:
+    total = estimate.obj_or_none("total") if estimate is not None else None
+    if total is None:
+        return None
+    price, hours = total.real_or_none("price"), total.real("gpu_hours")
+    return price / hours if price and hours else None
+
+
+def _calibration(estimate: Fields | None) -> RecordedCalibration | None:
+    recorded = estimate.obj_or_none("calibration") if estimate is not None else None
+    return RecordedCalibration.read(recorded) if recorded is not None else None
