@@ -14,9 +14,9 @@ from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.execute.faults import Event, diagnose, stuck_frames
 from grpo_launch.execute.watchdog import Watchdog
 from grpo_launch.rundir.checkpoints import checkpoint_problems, decide_resume
-from grpo_launch.rundir.records import CompletionRecord
 from grpo_launch.rundir.files import RunLock, lock_holder, write_run_files
 from grpo_launch.rundir.layout import COMPLETE_MARKER
+from grpo_launch.rundir.records import CompletionRecord
 
 # What a 2-rank torchrun run prints when rank 1's reward raises: rank 1's traceback first, then rank 0's gloo
 # error, then torchrun's summary (trimmed from a real run of the tiny recipe).

@@ -55,6 +55,7 @@ def prior_calibration(plan: PlanRecord | None) -> Calibration:
     recorded = plan.calibration if plan is not None else None
     if recorded is None:
         return Calibration()
+
     def scale(value: float) -> float:
         return value if value > 0 else 1.0
 

@@ -141,11 +141,7 @@ def decide_resume(output_dir: Path, mode: ResumeMode, max_steps: int | None) -> 
         if moved:
             notes.append(f"--resume never: set aside {len(moved)} earlier checkpoint(s) as {moved[0].name}, …")
         return Resume(None, None, tuple(notes))
-    if (
-        mode == ResumeMode.AUTO
-        and done is not None
-        and (not max_steps or max_steps <= 0 or done.step >= max_steps)
-    ):
+    if mode == ResumeMode.AUTO and done is not None and (not max_steps or max_steps <= 0 or done.step >= max_steps):
         return Resume(None, done, ())
     chosen = None
     for step, path in reversed(checkpoints(output_dir)):

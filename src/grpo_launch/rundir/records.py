@@ -44,6 +44,7 @@ from grpo_launch.spec import frozen
 __all__ = ["PlanRecord", "Prediction"]  # plan.json's records live in .plan_record; every reader finds them here too
 R = TypeVar("R")
 
+
 @frozen
 class StepRecord:
     """One optimizer step, as rank 0 timed it. ``generation_s`` is everything TRL does before the backward
