@@ -243,3 +243,10 @@ def test_a_hosts_check_answer_is_a_record_and_a_bad_one_a_problem_named():
     plan = plan_recipe(RECIPES / "tiny-cpu.yaml", "cpu", model=None)
     problem = check_problem("h1", 0, json.dumps({"missing": []}) + "\n", "", plan, "python3", {})
     assert problem is not None and problem.startswith("h1: ") and "'version' is missing" in problem
+
+
+def test_a_line_being_written_is_not_an_error_while_the_run_goes(tmp_path):
+    run = _run(tmp_path, steps=2)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "log": {"reward": 0.5}')  # ends with "}", and its writer has not finished it
+    assert [r.step for r in RunView.load(run).steps()] == [1, 2]

@@ -187,14 +187,16 @@ def load_lines(path: str | Path, text: str, parse: Callable[[dict[str, Any]], R 
     values do not read, is a RunFileError naming the file and the line. A line cut short by a crash (it does not end
     its object) is skipped, and so is a line of a kind ``parse`` does not know (None)."""
     out = []
-    for n, raw in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    for n, raw in enumerate(lines, start=1):
         line = raw.strip()
         if not line:
             continue
         try:
             row = json.loads(line)
         except ValueError as exc:
-            if not line.endswith("}"):
+            being_written = n == len(lines) and not text.endswith("\n")  # a writer is in the middle of it
+            if being_written or not line.endswith("}"):
                 continue  # cut short: the writer died mid-line (append() starts the next record on a line of its own)
             raise file_error(path, f", line {n}", f"not JSON ({exc})") from None
         if not isinstance(row, dict):
