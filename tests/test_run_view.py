@@ -91,6 +91,7 @@ def test_every_key_the_plan_record_reads_is_written_by_plan_to_dict(name, monkey
     if name == "two nodes, priced":
         assert record.price_per_gpu_hour == pytest.approx(2.5)
     assert record.output_dir == data["trainer_values"].get("output_dir")
+    assert PlanRecord.from_json(json.loads(json.dumps(record.to_json()))) == record  # its own shape reads back
 
 
 def test_a_calibrated_plans_calibration_reads_back():
@@ -100,6 +101,7 @@ def test_a_calibrated_plans_calibration_reads_back():
     got = record.calibration
     assert (got.generation, got.training, got.memory, got.mean_completion_len, got.source) == (
         1.5, 2.0, 1.2, 700.0, "grpo_runs/x (4 steps)")  # fmt: skip
+    assert PlanRecord.from_json(record.to_json()) == record
 
 
 def _run(tmp_path, name: str = "colocate", steps: int = 3):

@@ -9,6 +9,7 @@ instead of showing a default. Keys plan.json has and no reader uses are not read
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +90,13 @@ class RoleRecord:
 
 @frozen
 class PlanRecord:
-    """plan.json, the fields its readers use. ``gpus``: every GPU of the topology; ``price_per_gpu_hour``: the run's
-    price over its GPU-hours, when the plan priced it; ``queue_maxsize``: AsyncGRPO's rollout queue (None: a
-    synchronous run)."""
+    """plan.json, the fields its readers use. ``gpus_per_host``: the topology's GPUs on each host; ``total``: the
+    whole run's price and GPU-hours (``price_per_gpu_hour`` when it was priced); ``queue_maxsize``: AsyncGRPO's
+    rollout queue (None: a synchronous run). ``file`` says where it was read, for messages."""
 
     file: str
     recipe: str | None
-    gpus: int
+    gpus_per_host: tuple[int, ...]
     topology: str
     roles: tuple[RoleRecord, ...]
     vllm_mode: str
@@ -105,10 +106,19 @@ class PlanRecord:
     train: dict[str, str]  # TRAIN_KEYS
     prediction: Prediction | None
     startup_s: float | None
-    price_per_gpu_hour: float | None
+    total: tuple[float | None, float] | None  # the whole run's price (None: not priced) and GPU-hours
     calibration: RecordedCalibration | None
     queue_maxsize: int | None
     trainer_values: dict[str, Any]
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.gpus_per_host)
+
+    @property
+    def price_per_gpu_hour(self) -> float | None:
+        price, hours = self.total or (None, 0.0)
+        return price / hours if price and hours else None
 
     @property
     def output_dir(self) -> str | None:
@@ -125,34 +135,59 @@ class PlanRecord:
         return cls(
             file=str(file),
             recipe=f.text_or_none("recipe"),
-            gpus=sum(len(h.sequence("gpus")) for h in topology.objects("hosts")),
+            gpus_per_host=tuple(len(h.sequence("gpus")) for h in topology.objects("hosts")),
             topology=topology.text("description"),
             roles=tuple(RoleRecord(r.text("host"), r.text("role"), r.text("gpu")) for r in f.objects("roles")),
             vllm_mode=vllm.text("mode"),
-            vllm_parallel=tuple(vllm.integer(f"{k}_parallel_size") for k in ("tensor", "pipeline", "data")),
+            vllm_parallel=tuple(vllm.integer(k) for k in VLLM_SIZES),
             vllm_memory_share=vllm.real_or_none("gpu_memory_utilization"),
             layout={k: layout.integer(k) for k in LAYOUT_KEYS},
             train={k: train.text(k) for k in TRAIN_KEYS},
             prediction=Prediction.read(estimate) if estimate is not None else None,
             startup_s=estimate.real_or_none("startup_s") if estimate is not None else None,
-            price_per_gpu_hour=_price(estimate),
+            total=_total(estimate),
             calibration=_calibration(estimate),
             queue_maxsize=asynchronous.integer_or_none("queue_maxsize") if asynchronous is not None else None,
             trainer_values=f.mapping("trainer_values"),
         )
 
+    def to_json(self) -> dict[str, Any]:
+        """The part of plan.json this record reads, in plan.json's shape: ``from_json(to_json())`` is the record."""
+        sizes = dict(zip(VLLM_SIZES, self.vllm_parallel, strict=True))
+        return {
+            "recipe": self.recipe,
+            "topology": {"description": self.topology, "hosts": [{"gpus": [{}] * n} for n in self.gpus_per_host]},
+            "roles": [{"host": r.host, "role": r.role, "gpu": r.gpu} for r in self.roles],
+            "vllm": {"mode": self.vllm_mode, **sizes, "gpu_memory_utilization": self.vllm_memory_share},
+            "layout": dict(self.layout),
+            "train": dict(self.train),
+            "estimate": self._estimate_json(),
+            "asynchronous": None if self.queue_maxsize is None else {"queue_maxsize": self.queue_maxsize},
+            "trainer_values": dict(self.trainer_values),
+        }
+
+    def _estimate_json(self) -> dict[str, Any] | None:
+        pred = self.prediction
+        if pred is None and self.startup_s is None and self.total is None and self.calibration is None:
+            return None
+        out: dict[str, Any] = pred.to_json() if pred is not None else {"time_s": None, "workload": None}
+        memory = pred.train_memory_gib if pred is not None else None
+        out["memory_per_training_gpu_gib"] = {"total": memory} if memory is not None else None
+        out["startup_s"] = self.startup_s
+        out["total"] = {"price": self.total[0], "gpu_hours": self.total[1]} if self.total else None
+        out["calibration"] = dataclasses.asdict(self.calibration) if self.calibration else None
+        return out
+
 
 LAYOUT_KEYS = ("per_device_train_batch_size", "num_processes", "gradient_accumulation_steps",
                "completions_per_optimizer_step", "num_generations")  # fmt: skip
 TRAIN_KEYS = ("backend", "device", "offload", "mixed_precision")
+VLLM_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 
 
-def _price(estimate: Fields | None) -> float | None:
+def _total(estimate: Fields | None) -> tuple[float | None, float] | None:
     total = estimate.obj_or_none("total") if estimate is not None else None
-    if total is None:
-        return None
-    price, hours = total.real_or_none("price"), total.real("gpu_hours")
-    return price / hours if price and hours else None
+    return (total.real_or_none("price"), total.real("gpu_hours")) if total is not None else None
 
 
 def _calibration(estimate: Fields | None) -> RecordedCalibration | None:
