@@ -283,17 +283,21 @@ def test_status_shows_an_async_runs_signals_and_which_side_is_slower(tmp_path):
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "plan.json").write_text(json.dumps({"asynchronous": {"queue_maxsize": 96}}))
+    from grpo_launch.render.plan_json import plan_to_dict
+
+    plan = plan_to_dict(plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB", "launch.mode=async"))
+    plan["asynchronous"]["queue_maxsize"] = 96  # plan.json as the planner writes it, with this queue
+    (run / "plan.json").write_text(json.dumps(plan, default=str))
     full = {"perf/rollout_wait_s": 0.0, "sample/rollout_queue_size": 90.0, "perf/step_s": 20.0,
             "sample/staleness_mean": 1.2, "rollout/backpressure_s": 4.0}  # fmt: skip
     for step in range(1, 6):
         append(run / "metrics.jsonl", StepRecord(step, 20.0, 0.0, 20.0, max_steps=100, time=float(step)))
         append(run / "metrics.jsonl", LogRecord(step, full))
-    row = async_row(read_metrics(run / "metrics.jsonl"), {"asynchronous": {"queue_maxsize": 96}})
+    row = async_row(read_metrics(run / "metrics.jsonl"), 96)
     assert row and row[1].startswith("rollout wait 0.00 s, backpressure 4.00 s, queue 90, staleness 1.2")
     assert "training is the slower side" in row[1]
     synchronous = [LogRecord(1, {"reward": 0.5})]
-    assert async_row(synchronous, {}) is None
+    assert async_row(synchronous, None) is None
     shown = subprocess.run([sys.executable, "-m", "grpo_launch", "status", str(run)], capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
     assert "training is the slower side" in shown.stdout and "queue 90 of 96" in shown.stdout

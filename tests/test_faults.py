@@ -16,6 +16,7 @@ from grpo_launch.execute.watchdog import Watchdog
 from grpo_launch.rundir.checkpoints import checkpoint_problems, decide_resume
 from grpo_launch.rundir.files import RunLock, lock_holder, write_run_files
 from grpo_launch.rundir.layout import COMPLETE_MARKER
+from grpo_launch.rundir.records import CompletionRecord
 
 # What a 2-rank torchrun run prints when rank 1's reward raises: rank 1's traceback first, then rank 0's gloo
 # error, then torchrun's summary (trimmed from a real run of the tiny recipe).
@@ -186,7 +187,7 @@ def test_resume_modes_and_a_completed_run(tmp_path):
         decide_resume(tmp_path, "must", 5)
     checkpoint(tmp_path, 3)
     (tmp_path / COMPLETE_MARKER).write_text(json.dumps({"step": 5, "max_steps": 5}))
-    assert decide_resume(tmp_path, "auto", 5).already_complete == {"step": 5, "max_steps": 5}
+    assert decide_resume(tmp_path, "auto", 5).already_complete == CompletionRecord(step=5, max_steps=5)
     assert decide_resume(tmp_path, "auto", 8).checkpoint == tmp_path / "checkpoint-3"  # more steps: go on
     fresh = decide_resume(tmp_path, "never", 5)
     assert fresh.checkpoint is None and fresh.already_complete is None and "set aside 1" in fresh.notes[0]

@@ -8,7 +8,10 @@ import json
 
 import pytest
 
+from grpo_launch.render.plan_json import plan_to_dict
 from grpo_launch.rundir.report import embedded_series, read_series, write_report
+
+from .helpers import ROOT, plan_recipe
 
 pytest.importorskip("matplotlib")
 
@@ -23,9 +26,12 @@ def metrics(tmp_path, steps: int = 6):
         log |= {"completions/mean_length": 10.0 + i, "completions/min_length": 4, "completions/max_length": 16}
         lines.append({"step": i, "log": log})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 7, "step_s"')
-    plan = {"recipe": "recipes/x.yaml", "estimate": {"time_s": {"generation": 0.5, "old_logprobs": 0.1, "sync": 0.0,
-            "training": 0.4}, "memory_per_training_gpu_gib": {"total": 5.0}}}  # fmt: skip
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    # plan.json as the planner writes it (every key its readers use), with this test's prediction
+    plan = plan_to_dict(plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB"))
+    plan["recipe"] = "recipes/x.yaml"
+    plan["estimate"] |= {"time_s": {"generation": 0.5, "old_logprobs": 0.1, "sync": 0.0, "training": 0.4},
+                         "memory_per_training_gpu_gib": {"total": 5.0}}  # fmt: skip
+    (tmp_path / "plan.json").write_text(json.dumps(plan, default=str))
 
 
 def test_the_report_embeds_and_plots_the_runs_series(tmp_path):

@@ -208,3 +208,53 @@ def test_a_fresh_run_over_a_finished_one_keeps_its_record(tmp_path):
     assert f"kept in {aside}" in again.stdout
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"step_s"' in x]
     assert steps == [1, 2] and len((run / "control" / "attempts.jsonl").read_text().splitlines()) == 1
+
+
+def _reads(monkeypatch) -> dict[str, int]:
+    """Counts every read of a run file by its name, whichever way it is opened."""
+    import builtins
+    import pathlib
+
+    counts: dict[str, int] = {}
+    real_read, real_open, real_path_open = pathlib.Path.read_text, builtins.open, pathlib.Path.open
+    inside = []  # Path.read_text opens through Path.open: one read
+
+    def count(name: object) -> None:
+        base = os.path.basename(str(name))
+        counts[base] = counts.get(base, 0) + 1
+
+    def read_text(self, *a, **k):
+        count(self)
+        inside.append(1)
+        try:
+            return real_read(self, *a, **k)
+        finally:
+            inside.pop()
+
+    def path_open(self, mode="r", *a, **k):
+        if "r" in mode and not inside:
+            count(self)
+        return real_path_open(self, mode, *a, **k)
+
+    def open_(file, mode="r", *a, **k):
+        if "r" in mode and not isinstance(file, int):
+            count(file)
+        return real_open(file, mode, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", read_text)
+    monkeypatch.setattr(pathlib.Path, "open", path_open)
+    monkeypatch.setattr(builtins, "open", open_)
+    return counts
+
+
+@pytest.mark.parametrize("verb", [["status"], ["status", "--json"], ["report"]])
+def test_status_and_report_read_each_run_file_once(finished, capsys, monkeypatch, verb):
+    """status and report take one RunView: plan.json, metrics.jsonl and attempts.jsonl are each read once (status
+    used to read plan.json up to 3 times and metrics.jsonl twice, the report metrics.jsonl 4 times)."""
+    if verb[0] == "report":
+        pytest.importorskip("matplotlib")
+    run, _ = finished
+    counts = _reads(monkeypatch)
+    assert main([verb[0], str(run), *verb[1:]], environ={}) == 0
+    capsys.readouterr()
+    assert (counts.get("plan.json"), counts.get("metrics.jsonl"), counts.get("attempts.jsonl")) == (1, 1, 1), counts

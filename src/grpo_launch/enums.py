@@ -104,6 +104,19 @@ class RunState(StrEnum):
     STOPPED_FOR_CHECKPOINT = "stopped-for-checkpoint"
 
 
+class JobStatus(StrEnum):
+    """What a batch system says of the job a run belongs to, in grpo-launch's words (torchx's AppState, SkyPilot's
+    JobStatus); each backend maps its own states onto these (``Backend.job_state``). Upper case, as batch systems
+    print them."""
+
+    PENDING = "PENDING"  # queued, held, suspended or requeued: not running now, may run later
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"  # ended badly: failed, timed out, out of memory, its node failed, preempted
+    CANCELLED = "CANCELLED"
+    UNKNOWN = "UNKNOWN"  # a state this version does not know
+
+
 class FailureKind(StrEnum):
     """What a failure was, which says whether a restart can help."""
 

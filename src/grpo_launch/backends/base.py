@@ -25,6 +25,7 @@ from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
+    from grpo_launch.rundir.records import JobState
 
 
 def option(flag: str, help: str, *, default: Any = None, metavar: str | None = None, **argparse: Any) -> Any:
@@ -100,8 +101,9 @@ class Backend(Protocol[OptionsT]):
         ...
 
     @classmethod
-    def job_state(cls, job_id: str) -> dict[str, str] | None:
-        """What the batch system says of ``job_id`` (state, restarts, …), or None when it says nothing."""
+    def job_state(cls, job_id: str) -> JobState | None:
+        """What the batch system says of ``job_id`` (state, restarts, …) as a typed record, or None when it says
+        nothing; no batch system's own keys cross the protocol."""
         ...
 
 
@@ -135,7 +137,7 @@ class BaseBackend(Generic[OptionsT]):
         return None
 
     @classmethod
-    def job_state(cls, job_id: str) -> dict[str, str] | None:
+    def job_state(cls, job_id: str) -> JobState | None:
         return None
 
 

@@ -125,26 +125,32 @@ def check_problem(host: str, returncode: int, stdout: str, stderr: str, plan: Pl
     import json
 
     from grpo_launch import __version__
+    from grpo_launch.rundir.fields import RunFileError
+    from grpo_launch.rundir.records import HostCheck
 
     if returncode in (3, 4):
         return f"{host}: {stdout.strip()}"
     if "No module named grpo_launch" in stderr or "No module named 'grpo_launch" in stderr:
         return f"{host}: {python} cannot import grpo_launch (install grpo-launch in that environment)"
     try:
-        info = json.loads(stdout.strip().splitlines()[-1])
+        row = json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return f"{host}: the environment check failed: {(stderr or stdout).strip()[-300:]}"
-    if info["version"] != __version__:
-        return f"{host}: grpo-launch {info['version']} there, {__version__} here"
-    if info["missing"]:
-        return f"{host}: missing {', '.join(info['missing'])}"
-    if info.get("busy"):
-        return f"{host}: " + "; ".join(f"port {p} ({ports[p]}) is in use" for p in info["busy"])
-    short = host_ram_problem(plan, info.get("memory_bytes"))
+    try:
+        info = HostCheck.from_json(row, f"{host}'s check")
+    except RunFileError as exc:
+        return f"{host}: the environment check answered what this version does not read ({exc.message})"
+    if info.version != __version__:
+        return f"{host}: grpo-launch {info.version} there, {__version__} here"
+    if info.missing:
+        return f"{host}: missing {', '.join(info.missing)}"
+    if info.busy:
+        return f"{host}: " + "; ".join(f"port {p} ({ports.get(p, 'asked')}) is in use" for p in info.busy)
+    short = host_ram_problem(plan, info.memory_bytes)
     if short:
         return f"{host}: {short}"
-    there, here = version_tuple(info.get("vllm")), version_tuple(plan.vllm_version)
+    there, here = version_tuple(info.vllm), version_tuple(plan.vllm_version)
     if plan.vllm.mode != "off" and plan.vllm_version and there != here:
         # TRL imports vLLM in every trainer (client, NCCL weight transfer): the same version everywhere.
-        return f"{host}: vLLM {info.get('vllm')} there, {plan.vllm_version} here"
+        return f"{host}: vLLM {info.vllm} there, {plan.vllm_version} here"
     return None

@@ -37,10 +37,10 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     calibration: Calibration | None = None
     rows: list[Comparison] = []
     if args.calibrate_from:
-        from grpo_launch.planning.calibration import calibration_from
-        from grpo_launch.rundir.measured import read_run
+        from grpo_launch.planning.calibration import calibrate_from_run
+        from grpo_launch.rundir.view import RunView
 
-        calibration, rows = calibration_from(read_run(args.calibrate_from))
+        calibration, rows = calibrate_from_run(RunView.load(args.calibrate_from))
     plan, _ = plan_for(args, ctx, calibration)
     written: list[str] = []
     kept: str | None = None  # where the files went instead of a run's record

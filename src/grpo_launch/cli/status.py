@@ -1,5 +1,6 @@
 """``grpo-launch status [RUN_DIR]``: where a run stands: state, step, ETA (measured and planned), last metrics,
-peak memory, and where its logs are. Reads the run directory only."""
+peak memory, and where its logs are. Reads the run directory once (:class:`grpo_launch.rundir.view.RunView`), and
+asks the run's batch system about its job (``Backend.job_state``: a typed JobState, no batch system's keys)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from grpo_launch.enums import RunState
 from grpo_launch.errors import ConfigError
 from grpo_launch.machines.gpus import GIB
-from grpo_launch.rundir.files import last_holder, lock_holder
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.measured import Progress
-from grpo_launch.rundir.records import Attempt
-from grpo_launch.spec import RunContext
+from grpo_launch.rundir.measured import Measured, Progress, measure, progress
+from grpo_launch.rundir.records import JobState
+from grpo_launch.rundir.view import RunView
+from grpo_launch.spec import RunContext, frozen
 
 # TRL's logged metrics worth a line, in this order, when present
 SHOWN = ("reward", "reward_std", "completions/mean_length", "kl", "entropy", "loss", "learning_rate")
@@ -51,31 +53,38 @@ def newest_run(workdir: str) -> Path:
     return max(stamps, key=lambda p: stamps[p])
 
 
-def _job_state(info: dict) -> tuple[str | None, dict[str, str] | None]:
+@frozen
+class Standing:
+    """What ``status`` says of a run, from its :class:`RunView` (read once) and its batch job's state now."""
+
+    view: RunView
+    measured: Measured | None  # None: no optimizer step yet
+    progress: Progress
+    job: str | None
+    job_state: JobState | None
+    resume: str | None  # the command that resumes the run, when nothing runs it and it did not succeed
+
+
+def _job_state(view: RunView) -> tuple[str | None, JobState | None]:
     """The batch job the run's lock names, and what its backend says of it now."""
     from grpo_launch.backends import REGISTRY, load
 
-    job = info.get("job_id") or info.get("slurm_job")  # lock files of earlier versions name only a Slurm job
-    name = info.get("backend") or ("slurm" if info.get("slurm_job") else None)
-    if not job or name not in REGISTRY:
+    if view.job is None or view.job.backend not in REGISTRY:
         return None, None
-    return str(job), load(name).job_state(str(job))
+    return view.job.job_id, load(view.job.backend).job_state(view.job.job_id)
 
 
-def _resume_hint(run_dir: Path, workdir: str) -> str:
+def _resume_hint(view: RunView, workdir: str) -> str:
     """The command that resumes the run, and the checkpoint it would resume from when the output directory is
     found."""
     from grpo_launch.rundir.checkpoints import checkpoints
 
-    try:
-        plan = json.loads(RunPaths(run_dir).plan_json.read_text())
-    except (OSError, ValueError):
-        plan = {}
-    recipe = plan.get("recipe") or "RECIPE"
-    out = (plan.get("trainer_values") or {}).get("output_dir")
-    found = checkpoints(Path(workdir, out)) if isinstance(out, str) else []
+    plan = view.plan
+    recipe = (plan.recipe if plan else None) or "RECIPE"
+    out = plan.output_dir if plan else None
+    found = checkpoints(Path(workdir, out)) if out is not None else []
     start = f"from checkpoint-{found[-1][0]}" if found else "from the newest complete checkpoint, if any"
-    return f"grpo-launch {recipe} --run-dir {run_dir} (resumes {start})"
+    return f"grpo-launch {recipe} --run-dir {view.root} (resumes {start})"
 
 
 def _hours(seconds: float | None) -> str:
@@ -84,7 +93,7 @@ def _hours(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
-def _before_first_step(holder: str | None, last: Attempt | None) -> Progress:
+def _before_first_step(holder: str | None) -> Progress:
     """Where a run stands before its first optimizer step (no step record yet)."""
     if holder is not None:
         why = "the launcher runs; no optimizer step yet (loading the model, starting vLLM, the first generation)"
@@ -92,53 +101,72 @@ def _before_first_step(holder: str | None, last: Attempt | None) -> Progress:
     return Progress("starting", "no optimizer step recorded", None, None, None, None)
 
 
-def command(args: argparse.Namespace, ctx: RunContext) -> int:
-    from grpo_launch.rundir.control import stopped_at
-    from grpo_launch.rundir.measured import metric_records, progress, read_plan_json, read_run
-    from grpo_launch.rundir.records import read_attempts
-    from grpo_launch.rundir.timeline import adaptation_rows, adaptations, async_row, startup_row, startup_terms
-
-    run_dir = Path(args.run_dir) if args.run_dir else newest_run(ctx.workdir)
-    paths = RunPaths(run_dir)
-    logs = sorted(str(x) for x in paths.logs.glob("*.log"))
-    attempts = read_attempts(paths.attempts)
-    holder = lock_holder(run_dir)
-    job, job_state = _job_state(last_holder(run_dir))
-    last = attempts[-1] if attempts else None
+def assess(view: RunView, workdir: str) -> Standing:
+    """Where the run stands: its measurements, its progress, and, when no launcher holds it, how its last attempt
+    ended (never a guess from the step clock) and how to resume it."""
+    holder, last = view.holder, view.last_attempt
+    job, job_state = _job_state(view)
     try:
-        m = read_run(run_dir)
+        m: Measured | None = measure(view)
     except ConfigError:
         if holder is None and last is None:
             raise
         m = None  # no optimizer step yet: the launcher is starting the run, or the run ended before its first step
-    p = _before_first_step(holder, last) if m is None else progress(m, time.time(), stopped_at(run_dir))
-    try:
-        records = metric_records(run_dir)
-    except ConfigError:
-        records = []  # nothing measured yet
+    p = _before_first_step(holder) if m is None else progress(m, time.time(), view.stopped_at)
     resume = None
     if holder is None and p.state in ("running", "silent", "starting"):
-        # No launcher holds the run: how its last attempt ended, never a guess from the step clock.
         if last is not None:
             why = f"{last.failure}: {last.why}" if last.failure else (last.why or f"exit code {last.exit_code}")
             p = replace(p, state=str(last.state), detail=why, eta_s=None)
         elif job is None:
             p = replace(p, state="ended", detail="no launcher holds the run and it recorded no end: the launcher "
                         "was killed, or its host went down", eta_s=None)  # fmt: skip
-        resume = _resume_hint(run_dir, ctx.workdir) if p.state != str(RunState.SUCCEEDED) else None
-    if args.json:
-        data = {"run_dir": str(run_dir), "step": m.last_step if m else 0, "max_steps": m.max_steps if m else None}
-        data |= asdict(p)
-        data |= {"launcher": holder, "attempts": [a.to_json() for a in attempts], "job": job, "job_state": job_state}
-        data |= {"resume": resume}
-        if m is not None:
-            data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
-            data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
-        data |= {"adaptations": adaptations(attempts), "startup": startup_terms(records)}
-        ctx.emit(json.dumps(data | {"logs": logs}, indent=2))
-        return 0
-    from grpo_launch.cli.tables import Section, print_sections
+        resume = _resume_hint(view, workdir) if p.state != str(RunState.SUCCEEDED) else None
+    return Standing(view, m, p, job, job_state, resume)
 
+
+def as_json(s: Standing) -> dict[str, Any]:
+    from grpo_launch.rundir.timeline import adaptations, startup_terms
+
+    view, m = s.view, s.measured
+    data: dict[str, Any] = {"run_dir": str(view.root), "step": m.last_step if m else 0,
+                            "max_steps": m.max_steps if m else None}  # fmt: skip
+    data |= asdict(s.progress)
+    data |= {"launcher": view.holder, "attempts": [a.to_json() for a in view.attempts], "job": s.job,
+             "job_state": s.job_state.to_json() if s.job_state else None, "resume": s.resume}  # fmt: skip
+    if m is not None:
+        data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
+        data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
+    data |= {"adaptations": adaptations(view.attempts), "startup": startup_terms(view.records)}
+    return data | {"logs": [str(x) for x in view.logs()]}
+
+
+def _course_rows(s: Standing) -> list[tuple[str, str]]:
+    """The launcher, the batch job, the attempts and what the run did besides stepping."""
+    from grpo_launch.rundir.timeline import adaptation_rows, async_row, startup_row
+
+    view, last = s.view, s.view.last_attempt
+    rows = [("launcher", f"running ({view.holder})" if view.holder else "not running")]
+    if s.resume:
+        rows.append(("resume", s.resume))
+    if s.job:
+        state = s.job_state
+        said = "unknown to its scheduler" if state is None else f"{state.said}, restarts {state.restarts}"
+        rows.append(("batch job", f"{s.job}: {said}"))
+    if view.attempts:
+        said = f"{len(view.attempts)} attempt(s), {len(view.attempts) - 1} restart(s)"
+        if last and last.failure:
+            said += f"; last ended {last.state} ({last.failure}): {last.why}"
+        rows.append(("attempts", said))
+    rows += adaptation_rows(view.attempts)
+    plan = view.plan
+    first = startup_row(view.records, plan.startup_s if plan else None)
+    rows += [row for row in (first, async_row(view.records, plan.queue_maxsize if plan else None)) if row]
+    return rows
+
+
+def text_rows(s: Standing) -> list[tuple[str, str]]:
+    m, p = s.measured, s.progress
     rows = [("state", f"{p.state}: {p.detail}")]
     if m is not None:
         rows.append(("step", f"{m.last_step}/{m.max_steps or '?'}"))
@@ -147,29 +175,22 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         )
     if p.eta_s is not None:
         rows.append(("ETA", f"{_hours(p.eta_s)} at the measured step time; planned {_hours(p.planned_eta_s)}"))
-    rows.append(("launcher", f"running ({holder})" if holder else "not running"))
-    if resume:
-        rows.append(("resume", resume))
-    if job:
-        said = (
-            "unknown to its scheduler"
-            if job_state is None
-            else (f"{job_state.get('JobState')}, restarts {job_state.get('Restarts')}")
-        )
-        rows.append(("batch job", f"{job}: {said}"))
-    if attempts:
-        said = f"{len(attempts)} attempt(s), {len(attempts) - 1} restart(s)"
-        if last and last.failure:
-            said += f"; last ended {last.state} ({last.failure}): {last.why}"
-        rows.append(("attempts", said))
-    rows += adaptation_rows(attempts)
-    plan_json = read_plan_json(run_dir)
-    forecast = (plan_json.get("estimate") or {}).get("startup_s")
-    first = startup_row(records, forecast if isinstance(forecast, (int, float)) else None)
-    rows += [row for row in (first, async_row(records, plan_json)) if row]
+    rows += _course_rows(s)
     rows += [(k, f"{m.last_log[k]:.4g}") for k in SHOWN if m is not None and k in m.last_log]
     if m is not None and m.peak_memory_bytes:
         rows.append(("peak memory", f"{m.peak_memory_bytes / GIB:.1f} GiB ({m.memory_kind}, largest rank)"))
-    rows.append(("logs", ", ".join(logs) or f"{paths.logs} (none yet)"))
-    print_sections([Section(f"grpo-launch status: {run_dir}", rows)])
+    logs = s.view.logs()
+    rows.append(("logs", ", ".join(str(x) for x in logs) or f"{s.view.paths.logs} (none yet)"))
+    return rows
+
+
+def command(args: argparse.Namespace, ctx: RunContext) -> int:
+    run_dir = Path(args.run_dir) if args.run_dir else newest_run(ctx.workdir)
+    standing = assess(RunView.load(run_dir), ctx.workdir)
+    if args.json:
+        ctx.emit(json.dumps(as_json(standing), indent=2))
+        return 0
+    from grpo_launch.cli.tables import Section, print_sections
+
+    print_sections([Section(f"grpo-launch status: {run_dir}", text_rows(standing))])
     return 0

@@ -71,6 +71,24 @@ def topology_sections(topology: Topology) -> list[Section]:
 
 def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
     out = [Section(f"grpo-launch plan: {plan.recipe.source or 'recipe'} on {plan.topology.describe()}", style="bold")]
+    out += [_roles_section(plan), _layout_section(plan), _generation_section(plan)]
+    if plan.estimate is not None:
+        out.append(_estimate_section(plan))
+    if plan.decisions:
+        why = [(d.what if d.value is None else f"{d.what}={d.value}", d.why) for d in plan.decisions]
+        out.append(Section("Why", why))
+    out += [Section(f"notice: {n}", style="cyan") for n in [*plan.notices, *_unpriced(plan)]]
+    out += [Section(f"warning: {w}", style="yellow") for w in plan.warnings]
+    commands = [(f"[{p.name}]", p.shell()) for p in (*vllm_servers(plan), *trainers(plan))]
+    out.append(Section("Commands", commands, table=False))
+    files = list(written)
+    if files:
+        out.append(Section("Wrote: " + ", ".join(files)))
+    return out
+
+
+def _roles_section(plan: Plan) -> Section:
+    """Which GPUs of which host train and which generate (a CPU run: its processes per host)."""
     roles: list[tuple[str, ...]] = []
     if plan.train.device == "cpu":
         for h in plan.train.hosts:
@@ -80,8 +98,10 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
             rs = list(items)
             mem = f" {rs[0].memory_gib:.0f} GiB" if rs[0].memory_gib else ""
             roles.append((host, _ranges([r.gpu for r in rs]), f"{rs[0].name}{mem}", role))
-    out.append(Section("GPUs and roles", roles, ("host", "GPUs", "model", "role")))
+    return Section("GPUs and roles", roles, ("host", "GPUs", "model", "role"))
 
+
+def _layout_section(plan: Plan) -> Section:
     lay = plan.layout
     layout = [
         ("training processes", str(lay.num_processes)),
@@ -97,8 +117,11 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
     ]
     if lay.per_device_eval_batch_size is not None:
         layout.append(("per_device_eval_batch_size", str(lay.per_device_eval_batch_size)))
-    out.append(Section("Batch layout (TRL 1.16)", layout))
+    return Section("Batch layout (TRL 1.16)", layout)
 
+
+def _generation_section(plan: Plan) -> Section:
+    """How vLLM generates (a server's hosts and shape, or colocated) and how the trainers train."""
     v, train = plan.vllm, plan.train
     gen = [("vLLM", str(v.mode))]
     if v.mode == "server":
@@ -121,48 +144,39 @@ def plan_sections(plan: Plan, written: Iterable[str] = ()) -> list[Section]:
         ("machines", f"{train.num_machines} (main {train.main_process_ip}:{train.main_process_port})"),
         ("output_dir", plan.output_dir),
     ]
-    out.append(Section("Generation and training", gen))
+    return Section("Generation and training", gen)
 
+
+def _estimate_section(plan: Plan) -> Section:
+    """The step's times, the memory per GPU and per node, the time to the first step and the whole run."""
     est = plan.estimate
-    if est is not None:
-        step = est.step
-        rows = []
-        if step is None:
-            rows.append(("step", est.time_missing or "no step time"))
-        else:
-            rows.append(("generation", f"{step.generation_s:.1f} s"))
-            if step.old_logprobs_s:
-                rows.append(("old log-probs forward", f"{step.old_logprobs_s:.1f} s"))
-            rows.append(("training", f"{step.training_s:.1f} s"))
-            if step.sync_s:
-                rows.append(("weight sync / vLLM switch", f"{step.sync_s:.1f} s"))
-            rows.append(("step", f"{step.total_s:.1f} s (bottleneck: {step.bottleneck})"))
-        if est.train_memory_gib is not None:
-            rows.append(("memory per training GPU", f"{est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB"))
-        if est.vllm_memory_gib is not None:
-            rows.append(("vLLM memory per GPU", f"{est.vllm_memory_gib:.1f} GiB"))
-        if est.host_memory_per_node_gib:
-            rows.append(("host RAM per node (offload)", f"{est.host_memory_per_node_gib:.0f} GiB"))
-        if est.startup_s is not None:
-            rows.append(("time to first step", f"≈ {est.startup_s:.0f} s (load, vLLM ready, first sync; again on "
-                         "every restart)"))  # fmt: skip
-        if est.total is not None:
-            rows += whole_run_rows(est.total)
-        elif est.total_missing:
-            rows.append(("whole run", est.total_missing))
-        out.append(Section("Estimate per optimizer step (grpo-launch plan --explain shows the arithmetic)", rows))
-
-    if plan.decisions:
-        why = [(d.what if d.value is None else f"{d.what}={d.value}", d.why) for d in plan.decisions]
-        out.append(Section("Why", why))
-    out += [Section(f"notice: {n}", style="cyan") for n in [*plan.notices, *_unpriced(plan)]]
-    out += [Section(f"warning: {w}", style="yellow") for w in plan.warnings]
-    commands = [(f"[{p.name}]", p.shell()) for p in (*vllm_servers(plan), *trainers(plan))]
-    out.append(Section("Commands", commands, table=False))
-    files = list(written)
-    if files:
-        out.append(Section("Wrote: " + ", ".join(files)))
-    return out
+    assert est is not None
+    step = est.step
+    rows = []
+    if step is None:
+        rows.append(("step", est.time_missing or "no step time"))
+    else:
+        rows.append(("generation", f"{step.generation_s:.1f} s"))
+        if step.old_logprobs_s:
+            rows.append(("old log-probs forward", f"{step.old_logprobs_s:.1f} s"))
+        rows.append(("training", f"{step.training_s:.1f} s"))
+        if step.sync_s:
+            rows.append(("weight sync / vLLM switch", f"{step.sync_s:.1f} s"))
+        rows.append(("step", f"{step.total_s:.1f} s (bottleneck: {step.bottleneck})"))
+    if est.train_memory_gib is not None:
+        rows.append(("memory per training GPU", f"{est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB"))
+    if est.vllm_memory_gib is not None:
+        rows.append(("vLLM memory per GPU", f"{est.vllm_memory_gib:.1f} GiB"))
+    if est.host_memory_per_node_gib:
+        rows.append(("host RAM per node (offload)", f"{est.host_memory_per_node_gib:.0f} GiB"))
+    if est.startup_s is not None:
+        rows.append(("time to first step", f"≈ {est.startup_s:.0f} s (load, vLLM ready, first sync; again on "
+                     "every restart)"))  # fmt: skip
+    if est.total is not None:
+        rows += whole_run_rows(est.total)
+    elif est.total_missing:
+        rows.append(("whole run", est.total_missing))
+    return Section("Estimate per optimizer step (grpo-launch plan --explain shows the arithmetic)", rows)
 
 
 def _hours_range(t: Total) -> str:

@@ -128,7 +128,7 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
         if decision.already_complete is not None:
             done = decision.already_complete
             ctx.emit(
-                f"[grpo-launch] this run is already complete (step {done.get('step')}/{done.get('max_steps')}, "
+                f"[grpo-launch] this run is already complete (step {done.step}/{done.max_steps}, "
                 f"model in {output_dir_of(plan, ctx.workdir)}): nothing to do. To train again from scratch: "
                 "--resume never (earlier checkpoints are set aside, the final model is replaced)."
             )

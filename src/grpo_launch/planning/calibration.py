@@ -1,5 +1,6 @@
 """From a previous run's measurements to the scales the next plan uses (``grpo-launch plan --calibrate-from``).
-Pure: takes what :func:`grpo_launch.rundir.measured.read_run` read.
+Pure: takes the run directory as :class:`grpo_launch.rundir.view.RunView` read it once (:func:`calibrate_from_run`),
+or what :func:`grpo_launch.rundir.measured.measure` made of it.
 
 The trainer times generation and training per step. Its "generation" is TRL's _generate_and_score_completions:
 vLLM's generation plus the reward, the old-log-prob forward and (server mode) the weight sync. So:
@@ -26,7 +27,9 @@ from grpo_launch.errors import ConfigError
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.planning.cost.steptime import padded_tokens
 from grpo_launch.planning.cost.workload import Calibration, Workload
-from grpo_launch.rundir.measured import Measured
+from grpo_launch.rundir.measured import Measured, measure
+from grpo_launch.rundir.plan_record import PlanRecord
+from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import frozen
 
 FLOOR = 0.05  # no scale below this: a term measured as nothing is a measurement problem, not a 20× speed-up
@@ -47,18 +50,22 @@ class Comparison:
         return None
 
 
-def prior_calibration(plan_json: dict[str, Any] | None) -> Calibration:
+def prior_calibration(plan: PlanRecord | None) -> Calibration:
     """The calibration a run's plan was made with, as its plan.json records it (none: every scale 1)."""
-    recorded = ((plan_json or {}).get("estimate") or {}).get("calibration")
-    if not isinstance(recorded, dict):
+    recorded = plan.calibration if plan is not None else None
+    if recorded is None:
         return Calibration()
-    scales = {}
-    for key in ("generation", "training", "memory"):
-        value = recorded.get(key)
-        scales[key] = float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
-    mean = recorded.get("mean_completion_len")
-    return Calibration(**scales, mean_completion_len=float(mean) if isinstance(mean, (int, float)) else None,
-                       source=str(recorded.get("source") or ""))  # fmt: skip
+
+    def scale(value: float) -> float:
+        return value if value > 0 else 1.0
+
+    return Calibration(scale(recorded.generation), scale(recorded.training), scale(recorded.memory),
+                       recorded.mean_completion_len, recorded.source)  # fmt: skip
+
+
+def calibrate_from_run(view: RunView) -> tuple[Calibration, list[Comparison]]:
+    """``plan --calibrate-from RUN_DIR``: the scales a run's measurements give, and the terms compared."""
+    return calibration_from(measure(view))
 
 
 def calibration_from(m: Measured) -> tuple[Calibration, list[Comparison]]:

@@ -8,60 +8,23 @@ from typing import Any
 
 from grpo_launch import __version__
 from grpo_launch.machines.gpus import GIB
-from grpo_launch.planning.types import Plan
+from grpo_launch.planning.types import Candidate, Plan
 from grpo_launch.render.processes import trainers, vllm_server, vllm_servers
 from grpo_launch.rundir.records import Prediction
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    """Everything decided, with reasons, as plain JSON-able data."""
-    vllm_spec = vllm_server(plan)
+    """Everything decided, with reasons, as plain JSON-able data. Its readers read it through
+    :class:`grpo_launch.rundir.plan_record.PlanRecord`: a key renamed here must be renamed there."""
     return {
         "grpo_launch_version": __version__,
         "recipe": plan.recipe.source,
         "run_dir": plan.run_dir,
-        "topology": {
-            "source": plan.topology.source,
-            "description": plan.topology.describe(),
-            "hosts": [
-                {
-                    "name": h.name,
-                    "address": h.addr,
-                    "gpus": [asdict(g) for g in h.gpus],
-                    "cpus": h.cpus,
-                    "memory_bytes": h.memory_bytes,
-                }
-                for h in plan.topology.hosts
-            ],
-        },
+        "topology": _topology(plan),
         "model": asdict(plan.model) if plan.model else None,
         "roles": [asdict(r) for r in plan.roles],
-        "vllm": {
-            **asdict(plan.vllm),
-            "base_url": plan.vllm.base_url,
-            "command": list(vllm_spec.argv) if vllm_spec else None,
-            "env": vllm_spec.launch_env if vllm_spec else None,
-            "shell": vllm_spec.shell() if vllm_spec else None,
-            "headless": [  # the server's other hosts (multi-node data parallel, or a replica's later stages)
-                {"name": w.name, "host": w.host, "argv": list(w.argv), "shell": w.shell()}
-                for w in vllm_servers(plan)[1:]
-            ],
-        },
-        "train": {
-            "device": plan.train.device,
-            "backend": plan.train.backend,
-            "offload": plan.train.offload,
-            "mixed_precision": plan.train.mixed_precision,
-            "num_processes": plan.train.num_processes,
-            "num_machines": plan.train.num_machines,
-            "main_process_ip": plan.train.main_process_ip,
-            "main_process_port": plan.train.main_process_port,
-            "hosts": [asdict(h) for h in plan.train.hosts],
-            "commands": [
-                {"name": s.name, "host": s.host, "argv": list(s.argv), "env": s.launch_env, "shell": s.shell()}
-                for s in trainers(plan)
-            ],
-        },
+        "vllm": _vllm(plan),
+        "train": _train(plan),
         "layout": {
             **asdict(plan.layout),
             "prompts_per_generation": plan.layout.prompts_per_generation,
@@ -69,31 +32,84 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         },
         "estimate": estimate_to_dict(plan),
         "split": plan.split,
-        "candidates": [
-            {
-                "label": c.label,
-                "mode": c.mode,
-                "tensor_parallel_size": c.tensor_parallel_size,
-                "pipeline_parallel_size": c.pipeline_parallel_size,
-                "data_parallel_size": c.data_parallel_size,
-                "server_gpus": c.server_gpus,
-                "trainers": c.trainers,
-                "idle_gpus": c.idle,
-                "status": c.status,
-                "prompts_per_step": c.prompts_per_step or None,
-                "step": asdict(c.step) if c.step else None,
-                "step_lower_bound_s": c.bound_s,
-                "per_prompt_s": c.per_prompt_s,
-                "chosen": c.chosen,
-                "rejected": c.rejected,
-            }
-            for c in plan.candidates
-        ],
+        "candidates": [_candidate(c) for c in plan.candidates],
         "asynchronous": plan.asynchronous.to_dict() if plan.asynchronous else None,
         "decisions": [asdict(d) for d in plan.decisions],
         "notices": list(plan.notices),
         "warnings": list(plan.warnings),
         "trainer_values": plan.resolved_trainer_values,
+    }
+
+
+def _topology(plan: Plan) -> dict[str, Any]:
+    return {
+        "source": plan.topology.source,
+        "description": plan.topology.describe(),
+        "hosts": [
+            {
+                "name": h.name,
+                "address": h.addr,
+                "gpus": [asdict(g) for g in h.gpus],
+                "cpus": h.cpus,
+                "memory_bytes": h.memory_bytes,
+            }
+            for h in plan.topology.hosts
+        ],
+    }
+
+
+def _vllm(plan: Plan) -> dict[str, Any]:
+    """The vLLM plan and, in server mode, the server's command on its first host and on the others."""
+    vllm_spec = vllm_server(plan)
+    return {
+        **asdict(plan.vllm),
+        "base_url": plan.vllm.base_url,
+        "command": list(vllm_spec.argv) if vllm_spec else None,
+        "env": vllm_spec.launch_env if vllm_spec else None,
+        "shell": vllm_spec.shell() if vllm_spec else None,
+        "headless": [  # the server's other hosts (multi-node data parallel, or a replica's later stages)
+            {"name": w.name, "host": w.host, "argv": list(w.argv), "shell": w.shell()} for w in vllm_servers(plan)[1:]
+        ],
+    }
+
+
+def _train(plan: Plan) -> dict[str, Any]:
+    """The training side and each trainer host's command."""
+    return {
+        "device": plan.train.device,
+        "backend": plan.train.backend,
+        "offload": plan.train.offload,
+        "mixed_precision": plan.train.mixed_precision,
+        "num_processes": plan.train.num_processes,
+        "num_machines": plan.train.num_machines,
+        "main_process_ip": plan.train.main_process_ip,
+        "main_process_port": plan.train.main_process_port,
+        "hosts": [asdict(h) for h in plan.train.hosts],
+        "commands": [
+            {"name": s.name, "host": s.host, "argv": list(s.argv), "env": s.launch_env, "shell": s.shell()}
+            for s in trainers(plan)
+        ],
+    }
+
+
+def _candidate(c: Candidate) -> dict[str, Any]:
+    """One split the search compared, with its predicted step and why it was chosen or not."""
+    return {
+        "label": c.label,
+        "mode": c.mode,
+        "tensor_parallel_size": c.tensor_parallel_size,
+        "pipeline_parallel_size": c.pipeline_parallel_size,
+        "data_parallel_size": c.data_parallel_size,
+        "server_gpus": c.server_gpus,
+        "trainers": c.trainers,
+        "idle_gpus": c.idle,
+        "status": c.status,
+        "prompts_per_step": c.prompts_per_step or None,
+        "step": asdict(c.step) if c.step else None,
+        "step_lower_bound_s": c.bound_s,
+        "per_prompt_s": c.per_prompt_s,
+        "chosen": c.chosen,
+        "rejected": c.rejected,
     }
 
 

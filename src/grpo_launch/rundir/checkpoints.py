@@ -21,6 +21,7 @@ from pathlib import Path
 from grpo_launch.enums import ResumeMode
 from grpo_launch.errors import ConfigError
 from grpo_launch.rundir.layout import COMPLETE_MARKER, NO_RESUME
+from grpo_launch.rundir.records import CompletionRecord
 from grpo_launch.spec import frozen
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -89,13 +90,19 @@ def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def completed(output_dir: Path) -> dict | None:
-    """The training entry's record of a finished run (step, max_steps, when), or None."""
+def completed(output_dir: Path) -> CompletionRecord | None:
+    """The training entry's record of a finished run (step, max_steps, when), or None (none, or one that does not
+    read: the run is then resumed, never skipped on a guess)."""
     try:
         data = json.loads((output_dir / COMPLETE_MARKER).read_text())
-    except (OSError, ValueError):
+        return CompletionRecord.from_json(data) if isinstance(data, dict) else None
+    except (OSError, ValueError, TypeError, OverflowError):
         return None
-    return data if isinstance(data, dict) else None
+
+
+def mark_complete(output_dir: str | Path, record: CompletionRecord) -> None:
+    """The training entry's one way to write the completion marker (rank 0, after the final save)."""
+    Path(output_dir, COMPLETE_MARKER).write_text(json.dumps(record.to_json()) + "\n")
 
 
 def set_aside(path: Path, label: str) -> Path:
@@ -111,7 +118,7 @@ class Resume:
     """What a run starts from: a checkpoint (None: fresh), whether it is already complete, what was set aside."""
 
     checkpoint: Path | None
-    already_complete: dict | None = None
+    already_complete: CompletionRecord | None = None
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -134,11 +141,7 @@ def decide_resume(output_dir: Path, mode: ResumeMode, max_steps: int | None) -> 
         if moved:
             notes.append(f"--resume never: set aside {len(moved)} earlier checkpoint(s) as {moved[0].name}, …")
         return Resume(None, None, tuple(notes))
-    if (
-        mode == ResumeMode.AUTO
-        and done is not None
-        and (not max_steps or max_steps <= 0 or done.get("step", 0) >= max_steps)
-    ):
+    if mode == ResumeMode.AUTO and done is not None and (not max_steps or max_steps <= 0 or done.step >= max_steps):
         return Resume(None, done, ())
     chosen = None
     for step, path in reversed(checkpoints(output_dir)):

@@ -1,17 +1,17 @@
-"""Read what a run measured: its metrics records (:mod:`.records`) and the prediction its plan.json made.
-Standard library only; raises ConfigError naming the missing file."""
+"""What a run measured, from its :class:`.view.RunView`: the means over its optimizer steps against the prediction
+its plan.json made (:class:`Measured`), and where the run stands (:func:`progress`). Standard library only; raises
+ConfigError naming the missing file."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import field
 from pathlib import Path
-from typing import Any
 
 from grpo_launch.errors import ConfigError
-from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.records import LogRecord, MetricRecord, Prediction, StepRecord, read_metrics
+from grpo_launch.rundir.plan_record import PlanRecord, Prediction
+from grpo_launch.rundir.records import LogRecord, StepRecord
+from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import frozen
 
 
@@ -32,49 +32,31 @@ class Measured:
     mean_completion_len: float | None  # TRL's completions/mean_length, averaged over its logs
     last_log: dict[str, float] = field(default_factory=dict)  # the latest value of each logged metric
     prediction: Prediction | None = None  # what plan.json predicted
-    plan: dict[str, Any] | None = None  # the rest of plan.json
+    plan: PlanRecord | None = None  # the rest of plan.json, as its readers use it
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def metric_records(run_dir: str | Path) -> list[MetricRecord]:
-    """The run's metrics records (a line cut short by a crash is skipped)."""
-    metrics = RunPaths(run_dir).metrics
-    try:
-        return read_metrics(metrics)
-    except OSError as exc:
+def measure(view: RunView, after_step: int = 0) -> Measured:
+    """``after_step``: only the steps after it (one layout's steps in a run that changed layout, launch.adapt).
+    Raises ConfigError when the run has no metrics.jsonl, or no step in it."""
+    metrics = view.paths.metrics
+    if not view.metrics_found:
         raise ConfigError(
-            f"cannot read {metrics}: {exc.strerror or exc}",
+            f"cannot read {metrics}: No such file or directory",
             hint="Give the run directory of a run that trained at least one step (it holds metrics.jsonl).",
-        ) from None
-
-
-def read_plan_json(run_dir: str | Path) -> dict[str, Any]:
-    """The run's plan.json ({} when there is none or it cannot be read)."""
-    try:
-        data = json.loads(RunPaths(run_dir).plan_json.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def read_run(run_dir: str | Path, after_step: int = 0) -> Measured:
-    """``after_step``: only the steps after it (one layout's steps in a run that changed layout, launch.adapt)."""
-    root = Path(run_dir)
-    records = metric_records(root)
-    steps = [r for r in records if isinstance(r, StepRecord) and (r.step or 0) > after_step]
-    logs = [r.log for r in records if isinstance(r, LogRecord) and r.step > after_step]
+        )
+    steps = [r for r in view.records if isinstance(r, StepRecord) and (r.step or 0) > after_step]
+    logs = [r.log for r in view.records if isinstance(r, LogRecord) and r.step > after_step]
     if not steps:
-        metrics = RunPaths(root).metrics
         raise ConfigError(f"{metrics} has no step lines", hint="Let the run train at least one optimizer step.")
     use = steps[1:] if len(steps) > 1 else steps
     peaks = [p for s in steps for p in s.peak_memory_bytes]
     lengths = [g["completions/mean_length"] for g in logs if "completions/mean_length" in g]
-    plan = read_plan_json(root) or None
     return Measured(
-        run_dir=str(root),
+        run_dir=str(view.root),
         steps=len(steps),
         last_step=steps[-1].step or len(steps),
         max_steps=steps[-1].max_steps,
@@ -86,9 +68,15 @@ def read_run(run_dir: str | Path, after_step: int = 0) -> Measured:
         memory_kind=steps[-1].memory_kind,
         mean_completion_len=_mean(lengths) if lengths else None,
         last_log={k: v for g in logs for k, v in g.items()},  # each key's latest value
-        prediction=Prediction.from_json((plan or {}).get("estimate")),
-        plan=plan,
+        prediction=view.plan.prediction if view.plan else None,
+        plan=view.plan,
     )
+
+
+def read_run(run_dir: str | Path, after_step: int = 0) -> Measured:
+    """:func:`measure` of the run directory as it is now, for the launcher while the trainers write (launch.adapt):
+    a metrics line that does not read is left out rather than stopping the run."""
+    return measure(RunView.load(run_dir, strict=False), after_step)
 
 
 @frozen

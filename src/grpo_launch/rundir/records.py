@@ -6,49 +6,50 @@ reader (standard library only: the trainers write some of them).
   watchdog, ``status``, ``plan --calibrate-from`` and the report read them with :func:`read_metrics`.
 - ``control/attempts.jsonl`` (the launcher appends): an :class:`Attempt` per supervised attempt, with the
   launch.adapt decisions made in it (:class:`AdaptRecord`).
-- ``plan.json``'s estimate: the :class:`Prediction` the plan made, which calibration, ``status`` and the report
-  compare with what was measured.
+- ``plan.json``: :class:`.plan_record.PlanRecord` (what its readers use) and its :class:`Prediction`, which
+  calibration, ``status`` and the report compare with what was measured.
+- ``OUTPUT_DIR/grpo_launch_complete.json`` (the training entry writes it after the final save): a
+  :class:`CompletionRecord`.
+- A host's answer to the check before a hostfile or Ray run (``grpo_launch.node.host_check`` prints it): a
+  :class:`HostCheck`.
+- Not a file: what a batch system says of the run's job (``Backend.job_state``), a :class:`JobState`.
 
-A line cut short by a crash is skipped; a record of a newer version with more keys still reads.
+A line cut short by a crash is skipped; a record of a newer version with more keys still reads. The watchdog reads
+the metrics leniently while the run goes (:func:`read_metrics`: a line that does not read is left out);
+``status`` and the report read them strictly (:func:`load_lines`: such a line is an error naming the file and line).
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterator
-from dataclasses import asdict, field, fields
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from grpo_launch.enums import AdaptAction, FailureKind, Role, RunState, StrEnum
-from grpo_launch.errors import ConfigError
+from grpo_launch.enums import FailureKind, JobStatus, Role, RunState, StrEnum
+from grpo_launch.rundir.adapt_record import AdaptRecord, UnknownAction
+from grpo_launch.rundir.fields import (
+    Fields,
+    enum_or_none,
+    file_error,
+    float_or,
+    float_or_none,
+    int_or_none,
+    number,
+    seconds,
+    whole,
+)
+from grpo_launch.rundir.plan_record import PlanRecord, Prediction
 from grpo_launch.spec import frozen
 
-E = TypeVar("E", bound=StrEnum)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _float(value: Any, default: float = 0.0) -> float:
-    return float(value) if _number(value) else default
-
-
-def _enum(kind: type[E], value: Any) -> E | None:
-    try:
-        return kind(value)
-    except ValueError:
-        return None
-
-
-def _float_or_none(value: Any) -> float | None:
-    return float(value) if _number(value) else None
-
-
-def _int_or_none(value: Any) -> int | None:
-    return int(value) if _number(value) else None
+__all__ = [
+    "AdaptRecord",
+    "PlanRecord",
+    "Prediction",
+    "UnknownAction",
+]  # plan.json's records live in .plan_record, the adapt decisions in .adapt_record: every reader finds them here
+R = TypeVar("R")
 
 
 @frozen
@@ -81,16 +82,16 @@ class StepRecord:
         peaks = row.get("peak_memory_bytes") or []
         busy = row.get("gpu_utilization") or []
         return cls(
-            step=int(row.get("step") or 0),
-            step_s=float(row["step_s"]),
-            generation_s=_float_or_none(row.get("generation_s")),
-            training_s=_float_or_none(row.get("training_s")),
-            max_steps=_int_or_none(row.get("max_steps")),
-            time=float(row["time"]) if _number(row.get("time")) else None,
-            num_tokens=_int_or_none(row.get("num_tokens")),
-            peak_memory_bytes=tuple(int(p) for p in peaks if _number(p)),
+            step=whole(row.get("step"), "step"),
+            step_s=seconds(row.get("step_s"), "step_s"),
+            generation_s=float_or_none(row.get("generation_s")),
+            training_s=float_or_none(row.get("training_s")),
+            max_steps=int_or_none(row.get("max_steps")),
+            time=float_or_none(row.get("time")),
+            num_tokens=int_or_none(row.get("num_tokens")),
+            peak_memory_bytes=tuple(int(p) for p in peaks if number(p)),
             memory_kind=row.get("memory_kind") if isinstance(row.get("memory_kind"), str) else None,
-            gpu_utilization=tuple(int(u) if _number(u) else None for u in busy),
+            gpu_utilization=tuple(int(u) if number(u) else None for u in busy),
         )
 
 
@@ -106,7 +107,7 @@ class SaveRecord:
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> SaveRecord:
-        return cls(int(row.get("step") or 0), float(row["save_s"]))
+        return cls(whole(row.get("step"), "step"), seconds(row.get("save_s"), "save_s"))
 
 
 @frozen
@@ -121,7 +122,7 @@ class LogRecord:
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> LogRecord:
-        return cls(int(row.get("step") or 0), {str(k): float(v) for k, v in row["log"].items() if _number(v)})
+        return cls(whole(row.get("step"), "step"), {str(k): float(v) for k, v in row["log"].items() if number(v)})
 
 
 STARTUP_PHASES = ("model_load", "vllm_ready", "first_sync", "first_generation")
@@ -142,21 +143,31 @@ class StartupRecord:
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> StartupRecord:
-        return cls(str(row["startup"]), _float(row.get("seconds")), _float_or_none(row.get("time")))
+        return cls(str(row["startup"]), float_or(row.get("seconds")), float_or_none(row.get("time")))
 
 
 MetricRecord = StepRecord | SaveRecord | LogRecord | StartupRecord
 
 
 def metric_record(row: dict[str, Any]) -> MetricRecord | None:
-    """The record a metrics.jsonl line holds, or None for a line of no kind known here."""
-    if isinstance(row.get("startup"), str) and _number(row.get("seconds")):
+    """The record a metrics.jsonl line holds, or None for a line of no kind known here or whose values do not read
+    (the watchdog reads lines while the run writes them, and must never fail on one)."""
+    try:
+        return metric_record_strict(row)
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def metric_record_strict(row: dict[str, Any]) -> MetricRecord | None:
+    """The record a metrics.jsonl line holds, None for a line of no kind known here (a newer version's); a line of
+    a known kind whose values do not read (``"step": 1e400``) raises ValueError."""
+    if isinstance(row.get("startup"), str) and number(row.get("seconds")):
         return StartupRecord.from_json(row)
     if isinstance(row.get("log"), dict):
         return LogRecord.from_json(row)
-    if _number(row.get("step_s")):
+    if "step_s" in row:
         return StepRecord.from_json(row)
-    if _number(row.get("save_s")):
+    if "save_s" in row:
         return SaveRecord.from_json(row)
     return None
 
@@ -173,16 +184,53 @@ def parse_lines(data: bytes | str) -> Iterator[dict[str, Any]]:
 
 
 def read_metrics(path: str | Path) -> list[MetricRecord]:
-    """Every record of a metrics.jsonl. Raises OSError when it cannot be read."""
+    """Every record of a metrics.jsonl, leniently (a line that does not read is left out). Raises OSError when it
+    cannot be read."""
     return [r for row in parse_lines(Path(path).read_text(errors="replace")) if (r := metric_record(row))]
+
+
+def load_lines(path: str | Path, text: str, parse: Callable[[dict[str, Any]], R | None]) -> list[R]:
+    """Each line of a JSON-lines run file through ``parse``, strictly: a line that is not a JSON object, or whose
+    values do not read, is a RunFileError naming the file and the line. A line cut short by a crash (it does not end
+    its object) is skipped, and so is a line of a kind ``parse`` does not know (None)."""
+    out = []
+    lines = text.splitlines()
+    for n, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            being_written = n == len(lines) and not text.endswith("\n")  # a writer is in the middle of it
+            if being_written or not line.endswith("}"):
+                continue  # cut short: the writer died mid-line (append() starts the next record on a line of its own)
+            raise file_error(path, f", line {n}", f"not JSON ({exc})") from None
+        if not isinstance(row, dict):
+            raise file_error(path, f", line {n}", f"not a JSON object (got {type(row).__name__})")
+        try:
+            record = parse(row)
+        except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:
+            raise file_error(path, f", line {n}", str(exc) or exc.__class__.__name__) from None
+        if record is not None:
+            out.append(record)
+    return out
 
 
 def append(path: str | Path, record: MetricRecord | Attempt) -> None:
     """Append one record as one line (the one way every writer writes)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with target.open("a") as f:
-        f.write(json.dumps(record.to_json()) + "\n")
+    with target.open("a+b") as f:
+        # A line an earlier writer left cut short (it died mid-line) is ended first, so this record is whole.
+        f.seek(0, 2)
+        if f.tell() > 0:
+            f.seek(-1, 2)
+            ended = f.read(1) == b"\n"
+            f.seek(0, 2)
+            if not ended:
+                f.write(b"\n")
+        f.write((json.dumps(record.to_json()) + "\n").encode())
 
 
 @frozen
@@ -208,12 +256,12 @@ class Attempt:
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> Attempt:
         return cls(
-            attempt=int(row.get("attempt") or 0),
-            ended=_float(row.get("ended")),
-            state=_enum(RunState, row.get("state")) or RunState.FAILED,
-            exit_code=int(row.get("exit_code") or 0),
-            failure=_enum(FailureKind, row.get("failure")),
-            side=_enum(Role, row.get("side")),
+            attempt=whole(row.get("attempt"), "attempt"),
+            ended=float_or(row.get("ended")),
+            state=enum_or_none(RunState, row.get("state")) or RunState.FAILED,
+            exit_code=whole(row.get("exit_code"), "exit_code"),
+            failure=enum_or_none(FailureKind, row.get("failure")),
+            side=enum_or_none(Role, row.get("side")),
             cause=row.get("cause"),
             message=str(row.get("message") or ""),
             adaptations=tuple(AdaptRecord.from_json(a) for a in row.get("adaptations") or () if isinstance(a, dict)),
@@ -225,113 +273,95 @@ class Attempt:
 
 
 def read_attempts(path: str | Path) -> list[Attempt]:
-    """The attempts of a run ([] when none was recorded). Raises ConfigError, naming the file, for a record this
-    version cannot read (a launch.adapt decision with an action it does not know)."""
+    """The attempts of a run ([] when none was recorded); a line that does not read is left out, but a launch.adapt
+    decision this version does not know is an error naming the file (what follows a decision depends on it)."""
     try:
         text = Path(path).read_text(errors="replace")
     except OSError:
         return []
-    attempts = []
+    return attempts_of(text, path)
+
+
+def attempts_of(text: str, path: str | Path = "attempts.jsonl") -> list[Attempt]:
+    """The attempts of an attempts.jsonl's text, leniently (a line that does not read is left out), except an
+    unknown launch.adapt action (:class:`UnknownAction`), which raises naming ``path`` and the attempt."""
+    out = []
     for row in parse_lines(text):
         try:
-            attempts.append(Attempt.from_json(row))
-        except ValueError as exc:
-            raise ConfigError(
-                f"{path}: attempt {row.get('attempt')!r}: {exc}",
-                hint="The file was written by another version of grpo-launch, or edited by hand.",
-            ) from None
-    return attempts
+            out.append(Attempt.from_json(row))
+        except UnknownAction as exc:
+            raise file_error(path, f": attempt {row.get('attempt')!r}", str(exc)) from None
+        except (ValueError, TypeError, OverflowError):
+            continue
+    return out
 
 
 @frozen
-class Prediction:
-    """What the plan predicted for one optimizer step, as plan.json's estimate records it (render writes it;
-    calibration, ``status`` and the report read it). ``workload`` is planning's Workload.to_dict()."""
+class CompletionRecord:
+    """A finished run (``OUTPUT_DIR/grpo_launch_complete.json``, written by the training entry after the final
+    save): the step it ended at and its max_steps. A run complete at its max_steps is not trained again."""
 
-    generation_s: float
-    old_logprobs_s: float
-    training_s: float
-    sync_s: float
-    train_memory_gib: float | None = None
-    workload: dict[str, Any] | None = None
-
-    @property
-    def step_s(self) -> float:
-        return self.generation_s + self.old_logprobs_s + self.training_s + self.sync_s
-
-    @property
-    def trainer_generation_s(self) -> float:
-        """What the trainer's own "generation" time includes: generation, the old log-probs, the weight sync."""
-        return self.generation_s + self.old_logprobs_s + self.sync_s
+    step: int
+    max_steps: int | None = None
+    time: float | None = None  # wall clock when it was written
 
     def to_json(self) -> dict[str, Any]:
-        """The keys of plan.json's estimate this record owns."""
-        times = {"generation": self.generation_s, "old_logprobs": self.old_logprobs_s, "training": self.training_s}
-        return {"time_s": times | {"sync": self.sync_s, "step": self.step_s}, "workload": self.workload}
+        return {"step": self.step, "max_steps": self.max_steps, "time": self.time}
 
     @classmethod
-    def from_json(cls, estimate: dict[str, Any] | None) -> Prediction | None:
-        """From plan.json's estimate (None when the plan made none)."""
-        times = (estimate or {}).get("time_s")
-        if not isinstance(times, dict) or not _number(times.get("training")):
-            return None
-        memory = (estimate or {}).get("memory_per_training_gpu_gib") or {}
-        workload = (estimate or {}).get("workload")
-        return cls(
-            generation_s=_float(times.get("generation")),
-            old_logprobs_s=_float(times.get("old_logprobs")),
-            training_s=_float(times.get("training")),
-            sync_s=_float(times.get("sync")),
-            train_memory_gib=float(memory["total"]) if _number(memory.get("total")) else None,
-            workload=workload if isinstance(workload, dict) else None,
-        )
-
-
-# launch.adapt's decisions: made by planning/after_run/decision.py, kept with the attempt they were made in.
+    def from_json(cls, row: dict[str, Any]) -> CompletionRecord:
+        return cls(whole(row.get("step"), "step"), int_or_none(row.get("max_steps")), float_or_none(row.get("time")))
 
 
 @frozen
-class AdaptRecord:
-    """One launch.adapt decision, as ``control/attempts.jsonl`` keeps it (``status`` and the report read it). Times
-    are seconds per prompt: ``measured_s`` on the running split; ``predicted_s`` what its plan predicted;
-    ``calibrated_s`` the running split re-predicted with the measurements; ``new_s`` the split moved to, predicted
-    the same way (a revert: the measured time of the split returned to)."""
+class JobState:
+    """What a batch system says of the job a run belongs to (``Backend.job_state``): its state in grpo-launch's
+    words, the batch system's own word for it (Slurm's ``TIMEOUT``, ``NODE_FAIL``), its restarts, run time and time
+    limit as the batch system writes them, and its nodes. ``status`` shows it; no batch system's keys reach it."""
 
-    action: AdaptAction
-    reason: str
-    at_step: int
-    split: str
-    measured_s: float
-    predicted_s: float | None = None
-    calibrated_s: float | None = None
-    new_split: str | None = None
-    new_s: float | None = None
+    state: JobStatus
+    native: str = ""
+    restarts: int | None = None
+    run_time: str | None = None
+    time_limit: str | None = None
+    nodes: str | None = None
 
-    def __post_init__(self) -> None:
-        # a plain "resplit" becomes the enum member (ValueError for a word that is none), so `.action.moves` holds
-        object.__setattr__(self, "action", AdaptAction(self.action))
+    @property
+    def said(self) -> str:
+        """The state as ``status`` says it: the batch system's word, and grpo-launch's where they differ."""
+        word = self.native or str(self.state)
+        return word if word == str(self.state) else f"{word} ({self.state})"
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(AdaptRecord)}
-        out["action"] = str(self.action)
-        return out
+        return {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(self).items()}
 
     @classmethod
-    def from_json(cls, row: dict[str, Any]) -> AdaptRecord:
-        """Raises ValueError for an action this version does not know: what follows a decision depends on it."""
-        action = _enum(AdaptAction, row.get("action"))
-        if action is None:
-            known = ", ".join(AdaptAction)
-            raise ValueError(f"a launch.adapt decision with the unknown action {row.get('action')!r} (known: {known})")
-        new_split = row.get("new_split")
-        return cls(
-            action=action,
-            reason=str(row.get("reason") or ""),
-            at_step=_int_or_none(row.get("at_step")) or 0,
-            split=str(row.get("split") or ""),
-            measured_s=_float(row.get("measured_s")),
-            predicted_s=_float_or_none(row.get("predicted_s")),
-            calibrated_s=_float_or_none(row.get("calibrated_s")),
-            new_split=new_split if isinstance(new_split, str) else None,
-            new_s=_float_or_none(row.get("new_s")),
-        )
+    def from_json(cls, row: dict[str, Any]) -> JobState:
+        state = enum_or_none(JobStatus, row.get("state")) or JobStatus.UNKNOWN
+        text = {k: row.get(k) if isinstance(row.get(k), str) else None for k in ("run_time", "time_limit", "nodes")}
+        return cls(state, str(row.get("native") or ""), int_or_none(row.get("restarts")), **text)
+
+
+@frozen
+class HostCheck:
+    """A host's answer before a run on several hosts starts anything (``grpo_launch.node.host_check`` prints it as
+    one JSON line): its grpo-launch version, which of the recipe's local paths it lacks, which of its ports are
+    taken, the vLLM version its Python imports, its name and its RAM."""
+
+    version: str
+    missing: tuple[str, ...] = ()
+    busy: tuple[int, ...] = ()
+    vllm: str | None = None
+    host: str = ""
+    memory_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"missing": list(self.missing), "busy": list(self.busy)}
+
+    @classmethod
+    def from_json(cls, row: Any, source: str) -> HostCheck:
+        """Strict: ``source`` names where the line came from (``host h1's check``) in the error."""
+        f = Fields(row, source)
+        return cls(f.text("version"), tuple(str(p) for p in f.sequence("missing")),
+                   tuple(int(p) for p in f.sequence("busy") if number(p)), f.text_or_none("vllm"), f.text("host"),
+                   f.integer_or_none("memory_bytes"))  # fmt: skip

@@ -16,16 +16,17 @@ import base64
 import html
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpo_launch.errors import ConfigError
 from grpo_launch.machines.gpus import GIB
-from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.measured import metric_records, read_plan_json
-from grpo_launch.rundir.records import LogRecord, Prediction, StartupRecord, StepRecord
+from grpo_launch.rundir.plan_record import PlanRecord
+from grpo_launch.rundir.records import LogRecord, MetricRecord, StartupRecord, StepRecord
 from grpo_launch.rundir.report_summary import log_links, plan_rows, summary_rows
+from grpo_launch.rundir.view import RunView
 
 
 @dataclass
@@ -42,14 +43,19 @@ class Series:
             self.values.append(float(value))
 
 
-def read_series(run_dir: Path) -> dict[str, dict[str, Series]]:
+def read_series(run_dir: str | Path) -> dict[str, dict[str, Series]]:
+    """{plot: {line: Series}} from a run directory's metrics records (for checks and tools)."""
+    return series_of(RunView.load(run_dir).records)
+
+
+def series_of(records: Sequence[MetricRecord]) -> dict[str, dict[str, Series]]:
     """{plot: {line: Series}} from the run's metrics records (steps and TRL's logged metrics)."""
     plots: dict[str, dict[str, Series]] = {"reward": {}, "length": {}, "time": {}, "memory": {}, "gpu": {}}
 
     def line(plot: str, name: str) -> Series:
         return plots[plot].setdefault(name, Series(name))
 
-    for record in metric_records(run_dir):
+    for record in records:
         if isinstance(record, StartupRecord):
             continue  # the time to the first step is a row of the summary, not a series
         step = record.step
@@ -80,9 +86,9 @@ TITLES = {
 }
 
 
-def _predicted(plan: dict[str, Any], plot: str) -> dict[str, float]:
+def _predicted(plan: PlanRecord | None, plot: str) -> dict[str, float]:
     """The plan's predicted values for a plot, drawn as dashed lines."""
-    pred = Prediction.from_json(plan.get("estimate"))
+    pred = plan.prediction if plan is not None else None
     if pred is None:
         return {}
     if plot == "time":
@@ -92,22 +98,30 @@ def _predicted(plan: dict[str, Any], plot: str) -> dict[str, float]:
     return {}
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Write RUN_DIR/report/{report.html, *.png}; returns the HTML's path."""
+def write_report(run_dir: str | Path | RunView) -> Path:
+    """Write RUN_DIR/report/{report.html, *.png} from the run directory read once; returns the HTML's path."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot  # a missing matplotlib is said before any file is read
     except ImportError:
         raise ConfigError(
             "the run report needs matplotlib", hint="pip install 'grpo-launch[report]' (or pip install matplotlib)."
         ) from None
-    root = Path(run_dir)
-    series = read_series(root)
-    plan = read_plan_json(root)
-    out = RunPaths(root).report
+    view = run_dir if isinstance(run_dir, RunView) else RunView.load(run_dir)
+    series = series_of(view.records)
+    out = view.paths.report
     out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.html"
+    path.write_text(_page(view, series, _plot_sections(series, view.plan, out)))
+    return path
+
+
+def _plot_sections(series: dict[str, dict[str, Series]], plan: PlanRecord | None, out: Path) -> list[str]:
+    """Each plot drawn into OUT/PLOT.png, with the plan's prediction dashed, and embedded as an HTML section."""
+    import matplotlib.pyplot as plt
+
     sections = []
     for plot, lines in series.items():
         if not lines:
@@ -131,12 +145,17 @@ def write_report(run_dir: str | Path) -> Path:
         plt.close(fig)
         data = base64.b64encode(png.read_bytes()).decode()
         sections.append(f"<h2>{html.escape(title)}</h2><img alt='{plot}' src='data:image/png;base64,{data}'>")
-    name = html.escape(str(plan.get("recipe") or root.name))
+    return sections
+
+
+def _page(view: RunView, series: dict[str, dict[str, Series]], sections: list[str]) -> str:
+    plan, root = view.plan, view.root
+    name = html.escape(str((plan.recipe if plan else None) or root.name))
     rewards = {k: s.values for k, s in series.get("reward", {}).items()}
-    summary, error = summary_rows(root, plan, rewards)
-    recipe = sorted((str(k), json.dumps(v)) for k, v in (plan.get("trainer_values") or {}).items())
-    logs = log_links(root, out)
-    page = (
+    summary, error = summary_rows(view, rewards)
+    recipe = sorted((str(k), json.dumps(v)) for k, v in (plan.trainer_values if plan else {}).items())
+    logs = log_links(view, view.paths.report)
+    return (
         "<!doctype html><meta charset='utf-8'><title>grpo-launch report: "
         + name
         + "</title>"
@@ -156,9 +175,6 @@ def write_report(run_dir: str | Path) -> Path:
         + html.escape(json.dumps({p: {k: vars(s) for k, s in lines.items()} for p, lines in series.items()}))
         + "</script>"
     )
-    path = out / "report.html"
-    path.write_text(page)
-    return path
 
 
 STYLE = (

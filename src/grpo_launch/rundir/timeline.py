@@ -81,13 +81,11 @@ def startup_row(records: Sequence[MetricRecord], forecast_s: float | None) -> tu
     return ("time to first step", said)
 
 
-def async_row(records: Sequence[MetricRecord], plan_json: dict[str, Any]) -> tuple[str, str] | None:
+def async_row(records: Sequence[MetricRecord], queue_maxsize: int | None) -> tuple[str, str] | None:
     """An AsyncGRPO run's own signals at its last logged step and the verdict read from the last few (None for a
-    synchronous run)."""
+    synchronous run). ``queue_maxsize``: the rollout queue's size the plan set (PlanRecord.queue_maxsize)."""
     logs = [r.log for r in records if isinstance(r, LogRecord)]
-    settings = plan_json.get("asynchronous") or {}
-    cap = settings.get("queue_maxsize") if isinstance(settings.get("queue_maxsize"), int) else None
-    verdict = async_verdict(logs, cap)
+    verdict = async_verdict(logs, queue_maxsize)
     if verdict is None:
         return None
     last = next((log for log in reversed(logs) if signals_text(log)), {})

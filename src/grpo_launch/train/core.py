@@ -25,15 +25,15 @@ Importing this module is cheap: transformers, trl and datasets are imported by t
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from grpo_launch.recipe.keys import OPEN_R1_REWARD_KEYS
+from grpo_launch.rundir.checkpoints import mark_complete
 from grpo_launch.rundir.control import mark_stopped
-from grpo_launch.rundir.layout import COMPLETE_MARKER, NO_RESUME
+from grpo_launch.rundir.layout import NO_RESUME
+from grpo_launch.rundir.records import CompletionRecord
 from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset
 from grpo_launch.train.environment import JobEnvironment
 from grpo_launch.train.rewards import load_reward
@@ -133,9 +133,9 @@ def resume_checkpoint(job: JobEnvironment, output_dir: str) -> str | None:
 
 
 def write_complete_marker(output_dir: str, step: int, max_steps: int) -> None:
-    """output_dir/COMPLETE_MARKER: the run trained to its end (the launcher does not train it again)."""
-    record = {"step": step, "max_steps": max_steps, "time": time.time()}
-    Path(output_dir, COMPLETE_MARKER).write_text(json.dumps(record) + "\n")
+    """output_dir/COMPLETE_MARKER: the run trained to its end (the launcher does not train it again), as the
+    run directory's one writer of it writes the record."""
+    mark_complete(output_dir, CompletionRecord(step=step, max_steps=max_steps, time=time.time()))
 
 
 def train_and_finish(trainer: Any, stop: Any, job: JobEnvironment) -> None:

@@ -16,6 +16,7 @@ from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
+    from grpo_launch.rundir.records import JobState
 
 
 @frozen
@@ -69,13 +70,13 @@ class SlurmBackend(BaseBackend[SlurmOptions]):
         return ctx.environ.get(SLURM_VARIABLES["job_id"]) or None
 
     @classmethod
-    def job_state(cls, job_id: str) -> dict[str, str] | None:
-        """JobState, Restarts, … of a Slurm job (``scontrol show job -o``), or None (finished long ago, no Slurm)."""
+    def job_state(cls, job_id: str) -> JobState | None:
+        """A Slurm job's state, restarts, run time, limit and nodes (``scontrol show job -o``), or None (finished
+        long ago, no Slurm)."""
+        from grpo_launch.backends.slurm.job_state import job_state_of
+
         text = run_scontrol(["show", "job", "-o", job_id])
-        if not text:
-            return None
-        fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
-        return {k: fields[k] for k in ("JobState", "Restarts", "RunTime", "TimeLimit", "NodeList") if k in fields}
+        return job_state_of(text) if text else None
 
     def after_run(self, plan: Plan, result: RunResult, ctx: RunContext) -> RunResult:
         from grpo_launch.backends.slurm.sbatch import requeue_slurm_job
