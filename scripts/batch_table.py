@@ -4,8 +4,8 @@
 
 Prints one markdown table: for each recipe and topology, the recipe's per-device batch, gradient accumulation,
 steps per generation and group size (``-``: not set, TRL's default or the planner's choice), the planned ones, the
-prompts and completions per optimizer step, the trainer processes, and every value the plan changed (and whether a notice says so). Planning only:
-nothing is downloaded (model shapes come from the built-in table) and nothing starts.
+prompts and completions per optimizer step, the trainer processes, and every value the plan changed (and whether
+a notice says so). Planning only: nothing is downloaded (model shapes come from the built-in table) and nothing starts.
 """
 
 from __future__ import annotations
