@@ -22,6 +22,7 @@ from grpo_launch.planning.cost.memory import (
     margin_lines,
     vllm_memory,
     vllm_share_needed,
+    vllm_weights,
 )
 from grpo_launch.planning.cost.overlap import overlap_line
 from grpo_launch.planning.cost.startup import startup_time
@@ -41,6 +42,7 @@ from grpo_launch.planning.lengths import prompt_bound
 from grpo_launch.planning.refusal.explain import vllm_explain
 from grpo_launch.planning.training import Training
 from grpo_launch.planning.types import Estimate, StepTime, Total, Trace, TrainHost, TrainPlan, VllmPlan
+from grpo_launch.planning.values import Parallelism
 from grpo_launch.recipe import Recipe
 
 
@@ -113,13 +115,11 @@ def size_vllm(
     # vLLM's default); the server's value stays as planned, only the sequences are sized to it.
     share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
     limit = vllm.gpu_memory_utilization if vllm.mode == VllmMode.SERVER else None
-    tp, ep, pp = vllm.tensor_parallel_size, vllm.expert_parallel, vllm.pipeline_parallel_size
-    # one engine per TP group of trainers (colocate), one per data-parallel rank (server)
-    replicas = max(1, n // tp) if vllm.mode == VllmMode.COLOCATE else vllm.data_parallel_size
-    sized = vllm_memory(model, tp, mem, work, share=share, limit=limit, replicas=replicas, ep=ep, pp=pp)
+    par = engines(vllm, n)
+    sized = vllm_memory(model, par, mem, work, share=share, limit=limit)
     if sized is None:
-        weights = model.weight_bytes_per_gpu(tp, replicas, ep=ep, pp=pp)
-        need = vllm_share_needed(model, tp, mem, work.seq_len, replicas, ep=ep, pp=pp)
+        weights = vllm_weights(model, par)
+        need = vllm_share_needed(model, par, mem, work.seq_len)
         fixes = [
             Fix("gpus", None, "more GPUs (a larger tensor-parallel size spreads the weights)", 3, in_recipe=False),
             Fix("launch.vllm", "off", "generate with transformers in the trainers; slow", rank=4),
@@ -128,7 +128,7 @@ def size_vllm(
             why = "leaves less for training" if vllm.mode == VllmMode.COLOCATE else "the weights need at least that"
             fixes.append(Fix("launch.vllm_gpu_memory_utilization", round(need, 2), why, 0))
         util = share or limit or VLLM_SERVER_UTILIZATION
-        explain = vllm_explain(model, tp, mem, work.seq_len, util, weights, need, replicas if ep else None)
+        explain = vllm_explain(model, par.tp, mem, work.seq_len, util, weights, need, par.dp if par.ep else None)
         raise PlanError(
             f"vLLM ({vllm.mode}) does not fit: {weights / GIB:.1f} GiB of weights per GPU leave no room for the KV "
             f"cache of one {work.seq_len}-token sequence at gpu_memory_utilization {util:.2f}",
@@ -142,6 +142,13 @@ def size_vllm(
         max_model_len=vllm.max_model_len or sized.max_model_len,
     )
     return sized_plan, sized
+
+
+def engines(vllm: VllmPlan, n: int) -> Parallelism:
+    """What generates: the server's TP × PP × DP, or the colocated engines, one per TP group of ``n`` trainers."""
+    if vllm.mode == VllmMode.COLOCATE:
+        return dataclasses.replace(vllm.parallelism, dp=max(1, n // vllm.tensor_parallel_size))
+    return vllm.parallelism
 
 
 def run_total(
@@ -185,33 +192,27 @@ def generation_part(
     trainers."""
     n = sum(h.processes for h in hosts)
     seqs = vllm.max_num_seqs or work.completions
-    tp = vllm.tensor_parallel_size
+    par = engines(vllm, n)
     if vllm.mode == VllmMode.SERVER:
-        dp, pp = vllm.data_parallel_size, vllm.pipeline_parallel_size
-        copies = server_prompt_copies(work.num_generations, dp)
-        gen, gen_why = generation_time(
-            model, gpu, tp, dp, seqs, work, ep=vllm.expert_parallel, prompt_copies=copies, pp=pp,
-            pp_across_nodes=vllm.spans_hosts,
-        )  # fmt: skip
+        copies = server_prompt_copies(work.num_generations, par.dp)
+        gen, gen_why = generation_time(model, gpu, par, seqs, work, prompt_copies=copies,
+                                       pp_across_nodes=vllm.spans_hosts)  # fmt: skip
         # Trainer rank 0 (the first training host) broadcasts the weights to every server rank (one NCCL group).
         sync = sync_time(model, across_nodes=bool(vllm.nodes) or vllm.host != hosts[0].name)
-        shape = f"TP {tp}" + (f" × PP {pp}" if pp > 1 else "") + f" × DP {dp}"
-        shape += " with expert parallelism" if vllm.expert_parallel else ""
         return (
             gen,
             sync,
             [
-                f"generation on the server ({tp * pp * dp} GPU, {shape}): {gen_why}",
+                f"generation on the server ({par.gpus} GPU, {par.server_label}): {gen_why}",
                 f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s",
             ],
         )
     if vllm.mode == VllmMode.COLOCATE:
-        replicas = max(1, n // tp)
-        per_engine = (work.generation_batch or work.completions) // max(1, n) * tp  # each rank's slice, per call
-        copies = colocate_prompt_copies(work.num_generations, replicas, per_engine)
-        gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work, prompt_copies=copies)
+        per_engine = (work.generation_batch or work.completions) // max(1, n) * par.tp  # each rank's slice, per call
+        copies = colocate_prompt_copies(work.num_generations, par.dp, per_engine)
+        gen, gen_why = generation_time(model, gpu, par, seqs, work, prompt_copies=copies)
         sync = colocate_switch_time(model, n, sleep_mode=vllm.sleep_mode)
-        lines = [f"generation colocated ({replicas} engine(s) × TP {tp}): {gen_why}"]
+        lines = [f"generation colocated ({par.dp} engine(s) × TP {par.tp}): {gen_why}"]
         if vllm.sleep_mode:
             lines.append(f"vLLM sleep/wake and weight load per step: {sync:.2f} s")
         return gen, sync, lines
@@ -322,7 +323,9 @@ def estimate_plan(
         )
     step, lines = step_time(model, gpu, vllm, train, work)
     explain += lines
-    startup, startup_lines = startup_time(model, vllm, train)
+    across = bool(vllm.nodes) or vllm.host != train.hosts[0].name  # the first sync between hosts
+    startup, startup_lines = startup_time(model, vllm.mode, deepspeed=train.backend.is_deepspeed,
+                                          machines=train.num_machines, sync_across_nodes=across)  # fmt: skip
     explain += startup_lines
     explain.append(
         f"step ≈ max({step.generation_s:.1f} s generation, {step.training_s:.1f} s training) + {step.sync_s:.1f} s "

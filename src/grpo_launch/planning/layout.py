@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from grpo_launch.errors import Fix, PlanError
+from grpo_launch.planning.values import group_size
 from grpo_launch.recipe.trl_schema import DEFAULTS
 from grpo_launch.spec import frozen
 
@@ -89,6 +90,11 @@ class LayoutRequest:
     per_device_eval: int | None = None
     num_generations_eval: int | None = None
 
+    @property
+    def group(self) -> int:
+        """The group size: num_generations, else TRL's default."""
+        return group_size(self.num_generations)
+
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> LayoutRequest:
         def get(key: str) -> Any:
@@ -153,7 +159,7 @@ def solve_layout(
     problems: list[str] = []
     alternatives: list[Fix] = []
 
-    k = req.num_generations or TRL_DEFAULTS["num_generations"]
+    k = req.group
     g = req.grad_accum or TRL_DEFAULTS["gradient_accumulation_steps"]
     p = req.per_device
     s = req.steps_per_generation
@@ -261,7 +267,7 @@ def solve_layout(
 def _meet(n: int, completions: int, req: LayoutRequest) -> tuple[int, int, str | None]:
     """(per-device batch, accumulation, problem) for ``n`` processes to take exactly ``completions`` per step: the
     recipe's per-device batch when it sets one, else the divisor of the per-process share nearest TRL's default."""
-    k = req.num_generations or TRL_DEFAULTS["num_generations"]
+    k = req.group
     share, rest = divmod(completions, n)
     if rest:
         return 1, 1, f"{completions} completions ({completions // k} prompts × {k}) do not split over {n} processes"

@@ -16,8 +16,9 @@ from grpo_launch.planning.refusal.async_grpo import async_problems, async_warnin
 from grpo_launch.planning.search import Search, search_splits
 from grpo_launch.planning.split import Split
 from grpo_launch.planning.types import Decision, Plan
+from grpo_launch.planning.values import Batch
 
-PlanOne = Callable[[Search, Split | None, int | None], Plan]
+PlanOne = Callable[[Search, Split | None, Batch | None], Plan]
 
 
 def check_mode(search: Search) -> bool:
@@ -39,7 +40,7 @@ def check_mode(search: Search) -> bool:
     return False
 
 
-def plan_modes(search: Search, splits: list[Split], target: int | None, plan_one: PlanOne,
+def plan_modes(search: Search, splits: list[Split], target: Batch | None, plan_one: PlanOne,
                sync_plan: Callable[[], Plan], default_split: Callable[[list[Split]], Split],
                estimable: bool) -> Plan:  # fmt: skip
     """The async plan (launch.mode async), or the faster of the two (auto), beside the best sync plan."""

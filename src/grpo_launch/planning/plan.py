@@ -28,6 +28,7 @@ from grpo_launch.planning.split import Split, SplitKind, prompts_target
 from grpo_launch.planning.trainer_values import trainer_values
 from grpo_launch.planning.training import choose_training
 from grpo_launch.planning.types import Plan, Runtime, Trace, TrainPlan, VllmPlan
+from grpo_launch.planning.values import Batch
 from grpo_launch.recipe import Recipe
 
 __all__ = ["DEFAULT_RUN_ROOT", "Plan", "default_run_dir", "make_plan", "plan_split"]
@@ -93,10 +94,10 @@ def _plan(
     req = LayoutRequest.from_values(recipe.values)
     pinned = recipe.launch.prompts_per_step
     counts = {s.trainers for s in splits}
-    target: int | None = None
+    target: Batch | None = None
     if pinned is not None or len(counts) > 1:
         prompts, why = prompts_target(req, pinned, counts, topology.num_gpus)
-        target = prompts * (req.num_generations or 8)
+        target = Batch(prompts, req.group)
         base.decide("prompts_per_step", prompts, why)
     if asynchronous:
         return modes.plan_modes(search, splits, target, _plan_one, lambda: _sync(search, splits, target),
@@ -104,7 +105,7 @@ def _plan(
     return _sync(search, splits, target)
 
 
-def _sync(search: Search, splits: list[Split], target: int | None) -> Plan:
+def _sync(search: Search, splits: list[Split], target: Batch | None) -> Plan:
     """The best synchronous plan (TRL's GRPOTrainer) over ``splits``."""
     topology, model, base = search.topology, search.model, search.base
     pinned = search.recipe.launch.prompts_per_step
@@ -113,7 +114,7 @@ def _sync(search: Search, splits: list[Split], target: int | None) -> Plan:
         split = splits[0] if len(splits) == 1 else _default_split(splits)
         if len(splits) > 1:
             base.decide("split", split.label, "no estimate (model or GPU unknown): the default split")
-            target = pinned * (req.num_generations or 8) if pinned else None
+            target = Batch(pinned, req.group) if pinned else None
         if split.idle:
             base.decide("idle_gpus", split.idle, _only_split_reason(split, model, search.recipe))
         try:
@@ -231,13 +232,13 @@ def plan_split(
 ) -> Plan:
     """One split, planned on its own (what the search compares; benchmarks use it), at ``prompts`` per step when
     given, else at the recipe's own batch for its trainers."""
-    k = LayoutRequest.from_values(recipe.values).num_generations or 8
+    k = LayoutRequest.from_values(recipe.values).group
     search = Search(topology, recipe, model, None, Runtime(), Trace(notices=list(recipe.notices)))
-    return _plan_one(search, split, prompts * k if prompts else None)
+    return _plan_one(search, split, Batch(prompts, k) if prompts else None)
 
 
-def _plan_one(search: Search, split: Split | None, completions: int | None) -> Plan:
-    """Plan one split (None: CPU) at ``completions`` per optimizer step (None: the recipe's own batch)."""
+def _plan_one(search: Search, split: Split | None, batch: Batch | None) -> Plan:
+    """Plan one split (None: CPU) at ``batch`` per optimizer step (None: the recipe's own batch)."""
     topology, recipe, model, runtime = search.topology, search.recipe, search.model, search.runtime
     is_async = split is not None and split.asynchronous
     if is_async:
@@ -250,6 +251,7 @@ def _plan_one(search: Search, split: Split | None, completions: int | None) -> P
         vllm, train_hosts = placement.place(topology, recipe, model, split, trace)
     n = sum(h.processes for h in train_hosts)
     colocate_n = topology.num_gpus if vllm.mode == VllmMode.SERVER else None
+    completions = batch.completions if batch else None
     layout, layout_why = solve_layout(n, LayoutRequest.from_values(values), completions=completions,
                                       colocate_n=colocate_n)  # fmt: skip
     for why in layout_why:

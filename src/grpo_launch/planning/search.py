@@ -31,6 +31,7 @@ from grpo_launch.planning.estimate import generation_part, size_vllm, workload
 from grpo_launch.planning.layout import LayoutError, LayoutRequest, solve_layout
 from grpo_launch.planning.split import Split, SplitKind, feasible
 from grpo_launch.planning.types import Candidate, Decision, Plan, Runtime, Trace
+from grpo_launch.planning.values import Batch
 from grpo_launch.recipe import Recipe
 
 BALANCED = 2.0  # a server split's generation within this factor of its training (either way) counts as balanced
@@ -49,10 +50,10 @@ class Search:
     base: Trace  # what was decided or noticed before any split
 
 
-PlanOne = Callable[[Search, Split | None, int | None], Plan]
+PlanOne = Callable[[Search, Split | None, Batch | None], Plan]
 
 
-def search_splits(search: Search, splits: list[Split], target: int | None, plan_one: PlanOne) -> Plan:
+def search_splits(search: Search, splits: list[Split], target: Batch | None, plan_one: PlanOne) -> Plan:
     """The best of ``splits`` at ``target`` completions per step (None: the recipe's own, one trainer count)."""
     groups: dict[tuple[SplitKind, int, int], list[Split]] = {}
     for s in splits:
@@ -64,7 +65,7 @@ def search_splits(search: Search, splits: list[Split], target: int | None, plan_
     req = LayoutRequest.from_values(search.recipe.values)
     per_device = req.per_device
     for variants in groups.values():
-        if target is not None and not feasible(target, variants[0].trainers, per_device):
+        if target is not None and not feasible(target.completions, variants[0].trainers, per_device):
             misses.append(variants[0])
         try:
             found = best_variant(search, variants, target, rejected)
@@ -80,7 +81,7 @@ def search_splits(search: Search, splits: list[Split], target: int | None, plan_
     skipped: list[Candidate] = []
     for bound, split in bounded:
         if scored and bound >= min(c.step.total_s for c, _ in scored if c.step):
-            prompts = target / (req.num_generations or 8) if target else 0.0
+            prompts = float(target.prompts) if target else 0.0
             skipped.append(candidate(split, None, bound_s=bound, prompts=prompts))
             continue
         try:
@@ -137,9 +138,7 @@ def candidate(
     return Candidate(
         split.label,
         mode,
-        split.tp,
-        data_parallel_size=split.dp,
-        pipeline_parallel_size=split.pp,
+        split.par,
         server_gpus=split.server_gpus,
         trainers=split.trainers,
         idle=split.idle,
@@ -151,7 +150,7 @@ def candidate(
 
 
 def best_variant(
-    search: Search, variants: list[Split], target: int | None, rejected: list[Candidate]
+    search: Search, variants: list[Split], target: Batch | None, rejected: list[Candidate]
 ) -> tuple[float, Split] | None:
     """The TP × DP of one server size (or colocated TP) with the shortest generation, and the lower bound of its
     step: that generation and sync, the old log-probs, and training at the cheapest setting (DDP, no offload).
@@ -159,7 +158,8 @@ def best_variant(
     s0 = variants[0]
     gpu = search.topology.planning_gpu_spec
     assert search.model is not None and gpu is not None
-    layout, _ = solve_layout(s0.trainers, LayoutRequest.from_values(search.recipe.values), completions=target)
+    completions = target.completions if target else None
+    layout, _ = solve_layout(s0.trainers, LayoutRequest.from_values(search.recipe.values), completions=completions)
     work = workload(search.recipe, layout, search.calibration)
     if s0.asynchronous:
         work = async_workload(work, search.recipe)
@@ -253,7 +253,7 @@ def _better_batch(
     """A batch near the chosen one that a faster split could take, and what it would gain per prompt."""
     assert best.step is not None
     req = LayoutRequest.from_values(search.recipe.values)
-    k = req.num_generations or 8
+    k = req.group
     chosen = best.step.total_s / best.prompts_per_step
     found: tuple[float, int, Split] | None = None
     for split in misses:
@@ -261,7 +261,7 @@ def _better_batch(
         for prompts in {max(unit, unit * math.floor(best.prompts_per_step / unit)),
                         unit * math.ceil(best.prompts_per_step / unit)}:  # fmt: skip
             try:
-                bound = best_variant(search, [split], prompts * k, [])
+                bound = best_variant(search, [split], Batch(prompts, k), [])
             except LayoutError:
                 continue
             if bound is None or bound[0] / prompts >= chosen * (1 - WORTH_IT):
@@ -272,7 +272,7 @@ def _better_batch(
         return None
     _, prompts, split = found
     try:
-        plan = plan_one(search, split, prompts * k)
+        plan = plan_one(search, split, Batch(prompts, k))
     except PlanError:
         return None
     assert plan.estimate is not None
@@ -282,7 +282,7 @@ def _better_batch(
     # on any split; only what the other split adds counts).
     against, where = chosen, f"the chosen {chosen:.2f} s"
     try:
-        same = plan_one(search, chosen_split, prompts * k)
+        same = plan_one(search, chosen_split, Batch(prompts, k))
     except PlanError:
         same = None
     if same is not None and same.estimate is not None:
@@ -302,7 +302,7 @@ LARGER = 4  # … and the batch this many times larger is tried
 
 
 def _latency_bound(
-    search: Search, best: Candidate, split: Split, target: int, plan_one: PlanOne
+    search: Search, best: Candidate, split: Split, target: Batch, plan_one: PlanOne
 ) -> tuple[int, str] | None:
     """Colocated generation many times the training at a small batch is decode latency: every engine runs the
     longest completion's steps whatever its batch, so a larger batch costs little more generation per step. Name
@@ -310,7 +310,7 @@ def _latency_bound(
     if best.balance is None or best.balance < LATENCY_BOUND or best.mode != VllmMode.COLOCATE or best.step is None:
         return None
     try:
-        bigger = plan_one(search, split, target * LARGER)
+        bigger = plan_one(search, split, target.times(LARGER))
     except PlanError:
         return None
     assert bigger.estimate is not None
@@ -332,14 +332,13 @@ def _unit(trainers: int, per_device: int | None, k: int) -> int:
     return share // math.gcd(share, k)
 
 
-def _batch_fixes(search: Search, misses: list[Split], target: int | None) -> list[Fix]:
+def _batch_fixes(search: Search, misses: list[Split], target: Batch | None) -> list[Fix]:
     """When no split plans: the batches nearest the chosen one that the splits it kept out could take evenly
     (each is planned again before it is shown)."""
     if target is None:
         return []
     req = LayoutRequest.from_values(search.recipe.values)
-    k = req.num_generations or 8
-    prompts = target / k
+    k, prompts = target.group, target.prompts
     fixes = []
     for split in misses:
         unit = _unit(split.trainers, req.per_device, k)

@@ -35,6 +35,7 @@ from grpo_launch.errors import PlanError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.layout import TRL_DEFAULTS, LayoutRequest
+from grpo_launch.planning.values import Parallelism
 from grpo_launch.spec import frozen
 
 
@@ -57,13 +58,25 @@ class Split:
     gpus_per_host: int
     trainers_per_host: int
     train_hosts: tuple[int, ...]
-    tp: int = 1
-    dp: int = 1  # server: data-parallel ranks; colocate: engines (one per TP group of trainers)
+    # server: TP × PP per replica (PP only where no replica of TP alone fits), DP data-parallel ranks; colocate:
+    # DP engines, one per TP group of trainers
+    par: Parallelism = Parallelism()
     server_hosts: tuple[int, ...] = ()
     server_gpus_per_host: int = 0
-    pp: int = 1  # server: pipeline stages of each replica (TP × PP GPUs), only where no replica of TP alone fits
     asynchronous: bool = False  # AsyncGRPOTrainer on this split: generation and training overlap (launch.mode)
     total_gpus: int = 0  # hosts with different GPU counts: all their GPUs (0: hosts × gpus_per_host)
+
+    @property
+    def tp(self) -> int:
+        return self.par.tp
+
+    @property
+    def dp(self) -> int:
+        return self.par.dp
+
+    @property
+    def pp(self) -> int:
+        return self.par.pp
 
     @property
     def gpus(self) -> int:
@@ -85,9 +98,7 @@ class Split:
 
     @property
     def shape(self) -> str:
-        return (
-            f"TP {self.tp}" + (f" × PP {self.pp}" if self.pp > 1 else "") + (f" × DP {self.dp}" if self.dp > 1 else "")
-        )
+        return self.par.label
 
     @property
     def replica_hosts(self) -> int:
@@ -139,28 +150,33 @@ def enumerate_splits(
     with pipelines of the largest TP (or ``pipeline_tp``)."""
     everyone = tuple(range(hosts))
     out = [
-        Split(SplitKind.COLOCATE, hosts, per_host, per_host, everyone, tp=t, dp=hosts * per_host // t)
+        Split(SplitKind.COLOCATE, hosts, per_host, per_host, everyone, Parallelism(t, dp=hosts * per_host // t))
         for t, _ in server_shapes(model, per_host, per_host)
     ]
     if hosts == 1:
         for k in range(1, per_host):
             for t, d in server_shapes(model, k, per_host):
-                out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), t, d, (0,), k))
+                out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), Parallelism(t, dp=d), (0,), k))
             for t, p, d in pipeline_shapes(model, k, per_host, pipeline_tp):
-                out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), t, d, (0,), k, pp=p))
+                out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), Parallelism(t, p, d), (0,), k))
         return out
     last = hosts - 1
     for j in serving_host_counts(hosts):
         # The last j hosts serve, the first API server on the first of them; the others train.
         train, serve = tuple(range(hosts - j)), tuple(range(hosts - j, hosts))
         for t, d in server_shapes(model, per_host, per_host):
-            out.append(Split(SplitKind.NODES, hosts, per_host, per_host, train, t, d * j, serve, per_host))
+            out.append(
+                Split(SplitKind.NODES, hosts, per_host, per_host, train, Parallelism(t, dp=d * j), serve, per_host)
+            )
         for t, p, d in pipeline_shapes(model, j * per_host, per_host, pipeline_tp):
-            out.append(Split(SplitKind.NODES, hosts, per_host, per_host, train, t, d, serve, per_host, pp=p))
+            out.append(Split(SplitKind.NODES, hosts, per_host, per_host, train, Parallelism(t, p, d), serve, per_host))
     for k in range(1, per_host):
         for t, d in server_shapes(model, k, per_host):
-            out.append(Split(SplitKind.SPREAD, hosts, per_host, per_host - k, everyone, t, d * hosts, everyone, k))
-            out.append(Split(SplitKind.SHARED, hosts, per_host, per_host - k, everyone, t, d, (last,), k))
+            spread = Parallelism(t, dp=d * hosts)
+            out.append(Split(SplitKind.SPREAD, hosts, per_host, per_host - k, everyone, spread, everyone, k))
+            out.append(
+                Split(SplitKind.SHARED, hosts, per_host, per_host - k, everyone, Parallelism(t, dp=d), (last,), k)
+            )
     return out
 
 
@@ -177,15 +193,16 @@ def enumerate_uneven_splits(counts: Sequence[int], model: ModelShape | None) -> 
             continue
         per = counts[train[0]]
         for t, d in server_shapes(model, c, c):
-            out.append(Split(SplitKind.NODES, n, max(counts), per, train, t, d * len(serve), serve, c,
-                             total_gpus=total))  # fmt: skip
+            out.append(Split(SplitKind.NODES, n, max(counts), per, train, Parallelism(t, dp=d * len(serve)), serve,
+                             c, total_gpus=total))  # fmt: skip
     least = min(counts)
     bigger = tuple(i for i in range(n) if counts[i] > least)
     extra = {counts[i] - least for i in bigger}
     if len(extra) == 1:
         k = extra.pop()
         for t, d in server_shapes(model, k, k):
-            out.append(Split(SplitKind.SPREAD, n, max(counts), least, tuple(range(n)), t, d * len(bigger), bigger, k,
+            par = Parallelism(t, dp=d * len(bigger))
+            out.append(Split(SplitKind.SPREAD, n, max(counts), least, tuple(range(n)), par, bigger, k,
                              total_gpus=total))  # fmt: skip
     return out
 
@@ -271,7 +288,7 @@ def prompts_target(req: LayoutRequest, pinned: int | None, trainer_counts: Itera
     - otherwise the planner chooses the accumulation: the least batch that fills whole prompt groups with every GPU
       training, or a multiple of it (up to :data:`TARGET_GROWTH` ×) that the most trainer counts can take exactly,
       so the splits are compared at one batch."""
-    k = req.num_generations or TRL_DEFAULTS["num_generations"]
+    k = req.group
     counts = sorted(set(trainer_counts) | {gpus}, reverse=True)
     if pinned is not None:
         return pinned, "launch.prompts_per_step"
