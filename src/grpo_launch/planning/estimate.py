@@ -4,6 +4,7 @@ share), and the predicted step time, memory and whole-run total. Pure."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from grpo_launch.enums import VllmMode
@@ -37,10 +38,10 @@ from grpo_launch.planning.cost.steptime import (
     transformers_generation_time,
 )
 from grpo_launch.planning.cost.workload import Calibration, Workload
+from grpo_launch.planning.draft import Draft
 from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.lengths import prompt_bound
 from grpo_launch.planning.refusal.explain import vllm_explain
-from grpo_launch.planning.training import Training
 from grpo_launch.planning.types import Estimate, StepTime, Total, Trace, TrainHost, TrainPlan, VllmPlan
 from grpo_launch.planning.values import Parallelism
 from grpo_launch.recipe import Recipe
@@ -268,28 +269,47 @@ def step_time(
     return StepTime(gen, train_s, sync, old, overlapped=work.overlapped), lines
 
 
-def estimate_plan(
-    topology: Topology,
-    recipe: Recipe,
-    model: ModelShape | None,
-    vllm: VllmPlan,
-    train: TrainPlan,
-    layout: Layout,
-    work: Workload,
-    training: Training,
-    sizing: VllmMemory | None = None,
-    *,
-    rows: int | None = None,
-    rows_why: str = "",
-) -> Estimate | None:
+def estimate_plan(draft: Draft) -> Estimate | None:
     """Predicted memory, when the model and the GPUs' memory are known, and step time when the GPU's speed is too
     (the table's entry, or the peak and bandwidth given with --gpus)."""
+    topology, model, vllm, train, training = draft.topology, draft.model, draft.vllm, draft.train, draft.training
     gpu = topology.planning_gpu_spec
     mem = topology.min_gpu_memory_bytes
     if model is None or mem is None or topology.is_cpu:
         return None
     train_mem = training.memory
-    explain: list[str] = [
+    explain = _workload_lines(draft.workload)
+    if train_mem is not None:
+        explain.append("memory per training GPU: " + train_mem.lines()[0])
+        explain += margin_lines(train.num_processes)
+    memory = functools.partial(
+        Estimate,
+        train_memory_gib=train_mem.total / GIB if train_mem else None,
+        vllm_memory_gib=_vllm_gib(vllm, mem),
+        gpu_memory_gib=mem / GIB,
+        train_memory=train_mem,
+        vllm_memory=draft.sizing,
+        host_memory_per_node_gib=training.host_memory / GIB,
+        workload=draft.workload,
+    )
+    if gpu is None:
+        explain.append(topology.time_missing or "no step time")
+        return memory(step=None, explain=tuple(explain), time_missing=topology.time_missing)
+    step, lines = step_time(model, gpu, vllm, train, draft.workload)
+    explain += lines
+    across = bool(vllm.nodes) or vllm.host != train.hosts[0].name  # the first sync between hosts
+    startup, startup_lines = startup_time(model, vllm.mode, deepspeed=train.backend.is_deepspeed,
+                                          machines=train.num_machines, sync_across_nodes=across)  # fmt: skip
+    explain += [*startup_lines, _step_line(step)]
+    if training.host_memory:
+        explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
+    total, missing = _whole_run(draft, gpu, step, startup)
+    return memory(step=step, explain=tuple(explain), total=total, total_missing=missing, startup_s=startup)
+
+
+def _workload_lines(work: Workload) -> list[str]:
+    """The workload the estimate assumes, as its first line of arithmetic."""
+    return [
         f"workload per optimizer step: {_completions_text(work)}, {work.prompt_len} prompt + {work.completion_len} "
         "completion tokens "
         + (
@@ -300,67 +320,45 @@ def estimate_plan(
             "plan --calibrate-from RUN_DIR)"
         ),
     ]
-    if train_mem is not None:
-        explain.append("memory per training GPU: " + train_mem.lines()[0])
-        explain += margin_lines(train.num_processes)
-    vllm_gib = None
+
+
+def _vllm_gib(vllm: VllmPlan, mem: int) -> float | None:
+    """vLLM's memory per GPU: its share of each GPU (a server without one takes vLLM's default)."""
     if vllm.mode == VllmMode.SERVER:
-        vllm_gib = (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB
-    elif vllm.mode == VllmMode.COLOCATE:
-        vllm_gib = (vllm.gpu_memory_utilization or 0.0) * mem / GIB
-    if gpu is None:
-        return Estimate(
-            step=None,
-            train_memory_gib=train_mem.total / GIB if train_mem else None,
-            vllm_memory_gib=vllm_gib,
-            gpu_memory_gib=mem / GIB,
-            explain=(*explain, topology.time_missing or "no step time"),
-            train_memory=train_mem,
-            vllm_memory=sizing,
-            host_memory_per_node_gib=training.host_memory / GIB,
-            workload=work,
-            time_missing=topology.time_missing,
+        return (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB
+    if vllm.mode == VllmMode.COLOCATE:
+        return (vllm.gpu_memory_utilization or 0.0) * mem / GIB
+    return None
+
+
+def _step_line(step: StepTime) -> str:
+    """The step's sum (or, overlapped, its maximum) and its bottleneck."""
+    if step.overlapped:
+        return (
+            f"step ≈ max({step.generation_s:.1f} s generation, {step.training_s:.1f} s training) + {step.sync_s:.1f} s "
+            f"sync = {step.total_s:.1f} s (async, overlapped; one after the other {step.sequential_s:.1f} s); "
+            f"bottleneck: {step.bottleneck}"
         )
-    step, lines = step_time(model, gpu, vllm, train, work)
-    explain += lines
-    across = bool(vllm.nodes) or vllm.host != train.hosts[0].name  # the first sync between hosts
-    startup, startup_lines = startup_time(model, vllm.mode, deepspeed=train.backend.is_deepspeed,
-                                          machines=train.num_machines, sync_across_nodes=across)  # fmt: skip
-    explain += startup_lines
-    explain.append(
-        f"step ≈ max({step.generation_s:.1f} s generation, {step.training_s:.1f} s training) + {step.sync_s:.1f} s "
-        f"sync = {step.total_s:.1f} s (async, overlapped; one after the other {step.sequential_s:.1f} s); "
-        f"bottleneck: {step.bottleneck}"
-        if step.overlapped
-        else f"step ≈ {step.generation_s:.1f} s generation + {step.old_logprobs_s:.1f} s old log-probs + "
+    return (
+        f"step ≈ {step.generation_s:.1f} s generation + {step.old_logprobs_s:.1f} s old log-probs + "
         f"{step.training_s:.1f} s training + {step.sync_s:.1f} s sync = {step.total_s:.1f} s; "
         f"bottleneck: {step.bottleneck}"
     )
-    if training.host_memory:
-        explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
+
+
+def _whole_run(draft: Draft, gpu: GpuSpec, step: StepTime, startup: float) -> tuple[Total | None, str | None]:
+    """The whole run as a range when the step count is known; else why there is none."""
+    recipe, rows = draft.recipe, draft.rows
     total = None
     if int(recipe.get("max_steps") or -1) > 0 or rows:  # a step count: the whole run, as a range
-        top, expected = _range(model, gpu, vllm, train, work, step)
-        total = run_total(topology, recipe, layout, top, rows, expected, startup_s=startup)
-    missing = None
-    if total is None:
-        epochs = float(recipe.get("num_train_epochs") or TRL_EPOCHS)
-        missing = (
-            f"unknown: {epochs:g} epoch(s) of a training set whose rows are unknown"
-            + (f" ({rows_why})" if rows_why else "")
-            + "; set launch.dataset_rows=N (or max_steps)"
-        )
-    return Estimate(
-        total=total,
-        total_missing=missing,
-        startup_s=startup,
-        step=step,
-        train_memory_gib=train_mem.total / GIB if train_mem else None,
-        vllm_memory_gib=vllm_gib,
-        gpu_memory_gib=mem / GIB,
-        explain=tuple(explain),
-        train_memory=train_mem,
-        vllm_memory=sizing,
-        host_memory_per_node_gib=training.host_memory / GIB,
-        workload=work,
+        assert draft.model is not None
+        top, expected = _range(draft.model, gpu, draft.vllm, draft.train, draft.workload, step)
+        total = run_total(draft.topology, recipe, draft.layout, top, rows, expected, startup_s=startup)
+    if total is not None:
+        return total, None
+    epochs = float(recipe.get("num_train_epochs") or TRL_EPOCHS)
+    return None, (
+        f"unknown: {epochs:g} epoch(s) of a training set whose rows are unknown"
+        + (f" ({draft.rows_why})" if draft.rows_why else "")
+        + "; set launch.dataset_rows=N (or max_steps)"
     )
