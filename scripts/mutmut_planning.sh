@@ -47,6 +47,8 @@ source_paths=src/
 only_mutate=
     src/grpo_launch/planning/layout.py
     src/grpo_launch/planning/placement.py
+    src/grpo_launch/planning/splits/allowed.py
+    src/grpo_launch/planning/splits/refusals.py
 also_copy=
     recipes/
     scripts/

@@ -13,7 +13,7 @@ from grpo_launch.planning.bounds import best_variant
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.layout import LayoutError
 from grpo_launch.planning.one_split import plan_one
-from grpo_launch.planning.split import Split
+from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.types import Candidate
 from grpo_launch.planning.values import Batch
 

@@ -15,7 +15,7 @@ from grpo_launch.planning.context import Context
 from grpo_launch.planning.one_split import plan_one
 from grpo_launch.planning.refusal.async_grpo import async_problems, async_warnings
 from grpo_launch.planning.search import best_plan, default_split, search_splits
-from grpo_launch.planning.split import Split
+from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.types import Decision, Plan
 from grpo_launch.planning.values import Batch
 

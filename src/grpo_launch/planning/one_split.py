@@ -16,7 +16,7 @@ from grpo_launch.planning.context import Context
 from grpo_launch.planning.draft import Draft
 from grpo_launch.planning.estimate import estimate_plan, off_policy_lag, size_vllm, workload
 from grpo_launch.planning.layout import Layout, solve_layout
-from grpo_launch.planning.split import Split
+from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.trainer_values import trainer_values
 from grpo_launch.planning.training import choose_training
 from grpo_launch.planning.types import Plan, Trace, TrainHost, TrainPlan, VllmPlan

@@ -15,14 +15,17 @@ from grpo_launch.enums import Device, VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning import modes, placement
+from grpo_launch.planning import modes
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.lengths import check_positions
 from grpo_launch.planning.one_split import DEFAULT_RUN_ROOT, default_run_dir, mixed_precision, plan_one
 from grpo_launch.planning.refusal import verify
 from grpo_launch.planning.search import best_plan
-from grpo_launch.planning.split import Split, SplitKind, prompts_target
+from grpo_launch.planning.splits.allowed import allowed_splits
+from grpo_launch.planning.splits.batch_target import prompts_target
+from grpo_launch.planning.splits.requested import requested_mode
+from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.types import Plan, Runtime, Trace
 from grpo_launch.planning.values import Batch
 from grpo_launch.recipe import Recipe
@@ -75,10 +78,10 @@ def _plan(
     ctx = Context.of(topology, recipe, model, calibration, runtime, base)
     asynchronous = modes.check_mode(ctx)  # launch.mode async refuses here what AsyncGRPOTrainer cannot run
     if topology.is_cpu:
-        placement.requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
+        requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
         base.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
         return plan_one(ctx, None, None)
-    splits = placement.allowed_splits(topology, recipe, model, base)
+    splits = allowed_splits(topology, recipe, model, base)
     if any(s.kind != SplitKind.OFF for s in splits):
         check_positions(recipe, model)  # vLLM generates: its max length must fit the model's positions
     pinned = recipe.launch.prompts_per_step

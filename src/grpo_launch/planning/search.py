@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning import placement
 from grpo_launch.planning.batch_advice import batch_fixes, better_batch, latency_bound
 from grpo_launch.planning.bounds import best_variant, candidate, prompts_of, reason
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.layout import LayoutError
 from grpo_launch.planning.one_split import plan_one
-from grpo_launch.planning.split import Split, SplitKind, feasible
+from grpo_launch.planning.splits.batch_target import feasible
+from grpo_launch.planning.splits.refusals import unfit_servers
+from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.types import Candidate, Decision, Plan
 from grpo_launch.planning.values import Batch
 from grpo_launch.recipe import Recipe
@@ -51,7 +52,7 @@ def best_plan(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
         return plan_one(ctx, split, target)
     except PlanError as exc:
         if len(splits) == 1:  # the others were left out for their weights: say which, and why
-            exc.explain = (*exc.explain, *placement.unfit_servers(ctx.topology, ctx.model))
+            exc.explain = (*exc.explain, *unfit_servers(ctx.topology, ctx.model))
         raise
 
 

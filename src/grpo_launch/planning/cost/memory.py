@@ -234,8 +234,8 @@ def vllm_weights(model: ModelShape, par: Parallelism) -> float:
     return model.weight_bytes_per_gpu(par.tp, par.dp, ep=par.ep, pp=par.pp)
 
 
-def fits_server_gpu(model: ModelShape | None, gpu_bytes: int | None, tp: int) -> bool:
-    """The weights take at most the allowed share of each server GPU at tensor-parallel size ``tp``."""
-    if model is None or gpu_bytes is None:
-        return True
-    return model.weight_bytes_bf16 / tp <= VLLM_WEIGHTS_SHARE * gpu_bytes
+def weights_fit(weights_per_gpu: float, gpu_bytes: float | None, share: float = 1.0) -> bool:
+    """The weights-fit rule, the one the planner uses everywhere: vLLM's bf16 weights per GPU take at most
+    :data:`VLLM_WEIGHTS_SHARE` of the memory vLLM may use (``share`` of a GPU: all of a server's, the colocated
+    share), leaving the rest for the KV cache. Unknown memory fits."""
+    return gpu_bytes is None or weights_per_gpu <= VLLM_WEIGHTS_SHARE * share * gpu_bytes
