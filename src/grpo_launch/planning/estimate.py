@@ -8,7 +8,6 @@ import functools
 import math
 
 from grpo_launch.enums import VllmMode
-from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.gpus import GIB, GpuSpec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
@@ -16,14 +15,9 @@ from grpo_launch.planning.cost.constants import (
     EXPECTED_COMPLETION_SHARE,
     TRL_COMPLETION_LEN,
     TRL_EPOCHS,
-    VLLM_SERVER_UTILIZATION,
 )
 from grpo_launch.planning.cost.memory import (
-    VllmMemory,
     margin_lines,
-    vllm_memory,
-    vllm_share_needed,
-    vllm_weights,
 )
 from grpo_launch.planning.cost.overlap import overlap_line
 from grpo_launch.planning.cost.startup import startup_time
@@ -41,9 +35,8 @@ from grpo_launch.planning.cost.workload import Calibration, Workload
 from grpo_launch.planning.draft import Draft
 from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.lengths import prompt_bound
-from grpo_launch.planning.refusal.explain import vllm_explain
-from grpo_launch.planning.types import Estimate, StepTime, Total, Trace, TrainHost, TrainPlan, VllmPlan
-from grpo_launch.planning.values import Parallelism
+from grpo_launch.planning.types import Estimate, StepTime, Total, TrainHost, TrainPlan, VllmPlan
+from grpo_launch.planning.vllm_sizing import engines
 from grpo_launch.recipe import Recipe
 
 
@@ -102,54 +95,6 @@ def _completions_text(work: Workload) -> str:
         f"{text}; {work.generations_per_step:.3g} generations of {gen} ({gen // work.num_generations} prompts × "
         f"{work.num_generations}) per step"
     )
-
-
-def size_vllm(
-    topology: Topology, model: ModelShape | None, vllm: VllmPlan, work: Workload, trace: Trace, n: int = 1
-) -> tuple[VllmPlan, VllmMemory | None]:
-    """max_num_seqs (and the colocated memory share) from the KV cache the concurrent sequences need; and the
-    sizing itself, which the estimate reports."""
-    mem = topology.min_gpu_memory_bytes
-    if vllm.mode == VllmMode.OFF or model is None or mem is None:
-        return vllm, None
-    # The memory vLLM may use: the colocated share, or the server's --gpu-memory-utilization (launch setting or
-    # vLLM's default); the server's value stays as planned, only the sequences are sized to it.
-    share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
-    limit = vllm.gpu_memory_utilization if vllm.mode == VllmMode.SERVER else None
-    par = engines(vllm, n)
-    sized = vllm_memory(model, par, mem, work, share=share, limit=limit)
-    if sized is None:
-        weights = vllm_weights(model, par)
-        need = vllm_share_needed(model, par, mem, work.seq_len)
-        fixes = [
-            Fix("gpus", None, "more GPUs (a larger tensor-parallel size spreads the weights)", 3, in_recipe=False),
-            Fix("launch.vllm", "off", "generate with transformers in the trainers; slow", rank=4),
-        ]
-        if need < VLLM_SERVER_UTILIZATION and (vllm.mode == VllmMode.COLOCATE or (share or limit or 0) < need):
-            why = "leaves less for training" if vllm.mode == VllmMode.COLOCATE else "the weights need at least that"
-            fixes.append(Fix("launch.vllm_gpu_memory_utilization", round(need, 2), why, 0))
-        util = share or limit or VLLM_SERVER_UTILIZATION
-        explain = vllm_explain(model, par.tp, mem, work.seq_len, util, weights, need, par.dp if par.ep else None)
-        raise PlanError(
-            f"vLLM ({vllm.mode}) does not fit: {weights / GIB:.1f} GiB of weights per GPU leave no room for the KV "
-            f"cache of one {work.seq_len}-token sequence at gpu_memory_utilization {util:.2f}",
-            fixes=fixes,
-            explain=explain,
-        )
-    trace.decide("vllm_max_num_seqs", sized.max_num_seqs, sized.lines()[0])
-    sized_plan = dataclasses.replace(
-        vllm,
-        max_num_seqs=sized.max_num_seqs,
-        max_model_len=vllm.max_model_len or sized.max_model_len,
-    )
-    return sized_plan, sized
-
-
-def engines(vllm: VllmPlan, n: int) -> Parallelism:
-    """What generates: the server's TP × PP × DP, or the colocated engines, one per TP group of ``n`` trainers."""
-    if vllm.mode == VllmMode.COLOCATE:
-        return dataclasses.replace(vllm.parallelism, dp=max(1, n // vllm.tensor_parallel_size))
-    return vllm.parallelism
 
 
 def run_total(
@@ -323,12 +268,10 @@ def _workload_lines(work: Workload) -> list[str]:
 
 
 def _vllm_gib(vllm: VllmPlan, mem: int) -> float | None:
-    """vLLM's memory per GPU: its share of each GPU (a server without one takes vLLM's default)."""
-    if vllm.mode == VllmMode.SERVER:
-        return (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB
-    if vllm.mode == VllmMode.COLOCATE:
-        return (vllm.gpu_memory_utilization or 0.0) * mem / GIB
-    return None
+    """vLLM's memory per GPU: its share of each GPU, as :mod:`.vllm_sizing` decided it."""
+    if vllm.mode == VllmMode.OFF:
+        return None
+    return (vllm.gpu_memory_utilization or 0.0) * mem / GIB  # placement sets it for every vLLM
 
 
 def _step_line(step: StepTime) -> str:

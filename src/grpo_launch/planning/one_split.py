@@ -14,13 +14,14 @@ from grpo_launch.planning import placement, roles
 from grpo_launch.planning.async_grpo import async_recipe, async_trainer_values, async_workload, choose_async, lora_rank
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.draft import Draft
-from grpo_launch.planning.estimate import estimate_plan, off_policy_lag, size_vllm, workload
+from grpo_launch.planning.estimate import estimate_plan, off_policy_lag, workload
 from grpo_launch.planning.layout import Layout, solve_layout
 from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.trainer_values import trainer_values
 from grpo_launch.planning.training import choose_training
 from grpo_launch.planning.types import Plan, Trace, TrainHost, TrainPlan, VllmPlan
 from grpo_launch.planning.values import Batch
+from grpo_launch.planning.vllm_sizing import size_vllm
 from grpo_launch.recipe import Recipe
 
 DEFAULT_RUN_ROOT = "grpo_runs"

@@ -7,11 +7,10 @@ from grpo_launch.enums import VllmMode
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning.cost.constants import VLLM_SERVER_UTILIZATION
 from grpo_launch.planning.lengths import max_model_len, prompt_bound
 from grpo_launch.planning.splits.split import Split, SplitKind, server_weights
 from grpo_launch.planning.types import ServerNode, Trace, TrainHost, VllmPlan
-from grpo_launch.planning.vllm_sizing import colocate_utilization
+from grpo_launch.planning.vllm_sizing import colocate_utilization, server_utilization
 from grpo_launch.recipe import Recipe
 
 
@@ -81,13 +80,7 @@ def place(
             "through the API server",
         )
     launch = recipe.launch
-    util = launch.vllm_gpu_memory_utilization
-    if util is None and recipe.is_set("vllm_gpu_memory_utilization"):
-        util = float(recipe.values["vllm_gpu_memory_utilization"])
-        trace.notice(
-            f"vllm_gpu_memory_utilization={util}: moved to the vLLM server's --gpu-memory-utilization "
-            "(TRL only reads it in colocate mode)"
-        )
+    util = server_utilization(recipe, trace)
     multi = len(hosts) > 1
     vllm = VllmPlan(
         mode=VllmMode.SERVER,
@@ -101,7 +94,7 @@ def place(
         expert_parallel=moe,
         port=launch.vllm_port,
         bind_host=launch.vllm_host or ("0.0.0.0" if multi else "127.0.0.1"),
-        gpu_memory_utilization=util or VLLM_SERVER_UTILIZATION,
+        gpu_memory_utilization=util,
         max_model_len=max_model_len(recipe),
         max_prompt_length=prompt_bound(recipe),
     )
