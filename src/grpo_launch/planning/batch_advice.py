@@ -9,9 +9,9 @@ import math
 
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import Fix, PlanError
+from grpo_launch.planning.batch_layout import LayoutError
 from grpo_launch.planning.bounds import best_variant
 from grpo_launch.planning.context import Context
-from grpo_launch.planning.layout import LayoutError
 from grpo_launch.planning.one_split import plan_one
 from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.types import Candidate

@@ -11,10 +11,10 @@ from grpo_launch.enums import DistBackend, Offload, VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.planning import placement
 from grpo_launch.planning.async_grpo import async_workload
+from grpo_launch.planning.batch_layout import solve_layout
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.cost.steptime import old_logprobs_time, training_time
 from grpo_launch.planning.estimate import generation_part, workload
-from grpo_launch.planning.layout import solve_layout
 from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.types import Candidate, Plan, Trace
 from grpo_launch.planning.values import Batch

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from grpo_launch.machines.gpus import GpuSpec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.batch_layout import LayoutRequest
 from grpo_launch.planning.cost.workload import Calibration
-from grpo_launch.planning.layout import LayoutRequest
 from grpo_launch.planning.types import Runtime, Trace
 from grpo_launch.recipe import Recipe
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.cost.memory import VllmMemory
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.training import Training
 from grpo_launch.planning.types import TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe

@@ -11,6 +11,7 @@ from grpo_launch.enums import VllmMode
 from grpo_launch.machines.gpus import GIB, GpuSpec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.cost.constants import (
     EXPECTED_COMPLETION_SHARE,
     TRL_COMPLETION_LEN,
@@ -33,7 +34,6 @@ from grpo_launch.planning.cost.steptime import (
 )
 from grpo_launch.planning.cost.workload import Calibration, Workload
 from grpo_launch.planning.draft import Draft
-from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.lengths import prompt_bound
 from grpo_launch.planning.types import Estimate, StepTime, Total, TrainHost, TrainPlan, VllmPlan
 from grpo_launch.planning.vllm_sizing import engines

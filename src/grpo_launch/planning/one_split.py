@@ -12,10 +12,10 @@ from grpo_launch.enums import Device, VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.planning import placement, roles
 from grpo_launch.planning.async_grpo import async_recipe, async_trainer_values, async_workload, choose_async, lora_rank
+from grpo_launch.planning.batch_layout import Layout, solve_layout
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.draft import Draft
 from grpo_launch.planning.estimate import estimate_plan, off_policy_lag, workload
-from grpo_launch.planning.layout import Layout, solve_layout
 from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.trainer_values import trainer_values
 from grpo_launch.planning.training import choose_training

@@ -8,8 +8,9 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.lengths import max_model_len, prompt_bound
-from grpo_launch.planning.splits.split import Split, SplitKind, server_weights
+from grpo_launch.planning.splits.split import Split, SplitKind, served, server_weights
 from grpo_launch.planning.types import ServerNode, Trace, TrainHost, VllmPlan
+from grpo_launch.planning.values import Parallelism
 from grpo_launch.planning.vllm_sizing import colocate_utilization, server_utilization
 from grpo_launch.recipe import Recipe
 
@@ -29,6 +30,12 @@ def place(
         return VllmPlan(VllmMode.OFF), train_hosts
     if split.kind == SplitKind.COLOCATE:
         return _colocate(recipe, split, trace), train_hosts
+    return _server(topology, recipe, model, split, trace), train_hosts
+
+
+def _server(topology: Topology, recipe: Recipe, model: ModelShape | None, split: Split, trace: Trace) -> VllmPlan:
+    """The server of ``split``: on the last GPUs of its serving hosts, the API server on the first of them."""
+    hosts = topology.hosts
 
     def serving(i: int) -> tuple[str, ...]:  # a host serves its last GPUs
         return tuple(g.visible_id for g in hosts[i].gpus[len(hosts[i].gpus) - split.server_gpus_per_host :])
@@ -36,69 +43,74 @@ def place(
     host = hosts[split.server_hosts[0]]
     gpus = serving(split.server_hosts[0])
     nodes = tuple(ServerNode(hosts[i].name, hosts[i].addr, serving(i)) for i in split.server_hosts[1:])
-    moe = bool(model and model.is_moe and split.dp > 1)
-    shape = split.shape + (" with expert parallelism" if moe else "")
-    trace.decide("vllm_tensor_parallel_size", split.tp, f"{split.server_gpus} server GPU(s) as {shape}")
-    if split.pp > 1 and model is not None:
-        pinned = recipe.launch.vllm_pipeline_parallel_size
-        trace.decide(
-            "vllm_pipeline_parallel_size",
-            split.pp,
-            (
-                "set in the recipe (launch.vllm_pipeline_parallel_size)"
-                if pinned
-                else f"no server of tensor parallelism alone holds {model.name} "
-                f"({model.weight_bytes_bf16 / GIB:.0f} GiB of bf16 weights) in half of each GPU"
-            )
-            + f": {split.pp} pipeline stages of TP {split.tp}, "
-            f"{server_weights(model, split) / GIB:.1f} GiB per GPU"
-            + (f", each replica over {split.replica_hosts} hosts" if split.replica_hosts > 1 else ""),
-        )
-    if split.dp > 1:
-        why = (
-            f"{model.name} is a mixture of experts: the {model.experts} experts spread over all {split.server_gpus} "
-            f"GPUs ({server_weights(model, split) / GIB:.1f} GiB of weights per GPU), a KV cache per rank"
-            if moe and model
-            else f"{split.dp} replicas of the model, each with its own KV cache and decode batch"
-        )
-        trace.decide("vllm_data_parallel_size", split.dp, why)
+    par = served(model, split)
+    _decide_shape(recipe, model, split, par, trace)
     where = " ".join(f"{name}:{','.join(ids)}" for name, ids in ((host.name, gpus), *((n.name, n.gpus) for n in nodes)))
     trace.decide("server_gpus", where, split.label)
-    if nodes and split.replica_hosts > 1:
-        trace.decide(
-            "vllm_nodes",
-            len(nodes) + 1,
-            f"vLLM's multi-node serving (--nnodes): the API server and the first stage on {host.name}, {len(nodes)} "
-            "more host(s) run their stages headless; TRL's weight sync reaches every rank through the API server",
-        )
-    elif nodes:
-        trace.decide(
-            "vllm_nodes",
-            len(nodes) + 1,
-            f"vLLM's multi-node data parallel: the API server and {len(gpus) // (split.tp * split.pp)} rank(s) on "
-            f"{host.name}, {len(nodes)} more host(s) run their ranks headless; TRL's weight sync reaches every rank "
-            "through the API server",
-        )
+    if nodes:
+        trace.decide("vllm_nodes", len(nodes) + 1, _nodes_why(split, host.name, len(nodes), len(gpus)))
     launch = recipe.launch
     util = server_utilization(recipe, trace)
     multi = len(hosts) > 1
-    vllm = VllmPlan(
+    return VllmPlan(
         mode=VllmMode.SERVER,
         host=host.name,
         address=host.addr if multi else "127.0.0.1",
         gpus=gpus,
         nodes=nodes,
-        tensor_parallel_size=split.tp,
-        data_parallel_size=split.dp,
-        pipeline_parallel_size=split.pp,
-        expert_parallel=moe,
+        tensor_parallel_size=par.tp,
+        data_parallel_size=par.dp,
+        pipeline_parallel_size=par.pp,
+        expert_parallel=par.ep,
         port=launch.vllm_port,
         bind_host=launch.vllm_host or ("0.0.0.0" if multi else "127.0.0.1"),
         gpu_memory_utilization=util,
         max_model_len=max_model_len(recipe),
         max_prompt_length=prompt_bound(recipe),
     )
-    return vllm, train_hosts
+
+
+def _decide_shape(recipe: Recipe, model: ModelShape | None, split: Split, par: Parallelism, trace: Trace) -> None:
+    """The server's TP, pipeline stages and data-parallel ranks, each with why."""
+    shape = par.label + (" with expert parallelism" if par.ep else "")
+    trace.decide("vllm_tensor_parallel_size", par.tp, f"{split.server_gpus} server GPU(s) as {shape}")
+    if par.pp > 1 and model is not None:
+        pinned = recipe.launch.vllm_pipeline_parallel_size
+        trace.decide(
+            "vllm_pipeline_parallel_size",
+            par.pp,
+            (
+                "set in the recipe (launch.vllm_pipeline_parallel_size)"
+                if pinned
+                else f"no server of tensor parallelism alone holds {model.name} "
+                f"({model.weight_bytes_bf16 / GIB:.0f} GiB of bf16 weights) in half of each GPU"
+            )
+            + f": {par.pp} pipeline stages of TP {par.tp}, "
+            f"{server_weights(model, split) / GIB:.1f} GiB per GPU"
+            + (f", each replica over {split.replica_hosts} hosts" if split.replica_hosts > 1 else ""),
+        )
+    if par.dp > 1:
+        why = (
+            f"{model.name} is a mixture of experts: the {model.experts} experts spread over all {split.server_gpus} "
+            f"GPUs ({server_weights(model, split) / GIB:.1f} GiB of weights per GPU), a KV cache per rank"
+            if par.ep and model
+            else f"{par.dp} replicas of the model, each with its own KV cache and decode batch"
+        )
+        trace.decide("vllm_data_parallel_size", par.dp, why)
+
+
+def _nodes_why(split: Split, head: str, others: int, local_gpus: int) -> str:
+    """How a server over several hosts runs: one replica's stages over them, or data-parallel ranks on each."""
+    if split.replica_hosts > 1:
+        return (
+            f"vLLM's multi-node serving (--nnodes): the API server and the first stage on {head}, {others} "
+            "more host(s) run their stages headless; TRL's weight sync reaches every rank through the API server"
+        )
+    return (
+        f"vLLM's multi-node data parallel: the API server and {local_gpus // split.par.replica_gpus} rank(s) on "
+        f"{head}, {others} more host(s) run their ranks headless; TRL's weight sync reaches every rank "
+        "through the API server"
+    )
 
 
 def _colocate(recipe: Recipe, split: Split, trace: Trace) -> VllmPlan:

@@ -22,9 +22,9 @@ from grpo_launch.enums import VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_advice import batch_fixes, better_batch, latency_bound
+from grpo_launch.planning.batch_layout import LayoutError
 from grpo_launch.planning.bounds import best_variant, candidate, prompts_of, reason
 from grpo_launch.planning.context import Context
-from grpo_launch.planning.layout import LayoutError
 from grpo_launch.planning.one_split import plan_one
 from grpo_launch.planning.splits.batch_target import feasible
 from grpo_launch.planning.splits.refusals import unfit_servers

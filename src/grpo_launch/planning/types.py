@@ -10,10 +10,10 @@ from typing import Any
 from grpo_launch.enums import Device, DistBackend, GpuUse, Offload, Role, VllmMode
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.cost.memory import TrainMemory, VllmMemory
 from grpo_launch.planning.cost.steptime import StepTime
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.values import Parallelism
 from grpo_launch.recipe import Recipe
 from grpo_launch.rundir.layout import RunPaths

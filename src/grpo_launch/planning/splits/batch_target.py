@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from grpo_launch.planning.layout import TRL_DEFAULTS, LayoutRequest
+from grpo_launch.planning.batch_layout import TRL_DEFAULTS, LayoutRequest
 
 
 def feasible(completions: int, trainers: int, per_device: int | None) -> bool:
