@@ -175,7 +175,7 @@ def _sync_timeout(values: Mapping[str, Any], sync: float) -> tuple[int, str]:
 
 def async_trainer_values(values: dict[str, Any], settings: AsyncSettings, vllm: VllmPlan) -> dict[str, Any]:
     """The sync trainer values made AsyncGRPOConfig's: GRPOConfig-only keys dropped (every one checked at plan time
-    not to change the algorithm: planning/refusal/async_grpo.py; reward_weights stay for the training entry, which
+    not to change the algorithm: planning/refusal/async_problems.py; reward_weights stay for the training entry, which
     scales each reward), the pipeline values set."""
     out = {k: v for k, v in values.items() if k not in GRPO_NOT_ASYNC or k == "reward_weights"}
     out.update(

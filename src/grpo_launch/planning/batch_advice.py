@@ -13,9 +13,9 @@ from grpo_launch.planning.batch_layout import LayoutError
 from grpo_launch.planning.bounds import best_variant
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.one_split import plan_one
+from grpo_launch.planning.sizes import Batch
 from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.types import Candidate
-from grpo_launch.planning.values import Batch
 
 WORTH_IT = 0.05  # a batch that lets a split do at least this much better per prompt is worth naming
 

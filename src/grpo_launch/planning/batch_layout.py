@@ -28,7 +28,7 @@ from grpo_launch.planning.layout_fixes import (
     on_policy_fixes,
     rhythm_fixes,
 )
-from grpo_launch.planning.values import group_size
+from grpo_launch.planning.sizes import group_size
 from grpo_launch.recipe.trl_schema import DEFAULTS
 from grpo_launch.spec import frozen
 

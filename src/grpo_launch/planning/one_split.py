@@ -16,11 +16,11 @@ from grpo_launch.planning.batch_layout import Layout, solve_layout
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.draft import Draft
 from grpo_launch.planning.estimate import estimate_plan, off_policy_lag, workload
+from grpo_launch.planning.sizes import Batch
 from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.trainer_values import trainer_values
 from grpo_launch.planning.training import choose_training
 from grpo_launch.planning.types import Plan, Trace, TrainHost, TrainPlan, VllmPlan
-from grpo_launch.planning.values import Batch
 from grpo_launch.planning.vllm_sizing import size_vllm
 from grpo_launch.recipe import Recipe
 

@@ -8,9 +8,9 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.lengths import max_model_len, prompt_bound
+from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.planning.splits.split import Split, SplitKind, served, server_weights
 from grpo_launch.planning.types import ServerNode, Trace, TrainHost, VllmPlan
-from grpo_launch.planning.values import Parallelism
 from grpo_launch.planning.vllm_sizing import colocate_utilization, server_utilization
 from grpo_launch.recipe import Recipe
 

@@ -14,7 +14,7 @@ from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.cost.memory import TrainMemory, VllmMemory
 from grpo_launch.planning.cost.steptime import StepTime
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.planning.values import Parallelism
+from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.recipe import Recipe
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.spec import frozen

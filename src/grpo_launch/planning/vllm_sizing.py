@@ -15,8 +15,8 @@ from grpo_launch.planning.cost.constants import TRL_COLOCATE_UTILIZATION, VLLM_S
 from grpo_launch.planning.cost.memory import VllmMemory, vllm_memory, vllm_share_needed, vllm_weights
 from grpo_launch.planning.cost.workload import Workload
 from grpo_launch.planning.refusal.explain import vllm_explain
+from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.planning.types import Trace, VllmPlan
-from grpo_launch.planning.values import Parallelism
 from grpo_launch.recipe import Recipe
 
 

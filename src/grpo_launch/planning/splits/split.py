@@ -23,7 +23,7 @@ import dataclasses
 from grpo_launch.enums import StrEnum
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.memory import vllm_weights
-from grpo_launch.planning.values import Parallelism
+from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.spec import frozen
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.planning.splits.split import Split, SplitKind, server_shapes
-from grpo_launch.planning.values import Parallelism
 
 
 def enumerate_uneven_splits(counts: Sequence[int], model: ModelShape | None) -> list[Split]:
