@@ -133,7 +133,7 @@ def _per_device_filling_groups(n: int, steps: int, k: int, why: list[str]) -> in
     return p
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # a working record: no generated comparison or repr
 class _Notes:
     """What solving a layout says: why each value was chosen, the problems that refuse it, and their fixes."""
 

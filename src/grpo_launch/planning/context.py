@@ -5,8 +5,6 @@ prices, and whether there is an estimate at all."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from grpo_launch.machines.gpus import GpuSpec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
@@ -14,9 +12,10 @@ from grpo_launch.planning.batch_layout import LayoutRequest
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.types import Runtime, Trace
 from grpo_launch.recipe import Recipe
+from grpo_launch.spec import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Context:
     """One plan's inputs, shared by every split it plans (``base`` collects what is decided before any split)."""
 

@@ -3,8 +3,6 @@ it. Passed whole to :func:`grpo_launch.planning.estimate.estimate_plan` instead 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_layout import Layout
@@ -13,9 +11,10 @@ from grpo_launch.planning.cost.workload import Workload
 from grpo_launch.planning.training import Training
 from grpo_launch.planning.types import TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
+from grpo_launch.spec import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Draft:
     """One split's decisions before its estimate: where vLLM and the trainers run (``vllm``, ``train``), the batch
     ``layout``, the ``workload`` one step processes, the ``training`` setting and its memory, vLLM's ``sizing``, and

@@ -11,7 +11,6 @@ from typing import Any
 from grpo_launch.enums import Device, VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.planning import placement, roles
-from grpo_launch.planning.async_grpo import async_recipe, async_trainer_values, async_workload, choose_async, lora_rank
 from grpo_launch.planning.batch_layout import Layout, solve_layout
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.draft import Draft
@@ -43,7 +42,11 @@ def mixed_precision(device: Device, values: Mapping[str, Any]) -> str:
 def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
     """Plan one split (None: CPU) at ``batch`` per optimizer step (None: the recipe's own batch)."""
     is_async = split is not None and split.asynchronous
-    recipe = async_recipe(ctx.recipe) if is_async else ctx.recipe
+    if is_async:
+        # Imported here: a synchronous plan (the common case) never loads the async modules (plan's start-up,
+        # scripts/bench_plan.py).
+        from grpo_launch.planning import async_grpo
+    recipe = async_grpo.async_recipe(ctx.recipe) if is_async else ctx.recipe
     trace = Trace(list(ctx.base.decisions), list(ctx.base.notices), list(ctx.base.warnings))
     if split is None:
         vllm, train_hosts = VllmPlan(VllmMode.OFF), roles.cpu_train_hosts(ctx.topology, recipe, trace)
@@ -58,10 +61,10 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
     settings = None
     if is_async:
         step = estimate.step if estimate else None
-        settings = choose_async(recipe, vllm, step, layout.completions_per_optimizer_step, trace,
-                                lora_rank=lora_rank(recipe, vllm, trace), dtype=values.get("dtype"),
-                                trainers=n)  # fmt: skip
-        values = async_trainer_values(values, settings, vllm)
+        settings = async_grpo.choose_async(recipe, vllm, step, layout.completions_per_optimizer_step, trace,
+                                           lora_rank=async_grpo.lora_rank(recipe, vllm, trace),
+                                           dtype=values.get("dtype"), trainers=n)  # fmt: skip
+        values = async_grpo.async_trainer_values(values, settings, vllm)
     runtime = ctx.runtime
     return Plan(
         recipe=recipe,
@@ -118,6 +121,8 @@ def _draft(
     n = sum(h.processes for h in hosts)
     work = workload(recipe, layout, ctx.calibration)
     if is_async:
+        from grpo_launch.planning.async_grpo import async_workload  # only for async plans (see plan_one)
+
         work = async_workload(work, recipe)
     training = choose_training(topology, recipe, model, n, vllm, work, trace, nodes=len(hosts))
     vllm, sizing = size_vllm(topology, model, vllm, work, trace, n)

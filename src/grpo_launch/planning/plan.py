@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from grpo_launch.enums import Device, VllmMode
+from grpo_launch.enums import Device, LaunchMode, VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning import modes
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.lengths import check_positions
 from grpo_launch.planning.one_split import DEFAULT_RUN_ROOT, default_run_dir, mixed_precision, plan_one
-from grpo_launch.planning.refusal import verify
 from grpo_launch.planning.search import best_plan
 from grpo_launch.planning.sizes import Batch
 from grpo_launch.planning.splits.allowed import allowed_splits
@@ -50,6 +48,8 @@ def make_plan(
     try:
         plan = _plan(topology, recipe, model, calibration, runtime)
     except PlanError as exc:
+        from grpo_launch.planning.refusal import verify  # only a refusal needs it
+
         error = verify.verified(exc, recipe, lambda r: _plan(topology, r, model, calibration, runtime))
         raise verify.with_gpu_count(error, topology, lambda t: _plan(t, recipe, model, calibration, runtime)) from None
     return _with_adapt_notice(plan) if recipe.launch.adapt else plan
@@ -76,7 +76,12 @@ def _plan(
     _refuse_silent_cpu_fallback(topology, recipe, model)
     _refuse_bf16_without_support(topology, recipe)
     ctx = Context.of(topology, recipe, model, calibration, runtime, base)
-    asynchronous = modes.check_mode(ctx)  # launch.mode async refuses here what AsyncGRPOTrainer cannot run
+    asynchronous = False
+    if recipe.launch.mode is not LaunchMode.SYNC:
+        # Imported here: a synchronous plan (launch.mode's default) never loads the async modules (plan's start-up).
+        from grpo_launch.planning import modes
+
+        asynchronous = modes.check_mode(ctx)  # launch.mode async refuses here what AsyncGRPOTrainer cannot run
     if topology.is_cpu:
         requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
         base.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
@@ -92,6 +97,8 @@ def _plan(
         target = Batch(prompts, ctx.group)
         base.decide("prompts_per_step", prompts, why)
     if asynchronous:
+        from grpo_launch.planning import modes
+
         return modes.plan_modes(ctx, splits, target)
     return best_plan(ctx, splits, target)
 

@@ -98,7 +98,7 @@ def default_split(splits: list[Split]) -> Split:
     return min(splits, key=lambda s: (order[s.kind], s.server_gpus, s.tp))
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # a working record: no generated comparison or repr
 class _Tally:
     """What the search has found so far: candidates rejected (in the order met), the layout problems of the server
     sizes no batch layout fits, the sizes whose trainers cannot take the batch evenly, each size's lower bound,

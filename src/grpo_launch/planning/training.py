@@ -22,7 +22,6 @@ from grpo_launch.planning.cost.memory import (
 )
 from grpo_launch.planning.cost.workload import Workload
 from grpo_launch.planning.refusal.explain import Setting, setting_label, training_explain
-from grpo_launch.planning.refusal.memory_fixes import memory_fixes
 from grpo_launch.planning.types import Trace, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.spec import frozen
@@ -173,6 +172,8 @@ def _refuse_gpu_memory(
     model: ModelShape, n: int, mem: int, budget: float, last: Setting, work: Workload, recipe: Recipe,
     explain: list[str],
 ) -> NoReturn:  # fmt: skip
+    from grpo_launch.planning.refusal.memory_fixes import memory_fixes  # only a refusal needs it
+
     need = train_memory(model, n, last[0], last[1], dataclasses.replace(work, gradient_checkpointing=last[2]))
     raise PlanError(
         f"{model.name} does not fit on {n} training GPU(s) of {mem / GIB:.0f} GiB: even {setting_label(last)} needs "
