@@ -1,5 +1,7 @@
-"""The plan's estimate: one step's workload from the recipe and the layout, vLLM's sizing (sequences and memory
-share), and the predicted step time, memory and whole-run total. Pure."""
+"""The plan's estimate: one step's workload from the recipe and the layout, and the predicted step time, memory and
+whole-run total of a :class:`Draft` (the plan under construction: what one split's steps decided by the time the
+estimate prices it, passed whole instead of its parts one by one). vLLM's sizing is decided before, in
+:mod:`.vllm_sizing`; the estimate only reads it. Pure."""
 
 from __future__ import annotations
 
@@ -17,9 +19,7 @@ from grpo_launch.planning.cost.constants import (
     TRL_COMPLETION_LEN,
     TRL_EPOCHS,
 )
-from grpo_launch.planning.cost.memory import (
-    margin_lines,
-)
+from grpo_launch.planning.cost.memory import VllmMemory, margin_lines
 from grpo_launch.planning.cost.overlap import overlap_line
 from grpo_launch.planning.cost.startup import startup_time
 from grpo_launch.planning.cost.steptime import (
@@ -33,11 +33,31 @@ from grpo_launch.planning.cost.steptime import (
     transformers_generation_time,
 )
 from grpo_launch.planning.cost.workload import Calibration, Workload
-from grpo_launch.planning.draft import Draft
 from grpo_launch.planning.lengths import prompt_bound
+from grpo_launch.planning.training import Training
 from grpo_launch.planning.types import Estimate, StepTime, Total, TrainHost, TrainPlan, VllmPlan
 from grpo_launch.planning.vllm_sizing import engines
 from grpo_launch.recipe import Recipe
+from grpo_launch.spec import frozen
+
+
+@frozen
+class Draft:
+    """One split's decisions before its estimate: where vLLM and the trainers run (``vllm``, ``train``), the batch
+    ``layout``, the ``workload`` one step processes, the ``training`` setting and its memory, vLLM's ``sizing``, and
+    the training set's ``rows`` when known (``rows_why``: where they came from, or why they are unknown)."""
+
+    topology: Topology
+    recipe: Recipe
+    model: ModelShape | None
+    vllm: VllmPlan
+    train: TrainPlan
+    layout: Layout
+    workload: Workload
+    training: Training
+    sizing: VllmMemory | None = None
+    rows: int | None = None
+    rows_why: str = ""
 
 
 def workload(recipe: Recipe, layout: Layout, calibration: Calibration | None = None) -> Workload:

@@ -13,8 +13,7 @@ from grpo_launch.errors import PlanError
 from grpo_launch.planning import placement, roles
 from grpo_launch.planning.batch_layout import Layout, solve_layout
 from grpo_launch.planning.context import Context
-from grpo_launch.planning.draft import Draft
-from grpo_launch.planning.estimate import estimate_plan, off_policy_lag, workload
+from grpo_launch.planning.estimate import Draft, estimate_plan, off_policy_lag, workload
 from grpo_launch.planning.sizes import Batch
 from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.trainer_values import trainer_values

@@ -21,9 +21,8 @@ from grpo_launch.planning.lengths import check_positions
 from grpo_launch.planning.one_split import DEFAULT_RUN_ROOT, default_run_dir, mixed_precision, plan_one
 from grpo_launch.planning.search import best_plan
 from grpo_launch.planning.sizes import Batch
-from grpo_launch.planning.splits.allowed import allowed_splits
+from grpo_launch.planning.splits.allowed import allowed_splits, requested_mode
 from grpo_launch.planning.splits.batch_target import prompts_target
-from grpo_launch.planning.splits.requested import requested_mode
 from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.types import Plan, Runtime, Trace
 from grpo_launch.recipe import Recipe

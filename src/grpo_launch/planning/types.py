@@ -60,7 +60,7 @@ class Decision:
     why: str
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # a working record: no generated comparison or repr (plan start-up)
 class Trace:
     """What the planner decided and why, what it changed in the recipe (notices) and what it doubts (warnings).
     Passed to each planning step instead of three separate lists; frozen into the Plan at the end."""
