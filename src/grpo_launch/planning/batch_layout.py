@@ -32,13 +32,12 @@ from grpo_launch.planning.sizes import group_size
 from grpo_launch.recipe.trl_schema import DEFAULTS
 from grpo_launch.spec import frozen
 
-# TRL's defaults for the layout keys (generated from TRL's GRPOConfig).
+# TRL's defaults for the layout keys (generated from TRL's GRPOConfig); the group size's is sizes.group_size's.
 TRL_DEFAULTS: dict[str, int] = {
     k: int(DEFAULTS[k])
     for k in (
         "per_device_train_batch_size",
         "gradient_accumulation_steps",
-        "num_generations",
         "per_device_eval_batch_size",
     )
 }

@@ -75,7 +75,7 @@ def size_vllm(
             why = "leaves less for training" if vllm.mode == VllmMode.COLOCATE else "the weights need at least that"
             fixes.append(Fix("launch.vllm_gpu_memory_utilization", round(need, 2), why, 0))
         util = share or limit or VLLM_SERVER_UTILIZATION
-        explain = vllm_explain(model, par.tp, mem, work.seq_len, util, weights, need, par.dp if par.ep else None)
+        explain = vllm_explain(model, par, mem, work.seq_len, util, weights, need)
         raise PlanError(
             f"vLLM ({vllm.mode}) does not fit: {weights / GIB:.1f} GiB of weights per GPU leave no room for the KV "
             f"cache of one {work.seq_len}-token sequence at gpu_memory_utilization {util:.2f}",
