@@ -28,8 +28,9 @@ from grpo_launch.errors import PlanError
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import make_plan, plan_split
-from grpo_launch.planning.placement import allowed_splits
-from grpo_launch.planning.split import Split, SplitKind
+from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.splits.allowed import allowed_splits
+from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.training import TRAINING_SETTINGS
 from grpo_launch.planning.types import Trace
 from grpo_launch.recipe import build_recipe
@@ -78,11 +79,11 @@ def exhaustive(topology, values, model, prompts):
 def hand_split(topology, model) -> Split:
     hosts, per_host = len(topology.hosts), len(topology.hosts[0].gpus)
     if hosts == 1:
-        return Split(SplitKind.SERVER, 1, per_host, per_host - 1, (0,), 1, 1, (0,), 1)
+        return Split(SplitKind.SERVER, 1, per_host, per_host - 1, (0,), Parallelism(1), (0,), 1)
     tps = [t for t in model.valid_tp_sizes(per_host) if per_host % t == 0]
     tp = next(t for t in tps if model.weight_bytes_bf16 / t <= 0.5 * topology.min_gpu_memory_bytes)
-    return Split(SplitKind.NODES, hosts, per_host, per_host, tuple(range(hosts - 1)), tp, per_host // tp,
-                 (hosts - 1,), per_host)  # fmt: skip
+    return Split(SplitKind.NODES, hosts, per_host, per_host, tuple(range(hosts - 1)),
+                 Parallelism(tp, dp=per_host // tp), (hosts - 1,), per_host)  # fmt: skip
 
 
 def hand(topology, values, model, prompts):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Mutation testing of the split planner's layout and placement (src/grpo_launch/planning/layout.py and
+# Mutation testing of the split planner's layout and placement (src/grpo_launch/planning/batch_layout.py,
+# layout_fixes.py, placement.py, splits/allowed.py and splits/refusals.py; before issue 35: layout.py and
 # placement.py) with their fast tests, by mutmut 3 (https://github.com/boxed/mutmut, PyPI "mutmut"). Not part of
 # CI and not a project dependency: mutmut goes into a throwaway venv that also sees .venv's packages, and it runs
 # in a copy of the tree (it writes mutants/ next to the code it mutates).
@@ -8,7 +9,7 @@
 #   MUTMUT_CHILDREN=N  parallel mutants (default 1)
 #
 # With NAMEs (mutant names as `mutmut results` prints them, fnmatch patterns allowed, e.g.
-# 'grpo_launch.planning.layout.x_solve_layout__mutmut_49') only those mutants run, and it ends with each one's
+# 'grpo_launch.planning.batch_layout.x_solve_layout__mutmut_49') only those mutants run, and it ends with each one's
 # status (killed / survived); without, every mutant runs (about 1700; long on two shared cores) and it ends with
 # `mutmut results` (the survivors). `cd WORKDIR/tree && WORKDIR/venv/bin/mutmut show NAME` prints one as a diff. A
 # second run reuses the venv. docs/mutation-testing.md lists the survivors of the last full run and what was done
@@ -45,8 +46,11 @@ cat >"$TREE/setup.cfg" <<'CFG'
 [mutmut]
 source_paths=src/
 only_mutate=
-    src/grpo_launch/planning/layout.py
+    src/grpo_launch/planning/batch_layout.py
+    src/grpo_launch/planning/layout_fixes.py
     src/grpo_launch/planning/placement.py
+    src/grpo_launch/planning/splits/allowed.py
+    src/grpo_launch/planning/splits/refusals.py
 also_copy=
     recipes/
     scripts/

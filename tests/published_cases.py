@@ -20,7 +20,8 @@ from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import plan_split
 from grpo_launch.planning.cost.constants import HEADROOM
-from grpo_launch.planning.split import Split, SplitKind
+from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.recipe import build_recipe, load_recipe
 
 from .helpers import ROOT, plan_recipe
@@ -68,7 +69,9 @@ BLOG = (
     'Hugging Face blog "No GPU left behind: Unlocking Efficiency with Co-located vLLM in TRL" '
     "(huggingface.co/blog/vllm-colocate, 2025-06-03; source github.com/huggingface/blog vllm-colocate.md)"
 )
-ONE_GPU_SERVER = Split(SplitKind.SERVER, 1, 8, 7, (0,), 1, 1, (0,), 1)  # the blog's baseline: 1 vLLM GPU, 7 trainers
+ONE_GPU_SERVER = Split(
+    SplitKind.SERVER, 1, 8, 7, (0,), Parallelism(1), (0,), 1
+)  # the blog's baseline: 1 vLLM GPU, 7 trainers
 BATCHES = (8, 16, 32, 64)  # completions per device per optimizer step (the sweep; the post's axis is not in its text)
 TPS = (1, 2, 4, 8)  # colocated tensor-parallel sizes on 8 GPUs
 
@@ -87,7 +90,7 @@ def blog_speedup(model: str, batch: int, tp: int = 1) -> float:
     topology = parse_gpu_spec("8xH100-80GB")
     shape = find_model_shape(model)
     k = recipe.values["num_generations"]
-    colocate = Split(SplitKind.COLOCATE, 1, 8, 8, (0,), tp, 8 // tp)
+    colocate = Split(SplitKind.COLOCATE, 1, 8, 8, (0,), Parallelism(tp, dp=8 // tp))
     server = plan_split(topology, recipe, shape, ONE_GPU_SERVER, prompts=7 * batch // k)
     return (
         server.estimate.step.total_s
@@ -112,7 +115,7 @@ def _colocate_speedup(recipe_name: str, prompts: int) -> float:
     recipe = load_recipe(ROOT / "recipes" / f"{recipe_name}.yaml")
     topology = parse_gpu_spec("8xH100-80GB")
     shape = find_model_shape(recipe.values["model_name_or_path"])
-    colocate = Split(SplitKind.COLOCATE, 1, 8, 8, (0,), 1, 8)
+    colocate = Split(SplitKind.COLOCATE, 1, 8, 8, (0,), Parallelism(1, dp=8))
     server = plan_split(topology, recipe, shape, ONE_GPU_SERVER, prompts=prompts)
     return (
         server.estimate.step.total_s

@@ -17,6 +17,7 @@ from grpo_launch.planning import make_plan
 from grpo_launch.planning.cost.memory import train_memory, vllm_memory
 from grpo_launch.planning.cost.steptime import generation_time
 from grpo_launch.planning.cost.workload import Workload
+from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.recipe import build_recipe
 
 from .helpers import plan_recipe
@@ -143,20 +144,24 @@ def test_seed_case_3_memory_pressure_turns_on_checkpointing_and_offload_only_whe
 
 def test_vllm_sizing_covers_the_round_and_respects_the_kv_cache():
     m = find_model_shape(QWEN7)
-    sized = vllm_memory(m, 1, 80 * GIB, WORK, share=None)
+    sized = vllm_memory(m, Parallelism(1), 80 * GIB, WORK, share=None)
     assert sized.max_num_seqs == 64 and sized.max_model_len == 1536
-    tight = vllm_memory(m, 1, 24 * GIB, dataclasses.replace(WORK, completions=4096, completion_len=8192), share=None)
+    tight = vllm_memory(
+        m, Parallelism(1), 24 * GIB, dataclasses.replace(WORK, completions=4096, completion_len=8192), share=None
+    )
     assert tight is not None and tight.max_num_seqs < 4096
     assert (tight.weights_per_gpu + tight.max_num_seqs * tight.kv_per_seq) <= 0.9 * 24 * GIB
-    assert vllm_memory(find_model_shape("Qwen/Qwen2.5-72B-Instruct"), 1, 80 * GIB, WORK, share=None) is None
+    assert (
+        vllm_memory(find_model_shape("Qwen/Qwen2.5-72B-Instruct"), Parallelism(1), 80 * GIB, WORK, share=None) is None
+    )
 
 
 def test_generation_time_grows_with_completion_length_and_shrinks_with_tp():
     m, gpu = find_model_shape(QWEN7), find_gpu_spec("H100")
-    short, _ = generation_time(m, gpu, 1, 1, 64, WORK)
-    long, why = generation_time(m, gpu, 1, 1, 64, dataclasses.replace(WORK, completion_len=4096))
+    short, _ = generation_time(m, gpu, Parallelism(1), 64, WORK)
+    long, why = generation_time(m, gpu, Parallelism(1), 64, dataclasses.replace(WORK, completion_len=4096))
     assert long > 3 * short and "memory-bound" in why
-    tp2, _ = generation_time(m, gpu, 2, 1, 64, WORK)
+    tp2, _ = generation_time(m, gpu, Parallelism(2), 64, WORK)
     assert tp2 < short
 
 
@@ -288,8 +293,8 @@ def test_tp_communication_is_charged_per_layer_and_step():
     from grpo_launch.planning.cost.steptime import allreduce_time
 
     model, gpu = find_model_shape(QWEN7), find_gpu_spec("H100")
-    one, why1 = generation_time(model, gpu, 1, 1, 64, WORK)
-    two, why2 = generation_time(model, gpu, 2, 1, 64, WORK)
+    one, why1 = generation_time(model, gpu, Parallelism(1), 64, WORK)
+    two, why2 = generation_time(model, gpu, Parallelism(2), 64, WORK)
     assert "TP all-reduces" in why2 and "TP all-reduces" not in why1
     per_step = 2 * model.layers * allreduce_time(2, 64 * model.hidden * 2)
     assert 0 < per_step < 0.005 and two < one  # half the weights to read outweighs the all-reduces at 7B
@@ -299,7 +304,7 @@ def _batch_one_itl(model_name: str, gpu_name: str) -> float:
     """Seconds per decode step of one sequence on one GPU, from generation_time (a 1-token prompt, 1000 tokens)."""
     work = Workload(prompt_len=1, completion_len=1000, completions=1, num_generations=1, per_device=1,
                     gradient_checkpointing=False)  # fmt: skip
-    seconds, _ = generation_time(find_model_shape(model_name), find_gpu_spec(gpu_name), 1, 1, 1, work)
+    seconds, _ = generation_time(find_model_shape(model_name), find_gpu_spec(gpu_name), Parallelism(1), 1, work)
     return seconds / 1000
 
 
@@ -363,9 +368,9 @@ def test_tp_allreduce_over_pcie_matches_the_published_measurements(tp, nbytes, u
 
 def test_gpus_without_nvlink_pay_ncclss_pcie_all_reduce():
     model, work = find_model_shape(QWEN7), WORK
-    nv, _ = generation_time(model, find_gpu_spec("H100-80GB"), 4, 1, 64, work)
+    nv, _ = generation_time(model, find_gpu_spec("H100-80GB"), Parallelism(4), 64, work)
     pcie_spec = dataclasses.replace(find_gpu_spec("H100-80GB"), nvlink=False)
-    pcie, _ = generation_time(model, pcie_spec, 4, 1, 64, work)
+    pcie, _ = generation_time(model, pcie_spec, Parallelism(4), 64, work)
     assert pcie > nv and not find_gpu_spec("L40S").nvlink and find_gpu_spec("A100-80GB").nvlink
 
 
@@ -390,9 +395,9 @@ def test_a_pipeline_decodes_no_faster_than_replicas_on_the_same_gpus():
     (each its share of the batch), plus the stages' hops and per-micro-batch overheads; over the network more."""
     model, gpu = find_model_shape("meta-llama/Llama-3.1-70B-Instruct"), find_gpu_spec("H100-80GB")
     work = dataclasses.replace(WORK, completions=128, generation_batch=128)
-    dp2, _ = generation_time(model, gpu, 8, 2, 64, work)
-    pp2, why = generation_time(model, gpu, 8, 1, 128, work, pp=2, pp_across_nodes=True)
-    near, _ = generation_time(model, gpu, 8, 1, 128, work, pp=2, pp_across_nodes=False)
+    dp2, _ = generation_time(model, gpu, Parallelism(8, dp=2), 64, work)
+    pp2, why = generation_time(model, gpu, Parallelism(8, 2), 128, work, pp_across_nodes=True)
+    near, _ = generation_time(model, gpu, Parallelism(8, 2), 128, work, pp_across_nodes=False)
     assert "stage hops" in why and "2 micro-batches" in why
     assert dp2 < near < pp2 < 1.5 * dp2
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from grpo_launch.errors import PlanError
+from grpo_launch.planning.batch_layout import LayoutRequest, solve_layout
 from grpo_launch.planning.estimate import off_policy_lag
-from grpo_launch.planning.layout import LayoutRequest, solve_layout
 
 from .helpers import plan_recipe
 from .trl_oracle import grpo_config

@@ -13,8 +13,9 @@ import pytest
 from grpo_launch.errors import PlanError
 from grpo_launch.machines.topology import Gpu, Host, Topology, parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
-from grpo_launch.planning.layout import LayoutRequest, solve_layout
-from grpo_launch.planning.placement import NoGpuLeftForTraining, allowed_splits, unfit_servers
+from grpo_launch.planning.batch_layout import LayoutRequest, solve_layout
+from grpo_launch.planning.splits.allowed import allowed_splits
+from grpo_launch.planning.splits.refusals import NoGpuLeftForTraining, unfit_servers
 from grpo_launch.planning.types import Trace
 from grpo_launch.recipe import build_recipe
 
@@ -650,7 +651,7 @@ def test_a_server_on_every_gpu_of_one_host_is_refused_with_fixes_that_fit(counts
 def test_hosts_with_different_gpu_counts_get_only_splits_that_leave_equal_training_hosts():
     """2 + 4 GPUs: the 2-GPU host serves and the 4-GPU host trains, the other way round, or the 4-GPU host's 2
     extra GPUs serve beside 2 trainers on each host; every split uses all 6 GPUs. 4 + 2 + 1 allows none."""
-    from grpo_launch.planning.split import SplitKind
+    from grpo_launch.planning.splits.split import SplitKind
 
     recipe = build_recipe({"model_name_or_path": QWEN15}, [])
     splits = allowed_splits(_topology([2, 4]), recipe, find_model_shape(QWEN15), Trace())

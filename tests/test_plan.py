@@ -202,8 +202,8 @@ def test_a_latency_bound_batch_is_named_not_changed():
 
 def test_every_split_kind_has_a_default_rank():
     """Without an estimate (an unknown GPU) the default split is chosen by kind: every kind has a rank."""
-    from grpo_launch.planning.plan import DEFAULT_ORDER
-    from grpo_launch.planning.split import SplitKind
+    from grpo_launch.planning.search import DEFAULT_ORDER
+    from grpo_launch.planning.splits.split import SplitKind
 
     assert sorted(k for kinds in DEFAULT_ORDER for k in kinds) == sorted(SplitKind)
     plan = plan_for({"model_name_or_path": "q", "launch": {"vllm": "server", "vllm_gpus": 3}}, "3x4xGPU-24GB")

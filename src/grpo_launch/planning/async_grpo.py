@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from grpo_launch.enums import DistBackend
@@ -24,12 +25,23 @@ from grpo_launch.planning.cost.workload import Workload
 from grpo_launch.planning.types import AsyncSettings, StepTime, Trace, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.recipe.async_schema import ASYNC_DEFAULTS, GRPO_NOT_ASYNC
+from grpo_launch.spec import frozen
 
 SYNC_SHARE = 0.2  # a weight sync longer than this share of the overlapped step is spread over several steps
 MAX_SYNC_STEPS = 4  # … at most this many (TRL's default max_staleness, async_grpo_config.py:360)
 MAX_LAG_STEPS = 4  # in-flight requests beyond this many steps of samples only add staleness
 SYNC_TIMEOUT_FACTOR = 30  # a weight sync this many times slower than predicted is stuck
 SYNC_TIMEOUT_MIN_S = 300  # … and never below TRL's own control timeout (weight_transfer.py:61, _CONTROL_TIMEOUT)
+
+
+@frozen
+class _Pace:
+    """One async step's predicted seconds (generation, training, weight sync) and the samples it consumes."""
+
+    gen: float
+    train: float
+    sync: float
+    per_step: int
 
 
 def choose_async(
@@ -48,74 +60,23 @@ def choose_async(
     load the policy in (None: AsyncGRPOConfig's float32 default)."""
     values = recipe.values
     gen, train = (step.generation_s, step.training_s) if step else (1.0, 1.0)
-    sync = step.sync_s if step else 0.0
-    capacity = (vllm.max_num_seqs or per_step) * vllm.data_parallel_size
-    gen_bound = gen >= train
-    if "max_inflight_tasks" in values and int(values["max_inflight_tasks"]) > 0:
-        inflight, why = int(values["max_inflight_tasks"]), "set in the recipe"
-    elif gen_bound:
-        inflight = max(per_step, min(capacity, MAX_LAG_STEPS * per_step))
-        why = (f"generation-bound ({gen:.1f} s vs training {train:.1f} s): enough requests to fill the server's "
-               f"{capacity} sequence slots (max_num_seqs × DP), at least one step's {per_step} samples, at most "
-               f"{MAX_LAG_STEPS} steps' worth (more only adds staleness)")  # fmt: skip
-    else:
-        inflight = per_step
-        why = (f"training-bound ({train:.1f} s vs generation {gen:.1f} s): one step's {per_step} samples keep the "
-               "trainers fed; more would only wait in the queue and grow stale")  # fmt: skip
-    trace.decide("max_inflight_tasks", inflight, why)
-    if "queue_maxsize" in values:
-        queue, why = int(values["queue_maxsize"]), "set in the recipe"
-    else:
-        queue = per_step
-        why = (f"one step of ready samples ({per_step}); TRL's default {ASYNC_DEFAULTS['queue_maxsize']} would let a "
-               "training-bound run queue samples that are dropped as stale before they are trained")  # fmt: skip
-    trace.decide("queue_maxsize", queue, why)
-    top = max(gen, train)
-    if "weight_sync_steps" in values:
-        sync_steps, why = int(values["weight_sync_steps"]), "set in the recipe"
-    elif sync > SYNC_SHARE * top and top > 0:
-        sync_steps = min(MAX_SYNC_STEPS, math.ceil(sync / (SYNC_SHARE * top)))
-        why = f"the sync ({sync:.2f} s) is over {SYNC_SHARE:.0%} of the overlapped step ({top:.1f} s)"
-        why += f": every {sync_steps} steps"
-    else:
-        sync_steps = 1
-        why = f"the sync ({sync:.2f} s) is under {SYNC_SHARE:.0%} of the step ({top:.1f} s): every step (TRL's default)"
-    trace.decide("weight_sync_steps", sync_steps, why)
+    pace = _Pace(gen, train, step.sync_s if step else 0.0, per_step)
+    inflight = _decide(trace, "max_inflight_tasks", _inflight(values, pace, vllm))
+    queue = _decide(trace, "queue_maxsize", _queue(values, per_step))
+    sync_steps = _decide(trace, "weight_sync_steps", _sync_steps(values, pace))
     lag = lag_steps(inflight, queue, per_step, gen, train)
-    if "max_staleness" in values:
-        max_stale, why = int(values["max_staleness"]), "set in the recipe"
-    else:
-        max_stale = max_staleness_for(lag, sync_steps)
-        why = (f"the predicted lag is {lag:.2f} steps = {staleness(lag, sync_steps):.2f} weight versions "
-               f"((in flight {inflight}" + (f" + queue {queue}" if train > gen else "") + f") ÷ {per_step} per step"
-               + (f" ÷ sync every {sync_steps}" if sync_steps > 1 else "") + "), plus one of slack: no sample is "
-               "predicted dropped as stale")  # fmt: skip
-    trace.decide("max_staleness", max_stale, why)
+    max_stale = _decide(trace, "max_staleness", _max_staleness(values, pace, lag, inflight, queue, sync_steps))
     predicted = staleness(lag, sync_steps)
     if predicted > max_stale:
         trace.warn(
             f"the predicted staleness {predicted:.1f} is above max_staleness={max_stale}: samples will be "
             "dropped as stale (sample/dropped_stale_total); lower max_inflight_tasks or queue_maxsize"
         )
-    length = vllm.max_model_len
-    if values.get("token_budget") is not None:
-        budget, why = int(values["token_budget"]), "set in the recipe"
-    else:
-        budget = int(length or 0)
-        why = (f"the server's --max-model-len {length} (prompt + completion), as TRL defaults it "
-               "(async_grpo_trainer.py:1437-1439): no sample exceeds a row and none is dropped")  # fmt: skip
-    trace.decide("token_budget", budget, why)
+    budget = _decide(trace, "token_budget", _token_budget(values, vllm.max_model_len))
     if dtype is None:
         dtype = str(ASYNC_DEFAULTS["dtype"])
         trace.decide("dtype", dtype, "AsyncGRPOConfig's default (async_grpo_config.py:178-186)")
-    if "weight_sync_timeout" in values:
-        sync_timeout, why = int(values["weight_sync_timeout"]), "set in the recipe"
-    else:
-        sync_timeout = max(SYNC_TIMEOUT_MIN_S, math.ceil(SYNC_TIMEOUT_FACTOR * sync))
-        why = (f"{SYNC_TIMEOUT_FACTOR:g}× the predicted sync ({sync:.1f} s), at least {SYNC_TIMEOUT_MIN_S} s (TRL's "
-               "control timeout, weight_transfer.py:61): a stuck sync raises (weight_transfer.py:43-48) instead of "
-               "waiting TRL's default 1800 s")  # fmt: skip
-    trace.decide("weight_sync_timeout", sync_timeout, why)
+    sync_timeout = _decide(trace, "weight_sync_timeout", _sync_timeout(values, pace.sync))
     if trainers > 2 and not lora_rank:
         trace.warn(
             f"{trainers} trainer ranks: TRL 1.16's full-weight sync to vLLM is reported to deadlock with more than 2 "
@@ -138,9 +99,83 @@ def choose_async(
     )
 
 
+def _decide(trace: Trace, what: str, chosen: tuple[int, str]) -> int:
+    trace.decide(what, chosen[0], chosen[1])
+    return chosen[0]
+
+
+def _inflight(values: Mapping[str, Any], pace: _Pace, vllm: VllmPlan) -> tuple[int, str]:
+    gen, train, per_step = pace.gen, pace.train, pace.per_step
+    capacity = (vllm.max_num_seqs or per_step) * vllm.data_parallel_size
+    if "max_inflight_tasks" in values and int(values["max_inflight_tasks"]) > 0:
+        return int(values["max_inflight_tasks"]), "set in the recipe"
+    if gen >= train:
+        return max(per_step, min(capacity, MAX_LAG_STEPS * per_step)), (
+            f"generation-bound ({gen:.1f} s vs training {train:.1f} s): enough requests to fill the server's "
+            f"{capacity} sequence slots (max_num_seqs × DP), at least one step's {per_step} samples, at most "
+            f"{MAX_LAG_STEPS} steps' worth (more only adds staleness)"
+        )
+    return per_step, (
+        f"training-bound ({train:.1f} s vs generation {gen:.1f} s): one step's {per_step} samples keep the "
+        "trainers fed; more would only wait in the queue and grow stale"
+    )
+
+
+def _queue(values: Mapping[str, Any], per_step: int) -> tuple[int, str]:
+    if "queue_maxsize" in values:
+        return int(values["queue_maxsize"]), "set in the recipe"
+    return per_step, (
+        f"one step of ready samples ({per_step}); TRL's default {ASYNC_DEFAULTS['queue_maxsize']} would let a "
+        "training-bound run queue samples that are dropped as stale before they are trained"
+    )
+
+
+def _sync_steps(values: Mapping[str, Any], pace: _Pace) -> tuple[int, str]:
+    top, sync = max(pace.gen, pace.train), pace.sync
+    if "weight_sync_steps" in values:
+        return int(values["weight_sync_steps"]), "set in the recipe"
+    if sync > SYNC_SHARE * top and top > 0:
+        sync_steps = min(MAX_SYNC_STEPS, math.ceil(sync / (SYNC_SHARE * top)))
+        why = f"the sync ({sync:.2f} s) is over {SYNC_SHARE:.0%} of the overlapped step ({top:.1f} s)"
+        return sync_steps, why + f": every {sync_steps} steps"
+    return 1, f"the sync ({sync:.2f} s) is under {SYNC_SHARE:.0%} of the step ({top:.1f} s): every step (TRL's default)"
+
+
+def _max_staleness(
+    values: Mapping[str, Any], pace: _Pace, lag: float, inflight: int, queue: int, sync_steps: int
+) -> tuple[int, str]:
+    if "max_staleness" in values:
+        return int(values["max_staleness"]), "set in the recipe"
+    return max_staleness_for(lag, sync_steps), (
+        f"the predicted lag is {lag:.2f} steps = {staleness(lag, sync_steps):.2f} weight versions "
+        f"((in flight {inflight}" + (f" + queue {queue}" if pace.train > pace.gen else "") + f") ÷ {pace.per_step} "
+        "per step" + (f" ÷ sync every {sync_steps}" if sync_steps > 1 else "") + "), plus one of slack: no sample is "
+        "predicted dropped as stale"
+    )
+
+
+def _token_budget(values: Mapping[str, Any], length: int | None) -> tuple[int, str]:
+    if values.get("token_budget") is not None:
+        return int(values["token_budget"]), "set in the recipe"
+    return int(length or 0), (
+        f"the server's --max-model-len {length} (prompt + completion), as TRL defaults it "
+        "(async_grpo_trainer.py:1437-1439): no sample exceeds a row and none is dropped"
+    )
+
+
+def _sync_timeout(values: Mapping[str, Any], sync: float) -> tuple[int, str]:
+    if "weight_sync_timeout" in values:
+        return int(values["weight_sync_timeout"]), "set in the recipe"
+    return max(SYNC_TIMEOUT_MIN_S, math.ceil(SYNC_TIMEOUT_FACTOR * sync)), (
+        f"{SYNC_TIMEOUT_FACTOR:g}× the predicted sync ({sync:.1f} s), at least {SYNC_TIMEOUT_MIN_S} s (TRL's "
+        "control timeout, weight_transfer.py:61): a stuck sync raises (weight_transfer.py:43-48) instead of "
+        "waiting TRL's default 1800 s"
+    )
+
+
 def async_trainer_values(values: dict[str, Any], settings: AsyncSettings, vllm: VllmPlan) -> dict[str, Any]:
     """The sync trainer values made AsyncGRPOConfig's: GRPOConfig-only keys dropped (every one checked at plan time
-    not to change the algorithm: planning/refusal/async_grpo.py; reward_weights stay for the training entry, which
+    not to change the algorithm: planning/refusal/async_problems.py; reward_weights stay for the training entry, which
     scales each reward), the pipeline values set."""
     out = {k: v for k, v in values.items() if k not in GRPO_NOT_ASYNC or k == "reward_weights"}
     out.update(

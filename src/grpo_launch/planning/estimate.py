@@ -1,28 +1,25 @@
-"""The plan's estimate: one step's workload from the recipe and the layout, vLLM's sizing (sequences and memory
-share), and the predicted step time, memory and whole-run total. Pure."""
+"""The plan's estimate: one step's workload from the recipe and the layout, and the predicted step time, memory and
+whole-run total of a :class:`Draft` (the plan under construction: what one split's steps decided by the time the
+estimate prices it, passed whole instead of its parts one by one). vLLM's sizing is decided before, in
+:mod:`.vllm_sizing`; the estimate only reads it. Pure."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from grpo_launch.enums import VllmMode
-from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.gpus import GIB, GpuSpec
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.cost.constants import (
     EXPECTED_COMPLETION_SHARE,
     TRL_COMPLETION_LEN,
     TRL_EPOCHS,
-    VLLM_SERVER_UTILIZATION,
 )
-from grpo_launch.planning.cost.memory import (
-    VllmMemory,
-    margin_lines,
-    vllm_memory,
-    vllm_share_needed,
-)
+from grpo_launch.planning.cost.memory import VllmMemory, margin_lines
 from grpo_launch.planning.cost.overlap import overlap_line
 from grpo_launch.planning.cost.startup import startup_time
 from grpo_launch.planning.cost.steptime import (
@@ -36,12 +33,31 @@ from grpo_launch.planning.cost.steptime import (
     transformers_generation_time,
 )
 from grpo_launch.planning.cost.workload import Calibration, Workload
-from grpo_launch.planning.layout import Layout
 from grpo_launch.planning.lengths import prompt_bound
-from grpo_launch.planning.refusal.explain import vllm_explain
 from grpo_launch.planning.training import Training
-from grpo_launch.planning.types import Estimate, StepTime, Total, Trace, TrainHost, TrainPlan, VllmPlan
+from grpo_launch.planning.types import Estimate, StepTime, Total, TrainHost, TrainPlan, VllmPlan
+from grpo_launch.planning.vllm_sizing import engines
 from grpo_launch.recipe import Recipe
+from grpo_launch.spec import frozen
+
+
+@frozen
+class Draft:
+    """One split's decisions before its estimate: where vLLM and the trainers run (``vllm``, ``train``), the batch
+    ``layout``, the ``workload`` one step processes, the ``training`` setting and its memory, vLLM's ``sizing``, and
+    the training set's ``rows`` when known (``rows_why``: where they came from, or why they are unknown)."""
+
+    topology: Topology
+    recipe: Recipe
+    model: ModelShape | None
+    vllm: VllmPlan
+    train: TrainPlan
+    layout: Layout
+    workload: Workload
+    training: Training
+    sizing: VllmMemory | None = None
+    rows: int | None = None
+    rows_why: str = ""
 
 
 def workload(recipe: Recipe, layout: Layout, calibration: Calibration | None = None) -> Workload:
@@ -101,49 +117,6 @@ def _completions_text(work: Workload) -> str:
     )
 
 
-def size_vllm(
-    topology: Topology, model: ModelShape | None, vllm: VllmPlan, work: Workload, trace: Trace, n: int = 1
-) -> tuple[VllmPlan, VllmMemory | None]:
-    """max_num_seqs (and the colocated memory share) from the KV cache the concurrent sequences need; and the
-    sizing itself, which the estimate reports."""
-    mem = topology.min_gpu_memory_bytes
-    if vllm.mode == VllmMode.OFF or model is None or mem is None:
-        return vllm, None
-    # The memory vLLM may use: the colocated share, or the server's --gpu-memory-utilization (launch setting or
-    # vLLM's default); the server's value stays as planned, only the sequences are sized to it.
-    share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
-    limit = vllm.gpu_memory_utilization if vllm.mode == VllmMode.SERVER else None
-    tp, ep, pp = vllm.tensor_parallel_size, vllm.expert_parallel, vllm.pipeline_parallel_size
-    # one engine per TP group of trainers (colocate), one per data-parallel rank (server)
-    replicas = max(1, n // tp) if vllm.mode == VllmMode.COLOCATE else vllm.data_parallel_size
-    sized = vllm_memory(model, tp, mem, work, share=share, limit=limit, replicas=replicas, ep=ep, pp=pp)
-    if sized is None:
-        weights = model.weight_bytes_per_gpu(tp, replicas, ep=ep, pp=pp)
-        need = vllm_share_needed(model, tp, mem, work.seq_len, replicas, ep=ep, pp=pp)
-        fixes = [
-            Fix("gpus", None, "more GPUs (a larger tensor-parallel size spreads the weights)", 3, in_recipe=False),
-            Fix("launch.vllm", "off", "generate with transformers in the trainers; slow", rank=4),
-        ]
-        if need < VLLM_SERVER_UTILIZATION and (vllm.mode == VllmMode.COLOCATE or (share or limit or 0) < need):
-            why = "leaves less for training" if vllm.mode == VllmMode.COLOCATE else "the weights need at least that"
-            fixes.append(Fix("launch.vllm_gpu_memory_utilization", round(need, 2), why, 0))
-        util = share or limit or VLLM_SERVER_UTILIZATION
-        explain = vllm_explain(model, tp, mem, work.seq_len, util, weights, need, replicas if ep else None)
-        raise PlanError(
-            f"vLLM ({vllm.mode}) does not fit: {weights / GIB:.1f} GiB of weights per GPU leave no room for the KV "
-            f"cache of one {work.seq_len}-token sequence at gpu_memory_utilization {util:.2f}",
-            fixes=fixes,
-            explain=explain,
-        )
-    trace.decide("vllm_max_num_seqs", sized.max_num_seqs, sized.lines()[0])
-    sized_plan = dataclasses.replace(
-        vllm,
-        max_num_seqs=sized.max_num_seqs,
-        max_model_len=vllm.max_model_len or sized.max_model_len,
-    )
-    return sized_plan, sized
-
-
 def run_total(
     topology: Topology,
     recipe: Recipe,
@@ -185,33 +158,27 @@ def generation_part(
     trainers."""
     n = sum(h.processes for h in hosts)
     seqs = vllm.max_num_seqs or work.completions
-    tp = vllm.tensor_parallel_size
+    par = engines(vllm, n)
     if vllm.mode == VllmMode.SERVER:
-        dp, pp = vllm.data_parallel_size, vllm.pipeline_parallel_size
-        copies = server_prompt_copies(work.num_generations, dp)
-        gen, gen_why = generation_time(
-            model, gpu, tp, dp, seqs, work, ep=vllm.expert_parallel, prompt_copies=copies, pp=pp,
-            pp_across_nodes=vllm.spans_hosts,
-        )  # fmt: skip
+        copies = server_prompt_copies(work.num_generations, par.dp)
+        gen, gen_why = generation_time(model, gpu, par, seqs, work, prompt_copies=copies,
+                                       pp_across_nodes=vllm.spans_hosts)  # fmt: skip
         # Trainer rank 0 (the first training host) broadcasts the weights to every server rank (one NCCL group).
         sync = sync_time(model, across_nodes=bool(vllm.nodes) or vllm.host != hosts[0].name)
-        shape = f"TP {tp}" + (f" × PP {pp}" if pp > 1 else "") + f" × DP {dp}"
-        shape += " with expert parallelism" if vllm.expert_parallel else ""
         return (
             gen,
             sync,
             [
-                f"generation on the server ({tp * pp * dp} GPU, {shape}): {gen_why}",
+                f"generation on the server ({par.gpus} GPU, {par.server_label}): {gen_why}",
                 f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s",
             ],
         )
     if vllm.mode == VllmMode.COLOCATE:
-        replicas = max(1, n // tp)
-        per_engine = (work.generation_batch or work.completions) // max(1, n) * tp  # each rank's slice, per call
-        copies = colocate_prompt_copies(work.num_generations, replicas, per_engine)
-        gen, gen_why = generation_time(model, gpu, tp, replicas, seqs, work, prompt_copies=copies)
+        per_engine = (work.generation_batch or work.completions) // max(1, n) * par.tp  # each rank's slice, per call
+        copies = colocate_prompt_copies(work.num_generations, par.dp, per_engine)
+        gen, gen_why = generation_time(model, gpu, par, seqs, work, prompt_copies=copies)
         sync = colocate_switch_time(model, n, sleep_mode=vllm.sleep_mode)
-        lines = [f"generation colocated ({replicas} engine(s) × TP {tp}): {gen_why}"]
+        lines = [f"generation colocated ({par.dp} engine(s) × TP {par.tp}): {gen_why}"]
         if vllm.sleep_mode:
             lines.append(f"vLLM sleep/wake and weight load per step: {sync:.2f} s")
         return gen, sync, lines
@@ -267,28 +234,47 @@ def step_time(
     return StepTime(gen, train_s, sync, old, overlapped=work.overlapped), lines
 
 
-def estimate_plan(
-    topology: Topology,
-    recipe: Recipe,
-    model: ModelShape | None,
-    vllm: VllmPlan,
-    train: TrainPlan,
-    layout: Layout,
-    work: Workload,
-    training: Training,
-    sizing: VllmMemory | None = None,
-    *,
-    rows: int | None = None,
-    rows_why: str = "",
-) -> Estimate | None:
+def estimate_plan(draft: Draft) -> Estimate | None:
     """Predicted memory, when the model and the GPUs' memory are known, and step time when the GPU's speed is too
     (the table's entry, or the peak and bandwidth given with --gpus)."""
+    topology, model, vllm, train, training = draft.topology, draft.model, draft.vllm, draft.train, draft.training
     gpu = topology.planning_gpu_spec
     mem = topology.min_gpu_memory_bytes
     if model is None or mem is None or topology.is_cpu:
         return None
     train_mem = training.memory
-    explain: list[str] = [
+    explain = _workload_lines(draft.workload)
+    if train_mem is not None:
+        explain.append("memory per training GPU: " + train_mem.lines()[0])
+        explain += margin_lines(train.num_processes)
+    memory = functools.partial(
+        Estimate,
+        train_memory_gib=train_mem.total / GIB if train_mem else None,
+        vllm_memory_gib=_vllm_gib(vllm, mem),
+        gpu_memory_gib=mem / GIB,
+        train_memory=train_mem,
+        vllm_memory=draft.sizing,
+        host_memory_per_node_gib=training.host_memory / GIB,
+        workload=draft.workload,
+    )
+    if gpu is None:
+        explain.append(topology.time_missing or "no step time")
+        return memory(step=None, explain=tuple(explain), time_missing=topology.time_missing)
+    step, lines = step_time(model, gpu, vllm, train, draft.workload)
+    explain += lines
+    across = bool(vllm.nodes) or vllm.host != train.hosts[0].name  # the first sync between hosts
+    startup, startup_lines = startup_time(model, vllm.mode, deepspeed=train.backend.is_deepspeed,
+                                          machines=train.num_machines, sync_across_nodes=across)  # fmt: skip
+    explain += [*startup_lines, _step_line(step)]
+    if training.host_memory:
+        explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
+    total, missing = _whole_run(draft, gpu, step, startup)
+    return memory(step=step, explain=tuple(explain), total=total, total_missing=missing, startup_s=startup)
+
+
+def _workload_lines(work: Workload) -> list[str]:
+    """The workload the estimate assumes, as its first line of arithmetic."""
+    return [
         f"workload per optimizer step: {_completions_text(work)}, {work.prompt_len} prompt + {work.completion_len} "
         "completion tokens "
         + (
@@ -299,65 +285,43 @@ def estimate_plan(
             "plan --calibrate-from RUN_DIR)"
         ),
     ]
-    if train_mem is not None:
-        explain.append("memory per training GPU: " + train_mem.lines()[0])
-        explain += margin_lines(train.num_processes)
-    vllm_gib = None
-    if vllm.mode == VllmMode.SERVER:
-        vllm_gib = (vllm.gpu_memory_utilization or VLLM_SERVER_UTILIZATION) * mem / GIB
-    elif vllm.mode == VllmMode.COLOCATE:
-        vllm_gib = (vllm.gpu_memory_utilization or 0.0) * mem / GIB
-    if gpu is None:
-        return Estimate(
-            step=None,
-            train_memory_gib=train_mem.total / GIB if train_mem else None,
-            vllm_memory_gib=vllm_gib,
-            gpu_memory_gib=mem / GIB,
-            explain=(*explain, topology.time_missing or "no step time"),
-            train_memory=train_mem,
-            vllm_memory=sizing,
-            host_memory_per_node_gib=training.host_memory / GIB,
-            workload=work,
-            time_missing=topology.time_missing,
+
+
+def _vllm_gib(vllm: VllmPlan, mem: int) -> float | None:
+    """vLLM's memory per GPU: its share of each GPU, as :mod:`.vllm_sizing` decided it."""
+    if vllm.mode == VllmMode.OFF:
+        return None
+    return (vllm.gpu_memory_utilization or 0.0) * mem / GIB  # placement sets it for every vLLM
+
+
+def _step_line(step: StepTime) -> str:
+    """The step's sum (or, overlapped, its maximum) and its bottleneck."""
+    if step.overlapped:
+        return (
+            f"step ≈ max({step.generation_s:.1f} s generation, {step.training_s:.1f} s training) + {step.sync_s:.1f} s "
+            f"sync = {step.total_s:.1f} s (async, overlapped; one after the other {step.sequential_s:.1f} s); "
+            f"bottleneck: {step.bottleneck}"
         )
-    step, lines = step_time(model, gpu, vllm, train, work)
-    explain += lines
-    startup, startup_lines = startup_time(model, vllm, train)
-    explain += startup_lines
-    explain.append(
-        f"step ≈ max({step.generation_s:.1f} s generation, {step.training_s:.1f} s training) + {step.sync_s:.1f} s "
-        f"sync = {step.total_s:.1f} s (async, overlapped; one after the other {step.sequential_s:.1f} s); "
-        f"bottleneck: {step.bottleneck}"
-        if step.overlapped
-        else f"step ≈ {step.generation_s:.1f} s generation + {step.old_logprobs_s:.1f} s old log-probs + "
+    return (
+        f"step ≈ {step.generation_s:.1f} s generation + {step.old_logprobs_s:.1f} s old log-probs + "
         f"{step.training_s:.1f} s training + {step.sync_s:.1f} s sync = {step.total_s:.1f} s; "
         f"bottleneck: {step.bottleneck}"
     )
-    if training.host_memory:
-        explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
+
+
+def _whole_run(draft: Draft, gpu: GpuSpec, step: StepTime, startup: float) -> tuple[Total | None, str | None]:
+    """The whole run as a range when the step count is known; else why there is none."""
+    recipe, rows = draft.recipe, draft.rows
     total = None
     if int(recipe.get("max_steps") or -1) > 0 or rows:  # a step count: the whole run, as a range
-        top, expected = _range(model, gpu, vllm, train, work, step)
-        total = run_total(topology, recipe, layout, top, rows, expected, startup_s=startup)
-    missing = None
-    if total is None:
-        epochs = float(recipe.get("num_train_epochs") or TRL_EPOCHS)
-        missing = (
-            f"unknown: {epochs:g} epoch(s) of a training set whose rows are unknown"
-            + (f" ({rows_why})" if rows_why else "")
-            + "; set launch.dataset_rows=N (or max_steps)"
-        )
-    return Estimate(
-        total=total,
-        total_missing=missing,
-        startup_s=startup,
-        step=step,
-        train_memory_gib=train_mem.total / GIB if train_mem else None,
-        vllm_memory_gib=vllm_gib,
-        gpu_memory_gib=mem / GIB,
-        explain=tuple(explain),
-        train_memory=train_mem,
-        vllm_memory=sizing,
-        host_memory_per_node_gib=training.host_memory / GIB,
-        workload=work,
+        assert draft.model is not None
+        top, expected = _range(draft.model, gpu, draft.vllm, draft.train, draft.workload, step)
+        total = run_total(draft.topology, recipe, draft.layout, top, rows, expected, startup_s=startup)
+    if total is not None:
+        return total, None
+    epochs = float(recipe.get("num_train_epochs") or TRL_EPOCHS)
+    return None, (
+        f"unknown: {epochs:g} epoch(s) of a training set whose rows are unknown"
+        + (f" ({draft.rows_why})" if draft.rows_why else "")
+        + "; set launch.dataset_rows=N (or max_steps)"
     )

@@ -8,25 +8,25 @@ Async candidates are the splits whose server and trainers hold different GPUs, p
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from grpo_launch.enums import LaunchMode
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.planning.refusal.async_grpo import async_problems, async_warnings
-from grpo_launch.planning.search import Search, search_splits
-from grpo_launch.planning.split import Split
+from grpo_launch.planning.context import Context
+from grpo_launch.planning.one_split import plan_one
+from grpo_launch.planning.refusal.async_problems import async_problems, async_warnings
+from grpo_launch.planning.search import best_plan, default_split, search_splits
+from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.types import Decision, Plan
 
-PlanOne = Callable[[Search, Split | None, int | None], Plan]
 
-
-def check_mode(search: Search) -> bool:
+def check_mode(ctx: Context) -> bool:
     """Whether this plan tries async: launch.mode async refuses here with every reason and its fixes; auto stays
     sync (and says why) where async cannot run."""
-    mode = search.recipe.launch.mode
+    mode = ctx.recipe.launch.mode
     if mode is LaunchMode.SYNC:
         return False
-    problems = async_problems(search.topology, search.recipe, search.model)
+    problems = async_problems(ctx.topology, ctx.recipe, ctx.model)
     if not problems:
         return True
     if mode is LaunchMode.ASYNC:
@@ -35,15 +35,13 @@ def check_mode(search: Search) -> bool:
             problems=[why for why, _ in problems],
             fixes=[fix for _, fixes in problems for fix in fixes],
         )
-    search.base.decide("launch.mode", LaunchMode.SYNC, f"auto: async cannot run here: {problems[0][0]}")
+    ctx.base.decide("launch.mode", LaunchMode.SYNC, f"auto: async cannot run here: {problems[0][0]}")
     return False
 
 
-def plan_modes(search: Search, splits: list[Split], target: int | None, plan_one: PlanOne,
-               sync_plan: Callable[[], Plan], default_split: Callable[[list[Split]], Split],
-               estimable: bool) -> Plan:  # fmt: skip
+def plan_modes(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
     """The async plan (launch.mode async), or the faster of the two (auto), beside the best sync plan."""
-    mode = search.recipe.launch.mode
+    mode = ctx.recipe.launch.mode
     shared = [dataclasses.replace(s, asynchronous=True) for s in splits if s.disjoint]
     if not shared:
         why = "no split gives the vLLM server GPUs of its own (AsyncGRPOTrainer needs disjoint GPUs; TRL docs)"
@@ -55,24 +53,24 @@ def plan_modes(search: Search, splits: list[Split], target: int | None, plan_one
                     Fix("launch.mode", "sync", "TRL's GRPOTrainer (colocated vLLM)", rank=2),
                 ],
             )
-        search.base.decide("launch.mode", LaunchMode.SYNC, f"auto: {why}")
-        return sync_plan()
-    if not estimable:
+        ctx.base.decide("launch.mode", LaunchMode.SYNC, f"auto: {why}")
+        return best_plan(ctx, splits, target)
+    if not ctx.estimable:
         if mode is LaunchMode.AUTO:
-            search.base.decide("launch.mode", LaunchMode.SYNC, "auto: no estimate (model or GPU unknown) to compare")
-            return sync_plan()
+            ctx.base.decide("launch.mode", LaunchMode.SYNC, "auto: no estimate (model or GPU unknown) to compare")
+            return best_plan(ctx, splits, target)
         split = default_split(shared)
-        search.base.decide("split", split.label, "no estimate (model or GPU unknown): the default split")
-        return _finish(plan_one(search, split, target), None, search)
-    chosen = search_splits(search, shared, target, plan_one)
+        ctx.base.decide("split", split.label, "no estimate (model or GPU unknown): the default split")
+        return _finish(plan_one(ctx, split, target), None, ctx)
+    chosen = search_splits(ctx, shared, target)
     try:
-        sync = sync_plan()
+        sync = best_plan(ctx, splits, target)
     except PlanError:
         sync = None
     if mode is LaunchMode.AUTO and sync is not None and _step(sync) <= _step(chosen):
         why = f"auto: sync {_step(sync):.1f} s per step ≤ async {_step(chosen):.1f} s at the same work"
         return _merge(sync, chosen, Decision("launch.mode", LaunchMode.SYNC, why))
-    return _finish(chosen, sync, search)
+    return _finish(chosen, sync, ctx)
 
 
 def _step(plan: Plan) -> float:
@@ -80,11 +78,11 @@ def _step(plan: Plan) -> float:
     return plan.estimate.step.total_s
 
 
-def _finish(plan: Plan, sync: Plan | None, search: Search) -> Plan:
+def _finish(plan: Plan, sync: Plan | None, ctx: Context) -> Plan:
     """The async plan with its speed-up over the best sync plan (the same work per step) and the warnings."""
     settings = plan.asynchronous
     assert settings is not None
-    said = "set in the recipe" if search.recipe.launch.mode is LaunchMode.ASYNC else "auto"
+    said = "set in the recipe" if ctx.recipe.launch.mode is LaunchMode.ASYNC else "auto"
     if sync is not None and sync.estimate and sync.estimate.step and plan.estimate and plan.estimate.step:
         speedup = _step(sync) / _step(plan)
         best_sync = next((c.label for c in sync.candidates if c.chosen), sync.vllm.mode)
@@ -102,7 +100,7 @@ def _finish(plan: Plan, sync: Plan | None, search: Search) -> Plan:
         why = f"{said}: no sync plan to compare" if plan.estimate else f"{said}: no estimate"
     decision = Decision("launch.mode", LaunchMode.ASYNC, why)
     plan = dataclasses.replace(plan, asynchronous=settings,
-                               warnings=(*plan.warnings, *async_warnings(search.topology, search.recipe)))  # fmt: skip
+                               warnings=(*plan.warnings, *async_warnings(ctx.topology, ctx.recipe)))  # fmt: skip
     return _merge(plan, sync, decision) if sync is not None else _with(plan, decision)
 
 

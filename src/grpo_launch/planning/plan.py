@@ -1,42 +1,33 @@
 """make_plan(topology, recipe, model) → Plan. Pure: no torch/trl import, no environment reads, no files.
 
-Every split the recipe allows (:mod:`.split`, :mod:`.placement`) is compared by the split search (:mod:`.search`)
-at the same prompts per optimizer step and the same algorithm; each split is planned by the same steps, each in its
-own module: placement, layout (TRL's batch rules), training settings, vLLM sizing, the estimate (the cost model,
-:mod:`.cost`) and the trainer values.
+The top of the planner; calls run downward only. Every split the recipe allows (:mod:`.split`, :mod:`.placement`)
+is compared at the same prompts per optimizer step and the same algorithm: :mod:`.modes` (launch.mode, sync and
+async side by side) → :mod:`.search` (the split search) → :mod:`.one_split` (one split in full: placement, layout
+(TRL's batch rules), training settings, vLLM sizing, the estimate (the cost model, :mod:`.cost`) and the trainer
+values). What every split shares is computed once, in a :class:`~grpo_launch.planning.context.Context`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
 
-from grpo_launch.enums import Device, VllmMode
+from grpo_launch.enums import Device, LaunchMode, VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning import modes, placement, roles
-from grpo_launch.planning.async_grpo import async_recipe, async_trainer_values, async_workload, choose_async, lora_rank
+from grpo_launch.planning.context import Context
 from grpo_launch.planning.cost.workload import Calibration
-from grpo_launch.planning.estimate import estimate_plan, off_policy_lag, size_vllm, workload
-from grpo_launch.planning.layout import LayoutRequest, solve_layout
 from grpo_launch.planning.lengths import check_positions
-from grpo_launch.planning.refusal import verify
-from grpo_launch.planning.search import Search, search_splits
-from grpo_launch.planning.split import Split, SplitKind, prompts_target
-from grpo_launch.planning.trainer_values import trainer_values
-from grpo_launch.planning.training import choose_training
-from grpo_launch.planning.types import Plan, Runtime, Trace, TrainPlan, VllmPlan
+from grpo_launch.planning.one_split import DEFAULT_RUN_ROOT, default_run_dir, mixed_precision, plan_one
+from grpo_launch.planning.search import best_plan
+from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.splits.allowed import allowed_splits, requested_mode
+from grpo_launch.planning.splits.batch_target import prompts_target
+from grpo_launch.planning.splits.split import Split, SplitKind
+from grpo_launch.planning.types import Plan, Runtime, Trace
 from grpo_launch.recipe import Recipe
 
 __all__ = ["DEFAULT_RUN_ROOT", "Plan", "default_run_dir", "make_plan", "plan_split"]
-
-DEFAULT_RUN_ROOT = "grpo_runs"
-
-
-def default_run_dir(recipe: Recipe) -> str:
-    return recipe.launch.run_dir or f"{DEFAULT_RUN_ROOT}/{recipe.name}"
 
 
 def make_plan(
@@ -56,6 +47,8 @@ def make_plan(
     try:
         plan = _plan(topology, recipe, model, calibration, runtime)
     except PlanError as exc:
+        from grpo_launch.planning.refusal import verify  # only a refusal needs it
+
         error = verify.verified(exc, recipe, lambda r: _plan(topology, r, model, calibration, runtime))
         raise verify.with_gpu_count(error, topology, lambda t: _plan(t, recipe, model, calibration, runtime)) from None
     return _with_adapt_notice(plan) if recipe.launch.adapt else plan
@@ -81,94 +74,32 @@ def _plan(
         )
     _refuse_silent_cpu_fallback(topology, recipe, model)
     _refuse_bf16_without_support(topology, recipe)
-    search = Search(topology, recipe, model, calibration, runtime, base)
-    asynchronous = modes.check_mode(search)  # launch.mode async refuses here what AsyncGRPOTrainer cannot run
+    ctx = Context.of(topology, recipe, model, calibration, runtime, base)
+    asynchronous = False
+    if recipe.launch.mode is not LaunchMode.SYNC:
+        # Imported here: a synchronous plan (launch.mode's default) never loads the async modules (plan's start-up).
+        from grpo_launch.planning import modes
+
+        asynchronous = modes.check_mode(ctx)  # launch.mode async refuses here what AsyncGRPOTrainer cannot run
     if topology.is_cpu:
-        placement.requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
+        requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
         base.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
-        return _plan_one(search, None, None)
-    splits = placement.allowed_splits(topology, recipe, model, base)
+        return plan_one(ctx, None, None)
+    splits = allowed_splits(topology, recipe, model, base)
     if any(s.kind != SplitKind.OFF for s in splits):
         check_positions(recipe, model)  # vLLM generates: its max length must fit the model's positions
-    req = LayoutRequest.from_values(recipe.values)
     pinned = recipe.launch.prompts_per_step
     counts = {s.trainers for s in splits}
-    target: int | None = None
+    target: Batch | None = None
     if pinned is not None or len(counts) > 1:
-        prompts, why = prompts_target(req, pinned, counts, topology.num_gpus)
-        target = prompts * (req.num_generations or 8)
+        prompts, why = prompts_target(ctx.request, pinned, counts, topology.num_gpus)
+        target = Batch(prompts, ctx.group)
         base.decide("prompts_per_step", prompts, why)
     if asynchronous:
-        return modes.plan_modes(search, splits, target, _plan_one, lambda: _sync(search, splits, target),
-                                _default_split, _estimable(topology, model))  # fmt: skip
-    return _sync(search, splits, target)
+        from grpo_launch.planning import modes
 
-
-def _sync(search: Search, splits: list[Split], target: int | None) -> Plan:
-    """The best synchronous plan (TRL's GRPOTrainer) over ``splits``."""
-    topology, model, base = search.topology, search.model, search.base
-    pinned = search.recipe.launch.prompts_per_step
-    req = LayoutRequest.from_values(search.recipe.values)
-    if len(splits) == 1 or not _estimable(topology, model):
-        split = splits[0] if len(splits) == 1 else _default_split(splits)
-        if len(splits) > 1:
-            base.decide("split", split.label, "no estimate (model or GPU unknown): the default split")
-            target = pinned * (req.num_generations or 8) if pinned else None
-        if split.idle:
-            base.decide("idle_gpus", split.idle, _only_split_reason(split, model, search.recipe))
-        try:
-            return _plan_one(search, split, target)
-        except PlanError as exc:
-            if len(splits) == 1:  # the others were left out for their weights: say which, and why
-                exc.explain = (*exc.explain, *placement.unfit_servers(topology, model))
-            raise
-    return search_splits(search, splits, target, _plan_one)
-
-
-def _only_split_reason(split: Split, model: ModelShape | None, recipe: Recipe) -> str:
-    """Why GPUs idle when the recipe and the model leave one split: the recipe's pins when it has any (else the
-    model, which no split that uses every GPU fits)."""
-    launch = recipe.launch
-    pins = [f"launch.{k}={v}" for k, v in (("vllm", launch.vllm), ("vllm_gpus", launch.vllm_gpus),
-            ("vllm_tensor_parallel_size", launch.vllm_tensor_parallel_size)) if v not in (None, "auto")]  # fmt: skip
-    if len(split.train_hosts) > 1 and split.kind == SplitKind.SHARED:
-        why = (
-            f"{'the recipe pins ' + ', '.join(pins) if pins else 'the only split that fits'}: accelerate runs "
-            f"{split.trainers_per_host} trainers on every host, so the {split.server_gpus_per_host} GPU(s) the "
-            "server takes on one host stay free on the others"
-        )
-    else:
-        why = f"the only split {'the recipe allows (' + ', '.join(pins) + ')' if pins else 'the model allows'}"
-    if pins:
-        why += "; unpin them to let the search use every GPU"
-    elif model is not None:
-        why += f" (vLLM can shard {model.name} over {', '.join(map(str, model.valid_tp_sizes(split.gpus_per_host)))} "
-        why += "GPUs of a host; no split that uses every GPU fits its weights)"
-    return why
-
-
-def _estimable(topology: Topology, model: ModelShape | None) -> bool:
-    return model is not None and topology.planning_gpu_spec is not None and topology.min_gpu_memory_bytes is not None
-
-
-# Without an estimate, in this order (then the fewest server GPUs): a server on whole hosts or some GPUs of one,
-# colocated engines, a server spread over every host, a shared server (idle GPUs), none.
-DEFAULT_ORDER = (
-    (SplitKind.SERVER, SplitKind.NODES),
-    (SplitKind.COLOCATE,),
-    (SplitKind.SPREAD,),
-    (SplitKind.SHARED,),
-    (SplitKind.OFF,),
-)
-
-
-def _default_split(splits: list[Split]) -> Split:
-    """Without an estimate: colocate on one GPU, else the smallest server (one whole host of several)."""
-    order = {kind: rank for rank, kinds in enumerate(DEFAULT_ORDER) for kind in kinds}
-    gpus = splits[0].gpus
-    if gpus == 1:
-        order[SplitKind.COLOCATE] = -1
-    return min(splits, key=lambda s: (order[s.kind], s.server_gpus, s.tp))
+        return modes.plan_modes(ctx, splits, target)
+    return best_plan(ctx, splits, target)
 
 
 def _refuse_bf16_without_support(topology: Topology, recipe: Recipe) -> None:
@@ -178,7 +109,7 @@ def _refuse_bf16_without_support(topology: Topology, recipe: Recipe) -> None:
     spec = topology.planning_gpu_spec
     if spec is None or spec.bf16 or recipe.values.get("use_cpu") is True:
         return
-    if _mixed_precision(Device.CUDA, recipe.values) != "bf16":
+    if mixed_precision(Device.CUDA, recipe.values) != "bf16":
         return
     raise PlanError(
         f"{spec.name} GPUs have no bf16 arithmetic, and the recipe trains in bf16"
@@ -217,101 +148,10 @@ def _gpus_fix(topology: Topology) -> str:
     return "plan for GPUs: --gpus 8xH100-80GB, or fix the NVIDIA driver / NVML"
 
 
-def _mixed_precision(device: Device, values: Mapping[str, Any]) -> str:
-    """accelerate's mixed_precision: fp16 when the recipe asks for it, bf16 unless it turns bf16 off, none on CPU."""
-    if device == Device.CPU:
-        return "no"
-    if values.get("fp16") is True:
-        return "fp16"
-    return "no" if values.get("bf16") is False else "bf16"
-
-
 def plan_split(
     topology: Topology, recipe: Recipe, model: ModelShape | None, split: Split, *, prompts: int | None = None
 ) -> Plan:
     """One split, planned on its own (what the search compares; benchmarks use it), at ``prompts`` per step when
     given, else at the recipe's own batch for its trainers."""
-    k = LayoutRequest.from_values(recipe.values).num_generations or 8
-    search = Search(topology, recipe, model, None, Runtime(), Trace(notices=list(recipe.notices)))
-    return _plan_one(search, split, prompts * k if prompts else None)
-
-
-def _plan_one(search: Search, split: Split | None, completions: int | None) -> Plan:
-    """Plan one split (None: CPU) at ``completions`` per optimizer step (None: the recipe's own batch)."""
-    topology, recipe, model, runtime = search.topology, search.recipe, search.model, search.runtime
-    is_async = split is not None and split.asynchronous
-    if is_async:
-        recipe = async_recipe(recipe)
-    trace = Trace(list(search.base.decisions), list(search.base.notices), list(search.base.warnings))
-    values = recipe.values
-    if split is None:
-        vllm, train_hosts = VllmPlan(VllmMode.OFF), roles.cpu_train_hosts(topology, recipe, trace)
-    else:
-        vllm, train_hosts = placement.place(topology, recipe, model, split, trace)
-    n = sum(h.processes for h in train_hosts)
-    colocate_n = topology.num_gpus if vllm.mode == VllmMode.SERVER else None
-    layout, layout_why = solve_layout(n, LayoutRequest.from_values(values), completions=completions,
-                                      colocate_n=colocate_n)  # fmt: skip
-    for why in layout_why:
-        trace.decide("layout", None, why)
-    if lag := off_policy_lag(layout, int(values.get("num_iterations") or 1)):
-        trace.notice(
-            f"off policy: one generation (steps_per_generation={layout.steps_per_generation}) serves more than one "
-            f"optimizer step of gradient_accumulation_steps={layout.gradient_accumulation_steps}, so its last "
-            f"micro-batches train on completions from a policy up to {lag} step(s) old; set steps_per_generation="
-            f"{layout.gradient_accumulation_steps} to stay on policy"
-        )
-    if vllm.mode == VllmMode.COLOCATE and n % vllm.tensor_parallel_size:
-        raise PlanError(
-            f"colocated vLLM with tensor_parallel_size={vllm.tensor_parallel_size} needs the "
-            f"{n} training processes to be a multiple of it",
-            hint=f"Set vllm_tensor_parallel_size to a divisor of {n}.",
-        )
-    work = workload(recipe, layout, search.calibration)
-    if is_async:
-        work = async_workload(work, recipe)
-    training = choose_training(topology, recipe, model, n, vllm, work, trace, nodes=len(train_hosts))
-    vllm, sizing = size_vllm(topology, model, vllm, work, trace, n)
-    device = Device.CPU if topology.is_cpu else Device.CUDA
-    train = TrainPlan(
-        device=device,
-        hosts=train_hosts,
-        backend=training.backend,
-        offload=training.offload,
-        main_process_port=recipe.launch.main_process_port,
-        mixed_precision=_mixed_precision(device, values),
-        gradient_checkpointing=training.gradient_checkpointing,
-    )
-    if training.gradient_checkpointing is not None:
-        work = dataclasses.replace(work, gradient_checkpointing=training.gradient_checkpointing)
-    rows = recipe.launch.dataset_rows or runtime.dataset_rows
-    estimate = estimate_plan(topology, recipe, model, vllm, train, layout, work, training, sizing, rows=rows,
-                             rows_why=runtime.dataset_rows_source)  # fmt: skip
-    values_out = trainer_values(recipe, layout, vllm, train, trace, dense=model is not None and not model.is_moe)
-    settings = None
-    if is_async:
-        step = estimate.step if estimate else None
-        settings = choose_async(recipe, vllm, step, layout.completions_per_optimizer_step, trace,
-                                lora_rank=lora_rank(recipe, vllm, trace), dtype=values_out.get("dtype"),
-                                trainers=n)  # fmt: skip
-        values_out = async_trainer_values(values_out, settings, vllm)
-    return Plan(
-        recipe=recipe,
-        topology=topology,
-        model=model,
-        vllm=vllm,
-        train=train,
-        layout=layout,
-        run_dir=runtime.run_dir or default_run_dir(recipe),
-        python=runtime.python,
-        vllm_version=runtime.vllm_version,
-        runtime=runtime,
-        trainer_values=values_out,
-        roles=roles.gpu_roles(topology, vllm, train_hosts),
-        decisions=tuple(trace.decisions),
-        notices=tuple(trace.notices),
-        warnings=(*trace.warnings, *runtime.warnings),
-        estimate=estimate,
-        split=split.label if split is not None else "no vLLM (CPU)",
-        asynchronous=settings,
-    )
+    ctx = Context.of(topology, recipe, model, None, Runtime(), Trace(notices=list(recipe.notices)))
+    return plan_one(ctx, split, Batch(prompts, ctx.group) if prompts else None)

@@ -16,177 +16,180 @@ algorithm (group size, one generation per step); the shortest predicted step win
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from grpo_launch.enums import DistBackend, Offload, VllmMode
-from grpo_launch.errors import Fix, PlanError
-from grpo_launch.machines.topology import Topology
+from grpo_launch.enums import VllmMode
+from grpo_launch.errors import PlanError
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning import placement
-from grpo_launch.planning.async_grpo import async_workload
-from grpo_launch.planning.cost.steptime import old_logprobs_time, training_time
-from grpo_launch.planning.cost.workload import Calibration
-from grpo_launch.planning.estimate import generation_part, size_vllm, workload
-from grpo_launch.planning.layout import LayoutError, LayoutRequest, solve_layout
-from grpo_launch.planning.split import Split, SplitKind, feasible
-from grpo_launch.planning.types import Candidate, Decision, Plan, Runtime, Trace
+from grpo_launch.planning.batch_advice import batch_fixes, better_batch, latency_bound
+from grpo_launch.planning.batch_layout import LayoutError
+from grpo_launch.planning.bounds import best_variant, candidate, prompts_of, reason
+from grpo_launch.planning.context import Context
+from grpo_launch.planning.one_split import plan_one
+from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.splits.batch_target import feasible
+from grpo_launch.planning.splits.refusals import unfit_servers
+from grpo_launch.planning.splits.split import Split, SplitKind
+from grpo_launch.planning.types import Candidate, Decision, Plan
 from grpo_launch.recipe import Recipe
 
 BALANCED = 2.0  # a server split's generation within this factor of its training (either way) counts as balanced
-WORTH_IT = 0.05  # a batch that lets a split do at least this much better per prompt is worth naming
 
 
-@dataclasses.dataclass
-class Search:
-    """One search's inputs, shared by every split it plans."""
+def best_plan(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
+    """The best plan over ``splits``: the search's winner, or without an estimate (or with one split) the default
+    split, planned at ``target`` (None: the recipe's own batch)."""
+    if len(splits) != 1 and ctx.estimable:
+        return search_splits(ctx, splits, target)
+    split = splits[0] if len(splits) == 1 else default_split(splits)
+    if len(splits) > 1:
+        ctx.base.decide("split", split.label, "no estimate (model or GPU unknown): the default split")
+        pinned = ctx.recipe.launch.prompts_per_step
+        target = Batch(pinned, ctx.group) if pinned else None
+    if split.idle:
+        ctx.base.decide("idle_gpus", split.idle, _only_split_reason(split, ctx.model, ctx.recipe))
+    try:
+        return plan_one(ctx, split, target)
+    except PlanError as exc:
+        if len(splits) == 1:  # the others were left out for their weights: say which, and why
+            exc.explain = (*exc.explain, *unfit_servers(ctx.topology, ctx.model))
+        raise
 
-    topology: Topology
-    recipe: Recipe
-    model: ModelShape | None
-    calibration: Calibration | None
-    runtime: Runtime
-    base: Trace  # what was decided or noticed before any split
+
+def _only_split_reason(split: Split, model: ModelShape | None, recipe: Recipe) -> str:
+    """Why GPUs idle when the recipe and the model leave one split: the recipe's pins when it has any (else the
+    model, which no split that uses every GPU fits)."""
+    launch = recipe.launch
+    pins = [f"launch.{k}={v}" for k, v in (("vllm", launch.vllm), ("vllm_gpus", launch.vllm_gpus),
+            ("vllm_tensor_parallel_size", launch.vllm_tensor_parallel_size)) if v not in (None, "auto")]  # fmt: skip
+    if len(split.train_hosts) > 1 and split.kind == SplitKind.SHARED:
+        why = (
+            f"{'the recipe pins ' + ', '.join(pins) if pins else 'the only split that fits'}: accelerate runs "
+            f"{split.trainers_per_host} trainers on every host, so the {split.server_gpus_per_host} GPU(s) the "
+            "server takes on one host stay free on the others"
+        )
+    else:
+        why = f"the only split {'the recipe allows (' + ', '.join(pins) + ')' if pins else 'the model allows'}"
+    if pins:
+        why += "; unpin them to let the search use every GPU"
+    elif model is not None:
+        why += f" (vLLM can shard {model.name} over {', '.join(map(str, model.valid_tp_sizes(split.gpus_per_host)))} "
+        why += "GPUs of a host; no split that uses every GPU fits its weights)"
+    return why
 
 
-PlanOne = Callable[[Search, Split | None, int | None], Plan]
+# Without an estimate, in this order (then the fewest server GPUs): a server on whole hosts or some GPUs of one,
+# colocated engines, a server spread over every host, a shared server (idle GPUs), none.
+DEFAULT_ORDER = (
+    (SplitKind.SERVER, SplitKind.NODES),
+    (SplitKind.COLOCATE,),
+    (SplitKind.SPREAD,),
+    (SplitKind.SHARED,),
+    (SplitKind.OFF,),
+)
 
 
-def search_splits(search: Search, splits: list[Split], target: int | None, plan_one: PlanOne) -> Plan:
-    """The best of ``splits`` at ``target`` completions per step (None: the recipe's own, one trainer count)."""
+def default_split(splits: list[Split]) -> Split:
+    """Without an estimate: colocate on one GPU, else the smallest server (one whole host of several)."""
+    order = {kind: rank for rank, kinds in enumerate(DEFAULT_ORDER) for kind in kinds}
+    gpus = splits[0].gpus
+    if gpus == 1:
+        order[SplitKind.COLOCATE] = -1
+    return min(splits, key=lambda s: (order[s.kind], s.server_gpus, s.tp))
+
+
+@dataclass(eq=False, repr=False)  # a working record: no generated comparison or repr
+class _Tally:
+    """What the search has found so far: candidates rejected (in the order met), the layout problems of the server
+    sizes no batch layout fits, the sizes whose trainers cannot take the batch evenly, each size's lower bound,
+    and the splits planned in full (by label) with their candidates, and those their bound kept out."""
+
+    rejected: list[Candidate] = field(default_factory=list)
+    layouts: list[tuple[int, LayoutError]] = field(default_factory=list)  # (trainers, why)
+    misses: list[Split] = field(default_factory=list)
+    bounded: list[tuple[float, Split]] = field(default_factory=list)
+    scored: list[tuple[Candidate, Plan]] = field(default_factory=list)
+    planned: dict[str, Split] = field(default_factory=dict)
+    skipped: list[Candidate] = field(default_factory=list)
+
+
+def search_splits(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
+    """The best of ``splits`` at ``target`` per step (None: the recipe's own, one trainer count)."""
     groups: dict[tuple[SplitKind, int, int], list[Split]] = {}
     for s in splits:
         groups.setdefault((s.kind, s.server_gpus, s.trainers), []).append(s)
-    rejected: list[Candidate] = []
-    layouts: list[tuple[int, LayoutError]] = []  # (trainers, why) of the splits no batch layout fits
-    misses: list[Split] = []  # server sizes whose trainers cannot take the batch evenly
-    bounded: list[tuple[float, Split]] = []
-    req = LayoutRequest.from_values(search.recipe.values)
-    per_device = req.per_device
+    tally = _Tally()
     for variants in groups.values():
-        if target is not None and not feasible(target, variants[0].trainers, per_device):
-            misses.append(variants[0])
-        try:
-            found = best_variant(search, variants, target, rejected)
-        except LayoutError as exc:
-            rejected += [candidate(s, None, rejected=reason(exc)) for s in variants]
-            layouts.append((variants[0].trainers, exc))
-            continue
-        if found is not None:
-            bounded.append(found)
-    bounded.sort(key=lambda b: b[0])
-    scored: list[tuple[Candidate, Plan]] = []
-    planned: dict[str, Split] = {}
-    skipped: list[Candidate] = []
-    for bound, split in bounded:
-        if scored and bound >= min(c.step.total_s for c, _ in scored if c.step):
-            prompts = target / (req.num_generations or 8) if target else 0.0
-            skipped.append(candidate(split, None, bound_s=bound, prompts=prompts))
-            continue
-        try:
-            plan = plan_one(search, split, target)
-        except PlanError as exc:
-            rejected.append(candidate(split, None, rejected=reason(exc)))
-            continue
-        assert plan.estimate is not None
-        scored.append((candidate(split, plan, prompts=_prompts(plan)), plan))
-        planned[split.label] = split
-    if not scored and layouts and len(layouts) == len(groups):
+        _bound(ctx, variants, target, tally)
+    tally.bounded.sort(key=lambda b: b[0])
+    for bound, split in tally.bounded:
+        _plan_in_full(ctx, split, bound, target, tally)
+    if not tally.scored and tally.layouts and len(tally.layouts) == len(groups):
         # The recipe's batch fits no split: its layout problem, as the split with the most trainers meets it.
-        raise max(layouts, key=lambda lt: lt[0])[1]
-    if not scored:
+        raise max(tally.layouts, key=lambda lt: lt[0])[1]
+    if not tally.scored:
         raise PlanError(
             "no split of the GPUs between vLLM and the trainers plans:",
-            problems=[f"{c.label}: {c.rejected}" for c in rejected],
+            problems=[f"{c.label}: {c.rejected}" for c in tally.rejected],
             hint="grpo-launch plan --explain shows each split's arithmetic.",
-            fixes=_batch_fixes(search, misses, target),
+            fixes=batch_fixes(ctx, tally.misses, target),
         )
-    scored.sort(key=lambda cp: cp[0].step.total_s if cp[0].step else 0.0)
-    best, plan = scored[0]
-    others = [c for c, _ in scored[1:]]
+    return _chosen(ctx, tally, target)
+
+
+def _bound(ctx: Context, variants: list[Split], target: Batch | None, tally: _Tally) -> None:
+    """One server size: whether its trainers take the batch evenly, and its best variant's lower bound."""
+    if target is not None and not feasible(target.completions, variants[0].trainers, ctx.request.per_device):
+        tally.misses.append(variants[0])
+    try:
+        found = best_variant(ctx, variants, target, tally.rejected)
+    except LayoutError as exc:
+        tally.rejected += [candidate(s, None, rejected=reason(exc)) for s in variants]
+        tally.layouts.append((variants[0].trainers, exc))
+        return
+    if found is not None:
+        tally.bounded.append(found)
+
+
+def _plan_in_full(ctx: Context, split: Split, bound: float, target: Batch | None, tally: _Tally) -> None:
+    """Plan ``split`` in full unless its lower bound cannot beat the best plan so far."""
+    if tally.scored and bound >= min(c.step.total_s for c, _ in tally.scored if c.step):
+        prompts = float(target.prompts) if target else 0.0
+        tally.skipped.append(candidate(split, None, bound_s=bound, prompts=prompts))
+        return
+    try:
+        plan = plan_one(ctx, split, target)
+    except PlanError as exc:
+        tally.rejected.append(candidate(split, None, rejected=reason(exc)))
+        return
+    assert plan.estimate is not None
+    tally.scored.append((candidate(split, plan, prompts=prompts_of(plan)), plan))
+    tally.planned[split.label] = split
+
+
+def _chosen(ctx: Context, tally: _Tally, target: Batch | None) -> Plan:
+    """The fastest plan, with why it won, why GPUs idle, the balance, the batches worth naming, and every
+    candidate for ``--explain``."""
+    tally.scored.sort(key=lambda cp: cp[0].step.total_s if cp[0].step else 0.0)
+    best, plan = tally.scored[0]
+    others, skipped = [c for c, _ in tally.scored[1:]], tally.skipped
     decisions = [Decision("split", best.label, _why_split(best, others, skipped))]
     decisions += _idle_and_balance(best, others, skipped)
     notices: list[str] = []
-    if misses:
-        better = _better_batch(search, misses, best, planned[best.label], plan_one)
+    chosen_split = tally.planned[best.label]
+    if tally.misses:
+        better = better_batch(ctx, tally.misses, best, chosen_split)
         if better is not None:
             decisions.append(Decision("prompts_per_step_alternative", better[0], better[1]))
             notices.append(better[1])
-    larger = _latency_bound(search, best, planned[best.label], target, plan_one) if target is not None else None
+    larger = latency_bound(ctx, best, chosen_split, target) if target is not None else None
     if larger is not None:
         decisions.append(Decision("prompts_per_step_larger", larger[0], larger[1]))
         notices.append(larger[1])
-    candidates = (dataclasses.replace(best, chosen=True), *others, *skipped, *rejected)
+    candidates = (dataclasses.replace(best, chosen=True), *others, *skipped, *tally.rejected)
     return dataclasses.replace(
         plan, decisions=(*decisions, *plan.decisions), candidates=candidates, notices=(*plan.notices, *notices)
     )
-
-
-def reason(exc: PlanError) -> str:
-    return ": ".join([exc.message.rstrip(":"), "; ".join(exc.problems)]) if exc.problems else exc.message
-
-
-def _prompts(plan: Plan) -> float:
-    return plan.layout.completions_per_optimizer_step / plan.layout.num_generations
-
-
-def candidate(
-    split: Split, plan: Plan | None, *, prompts: float = 0.0, rejected: str | None = None, bound_s: float | None = None
-) -> Candidate:
-    mode = {SplitKind.COLOCATE: VllmMode.COLOCATE, SplitKind.OFF: VllmMode.OFF}.get(split.kind, VllmMode.SERVER)
-    return Candidate(
-        split.label,
-        mode,
-        split.tp,
-        data_parallel_size=split.dp,
-        pipeline_parallel_size=split.pp,
-        server_gpus=split.server_gpus,
-        trainers=split.trainers,
-        idle=split.idle,
-        step=plan.estimate.step if plan and plan.estimate else None,
-        prompts_per_step=prompts,
-        rejected=rejected,
-        bound_s=bound_s,
-    )
-
-
-def best_variant(
-    search: Search, variants: list[Split], target: int | None, rejected: list[Candidate]
-) -> tuple[float, Split] | None:
-    """The TP × DP of one server size (or colocated TP) with the shortest generation, and the lower bound of its
-    step: that generation and sync, the old log-probs, and training at the cheapest setting (DDP, no offload).
-    Raises LayoutError when no batch layout fits its trainers; None when no variant's vLLM fits."""
-    s0 = variants[0]
-    gpu = search.topology.planning_gpu_spec
-    assert search.model is not None and gpu is not None
-    layout, _ = solve_layout(s0.trainers, LayoutRequest.from_values(search.recipe.values), completions=target)
-    work = workload(search.recipe, layout, search.calibration)
-    if s0.asynchronous:
-        work = async_workload(work, search.recipe)
-    best: tuple[float, Split] | None = None
-    best_parts = (0.0, 0.0)
-    for split in variants:
-        scratch = Trace()
-        vllm, hosts = placement.place(search.topology, search.recipe, search.model, split, scratch)
-        try:
-            vllm, _ = size_vllm(search.topology, search.model, vllm, work, scratch, split.trainers)
-        except PlanError as exc:
-            rejected.append(candidate(split, None, rejected=reason(exc)))
-            continue
-        gen, sync, _ = generation_part(search.model, gpu, vllm, hosts, work)
-        if best is None or gen + sync < best[0]:
-            best, best_parts = (gen + sync, split), (gen, sync)
-    if best is None:
-        return None
-    forced = search.recipe.get("gradient_checkpointing") is True
-    cheapest = dataclasses.replace(work, gradient_checkpointing=forced)
-    backend = DistBackend.FSDP if s0.asynchronous else DistBackend.DDP
-    train, _ = training_time(search.model, gpu, s0.trainers, backend, Offload.NONE, cheapest)
-    if s0.asynchronous:  # the slower side plus the sync (planning/cost/overlap.py)
-        gen, sync = best_parts
-        return max(gen, train) + sync * work.sync_weight_bytes / 2, best[1]
-    old = old_logprobs_time(search.model, gpu, s0.trainers, work)
-    return best[0] + train + old, best[1]
 
 
 def _why_split(best: Candidate, others: list[Candidate], skipped: list[Candidate]) -> str:
@@ -245,105 +248,3 @@ def _idle_and_balance(best: Candidate, others: list[Candidate], skipped: list[Ca
             why += "; no other split plans"
         out.append(Decision("balance", round(ratio, 2), why))
     return out
-
-
-def _better_batch(
-    search: Search, misses: list[Split], best: Candidate, chosen_split: Split, plan_one: PlanOne
-) -> tuple[int, str] | None:
-    """A batch near the chosen one that a faster split could take, and what it would gain per prompt."""
-    assert best.step is not None
-    req = LayoutRequest.from_values(search.recipe.values)
-    k = req.num_generations or 8
-    chosen = best.step.total_s / best.prompts_per_step
-    found: tuple[float, int, Split] | None = None
-    for split in misses:
-        unit = _unit(split.trainers, req.per_device, k)
-        for prompts in {max(unit, unit * math.floor(best.prompts_per_step / unit)),
-                        unit * math.ceil(best.prompts_per_step / unit)}:  # fmt: skip
-            try:
-                bound = best_variant(search, [split], prompts * k, [])
-            except LayoutError:
-                continue
-            if bound is None or bound[0] / prompts >= chosen * (1 - WORTH_IT):
-                continue
-            if found is None or bound[0] / prompts < found[0]:
-                found = (bound[0] / prompts, prompts, bound[1])
-    if found is None:
-        return None
-    _, prompts, split = found
-    try:
-        plan = plan_one(search, split, prompts * k)
-    except PlanError:
-        return None
-    assert plan.estimate is not None
-    assert plan.estimate is not None and plan.estimate.step is not None
-    per_prompt = plan.estimate.step.total_s / prompts
-    # Like for like: the chosen split at that batch too, when it can take it (a larger batch is cheaper per prompt
-    # on any split; only what the other split adds counts).
-    against, where = chosen, f"the chosen {chosen:.2f} s"
-    try:
-        same = plan_one(search, chosen_split, prompts * k)
-    except PlanError:
-        same = None
-    if same is not None and same.estimate is not None:
-        against = same.estimate.step.total_s / prompts  # type: ignore[union-attr]  # an estimate of a candidate has its step
-        where = f"{against:.2f} s with the chosen split at that batch"
-    if per_prompt >= against * (1 - WORTH_IT):
-        return None
-    return prompts, (
-        f"at {best.prompts_per_step:g} prompts per step the {split.trainers} trainers of {split.label} cannot take "
-        f"the batch evenly; with launch.prompts_per_step={prompts} it would take {per_prompt:.2f} s per prompt, "
-        f"{1 - per_prompt / against:.0%} less than {where} (a different batch: your choice)"
-    )
-
-
-LATENCY_BOUND = 10.0  # generation this many times the training (colocated) suggests a batch too small for the GPUs
-LARGER = 4  # … and the batch this many times larger is tried
-
-
-def _latency_bound(
-    search: Search, best: Candidate, split: Split, target: int, plan_one: PlanOne
-) -> tuple[int, str] | None:
-    """Colocated generation many times the training at a small batch is decode latency: every engine runs the
-    longest completion's steps whatever its batch, so a larger batch costs little more generation per step. Name
-    the batch that would use the GPUs better (the batch is the recipe's algorithm: never changed without the user)."""
-    if best.balance is None or best.balance < LATENCY_BOUND or best.mode != VllmMode.COLOCATE or best.step is None:
-        return None
-    try:
-        bigger = plan_one(search, split, target * LARGER)
-    except PlanError:
-        return None
-    assert bigger.estimate is not None
-    prompts = best.prompts_per_step * LARGER
-    now, then = best.step.total_s / best.prompts_per_step, bigger.estimate.step.total_s / prompts  # type: ignore[union-attr]  # an estimate of a candidate has its step
-    if then >= now * (1 - WORTH_IT):
-        return None
-    return int(prompts), (
-        f"generation is {best.balance:.0f}× the training at {best.prompts_per_step:g} prompts per step: decode "
-        f"latency, not throughput (each engine runs the longest completion's steps whatever its batch); "
-        f"launch.prompts_per_step={prompts:g} would take {bigger.estimate.step.total_s:.1f} s per step, "  # type: ignore[union-attr]  # an estimate of a candidate has its step
-        f"{1 - then / now:.0%} less per prompt (a different batch: your choice)"
-    )
-
-
-def _unit(trainers: int, per_device: int | None, k: int) -> int:
-    """The least prompts per step ``trainers`` can take in whole groups of ``k``."""
-    share = trainers * (per_device or 1)
-    return share // math.gcd(share, k)
-
-
-def _batch_fixes(search: Search, misses: list[Split], target: int | None) -> list[Fix]:
-    """When no split plans: the batches nearest the chosen one that the splits it kept out could take evenly
-    (each is planned again before it is shown)."""
-    if target is None:
-        return []
-    req = LayoutRequest.from_values(search.recipe.values)
-    k = req.num_generations or 8
-    prompts = target / k
-    fixes = []
-    for split in misses:
-        unit = _unit(split.trainers, req.per_device, k)
-        for near in {max(unit, unit * math.floor(prompts / unit)), unit * math.ceil(prompts / unit)}:
-            fixes.append(Fix("launch.prompts_per_step", near, f"{split.trainers} trainers of {split.label} take it "
-                             "evenly (a different batch)", rank=1, cost=abs(math.log(near / prompts))))  # fmt: skip
-    return fixes

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_launch.enums import Device, DistBackend, VllmMode
-from grpo_launch.planning.layout import Layout
+from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.types import Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.recipe.keys import PLANNED_KEYS

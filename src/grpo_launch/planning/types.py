@@ -10,9 +10,11 @@ from typing import Any
 from grpo_launch.enums import Device, DistBackend, GpuUse, Offload, Role, VllmMode
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.cost.memory import TrainMemory, VllmMemory
+from grpo_launch.planning.cost.steptime import StepTime
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.planning.layout import Layout
+from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.recipe import Recipe
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.spec import frozen
@@ -58,7 +60,7 @@ class Decision:
     why: str
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # a working record: no generated comparison or repr (plan start-up)
 class Trace:
     """What the planner decided and why, what it changed in the recipe (notices) and what it doubts (warnings).
     Passed to each planning step instead of three separate lists; frozen into the Plan at the end."""
@@ -106,12 +108,20 @@ class VllmPlan:
     sleep_mode: bool = False  # colocate: vLLM sleeps while the trainers train (vllm_enable_sleep_mode)
 
     @property
+    def parallelism(self) -> Parallelism:
+        """The engine's (colocate) or server's parallelism as one value. The flat fields stay the stored form:
+        plan.json writes them as they are. A colocated plan holds one engine's TP here; its engines are one per TP
+        group of trainers (:func:`grpo_launch.planning.vllm_sizing.engines`)."""
+        return Parallelism(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size,
+                           self.expert_parallel)  # fmt: skip
+
+    @property
     def base_url(self) -> str | None:
         return f"http://{self.address}:{self.port}" if self.mode == VllmMode.SERVER else None
 
     @property
     def replica_gpus(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        return self.parallelism.replica_gpus
 
     @property
     def spans_hosts(self) -> bool:
@@ -184,36 +194,6 @@ class GpuRole:
 
 
 @frozen
-class StepTime:
-    generation_s: float
-    training_s: float
-    sync_s: float
-    old_logprobs_s: float = 0.0  # TRL's forward pass for the old log-probs (importance sampling)
-    # AsyncGRPOTrainer: generation and training overlap on disjoint GPUs (planning/cost/overlap.py)
-    overlapped: bool = False
-
-    @property
-    def total_s(self) -> float:
-        if self.overlapped:
-            return max(self.generation_s, self.old_logprobs_s + self.training_s) + self.sync_s
-        return self.generation_s + self.old_logprobs_s + self.training_s + self.sync_s
-
-    @property
-    def sequential_s(self) -> float:
-        """The same work one side after the other (what the overlap saves is measured against)."""
-        return self.generation_s + self.old_logprobs_s + self.training_s + self.sync_s
-
-    @property
-    def bottleneck(self) -> str:
-        return "generation" if self.generation_s >= self.training_s else "training"
-
-    @property
-    def trainer_generation_s(self) -> float:
-        """What the trainers time as generation: generating, the old log-probs and the weight sync."""
-        return self.generation_s + self.old_logprobs_s + self.sync_s
-
-
-@frozen
 class AsyncSettings:
     """AsyncGRPOTrainer's pipeline values as planned (launch.mode async), with the predictions behind them."""
 
@@ -278,9 +258,7 @@ class Candidate:
 
     label: str
     mode: VllmMode
-    tensor_parallel_size: int
-    data_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+    par: Parallelism = Parallelism()
     server_gpus: int = 0
     trainers: int = 0
     idle: int = 0
@@ -289,6 +267,18 @@ class Candidate:
     rejected: str | None = None
     chosen: bool = False
     bound_s: float | None = None
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.par.tp
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.par.dp
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return self.par.pp
 
     @property
     def status(self) -> str:

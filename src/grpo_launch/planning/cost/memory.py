@@ -38,6 +38,7 @@ from grpo_launch.planning.cost.constants import (
     _c,
 )
 from grpo_launch.planning.cost.workload import Workload
+from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.spec import frozen
 
 
@@ -194,28 +195,20 @@ class VllmMemory:
 
 
 def vllm_memory(
-    model: ModelShape,
-    tp: int,
-    gpu_bytes: float,
-    work: Workload,
-    *,
-    share: float | None,
-    replicas: int = 1,
+    model: ModelShape, par: Parallelism, gpu_bytes: float, work: Workload, *, share: float | None,
     limit: float | None = None,
-    ep: bool = False,
-    pp: int = 1,
-) -> VllmMemory | None:
-    """vLLM sizing on GPUs of ``gpu_bytes``: with ``share`` (colocate) the fraction it may use and the utilization
-    sized to what it needs; else a server at ``limit`` (its --gpu-memory-utilization, default TRL's 0.9).
+) -> VllmMemory | None:  # fmt: skip
+    """vLLM sizing of ``par`` on GPUs of ``gpu_bytes``: with ``share`` (colocate) the fraction it may use and the
+    utilization sized to what it needs; else a server at ``limit`` (its --gpu-memory-utilization, default TRL's 0.9).
 
     ``max_num_seqs`` covers the sequences one replica (a colocated engine, a server's data-parallel rank) decodes
     at once (its part of a generation round), capped by what the KV cache holds; None when not even one sequence
-    fits. With ``ep`` the routed experts are spread over all ``tp × replicas`` GPUs (expert parallelism); with
-    ``pp`` stages each GPU holds its stage's layers and their KV cache.
+    fits. With ``par.ep`` the routed experts are spread over all TP × DP GPUs (expert parallelism); with
+    ``par.pp`` stages each GPU holds its stage's layers and their KV cache.
     """
-    max_len = work.seq_len
-    weights = model.weight_bytes_per_gpu(tp, replicas, ep=ep, pp=pp)
-    kv_seq = model.kv_bytes_per_token_per_gpu(tp, pp) * max_len
+    max_len, replicas = work.seq_len, par.dp
+    weights = vllm_weights(model, par)
+    kv_seq = model.kv_bytes_per_token_per_gpu(par.tp, par.pp) * max_len
     server_util = limit if limit is not None else VLLM_SERVER_UTILIZATION
     room = (share if share is not None else server_util) * gpu_bytes - weights - VLLM_OVERHEAD_BYTES
     capacity = int(room // kv_seq) if kv_seq > 0 else 0
@@ -230,18 +223,19 @@ def vllm_memory(
     return VllmMemory(round(util, 2), max_len, seqs, weights, kv_seq)
 
 
-def vllm_share_needed(
-    model: ModelShape, tp: int, gpu_bytes: float, seq_len: int, dp: int = 1, *, ep: bool = False, pp: int = 1
-) -> float:
+def vllm_share_needed(model: ModelShape, par: Parallelism, gpu_bytes: float, seq_len: int) -> float:
     """The gpu_memory_utilization that holds the weights and one sequence's KV cache (for a refusal's fix)."""
-    weights = model.weight_bytes_per_gpu(tp, dp, ep=ep, pp=pp)
-    return (weights + VLLM_OVERHEAD_BYTES + model.kv_bytes_per_token_per_gpu(tp, pp) * seq_len) / gpu_bytes + (
-        VLLM_UTILIZATION_MARGIN
-    )
+    kv = model.kv_bytes_per_token_per_gpu(par.tp, par.pp) * seq_len
+    return (vllm_weights(model, par) + VLLM_OVERHEAD_BYTES + kv) / gpu_bytes + VLLM_UTILIZATION_MARGIN
 
 
-def fits_server_gpu(model: ModelShape | None, gpu_bytes: int | None, tp: int) -> bool:
-    """The weights take at most the allowed share of each server GPU at tensor-parallel size ``tp``."""
-    if model is None or gpu_bytes is None:
-        return True
-    return model.weight_bytes_bf16 / tp <= VLLM_WEIGHTS_SHARE * gpu_bytes
+def vllm_weights(model: ModelShape, par: Parallelism) -> float:
+    """bf16 weight bytes on each of ``par``'s GPUs (the routed experts spread over all of them with ``par.ep``)."""
+    return model.weight_bytes_per_gpu(par.tp, par.dp, ep=par.ep, pp=par.pp)
+
+
+def weights_fit(weights_per_gpu: float, gpu_bytes: float | None, share: float = 1.0) -> bool:
+    """The weights-fit rule, the one the planner uses everywhere: vLLM's bf16 weights per GPU take at most
+    :data:`VLLM_WEIGHTS_SHARE` of the memory vLLM may use (``share`` of a GPU: all of a server's, the colocated
+    share), leaving the rest for the KV cache. Unknown memory fits."""
+    return gpu_bytes is None or weights_per_gpu <= VLLM_WEIGHTS_SHARE * share * gpu_bytes

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from grpo_launch.planning.types import StepTime
+from grpo_launch.planning.cost.steptime import StepTime
 
 
 def overlapped(step: StepTime) -> StepTime:

@@ -13,7 +13,6 @@ from grpo_launch.enums import VllmMode
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import CONSTANTS
 from grpo_launch.planning.cost.steptime import sync_time
-from grpo_launch.planning.types import TrainPlan, VllmPlan
 
 # (parameters, seconds) the vLLM ready time is interpolated between (log-linear in the parameters)
 _READY = ((1.5e9, "vllm_ready_s_1_5b"), (7e9, "vllm_ready_s_7b"), (70e9, "vllm_ready_s_70b"))
@@ -36,20 +35,24 @@ def vllm_ready_s(params: float) -> float:
     return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
 
 
-def startup_time(model: ModelShape, vllm: VllmPlan, train: TrainPlan) -> tuple[float, list[str]]:
-    """Seconds to the first optimizer step's start, and the arithmetic."""
+def startup_time(
+    model: ModelShape, mode: VllmMode, *, deepspeed: bool, machines: int, sync_across_nodes: bool
+) -> tuple[float, list[str]]:
+    """Seconds to the first optimizer step's start, and the arithmetic: the trainers on ``machines`` hosts (with
+    DeepSpeed's start when ``deepspeed``), vLLM in ``mode``, the first weight sync (between hosts when
+    ``sync_across_nodes``)."""
     load = model.weight_bytes_bf16 / _c("load_bytes_per_s")
-    ds = _c("deepspeed_init_s") if train.backend.is_deepspeed else 0.0
-    nccl = _c("nccl_init_s_nodes") if train.num_machines > 1 else _c("nccl_init_s_node")
+    ds = _c("deepspeed_init_s") if deepspeed else 0.0
+    nccl = _c("nccl_init_s_nodes") if machines > 1 else _c("nccl_init_s_node")
     trainers = load + ds + nccl
     parts = f"trainers: load {load:.0f} s" + (f" + DeepSpeed {ds:.0f} s" if ds else "") + f" + NCCL {nccl:.0f} s"
-    if vllm.mode == VllmMode.OFF:
+    if mode == VllmMode.OFF:
         return trainers, [f"time to first step ≈ {trainers:.0f} s ({parts})"]
     ready = vllm_ready_s(model.params)
-    if vllm.mode == VllmMode.COLOCATE:  # the engines start in the trainers, once they are up
+    if mode == VllmMode.COLOCATE:  # the engines start in the trainers, once they are up
         total = trainers + ready
         return total, [f"time to first step ≈ {total:.0f} s ({parts}, then colocated vLLM ready {ready:.0f} s)"]
-    sync = sync_time(model, across_nodes=bool(vllm.nodes) or vllm.host != train.hosts[0].name)
+    sync = sync_time(model, across_nodes=sync_across_nodes)
     total = max(ready, trainers) + _c("nccl_init_s_node") + sync
     return total, [
         f"time to first step ≈ {total:.0f} s: max(vLLM server ready {ready:.0f} s, {parts}) + the weight-sync "

@@ -23,36 +23,36 @@ from grpo_launch.machines.gpus import GpuSpec
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import DECODE_BW_EFFICIENCY, DECODE_STEP_OVERHEAD_S, PREFILL_MFU, _c, train_mfu
 from grpo_launch.planning.cost.workload import Workload
+from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.spec import frozen
 
 
 def generation_time(
     model: ModelShape,
     gpu: GpuSpec,
-    tp: int,
-    replicas: int,
+    par: Parallelism,
     max_num_seqs: int,
     work: Workload,
     *,
-    ep: bool = False,
     prompt_copies: int = 1,
-    pp: int = 1,
     pp_across_nodes: bool = False,
 ) -> tuple[float, str]:
-    """Seconds to generate one optimizer step's completions on ``replicas`` × TP ``tp`` GPUs, and the arithmetic.
-    With ``ep`` (expert parallelism over all of them) each GPU reads its share of the experts the whole batch
-    touches instead of its TP share of every replica's.
+    """Seconds to generate one optimizer step's completions on ``par.dp`` replicas of TP ``par.tp`` (× PP
+    ``par.pp``) GPUs, and the arithmetic. With ``par.ep`` (expert parallelism over all of them) each GPU reads its
+    share of the experts the whole batch touches instead of its TP share of every replica's.
 
     ``prompt_copies``: on how many replicas each prompt is prefilled. vLLM's prefix cache (on by default) prefills
     a prompt once per engine whatever the number of its samples there, but a data-parallel server routes each sample
     on its own (:func:`server_prompt_copies`), so a prompt is prefilled on up to ``num_generations`` replicas.
 
-    ``pp``: each replica is a pipeline of ``pp`` stages of TP GPUs. vLLM keeps ``pp`` micro-batches in flight
+    ``par.pp``: each replica is a pipeline of ``pp`` stages of TP GPUs. vLLM keeps ``pp`` micro-batches in flight
     (the engine's batch queue, vllm/v1/engine/core.py ``step_with_batch_queue``), so in one decode round every
     stage runs each micro-batch once: it reads its weights ``pp`` times (as much as one TP group reads the whole
     model), its layers' share of every sequence's KV cache, and sends each micro-batch's hidden states and residual
     to the next stage (:func:`p2p_time`, over the network when the stages are on different hosts). Prefill and the
     compute spread over all TP × PP GPUs. The fixed overhead is counted once per micro-batch (conservative: the
     batch queue overlaps some of it)."""
+    tp, pp, replicas, ep = par.tp, par.pp, par.dp, par.ep
     flops = gpu.bf16_tflops * 1e12
     bw = gpu.bandwidth_tbs * 1e12 * DECODE_BW_EFFICIENCY
     prompts = work.completions / max(1, work.num_generations)
@@ -211,3 +211,36 @@ def colocate_switch_time(model: ModelShape, n: int, *, sleep_mode: bool) -> floa
     if not sleep_mode:
         return 0.0
     return _c("colocate_switch_s") + 2 * model.weight_bytes_bf16 / n / _c("pcie_bytes_per_s")
+
+
+@frozen
+class StepTime:
+    """One optimizer step's predicted seconds, side by side: generation, training, the weight sync and TRL's
+    old-log-probs forward; overlapped (AsyncGRPOTrainer, :mod:`.overlap`) or one after the other."""
+
+    generation_s: float
+    training_s: float
+    sync_s: float
+    old_logprobs_s: float = 0.0  # TRL's forward pass for the old log-probs (importance sampling)
+    # AsyncGRPOTrainer: generation and training overlap on disjoint GPUs (planning/cost/overlap.py)
+    overlapped: bool = False
+
+    @property
+    def total_s(self) -> float:
+        if self.overlapped:
+            return max(self.generation_s, self.old_logprobs_s + self.training_s) + self.sync_s
+        return self.generation_s + self.old_logprobs_s + self.training_s + self.sync_s
+
+    @property
+    def sequential_s(self) -> float:
+        """The same work one side after the other (what the overlap saves is measured against)."""
+        return self.generation_s + self.old_logprobs_s + self.training_s + self.sync_s
+
+    @property
+    def bottleneck(self) -> str:
+        return "generation" if self.generation_s >= self.training_s else "training"
+
+    @property
+    def trainer_generation_s(self) -> float:
+        """What the trainers time as generation: generating, the old log-probs and the weight sync."""
+        return self.generation_s + self.old_logprobs_s + self.sync_s

@@ -8,6 +8,7 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import HEADROOM, HOST_HEADROOM, VLLM_OVERHEAD_BYTES, VLLM_UTILIZATION_MARGIN
 from grpo_launch.planning.cost.memory import TrainMemory, margin_lines
+from grpo_launch.planning.sizes import Parallelism
 
 Setting = tuple[DistBackend, Offload, bool]  # (backend, offload, gradient checkpointing)
 
@@ -42,12 +43,13 @@ def training_explain(
 
 
 def vllm_explain(
-    model: ModelShape, tp: int, mem: int, seq_len: int, util: float, weights: float, need: float, ep: int | None
+    model: ModelShape, par: Parallelism, mem: int, seq_len: int, util: float, weights: float, need: float
 ) -> list[str]:
-    """Why not one sequence's KV cache fits next to vLLM's weights at ``util`` of a GPU of ``mem`` bytes."""
-    kv = model.kv_bytes_per_token_per_gpu(tp) * seq_len
+    """Why not one sequence's KV cache fits next to vLLM's weights (of ``par``) at ``util`` of a GPU of ``mem``
+    bytes."""
+    kv = model.kv_bytes_per_token_per_gpu(par.tp) * seq_len
     room = util * mem - weights - VLLM_OVERHEAD_BYTES
-    spread = f"TP {tp}" + (f", experts over {ep} ranks" if ep else "")
+    spread = f"TP {par.tp}" + (f", experts over {par.dp} ranks" if par.ep else "")
     fit = max(room, 0) / kv if kv else 0.0
     return [
         f"vLLM memory per GPU: {util:.2f} × {mem / GIB:.1f} GiB = {util * mem / GIB:.1f} GiB − weights "

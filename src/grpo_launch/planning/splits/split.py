@@ -1,5 +1,4 @@
-"""The splits: every way the GPUs may be divided between vLLM and the trainers, and the batch every split is
-compared at. Pure.
+"""The splits: every way the GPUs may be divided between vLLM and the trainers. Pure.
 
 A split is one of:
 
@@ -19,22 +18,17 @@ Hosts with different GPU counts (a Ray cluster or hostfile of 4- and 2-GPU nodes
 of trainers on every machine, so only server splits that leave equal training hosts are possible
 (:func:`enumerate_uneven_splits`): whole hosts of one count serve and the others train, or every host trains on as
 many GPUs as the smallest has and the larger hosts' extra GPUs serve.
-
-Every split is planned at the same prompts per optimizer step (:func:`prompts_target`), so the search compares like
-with like: the recipe's algorithm (group size, prompts per step, one generation per step) is the same whatever
-wins, and only the accumulation (and a per-device batch the recipe leaves unset) adapts to the trainer count.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+import dataclasses
+from collections.abc import Sequence
 
-from grpo_launch.enums import StrEnum, VllmMode
-from grpo_launch.errors import PlanError
-from grpo_launch.machines.topology import Topology
+from grpo_launch.enums import StrEnum
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning.layout import TRL_DEFAULTS, LayoutRequest
+from grpo_launch.planning.cost.memory import vllm_weights
+from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.spec import frozen
 
 
@@ -57,13 +51,25 @@ class Split:
     gpus_per_host: int
     trainers_per_host: int
     train_hosts: tuple[int, ...]
-    tp: int = 1
-    dp: int = 1  # server: data-parallel ranks; colocate: engines (one per TP group of trainers)
+    # server: TP × PP per replica (PP only where no replica of TP alone fits), DP data-parallel ranks; colocate:
+    # DP engines, one per TP group of trainers
+    par: Parallelism = Parallelism()
     server_hosts: tuple[int, ...] = ()
     server_gpus_per_host: int = 0
-    pp: int = 1  # server: pipeline stages of each replica (TP × PP GPUs), only where no replica of TP alone fits
     asynchronous: bool = False  # AsyncGRPOTrainer on this split: generation and training overlap (launch.mode)
     total_gpus: int = 0  # hosts with different GPU counts: all their GPUs (0: hosts × gpus_per_host)
+
+    @property
+    def tp(self) -> int:
+        return self.par.tp
+
+    @property
+    def dp(self) -> int:
+        return self.par.dp
+
+    @property
+    def pp(self) -> int:
+        return self.par.pp
 
     @property
     def gpus(self) -> int:
@@ -85,9 +91,7 @@ class Split:
 
     @property
     def shape(self) -> str:
-        return (
-            f"TP {self.tp}" + (f" × PP {self.pp}" if self.pp > 1 else "") + (f" × DP {self.dp}" if self.dp > 1 else "")
-        )
+        return self.par.label
 
     @property
     def replica_hosts(self) -> int:
@@ -132,6 +136,19 @@ def server_shapes(model: ModelShape | None, gpus: int, limit: int) -> list[tuple
     return [(t, gpus // t) for t in tps if gpus % t == 0]
 
 
+def served(model: ModelShape | None, split: Split) -> Parallelism:
+    """The split's server parallelism as vLLM runs it: a mixture of experts with data parallelism spreads its
+    experts over every server GPU (``--enable-expert-parallel``)."""
+    return dataclasses.replace(split.par, ep=bool(model and model.is_moe and split.dp > 1))
+
+
+def server_weights(model: ModelShape | None, split: Split) -> float:
+    """bf16 weight bytes on each server GPU (experts spread over every GPU of a mixture of experts with DP)."""
+    if model is None:
+        return 0.0
+    return vllm_weights(model, served(model, split))
+
+
 def enumerate_splits(
     hosts: int, per_host: int, model: ModelShape | None, pipeline_tp: int | None = None
 ) -> list[Split]:
@@ -139,28 +156,33 @@ def enumerate_splits(
     with pipelines of the largest TP (or ``pipeline_tp``)."""
     everyone = tuple(range(hosts))
     out = [
-        Split(SplitKind.COLOCATE, hosts, per_host, per_host, everyone, tp=t, dp=hosts * per_host // t)
+        Split(SplitKind.COLOCATE, hosts, per_host, per_host, everyone, Parallelism(t, dp=hosts * per_host // t))
         for t, _ in server_shapes(model, per_host, per_host)
     ]
     if hosts == 1:
         for k in range(1, per_host):
             for t, d in server_shapes(model, k, per_host):
-                out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), t, d, (0,), k))
+                out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), Parallelism(t, dp=d), (0,), k))
             for t, p, d in pipeline_shapes(model, k, per_host, pipeline_tp):
-                out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), t, d, (0,), k, pp=p))
+                out.append(Split(SplitKind.SERVER, 1, per_host, per_host - k, (0,), Parallelism(t, p, d), (0,), k))
         return out
     last = hosts - 1
     for j in serving_host_counts(hosts):
         # The last j hosts serve, the first API server on the first of them; the others train.
         train, serve = tuple(range(hosts - j)), tuple(range(hosts - j, hosts))
         for t, d in server_shapes(model, per_host, per_host):
-            out.append(Split(SplitKind.NODES, hosts, per_host, per_host, train, t, d * j, serve, per_host))
+            out.append(
+                Split(SplitKind.NODES, hosts, per_host, per_host, train, Parallelism(t, dp=d * j), serve, per_host)
+            )
         for t, p, d in pipeline_shapes(model, j * per_host, per_host, pipeline_tp):
-            out.append(Split(SplitKind.NODES, hosts, per_host, per_host, train, t, d, serve, per_host, pp=p))
+            out.append(Split(SplitKind.NODES, hosts, per_host, per_host, train, Parallelism(t, p, d), serve, per_host))
     for k in range(1, per_host):
         for t, d in server_shapes(model, k, per_host):
-            out.append(Split(SplitKind.SPREAD, hosts, per_host, per_host - k, everyone, t, d * hosts, everyone, k))
-            out.append(Split(SplitKind.SHARED, hosts, per_host, per_host - k, everyone, t, d, (last,), k))
+            spread = Parallelism(t, dp=d * hosts)
+            out.append(Split(SplitKind.SPREAD, hosts, per_host, per_host - k, everyone, spread, everyone, k))
+            out.append(
+                Split(SplitKind.SHARED, hosts, per_host, per_host - k, everyone, Parallelism(t, dp=d), (last,), k)
+            )
     return out
 
 
@@ -177,43 +199,18 @@ def enumerate_uneven_splits(counts: Sequence[int], model: ModelShape | None) -> 
             continue
         per = counts[train[0]]
         for t, d in server_shapes(model, c, c):
-            out.append(Split(SplitKind.NODES, n, max(counts), per, train, t, d * len(serve), serve, c,
-                             total_gpus=total))  # fmt: skip
+            out.append(Split(SplitKind.NODES, n, max(counts), per, train, Parallelism(t, dp=d * len(serve)), serve,
+                             c, total_gpus=total))  # fmt: skip
     least = min(counts)
     bigger = tuple(i for i in range(n) if counts[i] > least)
     extra = {counts[i] - least for i in bigger}
     if len(extra) == 1:
         k = extra.pop()
         for t, d in server_shapes(model, k, k):
-            out.append(Split(SplitKind.SPREAD, n, max(counts), least, tuple(range(n)), t, d * len(bigger), bigger, k,
+            par = Parallelism(t, dp=d * len(bigger))
+            out.append(Split(SplitKind.SPREAD, n, max(counts), least, tuple(range(n)), par, bigger, k,
                              total_gpus=total))  # fmt: skip
     return out
-
-
-def refuse_uneven_mode(topology: Topology, mode: VllmMode | None) -> None:
-    """Hosts with different GPU counts cannot all train (colocate, no vLLM, CPU)."""
-    if mode in (VllmMode.OFF, VllmMode.COLOCATE) or topology.is_cpu:
-        raise PlanError(
-            f"hosts have different GPU counts ({_counts(topology)}) and launch.vllm={mode}: every GPU would train, "
-            "and accelerate runs the same number of processes on every machine",
-            hint="Let the search choose (launch.vllm unset or server: whole hosts or the larger hosts' extra GPUs "
-            "serve), or give every host the same number of GPUs (hostfile slots / --gpus-per-node).",
-        )
-
-
-def refuse_uneven_counts(topology: Topology) -> None:
-    """No split of these counts leaves equal training hosts (:func:`enumerate_uneven_splits` found none)."""
-    raise PlanError(
-        f"no split of hosts with GPU counts {_counts(topology)} leaves training hosts with equal counts (accelerate "
-        "runs the same number of processes on every machine)",
-        hint="Use hosts whose counts allow it: whole hosts of one count serve and the others (all of one count) "
-        "train, or the larger hosts have the same number of GPUs more than the smallest; or set hostfile slots / "
-        "--gpus-per-node to equal counts.",
-    )
-
-
-def _counts(topology: Topology) -> str:
-    return ", ".join(f"{h.name}={len(h.gpus)}" for h in topology.hosts)
 
 
 def pipeline_shapes(
@@ -223,7 +220,7 @@ def pipeline_shapes(
     largest TP that shards the model, divides a host's GPUs and fits, times 2, 3, … stages, each replica within a
     host or over whole hosts (vLLM places a replica's ranks on consecutive hosts, ``--nnodes``). Only for a dense model:
     a mixture of experts spreads its experts over a data-parallel server instead. The split search keeps them only
-    where no server of TP alone fits (:func:`grpo_launch.planning.placement.allowed_splits`): within a host TP
+    where no server of TP alone fits (:func:`grpo_launch.planning.splits.allowed.allowed_splits`): within a host TP
     reads the weights faster, and a pipeline adds its hops."""
     if model is None or model.is_moe:
         return []
@@ -249,71 +246,3 @@ def serving_host_counts(hosts: int) -> list[int]:
 
 def off_split(hosts: int, processes_per_host: int) -> Split:
     return Split(SplitKind.OFF, hosts, processes_per_host, processes_per_host, tuple(range(hosts)))
-
-
-def feasible(completions: int, trainers: int, per_device: int | None) -> bool:
-    """``trainers`` processes can take exactly ``completions`` per optimizer step (with the recipe's per-device
-    batch when it sets one)."""
-    return completions % (trainers * (per_device or 1)) == 0
-
-
-# When the recipe leaves the accumulation to the planner, it may take up to this many times the least batch with
-# every GPU training, to find one that more splits can take exactly.
-TARGET_GROWTH = 4
-
-
-def prompts_target(req: LayoutRequest, pinned: int | None, trainer_counts: Iterable[int], gpus: int) -> tuple[int, str]:
-    """The prompts per optimizer step every split is planned at, and why.
-
-    - ``launch.prompts_per_step`` pins it;
-    - a recipe that sets its accumulation (or its generation rhythm) fixes it through its per-device values: their
-      batch with as many trainers as can take it, every GPU training first (TRL's own default layout);
-    - otherwise the planner chooses the accumulation: the least batch that fills whole prompt groups with every GPU
-      training, or a multiple of it (up to :data:`TARGET_GROWTH` ×) that the most trainer counts can take exactly,
-      so the splits are compared at one batch."""
-    k = req.num_generations or TRL_DEFAULTS["num_generations"]
-    counts = sorted(set(trainer_counts) | {gpus}, reverse=True)
-    if pinned is not None:
-        return pinned, "launch.prompts_per_step"
-    p = req.per_device
-    if req.grad_accum is not None or req.steps_per_generation is not None:
-        g = req.steps_per_generation or req.grad_accum or 1
-        pd = p or TRL_DEFAULTS["per_device_train_batch_size"]
-        for n in counts:
-            if (pd * n * g) % k == 0:
-                said = "steps_per_generation" if req.steps_per_generation else "gradient_accumulation_steps"
-                return pd * n * g // k, (
-                    f"the recipe's per_device_train_batch_size {pd} × {n} trainers × {said} {g} ÷ num_generations {k}"
-                )
-        g = req.grad_accum or 1
-        return _least(pd, gpus, k), f"the least batch of {pd} per device on {gpus} trainers that fills groups of {k}"
-    pd = p or _default_per_device(gpus, k)
-    base = _least(pd, gpus, k)
-    best, best_count = base, -1
-    for m in range(1, TARGET_GROWTH + 1):
-        count = sum(feasible(base * m * k, n, p) for n in counts)
-        if count > best_count:
-            best, best_count = base * m, count
-    why = f"the least batch of {pd} per device on all {gpus} GPUs that fills whole groups of {k} is {base}"
-    if best != base:
-        why += f"; {best}, {best // base}× that, is one more of the compared splits can take exactly"
-    return best, why + " (pin it with launch.prompts_per_step)"
-
-
-def _least(per_device: int, trainers: int, k: int) -> int:
-    """Prompts per step of the least accumulation that fills whole groups of ``k``."""
-    return per_device * trainers * (k // math.gcd(per_device * trainers, k)) // k
-
-
-def _default_per_device(trainers: int, k: int) -> int:
-    """TRL's default per-device batch, or the nearest that fills whole groups without accumulation."""
-    base = TRL_DEFAULTS["per_device_train_batch_size"]
-    for d in range(base):
-        for v in (base - d, base + d):
-            if v >= 1 and (v * trainers) % k == 0:
-                return v
-    return base
-
-
-def summary(splits: Sequence[Split]) -> str:
-    return ", ".join(s.label for s in splits)

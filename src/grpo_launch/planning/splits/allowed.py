@@ -1,0 +1,159 @@
+"""The splits the recipe allows (pure): what the recipe asks of vLLM (its mode, its tensor-parallel size, each
+refused when it contradicts itself or the topology), and the filter over every split of the topology (:mod:`.split`)
+by the recipe's vLLM mode, server size, tensor-parallel size and pipeline stages, and by the
+weights-fit rule (:func:`grpo_launch.planning.cost.memory.weights_fit`). Each refusal is built apart, in
+:mod:`.refusals`."""
+
+from __future__ import annotations
+
+from grpo_launch.enums import VllmMode
+from grpo_launch.errors import PlanError
+from grpo_launch.machines.gpus import GIB
+from grpo_launch.machines.topology import Topology
+from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.cost.constants import VLLM_SERVER_UTILIZATION
+from grpo_launch.planning.cost.memory import weights_fit
+from grpo_launch.planning.splits.refusals import (
+    check_tp,
+    refuse_no_server,
+    refuse_server_size,
+    refuse_uneven_counts,
+    refuse_uneven_mode,
+    refuse_unfit,
+)
+from grpo_launch.planning.splits.split import (
+    Split,
+    SplitKind,
+    enumerate_splits,
+    enumerate_uneven_splits,
+    off_split,
+    server_weights,
+)
+from grpo_launch.planning.types import Trace
+from grpo_launch.planning.vllm_sizing import colocate_utilization
+from grpo_launch.recipe import Recipe
+
+
+def requested_mode(topology: Topology, recipe: Recipe) -> VllmMode | None:
+    """The vLLM mode the recipe asks for (launch.vllm, TRL's use_vllm / vllm_mode, a server size), or None: the
+    split search chooses. On CPU there is no vLLM."""
+    wanted = recipe.launch.vllm
+    trl_mode = VllmMode(recipe.get("vllm_mode")) if recipe.get("vllm_mode") else None
+    if recipe.values.get("use_vllm") is False:
+        if wanted not in (None, VllmMode.OFF):
+            raise PlanError(
+                f"the recipe sets use_vllm: false but launch.vllm={wanted}",
+                hint="Remove one of them: use_vllm: true with launch.vllm, or launch.vllm=off.",
+            )
+        wanted = VllmMode.OFF
+    if trl_mode and wanted is None:
+        wanted = trl_mode
+    elif trl_mode and wanted not in (None, trl_mode):
+        raise PlanError(
+            f"the recipe sets vllm_mode: {trl_mode} but launch.vllm={wanted}",
+            hint="Keep one: grpo-launch writes vllm_mode for the trainer from launch.vllm.",
+        )
+    if topology.is_cpu:
+        if wanted in (VllmMode.SERVER, VllmMode.COLOCATE):
+            raise PlanError(
+                f"vLLM {wanted} mode needs CUDA GPUs, and this topology has none",
+                hint="On CPU, generate with transformers: launch.vllm=off (or use_vllm: false). "
+                "To plan for GPUs from here, pass --gpus, e.g. --gpus 4xL20-48GB.",
+            )
+        return VllmMode.OFF
+    launch = recipe.launch
+    pp = launch.vllm_pipeline_parallel_size
+    if wanted == VllmMode.COLOCATE and pp is not None and pp > 1:
+        raise PlanError(
+            f"launch.vllm_pipeline_parallel_size={pp} with colocated vLLM: TRL's colocate mode runs tensor "
+            "parallelism only",
+            hint="Drop launch.vllm_pipeline_parallel_size, or use launch.vllm=server.",
+        )
+    if wanted is None and (launch.vllm_gpus is not None or launch.vllm_tensor_parallel_size is not None or pp):
+        return VllmMode.SERVER  # a server size asks for a server
+    return wanted
+
+
+def requested_tp(recipe: Recipe, mode: VllmMode | None, trace: Trace) -> int | None:
+    """The tensor-parallel size the recipe sets (launch.vllm_tensor_parallel_size, or TRL's key)."""
+    tp = recipe.launch.vllm_tensor_parallel_size
+    if tp is None and recipe.is_set("vllm_tensor_parallel_size"):
+        tp = int(recipe.values["vllm_tensor_parallel_size"])
+        if mode == VllmMode.SERVER:
+            trace.notice(f"vllm_tensor_parallel_size={tp}: used as the vLLM server's --tensor-parallel-size")
+    return tp
+
+
+def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None, trace: Trace) -> list[Split]:
+    """The splits the recipe allows on ``topology``, each of whose vLLM weights fit; one PlanError otherwise."""
+    mode = requested_mode(topology, recipe)
+    uneven = len(set(topology.gpus_per_host)) > 1
+    if uneven:
+        refuse_uneven_mode(topology, mode)
+    if topology.is_cpu or mode == VllmMode.OFF:
+        return [off_split(len(topology.hosts), len(topology.hosts[0].gpus))]
+    n, g, mem = len(topology.hosts), min(topology.gpus_per_host), topology.min_gpu_memory_bytes
+    tp = requested_tp(recipe, mode, trace)
+    if tp is not None:
+        check_tp(model, tp, g)
+    gpus = recipe.launch.vllm_gpus
+    refuse_server_size(topology, model, gpus, tp)
+    pp = recipe.launch.vllm_pipeline_parallel_size
+    every = enumerate_uneven_splits(topology.gpus_per_host, model) if uneven else enumerate_splits(n, g, model, tp)
+    if uneven and not every:
+        refuse_uneven_counts(topology)
+    splits = [s for s in every if (tp is None or s.tp == tp) and s.pp == (pp or s.pp)]
+    # Only `vllm serve` runs the other hosts' engines headless (vllm/entrypoints/cli/serve.py); the API server module
+    # alone would start them as API servers, which TRL's weight sync cannot reach.
+    headless = recipe.launch.vllm_command[-1] == "serve" or not any(len(s.server_hosts) > 1 for s in splits)
+    if not headless:
+        splits = [s for s in splits if len(s.server_hosts) <= 1]
+        trace.notice(
+            "launch.vllm_command does not end in `serve`: a vLLM server over several hosts (which needs `vllm "
+            "serve --headless` on the others) is not considered"
+        )
+    colocated = [s for s in splits if s.kind == SplitKind.COLOCATE]
+    served = [s for s in splits if s.kind != SplitKind.COLOCATE and (gpus is None or s.server_gpus == gpus)]
+    if mode != VllmMode.COLOCATE and gpus is None and tp is None and n * g == 1:
+        served = []  # one GPU: nothing left to train beside a server
+    fitting = _fitting_servers(served, model, mem, pp)
+    if mode == VllmMode.SERVER:
+        if not fitting:
+            refuse_no_server(topology, model, served, gpus, pp, headless)
+        return fitting
+    if mode == VllmMode.COLOCATE or gpus is None:
+        colocated = _fitting_colocate(colocated, recipe, model, mem, trace)
+    if mode == VllmMode.COLOCATE:
+        return colocated
+    if not fitting and not colocated and model is not None and mem is not None:
+        refuse_unfit(topology, model, served)
+    return colocated + fitting
+
+
+def _fitting_servers(served: list[Split], model: ModelShape | None, mem: int | None, pp: int | None) -> list[Split]:
+    """The servers whose weights fit; a pipeline only where no server of TP alone fits that size (unless the recipe
+    sets the stages): within a host TP reads the weights faster, and each stage adds a hop (over the network
+    between hosts)."""
+    fitting = [s for s in served if weights_fit(server_weights(model, s), mem)]
+    tp_only = {(s.kind, s.server_gpus) for s in fitting if s.pp == 1}
+    return [s for s in fitting if s.pp == 1 or pp or (s.kind, s.server_gpus) not in tp_only]
+
+
+def _fitting_colocate(
+    splits: list[Split], recipe: Recipe, model: ModelShape | None, mem: int | None, trace: Trace
+) -> list[Split]:
+    """Colocated engines whose weights take at most the allowed share of their vLLM share of a GPU; when none
+    does, the largest TP, with a warning."""
+    util = colocate_utilization(recipe)
+    fits = [s for s in splits if model is None or not mem or weights_fit(model.weight_bytes_bf16 / s.tp, mem, util)]
+    if fits or not splits:
+        return fits
+    last = splits[-1]
+    if model is not None and mem is not None and model.weight_bytes_bf16 / last.tp >= VLLM_SERVER_UTILIZATION * mem:
+        return []  # not even the weights fit a GPU, whatever its share
+    if model is not None and mem is not None:
+        trace.warn(
+            f"colocated vLLM: {model.weight_bytes_bf16 / last.tp / GIB:.1f} GiB of weights per GPU at TP {last.tp} is "
+            f"over half of the {util:.0%} vLLM share ({util * mem / GIB:.1f} GiB): expect a small KV cache"
+        )
+    return [last]
