@@ -208,3 +208,40 @@ def test_grpo_launch_variables_are_spelled_only_in_the_run_directory_contract():
     ]
     assert not spelled, "GRPO_LAUNCH_* spelled outside rundir/layout.py:\n" + "\n".join(spelled)
     assert any("GRPO_LAUNCH_" in text for _, text in _code_strings(layout)), "the checker reads the layout's names"
+
+
+def _room(module: str) -> str:
+    """The room a module stands in inside its stage folder: a subfolder is one room (``planning.cost``), a file at
+    the folder's top its own (``planning.plan``)."""
+    parts = module.split(".")
+    return ".".join(parts[:3])
+
+
+def test_no_two_rooms_of_a_folder_import_each_other():
+    """Inside each stage folder, a subfolder counts as one room: no chain of imports between rooms comes back to
+    where it started (a package that both imports and is imported by a module beside it reads as an arrow running
+    back up; e.g. cost/ and planning/types.py, or refusal/ importing make_plan inside a function)."""
+    rooms: dict[str, set[str]] = {}
+    for module, targets in _graph().items():
+        here = _room(module)
+        rooms.setdefault(here, set())
+        for target in targets:
+            there = _room(target)
+            if there != here and there.split(".")[:2] == here.split(".")[:2]:
+                rooms[here].add(there)
+    state: dict[str, int] = {}
+    found: list[str] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(rooms.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append(" → ".join([*stack[stack.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(rooms):
+        if node not in state:
+            visit(node, [node])
+    assert not found, "rooms that import each other:\n" + "\n".join(found)
