@@ -1,0 +1,144 @@
+"""One planning pass: :func:`plan_once` plans a recipe on a topology, or raises :class:`PlanError` naming the problem.
+Pure: no torch/trl import, no environment reads, no files.
+
+Calls run downward only: the refusals a recipe meets before any split (no bf16 on the GPU, a GPU-sized model on CPU),
+then :mod:`.modes` (launch.mode, sync and async side by side) → :mod:`.search` (the split search) → :mod:`.one_split`
+(one split in full: placement, layout (TRL's batch rules), training settings, vLLM sizing, the estimate (the cost
+model, :mod:`.cost`) and the trainer values). What every split shares is computed once, in a
+:class:`~grpo_launch.planning.context.Context`. :func:`grpo_launch.planning.plan.make_plan`, above, adds the check of
+every fix a refusal offers, each planned again with this same pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpo_launch.enums import Device, LaunchMode, VllmMode
+from grpo_launch.errors import Fix, PlanError
+from grpo_launch.machines.topology import Topology
+from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.context import Context
+from grpo_launch.planning.cost.workload import Calibration
+from grpo_launch.planning.lengths import check_positions
+from grpo_launch.planning.one_split import mixed_precision, plan_one
+from grpo_launch.planning.search import best_plan
+from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.splits.allowed import allowed_splits, requested_mode
+from grpo_launch.planning.splits.batch_target import prompts_target
+from grpo_launch.planning.splits.split import Split, SplitKind
+from grpo_launch.planning.types import Plan, Runtime, Trace
+from grpo_launch.recipe import Recipe
+
+__all__ = ["CPU_MODEL_LIMIT", "plan_once", "plan_split"]
+
+
+def plan_once(
+    topology: Topology, recipe: Recipe, model: ModelShape | None, calibration: Calibration | None, runtime: Runtime
+) -> Plan:
+    """Plan ``recipe`` on ``topology`` once (raises :class:`PlanError` naming the problem), with launch.adapt's
+    notice when the recipe asks for it."""
+    plan = _plan(topology, recipe, model, calibration, runtime)
+    return _with_adapt_notice(plan) if recipe.launch.adapt else plan
+
+
+def _with_adapt_notice(plan: Plan) -> Plan:
+    from grpo_launch.planning.adapt_terms import adapt_notice
+
+    return dataclasses.replace(plan, notices=(*plan.notices, adapt_notice(plan)))
+
+
+def _plan(
+    topology: Topology, recipe: Recipe, model: ModelShape | None, calibration: Calibration | None, runtime: Runtime
+) -> Plan:
+    base = Trace(notices=list(recipe.notices), warnings=[*recipe.warnings, *topology.warnings])
+    if recipe.values.get("use_cpu") is True and not topology.is_cpu:
+        topology = dataclasses.replace(topology, hosts=tuple(dataclasses.replace(h, gpus=()) for h in topology.hosts))
+        base.decide("device", Device.CPU, "use_cpu: true in the recipe: the GPUs are left unused")
+    if recipe.launch.num_processes and not topology.is_cpu:
+        base.notice(
+            f"launch.num_processes={recipe.launch.num_processes} is ignored: it sets the processes of a CPU run; on "
+            "GPUs every training GPU runs one trainer process (launch.vllm_gpus sets how many GPUs serve vLLM)"
+        )
+    _refuse_silent_cpu_fallback(topology, recipe, model)
+    _refuse_bf16_without_support(topology, recipe)
+    ctx = Context.of(topology, recipe, model, calibration, runtime, base)
+    asynchronous = False
+    if recipe.launch.mode is not LaunchMode.SYNC:
+        # Imported here: a synchronous plan (launch.mode's default) never loads the async modules (plan's start-up).
+        from grpo_launch.planning import modes
+
+        asynchronous = modes.check_mode(ctx)  # launch.mode async refuses here what AsyncGRPOTrainer cannot run
+    if topology.is_cpu:
+        requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
+        base.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
+        return plan_one(ctx, None, None)
+    splits = allowed_splits(topology, recipe, model, base)
+    if any(s.kind != SplitKind.OFF for s in splits):
+        check_positions(recipe, model)  # vLLM generates: its max length must fit the model's positions
+    pinned = recipe.launch.prompts_per_step
+    counts = {s.trainers for s in splits}
+    target: Batch | None = None
+    if pinned is not None or len(counts) > 1:
+        prompts, why = prompts_target(ctx.request, pinned, counts, topology.num_gpus)
+        target = Batch(prompts, ctx.group)
+        base.decide("prompts_per_step", prompts, why)
+    if asynchronous:
+        from grpo_launch.planning import modes
+
+        return modes.plan_modes(ctx, splits, target)
+    return best_plan(ctx, splits, target)
+
+
+def _refuse_bf16_without_support(topology: Topology, recipe: Recipe) -> None:
+    """A V100 or T4 has no bf16 arithmetic: transformers refuses ``bf16=True`` there ("Your setup doesn't support
+    bf16/gpu", TrainingArguments.__post_init__), and TRL turns bf16 on unless the recipe sets fp16. Refuse at plan
+    time with the fp16 fix instead of at the first trainer's start."""
+    spec = topology.planning_gpu_spec
+    if spec is None or spec.bf16 or recipe.values.get("use_cpu") is True:
+        return
+    if mixed_precision(Device.CUDA, recipe.values) != "bf16":
+        return
+    raise PlanError(
+        f"{spec.name} GPUs have no bf16 arithmetic, and the recipe trains in bf16"
+        + ("" if "bf16" in recipe.values else " (TRL's default)"),
+        fixes=[Fix("bf16", False, "train in fp16 mixed precision (loss scaling)", also=(("fp16", True),))],
+    )
+
+
+# A model this large trains at a few tokens per second on CPU, in float32: planned there only when asked for.
+CPU_MODEL_LIMIT = 1e9
+
+
+def _refuse_silent_cpu_fallback(topology: Topology, recipe: Recipe, model: ModelShape | None) -> None:
+    """No GPU was found (no driver, NVML failing, CPU-only hosts), and the recipe names a GPU-sized model: say so
+    instead of quietly planning a float32 CPU run. ``use_cpu: true`` or ``--gpus cpu`` ask for CPU."""
+    if not topology.is_cpu or model is None or model.params < CPU_MODEL_LIMIT:
+        return
+    if recipe.values.get("use_cpu") is True or topology.source == "spec":
+        return
+    why = "; ".join(topology.warnings) or f"no GPU in the {topology.source} topology"
+    raise PlanError(
+        f"{model.name} ({model.params / 1e9:.1f}B parameters) would train on CPU: {why}",
+        fixes=[
+            Fix("gpus", None, _gpus_fix(topology), 0, in_recipe=False),
+            Fix("use_cpu", True, "train on CPU anyway (float32, slow)", rank=1),
+        ],
+    )
+
+
+def _gpus_fix(topology: Topology) -> str:
+    """How to plan for GPUs with the flags the topology came from (--gpus is refused beside them)."""
+    if topology.source == "hostfile":
+        return f"name the hosts' GPUs in the hostfile: {topology.hosts[0].name} slots=8 gpu=H100-80GB"
+    if topology.source == "sbatch":
+        return "name the nodes' GPUs: --gpus-per-node 8 --gpu-type H100-80GB"
+    return "plan for GPUs: --gpus 8xH100-80GB, or fix the NVIDIA driver / NVML"
+
+
+def plan_split(
+    topology: Topology, recipe: Recipe, model: ModelShape | None, split: Split, *, prompts: int | None = None
+) -> Plan:
+    """One split, planned on its own (what the search compares; benchmarks use it), at ``prompts`` per step when
+    given, else at the recipe's own batch for its trainers."""
+    ctx = Context.of(topology, recipe, model, None, Runtime(), Trace(notices=list(recipe.notices)))
+    return plan_one(ctx, split, Batch(prompts, ctx.group) if prompts else None)
