@@ -11,6 +11,7 @@ a notice says so). Planning only: nothing is downloaded (model shapes come from 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -26,31 +27,8 @@ from grpo_launch.models.builtin import find_model_shape  # noqa: E402
 from grpo_launch.planning import make_plan  # noqa: E402
 from grpo_launch.recipe import build_recipe, load_recipe  # noqa: E402
 
-# open-r1's GRPO recipes as published (github.com/huggingface/open-r1, recipes/ at commit 1416fa0): the batch keys and
-# what sizes them (the same values as tests/test_open_r1_recipes.py).
-OPEN_R1: dict[str, dict[str, Any]] = {
-    "open-r1 Qwen2.5-1.5B config_demo": {
-        "model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "per_device_train_batch_size": 16,
-        "gradient_accumulation_steps": 4, "num_generations": 16, "max_prompt_length": 512,
-        "max_completion_length": 1024},
-    "open-r1 Qwen2.5-1.5B config_demo_code": {
-        "model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "per_device_train_batch_size": 16,
-        "gradient_accumulation_steps": 4, "num_generations": 14, "max_prompt_length": 1024,
-        "max_completion_length": 2048},
-    "open-r1 Qwen2.5-1.5B config_demo_code_ioi": {
-        "model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "per_device_train_batch_size": 16,
-        "gradient_accumulation_steps": 4, "num_generations": 14, "max_prompt_length": 1024,
-        "max_completion_length": 2048},
-    "open-r1 DeepSeek-R1-Distill-Qwen-1.5B config_demo": {
-        "model_name_or_path": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "per_device_train_batch_size": 16,
-        "gradient_accumulation_steps": 4, "num_generations": 16, "max_prompt_length": 512,
-        "max_completion_length": 1024, "vllm_gpu_memory_utilization": 0.7},
-    "open-r1 Qwen2.5-Coder-7B config_codeforces": {
-        "model_name_or_path": "Qwen/Qwen2.5-7B-Instruct", "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 32, "num_generations": 16, "max_prompt_length": 2000,
-        "max_completion_length": 8192, "vllm_gpu_memory_utilization": 0.7},
-}  # fmt: skip
-COMMON = {"bf16": True, "gradient_checkpointing": True, "use_vllm": True}
+# open-r1's five GRPO recipes as published, whole (tests/golden/open_r1_grpo_recipes.json names the commit).
+OPEN_R1 = ROOT / "tests" / "golden" / "open_r1_grpo_recipes.json"
 KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations")
 SHORT = {"per_device_train_batch_size": "pd", "gradient_accumulation_steps": "GA", "steps_per_generation": "spg",
          "num_generations": "k"}  # fmt: skip
@@ -58,7 +36,8 @@ SHORT = {"per_device_train_batch_size": "pd", "gradient_accumulation_steps": "GA
 
 def _recipes() -> list[tuple[str, Any]]:
     shipped = [(f"recipes/{p.name}", load_recipe(p, [])) for p in sorted((ROOT / "recipes").glob("*.yaml"))]
-    return shipped + [(name, build_recipe({**COMMON, **values}, [])) for name, values in OPEN_R1.items()]
+    published = json.loads(OPEN_R1.read_text())["recipes"]
+    return shipped + [(f"open-r1 {path}", build_recipe(values, [])) for path, values in published.items()]
 
 
 def _cell(values: dict[str, Any]) -> str:
