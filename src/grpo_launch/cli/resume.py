@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.errors import ConfigError
-from grpo_launch.rundir.continuity import ResumePoint, changes, model_mismatches, resume_point
+from grpo_launch.rundir.continuity import Change, ResumePoint, changes, model_mismatches, resume_point
 from grpo_launch.rundir.fields import RunFileError
 from grpo_launch.rundir.invocation import REDACTED, SUBMITTED_BACKEND, Invocation, read_invocation
 from grpo_launch.rundir.layout import RunPaths
@@ -209,18 +209,23 @@ def check_continuity(plan: Any, args: argparse.Namespace, ctx: RunContext, prefi
     recorded = _recorded_plan(paths)
     point = resume_point(Path(ctx.workdir, plan.output_dir), _max_steps(plan))
     ctx.emit(f"{prefix}resume: {point.describe()}")
-    _check_model(plan, point, ctx)
     if recorded is None:
         ctx.emit(f"{prefix}{paths.plan_json} is not there: nothing to compare the recipe with")
-        return
-    diff = changes(recorded, _as_record(plan))
-    if not diff:
-        return
+    diff = changes(recorded, _as_record(plan)) if recorded is not None else []
+    if diff:
+        _say_changes(diff, resuming, paths, plan.recipe.source, prefix, ctx)
+    _check_model(plan, point, ctx)  # after the diff: a model changed in the recipe is said as such first
+
+
+def _say_changes(
+    diff: list[Change], resuming: Resuming | None, paths: RunPaths, recipe: str, prefix: str, ctx: RunContext
+) -> None:
+    """Refuse (``resume`` without --force) or say the values that changed since the run's record."""
     lines = "\n".join(f"  {c}" for c in diff)  # key: recorded → now
     if resuming is not None and not resuming.force:
         raise ConfigError(
             f"resuming {paths.root} would change its algorithm or model ({paths.plan_json} → the recipe "
-            f"{plan.recipe.source} and overrides now):\n{lines}",
+            f"{recipe} and overrides now):\n{lines}",
             hint="Restore the recipe's values, or continue the run's checkpoints with the new values: "
             f"{shlex.join(['grpo-launch', 'resume', str(paths.root), '--force'])}; or start a new run with another "
             "--run-dir.",
