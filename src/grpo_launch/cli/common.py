@@ -28,6 +28,7 @@ examples:
   grpo-launch recipes/tiny-cpu.yaml max_steps=3               plan, then run GRPO (vLLM server + trainers)
   grpo-launch sbatch recipes/qwen7b-math.yaml --nodes 2 --gpus-per-node 8 --time 1-00:00 -- --qos=high
   grpo-launch status grpo_runs/qwen1.5b                        state, step, ETA and last metrics of a run
+  grpo-launch resume grpo_runs/qwen1.5b                        continue a stopped run as it was started
   grpo-launch plan recipes/qwen1.5b.yaml --calibrate-from grpo_runs/qwen1.5b   replan with a run's measurements
 """
 
