@@ -430,3 +430,32 @@ def test_a_stopped_run_continues_by_the_printed_hint_with_its_overrides(tmp_path
     values = json.loads((run / "plan.json").read_text())["trainer_values"]
     assert (values["max_completion_length"], values["max_steps"]) == (24, 8)  # the override kept
     assert (run / "output" / "model.safetensors").is_file()
+
+
+def test_a_run_held_by_a_launcher_is_not_resumed_twice(tmp_path, capsys):
+    from grpo_launch.rundir.files import RunLock
+
+    run = recorded_run(tmp_path)
+    with RunLock(run):
+        before = digest(run)
+        assert main(["resume", str(run)]) == 1
+        assert "is in use by another grpo-launch run (pid" in capsys.readouterr().err
+        assert digest(run) == before
+
+
+def test_a_plain_run_over_a_corrupt_plan_json_warns_and_rewrites_it(tmp_path, capsys):
+    """`run` (not `resume`) in a run's directory whose plan.json does not read: the run writes a new one; only
+    `resume`, which needs it to compare, refuses."""
+    run = _corrupt_plan(tmp_path)
+    overrides = [*tiny_overrides(tmp_path), "max_steps=6", "launch.num_processes=1"]
+    assert main(["run", TINY_RECIPE, *overrides, "--run-dir", str(run), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "# warning: " in out and "plan.json: not JSON" in out
+    assert "# resume: from checkpoint-2 (the next step is 3)" in out
+
+
+def test_resume_never_says_it_starts_over(tmp_path, capsys):
+    run = recorded_run(tmp_path)
+    overrides = [*tiny_overrides(tmp_path), "max_steps=6", "launch.num_processes=1"]
+    assert main(["run", TINY_RECIPE, *overrides, "--run-dir", str(run), "--dry-run", "--resume", "never"]) == 0
+    assert "# resume: --resume never: it starts over from step 0" in capsys.readouterr().out

@@ -74,6 +74,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> Any:
     run_dir = Path(args.run_dir)
     record = _record(run_dir)
     _refuse_foreign(record, run_dir)
+    _refuse_running(run_dir)
     parsed = _parse(record, run_dir, args.dry_run)
     parsed.resuming, parsed.debug = Resuming(record, args.force), args.debug
     prefix = "# " if args.dry_run else "[grpo-launch] "
@@ -149,6 +150,27 @@ def _refuse_foreign(record: Invocation, run_dir: Path) -> None:
         )
 
 
+def _refuse_running(run_dir: Path) -> None:
+    """A launcher holds the run, or its batch job (the one the run's lock names) is queued or running: that job
+    continues the run by itself, and a second would race it."""
+    from grpo_launch.backends import REGISTRY, load
+    from grpo_launch.enums import JobStatus
+    from grpo_launch.errors import LaunchError
+    from grpo_launch.rundir.files import in_use, last_holder, lock_holder
+
+    if (holder := lock_holder(run_dir)) is not None:
+        raise in_use(run_dir, holder)
+    job, backend = last_holder(run_dir).get("job_id"), last_holder(run_dir).get("backend")
+    if not job or backend not in REGISTRY:
+        return
+    state = load(str(backend)).job_state(str(job))
+    if state is not None and state.state in (JobStatus.PENDING, JobStatus.RUNNING):
+        raise LaunchError(
+            f"the run's {backend} job {job} is {state.said}: it continues the run by itself",
+            hint=f"Wait for it (grpo-launch status {run_dir}), or cancel it first (e.g. scancel {job}).",
+        )
+
+
 def _recorded_plan(paths: RunPaths) -> PlanRecord | None:
     from grpo_launch.rundir.view import RunView
 
@@ -206,7 +228,16 @@ def check_continuity(plan: Any, args: argparse.Namespace, ctx: RunContext, prefi
     paths = plan.paths
     if resuming is None and not run_record(paths.root):
         return
-    recorded = _recorded_plan(paths)
+    try:
+        recorded = _recorded_plan(paths)
+    except ConfigError as exc:
+        if resuming is not None:
+            raise
+        recorded = None  # a run starting here rewrites it
+        ctx.emit(f"{prefix}warning: {exc.message}")
+    if getattr(args, "resume", "auto") == "never":
+        ctx.emit(f"{prefix}resume: --resume never: it starts over from step 0 (earlier checkpoints are set aside)")
+        return
     point = resume_point(Path(ctx.workdir, plan.output_dir), _max_steps(plan))
     ctx.emit(f"{prefix}resume: {point.describe()}")
     if recorded is None:
