@@ -47,6 +47,8 @@ class RunLock:
         import socket
         import sys
 
+        from grpo_launch.rundir.invocation import redact_argv
+
         _make_dir(self.run_dir)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -58,7 +60,7 @@ class RunLock:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(sys.argv),
+            "command": " ".join(redact_argv(sys.argv)),  # no secret in the run directory
             **self.job,
         }
         os.ftruncate(fd, 0)

@@ -156,6 +156,11 @@ def _redact_value(name: str, value: str | None, names: list[str]) -> str | None:
     return value
 
 
+def redact_argv(argv: list[str]) -> list[str]:
+    """A command line with every secret-looking value redacted (the run lock's record of its holder's command)."""
+    return [_redact_value(a, a, []) or a for a in argv]
+
+
 def read_invocation(path: str | Path) -> Invocation | None:
     """The record at ``path``, None when there is none; one that does not read is a RunFileError naming it."""
     try:
