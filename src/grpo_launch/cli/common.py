@@ -131,7 +131,7 @@ def record_invocation(
             before = None  # a record that does not read is replaced by this one
         if before is not None and SUBMITTED_BACKEND.get(before.verb) == backend:
             return
-    write_invocation(dataclasses.replace(record, job_id=job_id), locked=args.verb == "run")
+    write_invocation(dataclasses.replace(record, job_id=job_id))
 
 
 def flag_overrides(args: argparse.Namespace) -> list[str]:

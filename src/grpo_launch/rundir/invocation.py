@@ -176,11 +176,19 @@ def read_invocation(path: str | Path) -> Invocation | None:
     return Invocation.from_json(data, path)
 
 
-def write_invocation(record: Invocation, *, locked: bool = False) -> None:
-    """Into ``record.run_dir``, atomically (:func:`.files.write_run_files`; ``locked``: the caller holds the run
-    directory)."""
-    from grpo_launch.rundir.files import write_run_files
+def write_invocation(record: Invocation) -> None:
+    """Into ``record.run_dir``, atomically (a temporary file renamed: a crash leaves the old record or the new one).
+    The callers hold the run directory, or have checked that no run holds it (:func:`.files.write_run_files`)."""
+    import os
+    import tempfile
 
-    paths = RunPaths(record.run_dir)
-    text = json.dumps(record.to_json(), indent=2) + "\n"
-    write_run_files(paths.root, {paths.relative(paths.invocation): text}, locked=locked)
+    path = RunPaths(record.run_dir).invocation
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record.to_json(), indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
