@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -186,7 +187,7 @@ def test_two_runs_in_one_run_dir(tmp_path):
                             capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     state = json.loads(status.stdout)
     assert (state["state"], state["eta_s"], state["launcher"]) == ("interrupted", None, None), state
-    assert "SIGTERM" in state["detail"] and f"--run-dir {run}" in state["resume"]
+    assert "SIGTERM" in state["detail"] and state["resume"] == shlex.join(["grpo-launch", "resume", str(run)])
     # The launcher's own lines outlive the console: RUN_DIR/logs/launcher.log, time-stamped, with both launchers'.
     log = (run / "logs" / "launcher.log").read_text()
     assert re.search(rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d \[pid {first.pid}\] \[grpo-launch\] plan: ", log, re.M), log

@@ -71,6 +71,8 @@ NOT_HERE = {
     "grpo-launch recipes/qwen7b-math.yaml --ray HEAD:6379": "runs on a Ray cluster (tests/test_ray_cluster.py)",
     "grpo-launch ray-submit recipes/qwen7b-math.yaml --ray HEAD:6379 --dry-run":
         "plans on a live Ray cluster (tests/test_ray_cluster.py submits to a real one)",
+    "grpo-launch resume grpo_runs/tiny-cpu":
+        "continues a stopped run (tests/test_resume.py stops a real CPU run and continues it by status's hint)",
     "grpo-launch sky recipes/qwen7b-math.yaml --accelerators H100:8 --nodes 2 --launch":
         "rents cloud GPUs (tests/test_sky_task.py: SkyPilot's own parser; tests/test_sky_run.py: the run section)",
 }  # fmt: skip

@@ -20,7 +20,7 @@ from grpo_launch import __version__
 from grpo_launch.cli.console import Console, drop, terminal_columns
 from grpo_launch.errors import GrpoLaunchError
 
-VERBS = ("run", "plan", "inspect", "sbatch", "ray-submit", "sky", "status", "report")
+VERBS = ("run", "plan", "inspect", "sbatch", "ray-submit", "sky", "status", "report", "resume")
 SUBMIT_VERBS = ("sbatch", "ray-submit")  # their own arguments after "--" go to the batch system unchanged
 VALUE_OPTIONS = ("--gpus", "--hostfile", "--run-dir", "--nodes", "--gpus-per-node")
 
@@ -86,6 +86,32 @@ def _normalise_argv(argv: Sequence[str]) -> list[str]:
     return args
 
 
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line (without the program name) as parsed arguments; ``args.extra``: a submit verb's own
+    arguments after ``--``. A usage error exits 2 (argparse's)."""
+    normalised = _normalise_argv(argv)
+    verb = next((a for a in normalised if not a.startswith("-")), None)
+    parser = build_parser(verb if verb in VERBS else None)
+    extra: list[str] = []
+    if normalised and normalised[0] in SUBMIT_VERBS and "--" in normalised:
+        cut = normalised.index("--")
+        normalised, extra = normalised[:cut], normalised[cut + 1 :]
+    # Overrides may follow options (`RECIPE --nodes 2 max_steps=5`): argparse leaves those unparsed.
+    args, unknown = parser.parse_known_args(normalised)
+    strays = [u for u in unknown if u.startswith("-") or "=" not in u or not hasattr(args, "overrides")]
+    if strays:
+        parser.error(f"unrecognized arguments: {' '.join(strays)}")
+    if unknown:
+        args.overrides = [*args.overrides, *unknown]
+    args.extra = extra
+    return args
+
+
+def run_verb(args: argparse.Namespace, ctx: Any) -> Any:
+    """Run a parsed command's verb (``resume`` runs the recorded one through here, inside this error boundary)."""
+    return _verb(args.verb).command(args, ctx)
+
+
 def _error(text: str) -> None:
     try:
         print(text, file=sys.stderr, flush=True)
@@ -109,29 +135,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if near := did_you_mean(first, VERBS):
             _error(f"grpo-launch: error: unknown command {first!r}{near}; commands: {', '.join(VERBS)}")
             return 2
-    normalised = _normalise_argv(argv)
-    verb = next((a for a in normalised if not a.startswith("-")), None)
-    parser = build_parser(verb if verb in VERBS else None)
-    extra: list[str] = []
-    if normalised and normalised[0] in SUBMIT_VERBS and "--" in normalised:
-        cut = normalised.index("--")
-        normalised, extra = normalised[:cut], normalised[cut + 1 :]
-    # Overrides may follow options (`RECIPE --nodes 2 max_steps=5`): argparse leaves those unparsed.
-    args, unknown = parser.parse_known_args(normalised)
-    strays = [u for u in unknown if u.startswith("-") or "=" not in u or not hasattr(args, "overrides")]
-    if strays:
-        parser.error(f"unrecognized arguments: {' '.join(strays)}")
-    if unknown:
-        args.overrides = [*args.overrides, *unknown]
-    args.extra = extra
+    args = parse(argv)
     args.debug = args.debug or debug
     if args.verb is None:
-        parser.print_help()
+        build_parser().print_help()
         return 2
     console = Console()
     ctx = RunContext.current(environ, console)
     try:
-        outcome = _verb(args.verb).command(args, ctx)
+        outcome = run_verb(args, ctx)
     except GrpoLaunchError as exc:
         console.close()
         if args.debug:

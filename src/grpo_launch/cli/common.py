@@ -17,6 +17,7 @@ from grpo_launch.planning import default_run_dir, make_plan
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.types import Plan, Runtime
 from grpo_launch.recipe import Recipe, load_recipe
+from grpo_launch.rundir.invocation import Flag, Invocation
 from grpo_launch.spec import RunContext
 
 EPILOG = """\
@@ -27,6 +28,7 @@ examples:
   grpo-launch recipes/tiny-cpu.yaml max_steps=3               plan, then run GRPO (vLLM server + trainers)
   grpo-launch sbatch recipes/qwen7b-math.yaml --nodes 2 --gpus-per-node 8 --time 1-00:00 -- --qos=high
   grpo-launch status grpo_runs/qwen1.5b                        state, step, ETA and last metrics of a run
+  grpo-launch resume grpo_runs/qwen1.5b                        continue a stopped run as it was started
   grpo-launch plan recipes/qwen1.5b.yaml --calibrate-from grpo_runs/qwen1.5b   replan with a run's measurements
 """
 
@@ -55,6 +57,7 @@ def add_topology_args(p: argparse.ArgumentParser) -> None:
 
 def add_planning_args(p: argparse.ArgumentParser) -> None:
     add_recipe_args(p)
+    p.set_defaults(invocation_parser=p)  # its flags are recorded as given (invocation_of)
     add_topology_args(p)
     p.add_argument("--run-dir", help="where to write the configs and logs (default: launch.run_dir or grpo_runs/NAME)")
     add_launch_flags(p)
@@ -74,6 +77,61 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
         help="network interface for torch/NCCL between hosts (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME; "
         "same as launch.network_interface=IFACE)",
     )
+
+
+# Flags about this start, not the run: resume starts it again with its own.
+NOT_RECORDED = ("--dry-run", "--resume", "--help")
+
+
+def given_flags(args: argparse.Namespace) -> list[Flag]:
+    """Every flag the command line set (a value other than its default), as given, in the parser's order."""
+    parser: argparse.ArgumentParser | None = getattr(args, "invocation_parser", None)
+    flags: list[Flag] = []
+    for action in parser._actions if parser is not None else ():
+        if not action.option_strings or set(action.option_strings) & set(NOT_RECORDED):
+            continue
+        value, name = getattr(args, action.dest, action.default), max(action.option_strings, key=len)
+        if value == action.default or value is None:
+            continue
+        if action.nargs == 0:  # store_true and its kind: the flag alone
+            flags.append(Flag(name))
+        elif isinstance(value, (list, tuple)):  # a repeatable flag
+            flags += [Flag(name, str(v)) for v in value]
+        else:
+            flags.append(Flag(name, str(value)))
+    return flags
+
+
+def invocation_of(args: argparse.Namespace, backend: str, run_dir: str, ctx: RunContext) -> Invocation:
+    """The record of this command (secrets redacted), for RUN_DIR/invocation.json."""
+    from grpo_launch import __version__
+
+    return Invocation.of(
+        args.verb, args.recipe, list(args.overrides), given_flags(args), extra_args=tuple(getattr(args, "extra", ())),
+        backend=backend, run_dir=os.path.abspath(run_dir), workdir=ctx.workdir, version=__version__,
+    )  # fmt: skip
+
+
+def record_invocation(
+    args: argparse.Namespace, backend: str, run_dir: str, ctx: RunContext, job_id: str | None = None
+) -> None:
+    """Write RUN_DIR/invocation.json for this command (``resume``: the record it runs again, unchanged but for the
+    batch job). Inside a submitted job (the record is a submitter's whose job runs on ``backend``) the submitter's
+    record is kept: resuming that run submits it again."""
+    from grpo_launch.rundir.fields import RunFileError
+    from grpo_launch.rundir.invocation import SUBMITTED_BACKEND, read_invocation, write_invocation
+    from grpo_launch.rundir.layout import RunPaths
+
+    resuming = getattr(args, "resuming", None)
+    record = resuming.record if resuming is not None else invocation_of(args, backend, run_dir, ctx)
+    if args.verb == "run" and job_id is None:
+        try:
+            before = read_invocation(RunPaths(run_dir).invocation)
+        except RunFileError:
+            before = None  # a record that does not read is replaced by this one
+        if before is not None and SUBMITTED_BACKEND.get(before.verb) == backend:
+            return
+    write_invocation(dataclasses.replace(record, job_id=job_id))
 
 
 def flag_overrides(args: argparse.Namespace) -> list[str]:

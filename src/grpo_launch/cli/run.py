@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from grpo_launch.cli.common import add_planning_args, plan_for
+from grpo_launch.cli.common import add_planning_args, invocation_of, plan_for, record_invocation
+from grpo_launch.cli.resume import check_continuity
 from grpo_launch.enums import ResumeMode
 from grpo_launch.errors import ConfigError, GrpoLaunchError
 from grpo_launch.rundir.files import LauncherLog
@@ -49,6 +50,8 @@ def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
     from grpo_launch.execute.run import run_plan
 
     plan, backend = plan_for(args, ctx, starts=not args.dry_run)
+    prefix = "# " if args.dry_run else "[grpo-launch] "
+    check_continuity(plan, args, ctx, prefix)  # in a run's directory: where it continues; resume refuses a change
     log = None
     if not args.dry_run:  # every launcher line also goes to RUN_DIR/logs/launcher.log, time-stamped
         log = LauncherLog(plan.run_dir)
@@ -59,16 +62,16 @@ def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
             console(line)
 
         ctx = dataclasses.replace(ctx, emit=emit)
-        log.write(f"grpo-launch run {' '.join([args.recipe, *args.overrides])}")
+        log.write(invocation_of(args, backend.name, plan.run_dir, ctx).command)
     # Before anything starts: what was decided, and every notice and warning (a dry run prints them as comments).
-    prefix = "# " if args.dry_run else "[grpo-launch] "
     for line in summary_lines(plan):
         ctx.emit(prefix + line)
     if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
         raise ConfigError(f"--max-restarts must be from 0 to 1000, got {args.max_restarts}")
     try:
         result = run_plan(plan, backend, ctx, dry_run=args.dry_run, resume=ResumeMode(args.resume),
-                          max_restarts=args.max_restarts, log=log)  # fmt: skip
+                          max_restarts=args.max_restarts, log=log,
+                          on_start=lambda: record_invocation(args, backend.name, plan.run_dir, ctx))  # fmt: skip
     except GrpoLaunchError as exc:
         if log is not None:
             log.write(f"error: {exc.render()}")

@@ -42,6 +42,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     import os
 
     from grpo_launch.rundir.files import write_run_files
+    from grpo_launch.rundir.invocation import write_invocation
 
     def cpu_or_gpus(options, recipe):
         if options.accelerators is None and recipe.values.get("use_cpu") is not True:
@@ -70,6 +71,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     if not args.launch:
         ctx.emit(f"  launch:  {launch}   (or grpo-launch sky … --launch)")
         return 0
+    write_invocation(planned.invocation)  # `grpo-launch resume` launches it again
     cluster = submitter.submit(submission, ctx)
     ctx.emit(f"launched on SkyPilot cluster {cluster}")
     ctx.emit(f"  follow:  sky logs {cluster}   status: sky status {cluster}   stop paying: sky down {cluster}")

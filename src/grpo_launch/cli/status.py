@@ -63,6 +63,7 @@ class Standing:
     job: str | None
     job_state: JobState | None
     resume: str | None  # the command that resumes the run, when nothing runs it and it did not succeed
+    resume_from: str | None  # where it would continue from
 
 
 def _job_state(view: RunView) -> tuple[str | None, JobState | None]:
@@ -74,17 +75,29 @@ def _job_state(view: RunView) -> tuple[str | None, JobState | None]:
     return view.job.job_id, load(view.job.backend).job_state(view.job.job_id)
 
 
-def _resume_hint(view: RunView, workdir: str) -> str:
-    """The command that resumes the run, and the checkpoint it would resume from when the output directory is
-    found."""
-    from grpo_launch.rundir.checkpoints import checkpoints
+def _resume_hint(view: RunView, workdir: str) -> tuple[str, str]:
+    """The command that continues the run, shell-quoted, and where it would continue from. Without a record of the
+    run's command (a run of an earlier grpo-launch) the command is rebuilt from plan.json and says what it lacks."""
+    import shlex
+
+    from grpo_launch.rundir.continuity import resume_point
+    from grpo_launch.rundir.fields import RunFileError
+    from grpo_launch.rundir.invocation import read_invocation
 
     plan = view.plan
-    recipe = (plan.recipe if plan else None) or "RECIPE"
-    out = plan.output_dir if plan else None
-    found = checkpoints(Path(workdir, out)) if out is not None else []
-    start = f"from checkpoint-{found[-1][0]}" if found else "from the newest complete checkpoint, if any"
-    return f"grpo-launch {recipe} --run-dir {view.root} (resumes {start})"
+    out, max_steps = (plan.output_dir, plan.trainer_values.get("max_steps")) if plan else (None, None)
+    if out is None:
+        where = "from the newest complete checkpoint, if any"
+    else:
+        where = resume_point(Path(workdir, out), max_steps if isinstance(max_steps, int) else None).describe()
+    try:
+        recorded = read_invocation(view.paths.invocation) is not None
+    except RunFileError:
+        recorded = True  # `resume` names the file and the fix
+    if recorded:
+        return shlex.join(["grpo-launch", "resume", str(view.root)]), where
+    command = shlex.join(["grpo-launch", (plan.recipe if plan else None) or "RECIPE", "--run-dir", str(view.root)])
+    return command, f"{where}; the run's command was not recorded: add its overrides and flags"
 
 
 def _hours(seconds: float | None) -> str:
@@ -113,7 +126,7 @@ def assess(view: RunView, workdir: str) -> Standing:
             raise
         m = None  # no optimizer step yet: the launcher is starting the run, or the run ended before its first step
     p = _before_first_step(holder) if m is None else progress(m, time.time(), view.stopped_at)
-    resume = None
+    resume = resume_from = None
     if holder is None and p.state in ("running", "silent", "starting"):
         if last is not None:
             why = f"{last.failure}: {last.why}" if last.failure else (last.why or f"exit code {last.exit_code}")
@@ -121,8 +134,16 @@ def assess(view: RunView, workdir: str) -> Standing:
         elif job is None:
             p = replace(p, state="ended", detail="no launcher holds the run and it recorded no end: the launcher "
                         "was killed, or its host went down", eta_s=None)  # fmt: skip
-        resume = _resume_hint(view, workdir) if p.state != str(RunState.SUCCEEDED) else None
-    return Standing(view, m, p, job, job_state, resume)
+    if holder is None and p.state not in (str(RunState.SUCCEEDED), "finished") and not _queued(job_state):
+        resume, resume_from = _resume_hint(view, workdir)  # after any stop, however it ended
+    return Standing(view, m, p, job, job_state, resume, resume_from)
+
+
+def _queued(state: JobState | None) -> bool:
+    """The run's batch job will run it again by itself (requeued, or running): no resume to offer."""
+    from grpo_launch.enums import JobStatus
+
+    return state is not None and state.state in (JobStatus.PENDING, JobStatus.RUNNING)
 
 
 def as_json(s: Standing) -> dict[str, Any]:
@@ -133,7 +154,8 @@ def as_json(s: Standing) -> dict[str, Any]:
                             "max_steps": m.max_steps if m else None}  # fmt: skip
     data |= asdict(s.progress)
     data |= {"launcher": view.holder, "attempts": [a.to_json() for a in view.attempts], "job": s.job,
-             "job_state": s.job_state.to_json() if s.job_state else None, "resume": s.resume}  # fmt: skip
+             "job_state": s.job_state.to_json() if s.job_state else None, "resume": s.resume,
+             "resume_from": s.resume_from}  # fmt: skip
     if m is not None:
         data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
         data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
@@ -149,6 +171,7 @@ def _course_rows(s: Standing) -> list[tuple[str, str]]:
     rows = [("launcher", f"running ({view.holder})" if view.holder else "not running")]
     if s.resume:
         rows.append(("resume", s.resume))
+        rows.append(("resumes", s.resume_from or ""))
     if s.job:
         state = s.job_state
         said = "unknown to its scheduler" if state is None else f"{state.said}, restarts {state.restarts}"

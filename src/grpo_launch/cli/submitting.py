@@ -1,5 +1,7 @@
 """What the verbs that hand a run to another system share (``sbatch``, ``ray-submit``, ``sky``): their arguments,
-and planning the submission before anything is written (refuse what cannot run), then ``--dry-run``'s output."""
+and planning the submission before anything is written (refuse what cannot run; in a run's directory, say where it
+continues and refuse what ``resume`` refuses), then ``--dry-run``'s output, and the files written at submission with
+the command's record (RUN_DIR/invocation.json: ``grpo-launch resume`` submits it again)."""
 
 from __future__ import annotations
 
@@ -8,19 +10,22 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from grpo_launch.backends import load_submitter
-from grpo_launch.cli.common import add_launch_flags, add_recipe_args, flag_overrides, load, plan_on
+from grpo_launch.cli.common import add_launch_flags, add_recipe_args, flag_overrides, invocation_of, load, plan_on
 from grpo_launch.cli.options import add_options, read_options
+from grpo_launch.cli.resume import check_continuity
 from grpo_launch.spec import RunContext, frozen
 
 if TYPE_CHECKING:
     from grpo_launch.backends.submission import Submission
     from grpo_launch.planning.types import Plan
     from grpo_launch.recipe import Recipe
+    from grpo_launch.rundir.invocation import Invocation
 
 
 def add_submit_args(p: argparse.ArgumentParser, submitter: str, run_dir_help: str) -> None:
     """RECIPE and its overrides, the submitter's options, --run-dir, the launch flags and --max-restarts."""
     add_recipe_args(p)
+    p.set_defaults(invocation_parser=p)  # its flags are recorded as given (common.invocation_of)
     add_options(p, load_submitter(submitter).Options)
     p.add_argument("--run-dir", help=run_dir_help)
     add_launch_flags(p)
@@ -41,6 +46,7 @@ class Planned:
     plan: Plan
     submission: Submission
     summary: tuple[str, ...]
+    invocation: Invocation  # the command, for RUN_DIR/invocation.json once submitted
 
 
 def plan_submission(
@@ -66,10 +72,13 @@ def plan_submission(
     topology = submitter_cls.requested_topology(options, probe_local(ctx.environ))
     plan = plan_on(topology, recipe, args, ctx)  # refuse before submitting what cannot run
     preflight(plan, ctx.workdir)
+    check_continuity(plan, args, ctx, "# " if getattr(args, "dry_run", False) else "")
+    resuming = getattr(args, "resuming", None)
+    invocation = resuming.record if resuming else invocation_of(args, submitter_name, plan.run_dir, ctx)
     submitter = submitter_cls()
     job = SubmitJob(os.path.abspath(args.recipe), tuple(flag_overrides(args)), tuple(getattr(args, "extra", ())))
     submission = submitter.request(job, plan, options, ctx)
-    return Planned(submitter, options, plan, submission, tuple(summary_lines(plan)))
+    return Planned(submitter, options, plan, submission, tuple(summary_lines(plan)), invocation)
 
 
 def emit_dry_run(planned: Planned, ctx: RunContext) -> int:
@@ -84,6 +93,7 @@ def write_submission(planned: Planned, name: str, ctx: RunContext) -> None:
     resumes that run)."""
     from grpo_launch.render import render_files
     from grpo_launch.rundir.files import run_record, write_run_files
+    from grpo_launch.rundir.invocation import write_invocation
 
     plan = planned.plan
     files = {name: planned.submission.text}
@@ -94,3 +104,4 @@ def write_submission(planned: Planned, name: str, ctx: RunContext) -> None:
     else:
         files |= render_files(plan)
     write_run_files(plan.run_dir, files)
+    write_invocation(planned.invocation)  # `grpo-launch resume` submits it again

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from grpo_launch.backends.base import Backend
 from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState
@@ -27,8 +28,16 @@ from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes
 from grpo_launch.rundir import control
 from grpo_launch.rundir.checkpoints import decide_resume
-from grpo_launch.rundir.files import LauncherLog, RunLock, set_aside_record, write_plan_files, write_run_files
-from grpo_launch.rundir.layout import RESUME_ENV, RUN_ID_ENV
+from grpo_launch.rundir.files import (
+    LauncherLog,
+    RunLock,
+    in_use,
+    lock_holder,
+    plan_files_dir,
+    set_aside_record,
+    write_run_files,
+)
+from grpo_launch.rundir.layout import RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV
 from grpo_launch.rundir.records import Attempt, append
 from grpo_launch.rundir.verdict import split_verdict
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
@@ -76,27 +85,19 @@ def run_plan(
     resume: ResumeMode = ResumeMode.AUTO,
     max_restarts: int | None = None,
     log: LauncherLog | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> RunResult:
     """Run ``plan`` with ``backend``. Input problems raise (nothing has started then); once processes start, every
     outcome is a RunResult. ``resume``: see :func:`grpo_launch.rundir.checkpoints.decide_resume`;
     ``max_restarts`` overrides launch.max_restarts; ``log`` (the launcher's own log) starts writing once the run
-    holds its run directory.
+    holds its run directory, and ``on_start`` is called then (``run`` records its command).
 
     SIGUSR2, or the allocation's end drawing near, asks the trainers to save a checkpoint and stop
     (STOPPED_FOR_CHECKPOINT); the backend may then requeue.
     """
     preflight(plan, ctx.workdir)
     if dry_run:
-        prepared = prepare_attempt(plan, backend, ctx)
-        _, kept = write_plan_files(plan.run_dir, prepared.files)  # a run's record is never overwritten
-        ctx.emit(f"# run directory: {plan.run_dir}")
-        if kept:
-            ctx.emit(f"# {kept}")
-        for spec in prepared.processes:
-            if spec.host:
-                ctx.emit(f"# on {spec.host}: {spec.name}")
-            ctx.emit(spec.shell())
-        return RunResult(RunState.SUCCEEDED, 0)
+        return _dry_run(plan, backend, ctx)
     check_vllm(plan)
     limit = plan.recipe.launch.max_restarts if max_restarts is None else max_restarts
     with RunLock(plan.run_dir, backend=backend.name, job_id=backend.job_id(ctx)):
@@ -104,12 +105,37 @@ def run_plan(
         backend.preflight(plan, ctx)
         if log is not None:  # every check passed: the run starts here
             log.start()
+        if on_start is not None:
+            on_start()
         for warning in warnings:
             ctx.emit(f"[grpo-launch] warning: {warning}")
         result = _attempts(plan, backend, ctx, ResumeMode(resume), limit)
     result = backend.after_run(plan, result, ctx)  # first: a requeue before the time limit must not wait for plots
     _report(plan, ctx)
     return result
+
+
+def _dry_run(plan: Plan, backend: Backend, ctx: RunContext) -> RunResult:
+    """Print the commands an attempt would run, and write its files where a plan may (:func:`plan_files_dir`: a
+    run's record is never overwritten). In a run directory holding a run's record the files go to RUN_DIR/plans/TIME/,
+    and the printed commands read them there: the same text the real run writes into RUN_DIR when it starts, never
+    the earlier run's files still in RUN_DIR. The run directory the processes report to stays RUN_DIR."""
+    if (holder := lock_holder(plan.run_dir)) is not None:
+        raise in_use(Path(plan.run_dir), holder)
+    target, kept = plan_files_dir(plan.run_dir)
+    shown = plan if kept is None else dataclasses.replace(plan, run_dir=str(target))
+    prepared = prepare_attempt(shown, backend, ctx, {RUN_DIR_ENV: plan.run_dir} if kept else None)
+    files = {**prepared.files, **render_files(plan)} if kept else prepared.files  # plan.json names RUN_DIR
+    write_run_files(target, files)
+    ctx.emit(f"# run directory: {plan.run_dir}")
+    if kept:
+        ctx.emit(f"# {kept}; the commands below read them there (the real run writes the same files into "
+                 f"{plan.run_dir} when it starts)")  # fmt: skip
+    for spec in prepared.processes:
+        if spec.host:
+            ctx.emit(f"# on {spec.host}: {spec.name}")
+        ctx.emit(spec.shell())
+    return RunResult(RunState.SUCCEEDED, 0)
 
 
 def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode, max_restarts: int) -> RunResult:

@@ -2,4 +2,5 @@
 Standard library only (the training entry and the node programs import it): the layout (:mod:`.layout`: every
 file name and environment name), the records written there (:mod:`.records`, plan.json's in :mod:`.plan_record`),
 one view of a run directory read once (:mod:`.view`), the lock and atomic writes (:mod:`.files`), the stop request
-(:mod:`.control`), checkpoints, what a run measured, and the report."""
+(:mod:`.control`), checkpoints, the command that started the run (:mod:`.invocation`) and what a resume must keep
+(:mod:`.continuity`), what a run measured, and the report."""

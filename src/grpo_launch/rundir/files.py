@@ -18,7 +18,7 @@ from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.rundir.layout import RunPaths
 
 
-def _in_use(run_dir: Path, holder: str) -> LaunchError:
+def in_use(run_dir: Path, holder: str) -> LaunchError:
     return LaunchError(
         f"run directory {str(run_dir)!r} is in use by another grpo-launch run ({holder})",
         hint="Wait for it to finish (grpo-launch status RUN_DIR), stop it, or use another --run-dir.",
@@ -47,18 +47,20 @@ class RunLock:
         import socket
         import sys
 
+        from grpo_launch.rundir.invocation import redact_argv
+
         _make_dir(self.run_dir)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise _in_use(self.run_dir, _holder_text(self.run_dir)) from None
+            raise in_use(self.run_dir, _holder_text(self.run_dir)) from None
         info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(sys.argv),
+            "command": " ".join(redact_argv(sys.argv)),  # no secret in the run directory
             **self.job,
         }
         os.ftruncate(fd, 0)
@@ -114,7 +116,7 @@ def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bo
     while another run holds the directory (``locked``: the caller holds it)."""
     root = Path(run_dir)
     if not locked and (holder := lock_holder(root)) is not None:
-        raise _in_use(root, holder)
+        raise in_use(root, holder)
     _make_dir(root)
     written = []
     for rel, text in files.items():
@@ -181,7 +183,7 @@ def write_plan_files(run_dir: str | Path, files: Mapping[str, str]) -> tuple[lis
     """:func:`write_run_files` for a plan or a dry run, which never overwrites a run's record
     (:func:`plan_files_dir`); the note says where the files went instead."""
     if (holder := lock_holder(run_dir)) is not None:
-        raise _in_use(Path(run_dir), holder)
+        raise in_use(Path(run_dir), holder)
     target, note = plan_files_dir(run_dir)
     return write_run_files(target, files), note
 

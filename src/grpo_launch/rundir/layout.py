@@ -50,6 +50,11 @@ class RunPaths:
         return self.root / "plan.json"
 
     @property
+    def invocation(self) -> Path:
+        """The command that started the run (:class:`.invocation.Invocation`): ``grpo-launch resume`` runs it again."""
+        return self.root / "invocation.json"
+
+    @property
     def accelerate_config(self) -> Path:
         return self.root / "accelerate_config.yaml"
 

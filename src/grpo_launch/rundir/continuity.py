@@ -1,0 +1,120 @@
+"""What must hold for a run to continue as the same run (standard library only): the values that define its
+algorithm and model, compared between the run's record (plan.json) and a new plan of it; where it would continue
+from (read only: nothing is set aside here, unlike :func:`.checkpoints.decide_resume`); and whether that checkpoint
+was saved from the model the plan loads (a checkpoint of another model fails only once loaded, after the model load
+and, on a cluster, the queue wait).
+
+The keys compared are the algorithm's and the model's, not the layout's: the planner may re-factor the per-device
+batch × gradient accumulation for memory (DESIGN.md, the batch rule), so the batch is compared as what the
+algorithm sees (completions per optimizer step, per generation, per group), not as its factors. ``max_steps`` and
+``save_steps`` are not compared: running longer or saving more often continues the same run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from grpo_launch.rundir.checkpoints import checkpoint_problems, checkpoints, completed
+from grpo_launch.rundir.plan_record import PlanRecord
+from grpo_launch.spec import frozen
+
+# TRL / open-r1 keys (trainer_values) that change what is trained, or on what.
+MODEL_KEYS = ("model_name_or_path", "model_revision", "dtype", "torch_dtype", "use_peft", "lora_r", "lora_alpha",
+              "lora_target_modules", "load_in_4bit", "load_in_8bit")  # fmt: skip
+DATA_KEYS = ("dataset_name", "dataset_config", "dataset_train_split", "dataset_prompt_column", "dataset_mixture",
+             "system_prompt", "chat_template")  # fmt: skip
+ALGORITHM_KEYS = (
+    "num_generations", "learning_rate", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "weight_decay",
+    "max_grad_norm", "optim", "beta", "epsilon", "epsilon_high", "delta", "loss_type", "scale_rewards",
+    "importance_sampling_level", "num_iterations", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+    "max_prompt_length", "max_completion_length", "reward_funcs", "reward_weights", "mask_truncated_completions",
+    "seed", "output_dir",
+)  # fmt: skip
+# The batch as the algorithm sees it (plan.json's layout and trainer values).
+BATCH_KEYS = ("completions_per_optimizer_step", "completions_per_generation")
+COMPARED = MODEL_KEYS + DATA_KEYS + ALGORITHM_KEYS + BATCH_KEYS
+_ABSENT = object()
+
+
+@frozen
+class Change:
+    """A compared value that differs: the run's (recorded) and the new plan's (now); None where one has none."""
+
+    key: str
+    recorded: Any
+    now: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}: {json.dumps(self.recorded)} → {json.dumps(self.now)}"
+
+
+def compared_values(plan: PlanRecord) -> dict[str, Any]:
+    """The values :data:`COMPARED` names, from a plan record (a key the plan does not set is left out)."""
+    tv = plan.trainer_values
+    values = {k: tv[k] for k in MODEL_KEYS + DATA_KEYS + ALGORITHM_KEYS if k in tv}
+    values["completions_per_optimizer_step"] = plan.layout["completions_per_optimizer_step"]
+    per_step = plan.layout["per_device_train_batch_size"] * plan.layout["num_processes"]
+    spg = tv.get("steps_per_generation") or plan.layout["gradient_accumulation_steps"]
+    values["completions_per_generation"] = tv.get("generation_batch_size") or per_step * spg
+    return values
+
+
+def changes(recorded: PlanRecord, now: PlanRecord) -> list[Change]:
+    """Every compared value that differs between the run's record and the new plan, in :data:`COMPARED`'s order."""
+    before, after = compared_values(recorded), compared_values(now)
+    out = []
+    for key in COMPARED:
+        a, b = before.get(key, _ABSENT), after.get(key, _ABSENT)
+        if a != b:
+            out.append(Change(key, None if a is _ABSENT else a, None if b is _ABSENT else b))
+    return out
+
+
+@frozen
+class ResumePoint:
+    """Where a run would continue: the newest complete checkpoint (``step``, ``checkpoint``), or nothing saved
+    (``checkpoint`` None); ``complete``: the run already finished (the training entry's completion record)."""
+
+    output_dir: Path
+    step: int | None
+    checkpoint: Path | None
+    complete: bool = False
+
+    def describe(self) -> str:
+        if self.complete:
+            return f"already complete: its final model is in {self.output_dir}; nothing would be trained"
+        if self.checkpoint is None:
+            return f"nothing was saved (no complete checkpoint in {self.output_dir}): it starts over from step 0"
+        return f"from checkpoint-{self.step} (the next step is {self.step + 1})" if self.step is not None else ""
+
+
+def resume_point(output_dir: Path, max_steps: int | None) -> ResumePoint:
+    """Where a run in ``output_dir`` would continue (read only)."""
+    done = completed(output_dir)
+    if done is not None and (not max_steps or done.step >= max_steps):
+        return ResumePoint(output_dir, done.step, None, complete=True)
+    for step, path in reversed(checkpoints(output_dir)):
+        if not checkpoint_problems(path):
+            return ResumePoint(output_dir, step, path)
+    return ResumePoint(output_dir, None, None)
+
+
+# What a checkpoint's config.json must share with the model the plan loads (Trainer saves the model's config in it).
+MODEL_IDENTITY = ("model_type", "architectures", "hidden_size", "num_hidden_layers", "vocab_size")
+
+
+def model_mismatches(checkpoint: Path, model: Mapping[str, Any]) -> list[Change]:
+    """What the checkpoint's config.json says of its model that differs from ``model`` (the model's own config.json,
+    or what is known of it): the keys of :data:`MODEL_IDENTITY` both name. None to compare (no config.json in the
+    checkpoint: an adapter, or a save that writes none) is no mismatch; an unreadable one is left to the
+    completeness check."""
+    try:
+        saved = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(saved, dict):
+        return []
+    return [Change(k, saved[k], model[k]) for k in MODEL_IDENTITY if k in saved and k in model and saved[k] != model[k]]

@@ -1,0 +1,194 @@
+"""``RUN_DIR/invocation.json``: the command that started the run, as a typed record (standard library only), so that
+``grpo-launch resume RUN_DIR`` can run exactly that command again: the verb, the recipe path and its overrides as
+given, every flag that was set (the backend's among them: ``--hostfile``, ``--slurm``, ``--ray``, ``--gpus``,
+``--max-restarts`` …), the arguments passed on to the batch system, the working directory the relative paths are
+relative to, the run directory and the grpo-launch version.
+
+Written by ``grpo-launch run`` once the run holds its run directory (a run refused before that writes nothing), and
+by ``sbatch``, ``ray-submit`` and ``sky --launch`` when they submit. Inside a submitted job, the job's own ``run``
+keeps the submitter's record: resuming such a run submits it again (:data:`SUBMITTED_BACKEND`).
+
+Never a secret: a value that looks like one (an override or ``--flag=`` whose name says token, secret, password or
+key; a value shaped like a Hugging Face, OpenAI, GitHub, AWS or Slack token) is written as :data:`REDACTED` and its
+name kept in ``redacted``. Tokens travel by environment variable name only. ``from_json`` is strict: a missing or
+mistyped key is a RunFileError naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from grpo_launch.rundir.fields import Fields, file_error
+from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.spec import frozen
+
+REDACTED = "<redacted>"
+# The verb that submitted a run → the backend its job's own `grpo-launch run` uses: that run keeps the record.
+SUBMITTED_BACKEND = {"sbatch": "slurm", "ray-submit": "ray", "sky": "ray"}
+# A name that ends so (hub_token, WANDB_API_KEY, launch.train_env.HF_TOKEN), not one with it inside (PasswordAuth).
+_SECRET_NAME = re.compile(r"(token|secret|passw(or)?d|api[_-]?key|access[_-]?key|private[_-]?key|credentials?)$", re.I)
+_SECRET_VALUE = re.compile(
+    r"^(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|AKIA[0-9A-Z]{16}"
+    r"|xox[abprs]-[A-Za-z0-9-]{10,})$"
+)
+
+
+@frozen
+class Flag:
+    """One flag as it was given: ``--hostfile hosts.txt`` (value) or ``--slurm`` (None)."""
+
+    flag: str
+    value: str | None = None
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.flag] if self.value is None else [self.flag, self.value]
+
+
+@frozen
+class Invocation:
+    """The command that started a run (see the module's docstring). ``argv`` is it again, without the program
+    name; ``redacted`` names the values that were secrets and are not recorded."""
+
+    verb: str
+    recipe: str
+    overrides: tuple[str, ...]
+    flags: tuple[Flag, ...]
+    extra_args: tuple[str, ...]
+    backend: str
+    run_dir: str
+    workdir: str
+    version: str
+    redacted: tuple[str, ...] = ()
+    job_id: str | None = None  # the batch job a submitter's record submitted
+
+    @classmethod
+    def of(cls, verb: str, recipe: str, overrides: list[str], flags: list[Flag], **rest: Any) -> Invocation:
+        """A record of the command, each secret-looking value redacted (its name kept in ``redacted``)."""
+        names: list[str] = []
+        kept = [_redact_pair(o, names) for o in overrides]
+        kept_flags = [Flag(f.flag, _redact_value(f.flag, f.value, names)) for f in flags]  # --ssh-option K=V too
+        extra = [_redact_value(a, a, names) or a for a in rest.pop("extra_args", ())]  # --comment=…, --export=…
+        return cls(verb, recipe, tuple(kept), tuple(kept_flags), tuple(extra), redacted=tuple(names), **rest)
+
+    def flag(self, name: str) -> str | None:
+        """The last value given for ``name`` (None: not given, or a flag without a value)."""
+        return next((f.value for f in reversed(self.flags) if f.flag == name), None)
+
+    @property
+    def argv(self) -> list[str]:
+        flags = [a for f in self.flags for a in f.argv]
+        extra = ["--", *self.extra_args] if self.extra_args else []
+        return [self.verb, self.recipe, *self.overrides, *flags, *extra]
+
+    @property
+    def command(self) -> str:
+        """The command as a shell line (shell-quoted)."""
+        return shlex.join(["grpo-launch", *self.argv])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verb": self.verb,
+            "recipe": self.recipe,
+            "overrides": list(self.overrides),
+            "flags": [[f.flag, f.value] for f in self.flags],
+            "extra_args": list(self.extra_args),
+            "backend": self.backend,
+            "run_dir": self.run_dir,
+            "workdir": self.workdir,
+            "grpo_launch_version": self.version,
+            "redacted": list(self.redacted),
+            "job_id": self.job_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, file: str | Path = "invocation.json") -> Invocation:
+        """Strict: raises RunFileError naming ``file`` and the key missing or mistyped."""
+        f = Fields(data, file)
+        flags = []
+        for i, pair in enumerate(f.sequence("flags")):
+            ok = isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and pair[0].startswith("-")
+            if not ok or not isinstance(pair[1], (str, type(None))):
+                raise file_error(file, "", f"key 'flags[{i}]' must be a [flag, value or null] pair, got {pair!r}")
+            flags.append(Flag(pair[0], pair[1]))
+        return cls(
+            verb=f.text("verb"),
+            recipe=f.text("recipe"),
+            overrides=_strings(f, "overrides"),
+            flags=tuple(flags),
+            extra_args=_strings(f, "extra_args"),
+            backend=f.text("backend"),
+            run_dir=f.text("run_dir"),
+            workdir=f.text("workdir"),
+            version=f.text("grpo_launch_version"),
+            redacted=_strings(f, "redacted"),
+            job_id=f.text_or_none("job_id"),
+        )
+
+
+def _strings(f: Fields, key: str) -> tuple[str, ...]:
+    values = f.sequence(key)
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise file_error(f.file, "", f"key '{key}[{i}]' must be a string, got {v!r}")
+    return tuple(values)
+
+
+def _redact_pair(text: str, names: list[str]) -> str:
+    """``key=value`` with the value redacted when the key names a secret or the value looks like one."""
+    key, _, value = text.partition("=")
+    if _SECRET_NAME.search(key.rsplit(".", 1)[-1]) or _SECRET_VALUE.match(value):
+        names.append(key)
+        return f"{key}={REDACTED}"
+    return text
+
+
+def _redact_value(name: str, value: str | None, names: list[str]) -> str | None:
+    if value is not None and "=" in value and not value.startswith("-"):
+        return _redact_pair(value, names)
+    if value is not None and _SECRET_VALUE.match(value.rpartition("=")[2]):
+        names.append(name if name != value else "a positional argument")
+        return REDACTED
+    return value
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """A command line with every secret-looking value redacted (the run lock's record of its holder's command)."""
+    return [_redact_value(a, a, []) or a for a in argv]
+
+
+def read_invocation(path: str | Path) -> Invocation | None:
+    """The record at ``path``, None when there is none; one that does not read is a RunFileError naming it."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise file_error(path, "", f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise file_error(path, "", f"not JSON ({exc})") from None
+    return Invocation.from_json(data, path)
+
+
+def write_invocation(record: Invocation) -> None:
+    """Into ``record.run_dir``, atomically (a temporary file renamed: a crash leaves the old record or the new one).
+    The callers hold the run directory, or have checked that no run holds it (:func:`.files.write_run_files`)."""
+    import os
+    import tempfile
+
+    path = RunPaths(record.run_dir).invocation
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record.to_json(), indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
