@@ -17,14 +17,12 @@ from grpo_launch.planning.types import Plan
 
 @functools.cache
 def _template(name: str) -> dict[str, Any]:
-    """A template from accelerate_configs/ (packaged in the wheel; read from the source tree when editable)."""
-    from importlib import resources
-
-    packaged = resources.files("grpo_launch") / "accelerate_configs" / name
-    if packaged.is_file():
-        text = packaged.read_text()
-    else:
-        text = (Path(__file__).resolve().parents[3] / "accelerate_configs" / name).read_text()
+    """A template from accelerate_configs/: packaged in the wheel beside the modules (pyproject's force-include puts
+    it at grpo_launch/accelerate_configs), else the source tree's (an editable install). Read by path: importlib's
+    resource readers would cost plan's start-up a few milliseconds."""
+    package = Path(__file__).resolve().parents[1]
+    packaged = package / "accelerate_configs" / name
+    text = (packaged if packaged.is_file() else package.parents[1] / "accelerate_configs" / name).read_text()
     data = yaml.safe_load(text)
     assert isinstance(data, dict)
     return data

@@ -7,9 +7,9 @@ overwrite a running run's files."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -111,6 +111,22 @@ def _make_dir(root: Path) -> None:
         ) from None
 
 
+_TEMP_NAMES = itertools.count()
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A new file beside ``path`` for an atomic write, as ``tempfile.mkstemp`` makes one (created exclusively, mode
+    0600, not through a link) without importing tempfile and its random-name machinery on ``plan``'s start-up path:
+    the name holds this process's id and a counter, and a name left by a crashed process of the same id is passed
+    over."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{os.getpid()}.{next(_TEMP_NAMES)}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600), tmp
+        except FileExistsError:
+            continue
+
+
 def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bool = False) -> list[Path]:
     """Write each file atomically (temp file + rename), so a crash never leaves a half-written config. Refused
     while another run holds the directory (``locked``: the caller holds it)."""
@@ -122,7 +138,7 @@ def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bo
     for rel, text in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        fd, tmp = _temp_beside(path)
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
