@@ -132,7 +132,11 @@ def as_json(s: Standing) -> dict[str, Any]:
     data: dict[str, Any] = {"run_dir": str(view.root), "step": m.last_step if m else 0,
                             "max_steps": m.max_steps if m else None}  # fmt: skip
     data |= asdict(s.progress)
-    data |= {"launcher": view.holder, "attempts": [a.to_json() for a in view.attempts], "job": s.job,
+    courses = view.courses()
+    attempts = [c.to_json() for c in courses]  # each attempt once: its steps, own step time, checkpoint and end
+    if courses and courses[-1].end is None and view.holder:
+        attempts[-1]["state"] = "running"
+    data |= {"launcher": view.holder, "attempts": attempts, "job": s.job,
              "job_state": s.job_state.to_json() if s.job_state else None, "resume": s.resume}  # fmt: skip
     if m is not None:
         data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
@@ -143,7 +147,7 @@ def as_json(s: Standing) -> dict[str, Any]:
 
 def _course_rows(s: Standing) -> list[tuple[str, str]]:
     """The launcher, the batch job, the attempts and what the run did besides stepping."""
-    from grpo_launch.rundir.timeline import adaptation_rows, async_row, startup_row
+    from grpo_launch.rundir.timeline import adaptation_rows, async_row, attempt_rows, startup_row
 
     view, last = s.view, s.view.last_attempt
     rows = [("launcher", f"running ({view.holder})" if view.holder else "not running")]
@@ -153,11 +157,13 @@ def _course_rows(s: Standing) -> list[tuple[str, str]]:
         state = s.job_state
         said = "unknown to its scheduler" if state is None else f"{state.said}, restarts {state.restarts}"
         rows.append(("batch job", f"{s.job}: {said}"))
-    if view.attempts:
-        said = f"{len(view.attempts)} attempt(s), {len(view.attempts) - 1} restart(s)"
+    courses = view.courses()
+    if courses:
+        said = f"{len(courses)} attempt(s)"
         if last and last.failure:
             said += f"; last ended {last.state} ({last.failure}): {last.why}"
         rows.append(("attempts", said))
+    rows += attempt_rows(courses, running=view.holder is not None)
     rows += adaptation_rows(view.attempts)
     plan = view.plan
     first = startup_row(view.records, plan.startup_s if plan else None)
