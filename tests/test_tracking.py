@@ -35,7 +35,7 @@ from grpo_launch.rundir.report_summary import summary_rows
 from grpo_launch.rundir.tracking import TrackingRecord, keep_tracking, read_tracking
 from grpo_launch.rundir.view import RunView
 
-from .helpers import ROOT, TINY_RECIPE, ensure_tiny_assets, plan_recipe, tiny_overrides
+from .helpers import ROOT, TINY_RECIPE, plan_recipe, tiny_overrides
 
 
 def python_without(root: Path, package: str) -> Path:
@@ -207,14 +207,14 @@ def test_records_of_an_older_version_are_split_into_attempts_where_the_steps_go_
 # --------------------------------------------------------------------------- the real thing: W&B, offline
 
 
-def _wandb_history(run_dir: Path) -> tuple[str, list[dict]]:
-    """(the run id, its history rows) of one offline W&B run directory, read with wandb's own reader of the
-    .wandb transaction log (``wandb leet inspect --json``)."""
+def _wandb_history(run_dir: Path) -> tuple[dict, list[dict]]:
+    """(the run record: id, name, …; its history rows) of one offline W&B run directory, read with wandb's own
+    reader of the .wandb transaction log (``wandb leet inspect --json``)."""
     out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
                          capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
     records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     (run,) = [r["run"] for r in records if r.get("type") == "run"]
-    return run["run_id"], [r["history"]["item"] for r in records if r.get("type") == "history"]
+    return run, [r["history"]["item"] for r in records if r.get("type") == "history"]
 
 
 @pytest.mark.slow
@@ -252,8 +252,9 @@ def test_a_restart_and_a_resume_keep_one_wandb_run_with_every_step_once(tmp_path
     assert len(dirs) == 3, dirs  # one per attempt
     steps: list[int] = []
     for d in dirs:
-        run_id, rows = _wandb_history(d)
-        assert run_id == tracking.run_id  # one W&B run: wandb sync uploads all three into it
+        record, rows = _wandb_history(d)
+        assert record["run_id"] == tracking.run_id  # one W&B run: wandb sync uploads all three into it
+        assert record["resume"] is True and record["display_name"] == tracking.name == "run"  # the run dir's name
         steps += [int(r["train/global_step"]) for r in rows if "train/reward" in r]
     assert steps == list(range(1, 11)), steps
 
