@@ -248,6 +248,8 @@ def test_a_restart_and_a_resume_keep_one_wandb_run_with_every_step_once(tmp_path
 
     tracking = read_tracking(RunPaths(run))
     assert tracking is not None
+    said = f"[grpo-launch] tracking: wandb, one run over every attempt: W&B id {tracking.run_id}, name run"
+    assert said in "".join(seen) and said in again.stdout
     dirs = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
     assert len(dirs) == 3, dirs  # one per attempt
     steps: list[int] = []

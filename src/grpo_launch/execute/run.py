@@ -18,7 +18,14 @@ from grpo_launch.backends.base import Backend
 from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState
 from grpo_launch.errors import size_text
 from grpo_launch.execute.policy import Action, Spent, next_action
-from grpo_launch.execute.preflight import check_output_dir, check_vllm, output_dir_of, preflight, stale_build_locks
+from grpo_launch.execute.preflight import (
+    check_output_dir,
+    check_vllm,
+    output_dir_of,
+    planned_reporters,
+    preflight,
+    stale_build_locks,
+)
 from grpo_launch.execute.resplit import Adapter, adapter_for
 from grpo_launch.execute.session import SessionSpec, supervise
 from grpo_launch.execute.watchdog import Watchdog
@@ -124,6 +131,9 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
     limit = plan.recipe.launch.time_limit_s
     adapter = adapter_for(plan, ctx.emit)
     tracking = keep_tracking(plan.paths)  # one W&B/trackio run over every attempt, resume and requeue of this run
+    if reporters := planned_reporters(plan.trainer_values):
+        ctx.emit(f"[grpo-launch] tracking: {', '.join(reporters)}, one run over every attempt: W&B id "
+                 f"{tracking.run_id}, name {tracking.name} ({plan.paths.tracking})")  # fmt: skip
     while True:
         decision = decide_resume(output_dir_of(plan, ctx.workdir), resume, _max_steps(plan))
         for note in decision.notes:

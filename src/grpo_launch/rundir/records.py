@@ -242,7 +242,8 @@ def append(path: str | Path, record: MetricRecord | Attempt) -> None:
 @frozen
 class Attempt:
     """One supervised attempt of a run and how it ended: its state, and for a failure its kind, the side it came
-    from (the vLLM server or the trainers) and its root cause."""
+    from (the vLLM server or the trainers) and its root cause. ``attempt`` numbers it over the run directory
+    (restarts, requeues and resumes go on counting): the number its trainers wrote into their records."""
 
     attempt: int
     ended: float
