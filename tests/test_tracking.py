@@ -188,6 +188,21 @@ def test_status_json_lists_each_attempt_and_the_step_time_counts_each_step_once(
     assert "2 attempt(s)" in out and "interrupted, exit code 130" in out
 
 
+def test_status_shows_the_last_attempts_one_by_one_and_counts_the_earlier(tmp_path, capsys):
+    """A run requeued a dozen times: status names the last 8 attempts and counts the others by their end."""
+    paths = RunPaths(tmp_path / "run")
+    for n in range(1, 13):
+        append(paths.metrics, StepRecord(n, 1.0, max_steps=20, time=1e9 + n, attempt=n))
+        append(paths.metrics, SaveRecord(n, 0.1, n))
+        append(paths.attempts, Attempt(n, 1e9 + n, RunState.STOPPED_FOR_CHECKPOINT, 0))
+    assert main(["status", str(paths.root)], environ={}) == 0
+    out = capsys.readouterr().out
+    assert "attempts 1–4" in out and "4 stopped-for-checkpoint" in out
+    assert "attempt 5 " in out and "attempt 12 " in out and "attempt 4 " not in out
+    assert main(["status", str(paths.root), "--json"], environ={}) == 0
+    assert [a["attempt"] for a in json.loads(capsys.readouterr().out)["attempts"]] == list(range(1, 13))
+
+
 def test_records_of_an_older_version_are_split_into_attempts_where_the_steps_go_back(tmp_path):
     """No attempt numbers (written before they were): a step that does not move past the last starts an attempt;
     attempts.jsonl numbered each invocation's attempts from 1, and is matched in order."""

@@ -21,6 +21,7 @@ from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import RunContext, frozen
 
 # TRL's logged metrics worth a line, in this order, when present
+SHOWN_ATTEMPTS = 8  # the last attempts status shows one by one (--json and the report have every one)
 SHOWN = ("reward", "reward_std", "completions/mean_length", "kl", "entropy", "loss", "learning_rate")
 
 
@@ -163,7 +164,7 @@ def _course_rows(s: Standing) -> list[tuple[str, str]]:
         if last and last.failure:
             said += f"; last ended {last.state} ({last.failure}): {last.why}"
         rows.append(("attempts", said))
-    rows += attempt_rows(courses, running=view.holder is not None)
+    rows += attempt_rows(courses, running=view.holder is not None, last=SHOWN_ATTEMPTS)
     rows += adaptation_rows(view.attempts)
     plan = view.plan
     first = startup_row(view.records, plan.startup_s if plan else None)

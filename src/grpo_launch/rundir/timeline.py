@@ -48,10 +48,22 @@ def adaptation_rows(attempts: Sequence[Attempt]) -> list[tuple[str, str]]:
     return rows
 
 
-def attempt_rows(courses: Sequence[AttemptCourse], *, running: bool = False) -> list[tuple[str, str]]:
+def attempt_rows(
+    courses: Sequence[AttemptCourse], *, running: bool = False, last: int | None = None
+) -> list[tuple[str, str]]:
     """One row per attempt: its steps and own mean step time, the checkpoint it left, how it ended (``running``: a
-    launcher holds the run, so the last attempt without an end is the one it runs)."""
+    launcher holds the run, so the last attempt without an end is the one it runs). ``last``: only the last so
+    many, the earlier ones counted in one row by how they ended (a run requeued fifty times)."""
     rows = []
+    if last is not None and len(courses) > last:
+        earlier = courses[: len(courses) - last]
+        ends: dict[str, int] = {}
+        for c in earlier:
+            word = str(c.end.state) if c.end is not None else "no end recorded"
+            ends[word] = ends.get(word, 0) + 1
+        said = ", ".join(f"{n} {word}" for word, n in ends.items())
+        rows.append((f"attempts {earlier[0].number}–{earlier[-1].number}", said))
+        courses = courses[len(courses) - last :]
     for c in courses:
         end = "running" if running and c is courses[-1] and c.end is None else c.ended
         if c.first_step is None:
