@@ -156,6 +156,13 @@ def test_a_resumed_runs_curve_has_each_step_once_the_later_attempts_record_winni
     assert series_of(view.curve())["reward"]["reward"].steps == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_reward_function_named_reward_is_its_own_line():
+    from grpo_launch.rundir.report import series_of
+
+    lines = series_of([LogRecord(1, {"reward": 0.5, "rewards/reward/mean": 0.5, "rewards/digits/mean": 0.2})])["reward"]
+    assert {k: s.steps for k, s in lines.items()} == {"reward": [1], "reward (function)": [1], "digits": [1]}
+
+
 def test_each_attempt_is_shown_once_with_its_steps_own_step_time_and_end(tmp_path):
     view = RunView.load(_two_attempts(tmp_path))
     first, second = view.courses()
@@ -277,6 +284,10 @@ def test_a_restart_and_a_resume_keep_one_wandb_run_with_every_step_once(tmp_path
 
     view = RunView.load(run)
     assert [s.step for s in view.steps()] == list(range(1, 11))
+    from grpo_launch.rundir.report import embedded_series
+
+    plotted = embedded_series((run / "report" / "report.html").read_text())  # the run writes it at its end
+    assert plotted["reward"]["reward"]["steps"] == list(range(1, 11))
     ends = [(c.number, c.end.state if c.end else None, c.saved_step) for c in view.courses()]
     assert ends == [(1, RunState.FAILED, 2), (2, RunState.STOPPED_FOR_CHECKPOINT, stopped), (3, RunState.SUCCEEDED, 10)]
     status = subprocess.run([sys.executable, "-m", "grpo_launch", "status", str(run), "--json"], capture_output=True,

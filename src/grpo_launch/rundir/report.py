@@ -64,7 +64,9 @@ def series_of(records: Sequence[MetricRecord]) -> dict[str, dict[str, Series]]:
             line("reward", "reward").add(step, log.get("reward"))
             for key, value in log.items():
                 if key.startswith("rewards/") and key.endswith("/mean"):
-                    line("reward", key.removeprefix("rewards/").removesuffix("/mean")).add(step, value)
+                    name = key.removeprefix("rewards/").removesuffix("/mean")
+                    # A reward function named "reward" is not the mean reward's line (it would plot each step twice).
+                    line("reward", f"{name} (function)" if name == "reward" else name).add(step, value)
             for key in ("mean_length", "min_length", "max_length"):
                 line("length", key.replace("_", " ")).add(step, log.get(f"completions/{key}"))
         elif isinstance(record, StepRecord):
