@@ -1,5 +1,6 @@
-"""``grpo-launch status [RUN_DIR]``: where a run stands: state, step, ETA (measured and planned), last metrics,
-peak memory, and where its logs are. Reads the run directory once (:class:`grpo_launch.rundir.view.RunView`), and
+"""``grpo-launch status [RUN_DIR]``: where a run stands: state, step, ETA (measured and planned), each attempt
+(its steps, own step time, checkpoint and end: the RunView's courses), last metrics, peak memory, and where its logs
+are. Reads the run directory once (:class:`grpo_launch.rundir.view.RunView`), and
 asks the run's batch system about its job (``Backend.job_state``: a typed JobState, no batch system's keys)."""
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         "status",
         help="show a run's state, step, ETA and last metrics",
         description="Show where a run stands from its run directory: state, step, ETA from the measured step time "
-        "(and the plan's), the last logged metrics, peak memory and the logs.",
+        "(and the plan's), each attempt (its steps, own step time, last checkpoint and how it ended), the last "
+        "logged metrics, peak memory and the logs.",
     )
     p.add_argument("run_dir", nargs="?", help="the run directory (default: the newest under grpo_runs/)")
     p.add_argument("--json", action="store_true", help="print as JSON")
