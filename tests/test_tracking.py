@@ -221,6 +221,7 @@ def test_records_of_an_older_version_are_split_into_attempts_where_the_steps_go_
         append(paths.attempts, Attempt(n, 1e9, state, 0 if state == RunState.SUCCEEDED else 1))
     view = RunView.load(run)
     assert [s.step for s in view.steps()] == [1, 2, 3, 4]
+    assert [s.step for s in view.steps(warm=True)] == [3, 4]  # each attempt's first (1, then 2 again) left out
     assert [(c.number, c.first_step, c.last_step, c.end.state if c.end else None) for c in view.courses()] == [
         (1, 1, 3, RunState.FAILED), (2, 2, 4, RunState.SUCCEEDED)]  # fmt: skip
     assert view.next_attempt == 3

@@ -43,9 +43,8 @@ def numbered(records: Sequence[MetricRecord]) -> list[tuple[int, MetricRecord]]:
     return out
 
 
-def curve(records: Sequence[MetricRecord]) -> list[MetricRecord]:
-    """The run's records with each step once: an attempt's first step drops the earlier attempts' records of that
-    step and later ones. Startup records are the attempts' own and are all kept."""
+def _curve(records: Sequence[MetricRecord]) -> list[tuple[int, MetricRecord]]:
+    """:func:`curve`, each record with its attempt's number (numbered once, before anything is dropped)."""
     tagged = numbered(records)
     first: dict[int, int] = {}
     for n, r in tagged:
@@ -59,24 +58,23 @@ def curve(records: Sequence[MetricRecord]) -> list[MetricRecord]:
             if n in first:
                 kept = [(m, k) for m, k in kept if m == n or isinstance(k, StartupRecord) or k.step < first[n]]
         kept.append((n, r))
-    return [r for _, r in kept]
+    return kept
+
+
+def curve(records: Sequence[MetricRecord]) -> list[MetricRecord]:
+    """The run's records with each step once: an attempt's first step drops the earlier attempts' records of that
+    step and later ones. Startup records are the attempts' own and are all kept."""
+    return [r for _, r in _curve(records)]
 
 
 def warm_steps(records: Sequence[MetricRecord]) -> list[StepRecord]:
-    """The curve's steps less each attempt's first (when the attempt has more than one step)."""
-    tagged = [(n, r) for n, r in numbered(curve(records)) if isinstance(r, StepRecord)]
-    counts: dict[int, int] = {}
-    for n, _ in tagged:
-        counts[n] = counts.get(n, 0) + 1
-    firsts: set[int] = set()
-    out = []
-    for n, r in tagged:
-        if n not in firsts:
-            firsts.add(n)
-            if counts[n] > 1:
-                continue
-        out.append(r)
-    return out
+    """The curve's steps less each attempt's first step, when the attempt trained more than one."""
+    own: dict[int, list[StepRecord]] = {}
+    for n, r in numbered(records):
+        if isinstance(r, StepRecord):
+            own.setdefault(n, []).append(r)
+    warming = {id(steps[0]) for steps in own.values() if len(steps) > 1}
+    return [r for _, r in _curve(records) if isinstance(r, StepRecord) and id(r) not in warming]
 
 
 @frozen
