@@ -1,5 +1,6 @@
-"""``grpo-launch status [RUN_DIR]``: where a run stands: state, step, ETA (measured and planned), last metrics,
-peak memory, and where its logs are. Reads the run directory once (:class:`grpo_launch.rundir.view.RunView`), and
+"""``grpo-launch status [RUN_DIR]``: where a run stands: state, step, ETA (measured and planned), each attempt
+(its steps, own step time, checkpoint and end: the RunView's courses), last metrics, peak memory, and where its logs
+are. Reads the run directory once (:class:`grpo_launch.rundir.view.RunView`), and
 asks the run's batch system about its job (``Backend.job_state``: a typed JobState, no batch system's keys)."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import RunContext, frozen
 
 # TRL's logged metrics worth a line, in this order, when present
+SHOWN_ATTEMPTS = 8  # the last attempts status shows one by one (--json and the report have every one)
 SHOWN = ("reward", "reward_std", "completions/mean_length", "kl", "entropy", "loss", "learning_rate")
 
 
@@ -29,7 +31,8 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         "status",
         help="show a run's state, step, ETA and last metrics",
         description="Show where a run stands from its run directory: state, step, ETA from the measured step time "
-        "(and the plan's), the last logged metrics, peak memory and the logs.",
+        "(and the plan's), each attempt (its steps, own step time, last checkpoint and how it ended), the last "
+        "logged metrics, peak memory and the logs.",
     )
     p.add_argument("run_dir", nargs="?", help="the run directory (default: the newest under grpo_runs/)")
     p.add_argument("--json", action="store_true", help="print as JSON")
@@ -153,7 +156,11 @@ def as_json(s: Standing) -> dict[str, Any]:
     data: dict[str, Any] = {"run_dir": str(view.root), "step": m.last_step if m else 0,
                             "max_steps": m.max_steps if m else None}  # fmt: skip
     data |= asdict(s.progress)
-    data |= {"launcher": view.holder, "attempts": [a.to_json() for a in view.attempts], "job": s.job,
+    courses = view.courses()
+    attempts = [c.to_json() for c in courses]  # each attempt once: its steps, own step time, checkpoint and end
+    if courses and courses[-1].end is None and view.holder:
+        attempts[-1]["state"] = "running"
+    data |= {"launcher": view.holder, "attempts": attempts, "job": s.job,
              "job_state": s.job_state.to_json() if s.job_state else None, "resume": s.resume,
              "resume_from": s.resume_from}  # fmt: skip
     if m is not None:
@@ -165,7 +172,7 @@ def as_json(s: Standing) -> dict[str, Any]:
 
 def _course_rows(s: Standing) -> list[tuple[str, str]]:
     """The launcher, the batch job, the attempts and what the run did besides stepping."""
-    from grpo_launch.rundir.timeline import adaptation_rows, async_row, startup_row
+    from grpo_launch.rundir.timeline import adaptation_rows, async_row, attempt_rows, startup_row
 
     view, last = s.view, s.view.last_attempt
     rows = [("launcher", f"running ({view.holder})" if view.holder else "not running")]
@@ -176,11 +183,13 @@ def _course_rows(s: Standing) -> list[tuple[str, str]]:
         state = s.job_state
         said = "unknown to its scheduler" if state is None else f"{state.said}, restarts {state.restarts}"
         rows.append(("batch job", f"{s.job}: {said}"))
-    if view.attempts:
-        said = f"{len(view.attempts)} attempt(s), {len(view.attempts) - 1} restart(s)"
+    courses = view.courses()
+    if courses:
+        said = f"{len(courses)} attempt(s)"
         if last and last.failure:
             said += f"; last ended {last.state} ({last.failure}): {last.why}"
         rows.append(("attempts", said))
+    rows += attempt_rows(courses, running=view.holder is not None, last=SHOWN_ATTEMPTS)
     rows += adaptation_rows(view.attempts)
     plan = view.plan
     first = startup_row(view.records, plan.startup_s if plan else None)

@@ -1,12 +1,17 @@
-"""Checks before a run starts anything, reported together: the recipe's inputs (model, data, rewards), vLLM in
-every Python that will import it, the output directory (writable, with room for the checkpoints the plan implies),
-and torch extension build locks DeepSpeed would wait on forever."""
+"""Checks before a run starts anything, reported together: the recipe's inputs (model, data, rewards, the
+report_to integrations), vLLM in every Python that will import it, the output directory (writable, with room for the
+checkpoints the plan implies), and torch extension build locks DeepSpeed would wait on forever. ``run`` (its dry run
+too) and the submit verbs (``sbatch``, ``sky``, ``ray-submit``: cli/submitting.py) call :func:`preflight` before
+anything starts or is queued."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import ConfigError, LaunchError, size_text
@@ -15,6 +20,7 @@ from grpo_launch.probe.dataset import looks_local
 from grpo_launch.probe.pythons import interpreter_of, vllm_version_of
 from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
 from grpo_launch.recipe.rewards import OPEN_R1_INSTALL, is_import_path, is_open_r1_reward, reward_names
+from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.recipe.versions import TRL_VLLM_RANGE, TRL_VLLM_RANGE_TEXT, version_tuple
 
 
@@ -39,6 +45,7 @@ def preflight(plan: Plan, workdir: str) -> None:
         problems.append(f"dataset path {data!r} not found")
     # The names themselves were checked with the recipe (recipe/rewards.py); here, whether the trainers import them.
     problems += missing_reward_modules(plan, reward_names(values), workdir)
+    problems += missing_reporters(plan, workdir)
     if problems:
         raise ConfigError("cannot start the run:", problems=problems)
 
@@ -69,6 +76,78 @@ def missing_reward_modules(plan: Plan, names: list[str], workdir: str) -> list[s
         else f"reward_funcs: module {m!r} is not importable from {workdir} by {plan.python} (check the name, or add "
         "its directory to PYTHONPATH: launch.train_env)"
         for m in out.stdout.split()
+    ]
+
+
+# report_to's integrations as transformers finds them (transformers/integrations/integration_utils.py: the
+# is_*_available checks behind INTEGRATION_TO_CALLBACK): "a|b" either module, "a+b" both; and what installs them.
+# kubeflow is none of them: transformers enables it from KUBEFLOW_TRAINER_SERVER_URL, with nothing to import.
+REPORTERS: dict[str, tuple[str, str]] = {
+    "azure_ml": ("azureml.core.run", "azureml-core"),
+    "clearml": ("clearml", "clearml"),
+    "codecarbon": ("codecarbon", "codecarbon"),
+    "comet_ml": ("comet_ml", "comet-ml"),
+    "dagshub": ("dagshub+mlflow", "dagshub mlflow"),
+    "dvclive": ("dvclive", "dvclive"),
+    "flyte": ("flytekit", "flytekit flytekitplugins-deck-standard"),
+    "mlflow": ("mlflow", "mlflow"),
+    "neptune": ("neptune", "neptune"),
+    "swanlab": ("swanlab", "swanlab"),
+    "tensorboard": ("tensorboard|tensorboardX", "tensorboard"),
+    "trackio": ("trackio", "trackio"),
+    "wandb": ("wandb", "wandb"),
+}
+# Run in the trainers' Python. It drops the working directory from sys.path before anything else, so no module of
+# the recipe's (reward files there) is found or run; it imports nothing but wandb, as transformers'
+# is_wandb_available does (a leftover wandb directory is found but has no wandb.run). Not ``python -I``: that also
+# drops PYTHONPATH and the user site, where the trainers may well find the package (pip install --user wandb).
+_PROBE = """
+import importlib.util, json, os, sys
+sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
+def found(name):
+    try:
+        if importlib.util.find_spec(name) is None:
+            return False
+    except (ImportError, ValueError):
+        return False
+    if name == "wandb":
+        import wandb
+        return hasattr(wandb, "run")
+    return True
+print(json.dumps([a for a in sys.argv[1:] if not any(all(found(m) for m in alt.split("+")) for alt in a.split("|"))]))
+"""
+
+
+def planned_reporters(values: Mapping[str, Any]) -> list[str]:
+    """The integrations report_to names, as transformers' TrainingArguments reads it: unset is TRL's default
+    ("none"); "none" is none; "all" is those installed, so none can be missing."""
+    value = values.get("report_to", TRL_DEFAULTS["report_to"])
+    names = [value] if isinstance(value, str) else list(value or [])
+    return [] if names in (["none"], ["all"]) else [str(n) for n in names if n in REPORTERS]
+
+
+def missing_reporters(plan: Plan, workdir: str) -> list[str]:
+    """report_to's integrations the trainers' Python cannot import (what otherwise fails in Trainer.__init__, after
+    the queue wait and the model load), each with its install command. The launcher's Python stands for the
+    trainers' on every host (plan.python: the hosts of an ssh or Slurm run have the same environment)."""
+    import subprocess
+
+    names = planned_reporters(plan.trainer_values)
+    if not names:
+        return []
+    env = dict(os.environ) | dict(plan.recipe.launch.train_env)
+    try:
+        out = subprocess.run([plan.python, "-c", _PROBE, *(REPORTERS[n][0] for n in names)], cwd=workdir, env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        lacking = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return []  # the interpreter itself is checked when the trainers start
+    return [
+        f"report_to: {name} is not importable by the trainers' Python ({plan.python}); install it there: "
+        f"{shlex.join([plan.python, '-m', 'pip', 'install', *REPORTERS[name][1].split()])}, or take {name} out of "
+        "report_to"
+        for name in names
+        if REPORTERS[name][0] in lacking
     ]
 
 

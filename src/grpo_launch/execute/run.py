@@ -19,13 +19,20 @@ from grpo_launch.backends.base import Backend
 from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState
 from grpo_launch.errors import size_text
 from grpo_launch.execute.policy import Action, Spent, next_action
-from grpo_launch.execute.preflight import check_output_dir, check_vllm, output_dir_of, preflight, stale_build_locks
+from grpo_launch.execute.preflight import (
+    check_output_dir,
+    check_vllm,
+    output_dir_of,
+    planned_reporters,
+    preflight,
+    stale_build_locks,
+)
 from grpo_launch.execute.resplit import Adapter, adapter_for
 from grpo_launch.execute.session import SessionSpec, supervise
 from grpo_launch.execute.watchdog import Watchdog
 from grpo_launch.planning.types import Plan
 from grpo_launch.render import render_files
-from grpo_launch.render.processes import all_processes
+from grpo_launch.render.processes import all_processes, attempt_env
 from grpo_launch.rundir import control
 from grpo_launch.rundir.checkpoints import decide_resume
 from grpo_launch.rundir.files import (
@@ -39,7 +46,9 @@ from grpo_launch.rundir.files import (
 )
 from grpo_launch.rundir.layout import RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV
 from grpo_launch.rundir.records import Attempt, append
+from grpo_launch.rundir.tracking import keep_tracking
 from grpo_launch.rundir.verdict import split_verdict
+from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
 
 
@@ -147,6 +156,10 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
         )
     limit = plan.recipe.launch.time_limit_s
     adapter = adapter_for(plan, ctx.emit)
+    tracking = keep_tracking(plan.paths)  # one W&B/trackio run over every attempt, resume and requeue of this run
+    if reporters := planned_reporters(plan.trainer_values):
+        ctx.emit(f"[grpo-launch] tracking: {', '.join(reporters)}, one run over every attempt: W&B id "
+                 f"{tracking.run_id}, name {tracking.name} ({plan.paths.tracking})")  # fmt: skip
     while True:
         decision = decide_resume(output_dir_of(plan, ctx.workdir), resume, _max_steps(plan))
         for note in decision.notes:
@@ -162,9 +175,12 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
         deadlines = [d for d in (backend.deadline(ctx), started + limit if limit else None) if d]
         if adapter is not None:
             adapter.begin(plan)
-        result = _attempt(plan, backend, ctx, decision.env_value, min(deadlines) if deadlines else None, adapter)
+        number = RunView.load(plan.run_dir, strict=False).next_attempt  # numbered over the run, resumes included
+        env = {RESUME_ENV: decision.env_value,
+               **attempt_env(number, tracking, {**ctx.environ, **plan.recipe.launch.train_env})}  # fmt: skip
+        result = _attempt(plan, backend, ctx, env, min(deadlines) if deadlines else None, adapter)
         result = dataclasses.replace(result, restarts=spent.attempts)
-        _record(plan, spent.attempts, result, adapter)
+        _record(plan, number, result, adapter)
         if adapter is not None and adapter.pending is not None and result.state == RunState.STOPPED_FOR_CHECKPOINT:
             plan, spent = adapter.move(), dataclasses.replace(spent, resplits=spent.resplits + 1)
             resume = ResumeMode.AUTO
@@ -221,11 +237,17 @@ def _max_steps(plan: Plan) -> int | None:
 
 
 def _attempt(
-    plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, deadline: float | None, adapter: Adapter | None
+    plan: Plan,
+    backend: Backend,
+    ctx: RunContext,
+    env: Mapping[str, str],
+    deadline: float | None,
+    adapter: Adapter | None,
 ) -> RunResult:
-    """One supervised run of every process."""
+    """One supervised run of every process; ``env``: the attempt's own (the resume decision, its number, the run's
+    tracking run)."""
     run_id = uuid.uuid4().hex
-    prepared = prepare_attempt(plan, backend, ctx, {RUN_ID_ENV: run_id, RESUME_ENV: resume_from})
+    prepared = prepare_attempt(plan, backend, ctx, {RUN_ID_ENV: run_id, **env})
     write_run_files(plan.run_dir, prepared.files, locked=True)
     control.reset(plan.run_dir)
     if plan.train.backend.is_deepspeed:
@@ -287,11 +309,12 @@ def _attempt(
     return result
 
 
-def _record(plan: Plan, attempts_before: int, result: RunResult, adapter: Adapter | None = None) -> None:
-    """One record per attempt (``grpo-launch status`` and the report show them)."""
+def _record(plan: Plan, number: int, result: RunResult, adapter: Adapter | None = None) -> None:
+    """One record per attempt (``grpo-launch status`` and the report show them); ``number``: the attempt's in the
+    run directory, the one its trainers wrote into their records."""
     failure = result.failure
     attempt = Attempt(
-        attempt=attempts_before + 1,
+        attempt=number,
         ended=time.time(),
         state=result.state,
         exit_code=result.exit_code,

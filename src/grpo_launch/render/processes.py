@@ -3,13 +3,15 @@ training host. Backends place them on their hosts (:mod:`grpo_launch.backends`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from grpo_launch.enums import Device, Role, VllmMode
 from grpo_launch.planning.types import Plan, TrainHost, VllmPlan
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.recipe.versions import TRL_VLLM_RANGE, version_tuple
-from grpo_launch.rundir.layout import RUN_DIR_ENV
+from grpo_launch.rundir.layout import ATTEMPT_ENV, RUN_DIR_ENV, RUN_NAME_ENV
+from grpo_launch.rundir.tracking import TrackingRecord
 from grpo_launch.spec import ProcessSpec
 
 NCCL_WEIGHT_TRANSFER = '{"backend": "nccl"}'
@@ -166,6 +168,23 @@ def network_env(plan: Plan) -> dict[str, str]:
     """The interface torch (gloo) and NCCL bind to, when the hosts have several (launch.network_interface)."""
     iface = plan.recipe.launch.network_interface
     return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface} if iface else {}
+
+
+def attempt_env(attempt: int, tracking: TrackingRecord, given: Mapping[str, str]) -> dict[str, str]:
+    """What one attempt adds to its processes' environment: its number (every metrics record carries it) and the
+    run's one tracking run, so that a restart, a requeue, a launch.adapt move or a resume reports to the same run:
+    W&B's run id with ``WANDB_RESUME=allow`` (wandb.init: resume the run of that id if it exists, else start it)
+    and the run's name (the trainers make it run_name when the recipe sets none: W&B and trackio name their run
+    from it, and trackio resumes by name). TensorBoard's directory (TENSORBOARD_LOGGING_DIR) and W&B's (WANDB_DIR)
+    are the run directory's already. A variable the user set (``given``: the launcher's environment and
+    launch.train_env) is left to them."""
+    env = {
+        ATTEMPT_ENV: str(attempt),
+        RUN_NAME_ENV: tracking.name,
+        "WANDB_RUN_ID": tracking.run_id,
+        "WANDB_RESUME": "allow",
+    }
+    return {k: v for k, v in env.items() if k not in given or k == ATTEMPT_ENV}
 
 
 def trainers(plan: Plan) -> tuple[ProcessSpec, ...]:

@@ -177,9 +177,9 @@ def plan_files_dir(run_dir: str | Path) -> tuple[Path, str | None]:
 
 
 def set_aside_record(run_dir: str | Path) -> Path | None:
-    """Move an earlier run's record (plan.json, metrics.jsonl, control/attempts.jsonl) into ``RUN_DIR/superseded-TIME/``
-    before a run that starts afresh in the same directory (``--resume never``); nothing is deleted. None when there is
-    no record."""
+    """Move an earlier run's record (plan.json, metrics.jsonl, control/attempts.jsonl, tracking.json) into
+    ``RUN_DIR/superseded-TIME/`` before a run that starts afresh in the same directory (``--resume never``); nothing
+    is deleted. None when there is no record."""
     if not run_record(run_dir):
         return None
     paths = RunPaths(run_dir)
@@ -189,7 +189,7 @@ def set_aside_record(run_dir: str | Path) -> Path | None:
         n += 1
         target = target.with_name(f"{target.name.split('.', 1)[0]}.{n}")
     (target / "control").mkdir(parents=True)
-    for path in (paths.plan_json, paths.metrics, paths.attempts):
+    for path in (paths.plan_json, paths.metrics, paths.attempts, paths.tracking):  # a fresh run: a new W&B run too
         if path.is_file():
             path.rename(target / paths.relative(path))
     return target

@@ -15,6 +15,8 @@ RUN_DIR_ENV = "GRPO_LAUNCH_RUN_DIR"  # the run directory: the trainers find thei
 RUN_ID_ENV = "GRPO_LAUNCH_RUN_ID"  # marks every descendant, so teardown finds them all (grpo_launch.node.reaper)
 RESUME_ENV = "GRPO_LAUNCH_RESUME"  # the checkpoint every rank resumes from, or "none"
 NO_RESUME = "none"
+ATTEMPT_ENV = "GRPO_LAUNCH_ATTEMPT"  # the attempt's number in the run (1, 2, … over restarts and resumes)
+RUN_NAME_ENV = "GRPO_LAUNCH_RUN_NAME"  # the tracking run's name (TrackingRecord.name), kept over every attempt
 # The SkyPilot task's own (backends/skypilot/task.py): its setup and run sections read them on every node, and
 # `sky launch --env NAME=VALUE` overrides them.
 NODE_PYTHON_ENV = "GRPO_LAUNCH_PYTHON"  # the Python that installs and runs grpo-launch on each node
@@ -65,6 +67,11 @@ class RunPaths:
     @property
     def trainer_recipe(self) -> Path:
         return self.root / "trainer_recipe.yaml"
+
+    @property
+    def tracking(self) -> Path:
+        """The run's W&B run id and name, made once by its first attempt (:class:`.tracking.TrackingRecord`)."""
+        return self.root / "tracking.json"
 
     @property
     def sbatch_script(self) -> Path:

@@ -10,14 +10,15 @@ from pathlib import Path
 
 from grpo_launch.errors import ConfigError
 from grpo_launch.rundir.plan_record import PlanRecord, Prediction
-from grpo_launch.rundir.records import LogRecord, StepRecord
+from grpo_launch.rundir.records import LogRecord
 from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import frozen
 
 
 @frozen
 class Measured:
-    """Means over a run's optimizer steps (the first is left out when there are more: it compiles and warms up)."""
+    """Means over a run's optimizer steps, each step once (a resumed attempt's wins); each attempt's first step is
+    left out when it has more (it compiles, warms up and, after a resume, loads the checkpoint)."""
 
     run_dir: str
     steps: int  # step records read
@@ -48,11 +49,12 @@ def measure(view: RunView, after_step: int = 0) -> Measured:
             f"cannot read {metrics}: No such file or directory",
             hint="Give the run directory of a run that trained at least one step (it holds metrics.jsonl).",
         )
-    steps = [r for r in view.records if isinstance(r, StepRecord) and (r.step or 0) > after_step]
-    logs = [r.log for r in view.records if isinstance(r, LogRecord) and r.step > after_step]
+    # The run's curve: each step once (a resumed attempt's record of a repeated step wins).
+    steps = view.steps(after_step)
+    logs = [r.log for r in view.curve() if isinstance(r, LogRecord) and r.step > after_step]
     if not steps:
         raise ConfigError(f"{metrics} has no step lines", hint="Let the run train at least one optimizer step.")
-    use = steps[1:] if len(steps) > 1 else steps
+    use = view.steps(after_step, warm=True) or steps  # each attempt's first step warms up: left out when it has more
     peaks = [p for s in steps for p in s.peak_memory_bytes]
     lengths = [g["completions/mean_length"] for g in logs if "completions/mean_length" in g]
     return Measured(

@@ -67,6 +67,7 @@ class StepRecord:
     peak_memory_bytes: tuple[int, ...] = ()  # every rank's peak
     memory_kind: str | None = None  # cuda_max_allocated | rss_max
     gpu_utilization: tuple[int | None, ...] = ()  # NVML's percent busy per rank at the step's end
+    attempt: int | None = None  # the run's attempt that trained it (GRPO_LAUNCH_ATTEMPT); None: an older record
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -92,6 +93,7 @@ class StepRecord:
             peak_memory_bytes=tuple(int(p) for p in peaks if number(p)),
             memory_kind=row.get("memory_kind") if isinstance(row.get("memory_kind"), str) else None,
             gpu_utilization=tuple(int(u) if number(u) else None for u in busy),
+            attempt=int_or_none(row.get("attempt")),
         )
 
 
@@ -101,13 +103,15 @@ class SaveRecord:
 
     step: int
     save_s: float
+    attempt: int | None = None  # as StepRecord.attempt
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> SaveRecord:
-        return cls(whole(row.get("step"), "step"), seconds(row.get("save_s"), "save_s"))
+        step, save_s = whole(row.get("step"), "step"), seconds(row.get("save_s"), "save_s")
+        return cls(step, save_s, int_or_none(row.get("attempt")))
 
 
 @frozen
@@ -116,13 +120,15 @@ class LogRecord:
 
     step: int
     log: dict[str, float] = field(default_factory=dict)
+    attempt: int | None = None  # as StepRecord.attempt
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "log": dict(self.log)}
+        return {"step": self.step, "log": dict(self.log), "attempt": self.attempt}
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> LogRecord:
-        return cls(whole(row.get("step"), "step"), {str(k): float(v) for k, v in row["log"].items() if number(v)})
+        log = {str(k): float(v) for k, v in row["log"].items() if number(v)}
+        return cls(whole(row.get("step"), "step"), log, int_or_none(row.get("attempt")))
 
 
 STARTUP_PHASES = ("model_load", "vllm_ready", "first_sync", "first_generation")
@@ -236,7 +242,8 @@ def append(path: str | Path, record: MetricRecord | Attempt) -> None:
 @frozen
 class Attempt:
     """One supervised attempt of a run and how it ended: its state, and for a failure its kind, the side it came
-    from (the vLLM server or the trainers) and its root cause."""
+    from (the vLLM server or the trainers) and its root cause. ``attempt`` numbers it over the run directory
+    (restarts, requeues and resumes go on counting): the number its trainers wrote into their records."""
 
     attempt: int
     ended: float

@@ -44,8 +44,8 @@ class Series:
 
 
 def read_series(run_dir: str | Path) -> dict[str, dict[str, Series]]:
-    """{plot: {line: Series}} from a run directory's metrics records (for checks and tools)."""
-    return series_of(RunView.load(run_dir).records)
+    """{plot: {line: Series}} from a run directory's curve (each step once; for checks and tools)."""
+    return series_of(RunView.load(run_dir).curve())
 
 
 def series_of(records: Sequence[MetricRecord]) -> dict[str, dict[str, Series]]:
@@ -64,7 +64,9 @@ def series_of(records: Sequence[MetricRecord]) -> dict[str, dict[str, Series]]:
             line("reward", "reward").add(step, log.get("reward"))
             for key, value in log.items():
                 if key.startswith("rewards/") and key.endswith("/mean"):
-                    line("reward", key.removeprefix("rewards/").removesuffix("/mean")).add(step, value)
+                    name = key.removeprefix("rewards/").removesuffix("/mean")
+                    # A reward function named "reward" is not the mean reward's line (it would plot each step twice).
+                    line("reward", f"{name} (function)" if name == "reward" else name).add(step, value)
             for key in ("mean_length", "min_length", "max_length"):
                 line("length", key.replace("_", " ")).add(step, log.get(f"completions/{key}"))
         elif isinstance(record, StepRecord):
@@ -110,7 +112,7 @@ def write_report(run_dir: str | Path | RunView) -> Path:
             "the run report needs matplotlib", hint="pip install 'grpo-launch[report]' (or pip install matplotlib)."
         ) from None
     view = run_dir if isinstance(run_dir, RunView) else RunView.load(run_dir)
-    series = series_of(view.records)
+    series = series_of(view.curve())  # each step once: a resumed attempt's records win
     out = view.paths.report
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.html"

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from grpo_launch.enums import RunState, VllmMode
 from grpo_launch.errors import ConfigError, size_text
+from grpo_launch.rundir.course import numbered
 from grpo_launch.rundir.measured import Measured, measure
 from grpo_launch.rundir.plan_record import PlanRecord
-from grpo_launch.rundir.records import Attempt
-from grpo_launch.rundir.timeline import adaptation_rows, async_row, startup_row
+from grpo_launch.rundir.records import Attempt, StepRecord
+from grpo_launch.rundir.timeline import adaptation_rows, async_row, attempt_rows, startup_row
 from grpo_launch.rundir.verdict import split_verdict
 from grpo_launch.rundir.view import RunView
 
@@ -28,11 +29,15 @@ def _duration(seconds: float) -> str:
 
 
 def _wall_s(view: RunView) -> float | None:
-    """From the first step's start to the last step's end, as rank 0 timed them."""
-    steps = [r for r in view.steps() if r.time is not None]
-    if not steps:
+    """Each attempt's time from its first step's start to its last step's end, as rank 0 timed them, summed (the
+    time between attempts, and the steps a later attempt trained again, are not the run's steps)."""
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for n, r in numbered(view.records):
+        if isinstance(r, StepRecord) and r.time is not None:
+            spans.setdefault(n, []).append((r.time - r.step_s, r.time))
+    if not spans:
         return None
-    return float(steps[-1].time) - (float(steps[0].time) - steps[0].step_s)  # type: ignore[arg-type]
+    return sum(s[-1][1] - s[0][0] for s in spans.values())
 
 
 def _state(measured: Measured | None, attempts: Sequence[Attempt]) -> str:
@@ -41,7 +46,11 @@ def _state(measured: Measured | None, attempts: Sequence[Attempt]) -> str:
         said = str(last.state)
         if last.failure:
             said += f" ({last.failure})"
-        return said + (f": {last.why}" if last.why and last.state != RunState.SUCCEEDED else "")
+        said += f": {last.why}" if last.why and last.state != RunState.SUCCEEDED else ""
+        earlier = [f"{a.state}" + (f" ({a.failure})" if a.failure else "") for a in attempts[:-1]]
+        if earlier:  # an interruption or a failure the run got past is said, not hidden behind the last end
+            said += f"; after {len(earlier)} earlier attempt(s): {', '.join(earlier)}"
+        return said
     if measured and measured.max_steps and measured.last_step >= measured.max_steps:
         return "finished"
     return "running, or stopped without a record"
@@ -60,6 +69,7 @@ def summary_rows(view: RunView, rewards: dict[str, list[float]]) -> tuple[Rows, 
     rows.append(("steps", f"{m.last_step}/{m.max_steps or '?'}"))
     rows += _cost_rows(view, rewards)
     rows += _measured_rows(m, view.plan, str(view.root))
+    rows += attempt_rows(view.courses())  # each attempt once: its steps, own step time, checkpoint and end
     rows += adaptation_rows(attempts)
     plan = view.plan
     first = startup_row(view.records, plan.startup_s if plan else None)

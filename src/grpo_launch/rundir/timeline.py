@@ -1,6 +1,7 @@
-"""What ``status`` and the report say about a run's course besides its steps: launch.adapt's decisions (each with
-the seconds per prompt measured and predicted before, and measured after on the split it moved to) and the time
-to the first step, term by term, against the plan's forecast. Pure: reads records."""
+"""What ``status`` and the report say about a run's course besides its steps: each attempt (its steps, step time,
+checkpoint and end: :mod:`.course`), launch.adapt's decisions (each with the seconds per prompt measured and
+predicted before, and measured after on the split it moved to) and the time to the first step, term by term,
+against the plan's forecast. Pure: reads records."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpo_launch.rundir.async_signals import async_verdict, signals_text
+from grpo_launch.rundir.course import AttemptCourse
 from grpo_launch.rundir.records import AdaptRecord, Attempt, LogRecord, MetricRecord, StartupRecord
 
 
@@ -43,6 +45,37 @@ def adaptation_rows(attempts: Sequence[Attempt]) -> list[tuple[str, str]]:
         if after is not None:
             times += f", measured after {_s(after)}"
         rows.append(("adapt", f"{head}; {times}; {a.reason}"))
+    return rows
+
+
+def attempt_rows(
+    courses: Sequence[AttemptCourse], *, running: bool = False, last: int | None = None
+) -> list[tuple[str, str]]:
+    """One row per attempt: its steps and own mean step time, the checkpoint it left, how it ended (``running``: a
+    launcher holds the run, so the last attempt without an end is the one it runs). ``last``: only the last so
+    many, the earlier ones counted in one row by how they ended (a run requeued fifty times)."""
+    rows = []
+    if last is not None and len(courses) > last:
+        earlier = courses[: len(courses) - last]
+        ends: dict[str, int] = {}
+        for c in earlier:
+            word = str(c.end.state) if c.end is not None else "no end recorded"
+            ends[word] = ends.get(word, 0) + 1
+        said = ", ".join(f"{n} {word}" for word, n in ends.items())
+        rows.append((f"attempts {earlier[0].number}–{earlier[-1].number}", said))
+        courses = courses[len(courses) - last :]
+    for c in courses:
+        end = "running" if running and c is courses[-1] and c.end is None else c.ended
+        if c.first_step is None:
+            said = "no step"
+        else:
+            span = f"step {c.first_step}" if c.steps == 1 else f"steps {c.first_step}–{c.last_step}"
+            said = f"{span} ({c.steps} step{'s' if c.steps != 1 else ''})"
+            if c.step_s is not None:
+                said += (f", {_s(c.step_s)} per step (generation {_s(c.generation_s)}, training "
+                         f"{_s(c.training_s)})")  # fmt: skip
+        said += f"; checkpoint at step {c.saved_step}" if c.saved_step is not None else "; no checkpoint saved"
+        rows.append((f"attempt {c.number}", f"{said}; {end}"))
     return rows
 
 

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from grpo_launch.rundir.control import stopped_at
+from grpo_launch.rundir.course import AttemptCourse, courses, curve, next_attempt, warm_steps
 from grpo_launch.rundir.fields import file_error
 from grpo_launch.rundir.files import last_holder, lock_holder
 from grpo_launch.rundir.layout import RunPaths
@@ -80,8 +81,25 @@ class RunView:
     def last_attempt(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
 
-    def steps(self, after_step: int = 0) -> list[StepRecord]:
-        return [r for r in self.records if isinstance(r, StepRecord) and r.step > after_step]
+    def curve(self) -> list[MetricRecord]:
+        """The records with each step once: a resumed attempt's records supersede the earlier attempts' from its
+        first step on (:func:`.course.curve`). ``records`` keeps every line as written."""
+        return curve(self.records)
+
+    def steps(self, after_step: int = 0, *, warm: bool = False) -> list[StepRecord]:
+        """The curve's optimizer steps after ``after_step``; ``warm``: without each attempt's first step (it
+        compiles, warms up and, after a resume, loads the checkpoint) when the attempt has more."""
+        steps = warm_steps(self.records) if warm else [r for r in self.curve() if isinstance(r, StepRecord)]
+        return [r for r in steps if r.step > after_step]
+
+    def courses(self) -> list[AttemptCourse]:
+        """Each attempt's steps, step time and end, in order (:func:`.course.courses`)."""
+        return courses(self.records, self.attempts)
+
+    @property
+    def next_attempt(self) -> int:
+        """The number the run's next attempt takes (attempts are numbered over the whole run directory)."""
+        return next_attempt(self.records, self.attempts)
 
     def logs(self) -> list[Path]:
         """The run's log files (the launcher's, each process's)."""

@@ -118,13 +118,21 @@ class StepLogSteps:
 
         return wrapper
 
+    def on_init_end(self, args, state, control, **kwargs):
+        """The run's tracking name as run_name when the recipe sets none: W&B and trackio name their run from it,
+        and trackio resumes a run by name (transformers' TrackioCallback: ``resume="allow"``), so every attempt
+        reports to one run. The report_to callbacks read it at on_train_begin, after this (the Trainer's last
+        step of __init__)."""
+        if self.job.run_name and not getattr(args, "run_name", None):
+            args.run_name = self.job.run_name
+
     def on_step_begin(self, args, state, control, **kwargs):
         self.t0 = time.monotonic()
 
     def on_save(self, args, state, control, **kwargs):
         """The checkpoint's save time (from the end of its step), for the walltime-aware stop."""
         if self.is_main and self.metrics_path:
-            append(self.metrics_path, SaveRecord(state.global_step, time.monotonic() - self.t_end))
+            append(self.metrics_path, SaveRecord(state.global_step, time.monotonic() - self.t_end, self.job.attempt))
 
     def on_step_end(self, args, state, control, **kwargs):
         self.t_end = time.monotonic()
@@ -157,7 +165,7 @@ class StepLogSteps:
             self.print_pending(logs)
         if self.is_main and self.metrics_path and logs:
             numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            append(self.metrics_path, LogRecord(state.global_step, numbers))
+            append(self.metrics_path, LogRecord(state.global_step, numbers, self.job.attempt))
 
     def write_metrics(self, state, dt: float, gen: float, peaks: list[int], kind: str) -> None:
         assert self.metrics_path is not None
@@ -172,6 +180,7 @@ class StepLogSteps:
             peak_memory_bytes=tuple(peaks),
             memory_kind=kind,
             gpu_utilization=tuple(self.gpu_util),
+            attempt=self.job.attempt,
         )
         append(self.metrics_path, record)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from grpo_launch.rundir.layout import RESUME_ENV, RunPaths
+from grpo_launch.rundir.layout import ATTEMPT_ENV, RESUME_ENV, RUN_NAME_ENV, RunPaths
 from grpo_launch.spec import frozen
 
 # torchrun's variables (torch.distributed.run, "Environment variables"): the global rank, the rank on its node and
@@ -40,7 +40,10 @@ class JobEnvironment:
 
     ``resume`` is the launcher's decision (the same for every rank): a checkpoint path, ``NO_RESUME`` ("none") for a
     fresh start, or None when grpo-launch did not decide (the Trainer's own way then: the newest checkpoint in
-    output_dir). ``paths`` is None when grpo-launch did not start the process (no run directory)."""
+    output_dir). ``paths`` is None when grpo-launch did not start the process (no run directory). ``attempt``: the
+    attempt's number in the run, which every metrics record carries (None: not started by grpo-launch);
+    ``run_name``: the run's tracking name (:class:`~grpo_launch.rundir.tracking.TrackingRecord`), the same in every
+    attempt."""
 
     rank: int
     local_rank: int
@@ -49,6 +52,8 @@ class JobEnvironment:
     visible_devices: tuple[str, ...]
     resume: str | None
     paths: RunPaths | None
+    attempt: int | None = None
+    run_name: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], hostname: str | None = None) -> JobEnvironment:
@@ -62,6 +67,8 @@ class JobEnvironment:
             visible_devices=tuple(t.strip() for t in visible.split(",") if t.strip()),
             resume=environ.get(RESUME_ENV),
             paths=RunPaths.from_environ(environ),
+            attempt=_int(environ, ATTEMPT_ENV) or None,
+            run_name=environ.get(RUN_NAME_ENV) or None,
         )
 
     @property
