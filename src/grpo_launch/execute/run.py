@@ -10,6 +10,7 @@ and the files rendered); the real one then starts them."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -20,9 +21,10 @@ from grpo_launch.errors import size_text
 from grpo_launch.execute.policy import Action, Spent, next_action
 from grpo_launch.execute.preflight import check_output_dir, check_vllm, output_dir_of, preflight, stale_build_locks
 from grpo_launch.execute.resplit import Adapter, adapter_for
-from grpo_launch.execute.session import SessionSpec, supervise
+from grpo_launch.execute.session import SessionSpec, Stopping, supervise
 from grpo_launch.execute.watchdog import Watchdog
 from grpo_launch.planning.types import Plan
+from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
 from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes
 from grpo_launch.rundir import control
@@ -83,7 +85,8 @@ def run_plan(
     holds its run directory.
 
     SIGUSR2, or the allocation's end drawing near, asks the trainers to save a checkpoint and stop
-    (STOPPED_FOR_CHECKPOINT); the backend may then requeue.
+    (STOPPED_FOR_CHECKPOINT); the backend may then requeue. The first Ctrl-C or SIGTERM does too, within
+    launch.stop_grace_s, and the run ends INTERRUPTED (128+N) with the checkpoint's step (:func:`_stopping`).
     """
     preflight(plan, ctx.workdir)
     if dry_run:
@@ -253,12 +256,39 @@ def _attempt(
             on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
             signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
             watch=watchdog,
+            stopping=_stopping(plan, backend, ctx, resume_from, watchdog),
         )
     step = control.stopped_at(plan.run_dir)
-    if result.ok and step is not None:
+    if result.state == RunState.INTERRUPTED and step is not None:  # the first Ctrl-C or SIGTERM, honoured
+        ctx.emit(f"[grpo-launch] stopped after saving checkpoint-{step}; the same command resumes from it")
+        saved = f"{result.message}: stopped after saving checkpoint-{step}"
+        result = dataclasses.replace(result, stopped_at_step=step, message=saved)
+    elif result.ok and step is not None:
         ctx.emit(f"[grpo-launch] stopped after step {step} with a checkpoint; the next run resumes from it")
         result = dataclasses.replace(result, state=RunState.STOPPED_FOR_CHECKPOINT, stopped_at_step=step)
     return result
+
+
+def _stopping(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, watchdog: Watchdog) -> Stopping:
+    """How the first Ctrl-C or SIGTERM stops this attempt: a checkpoint request, within launch.stop_grace_s (unset:
+    what the backend's platform leaves, e.g. Slurm's GraceTime, else the default)."""
+    grace, why = plan.recipe.launch.stop_grace_s, "launch.stop_grace_s"
+    if grace is None:
+        grace, why = backend.stop_grace(ctx) or (DEFAULT_STOP_GRACE_S, "launch.stop_grace_s's default")
+    m = re.search(r"checkpoint-(\d+)$", resume_from)
+    resumed = int(m.group(1)) if m else 0
+
+    def step_in_flight() -> int:
+        return (watchdog.last_step if watchdog.last_step is not None else resumed) + 1
+
+    return Stopping(
+        request=lambda: control.request_stop(plan.run_dir),
+        grace_s=grace,
+        grace_why=why,
+        step_in_flight=step_in_flight,
+        at_once=lambda signum: backend.stops_at_once(signum, ctx),
+        requested=lambda: control.stop_reason(plan.run_dir),
+    )
 
 
 def _record(plan: Plan, attempts_before: int, result: RunResult, adapter: Adapter | None = None) -> None:

@@ -15,6 +15,7 @@ RUN_DIR_ENV = "GRPO_LAUNCH_RUN_DIR"  # the run directory: the trainers find thei
 RUN_ID_ENV = "GRPO_LAUNCH_RUN_ID"  # marks every descendant, so teardown finds them all (grpo_launch.node.reaper)
 RESUME_ENV = "GRPO_LAUNCH_RESUME"  # the checkpoint every rank resumes from, or "none"
 NO_RESUME = "none"
+HOLD_SIGTERM_ENV = "GRPO_LAUNCH_HOLD_SIGTERM"  # node.shim --hold-term: a trainer rank turns SIGTERM into a stop request
 # The SkyPilot task's own (backends/skypilot/task.py): its setup and run sections read them on every node, and
 # `sky launch --env NAME=VALUE` overrides them.
 NODE_PYTHON_ENV = "GRPO_LAUNCH_PYTHON"  # the Python that installs and runs grpo-launch on each node
