@@ -9,6 +9,7 @@ and the files rendered); the real one then starts them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
@@ -31,7 +32,7 @@ from grpo_launch.rundir import control
 from grpo_launch.rundir.checkpoints import decide_resume
 from grpo_launch.rundir.files import LauncherLog, RunLock, set_aside_record, write_plan_files, write_run_files
 from grpo_launch.rundir.layout import RESUME_ENV, RUN_ID_ENV
-from grpo_launch.rundir.records import Attempt, append
+from grpo_launch.rundir.records import Attempt, StepRecord, append, read_metrics
 from grpo_launch.rundir.verdict import split_verdict
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
 
@@ -256,7 +257,7 @@ def _attempt(
             on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
             signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
             watch=watchdog,
-            stopping=_stopping(plan, backend, ctx, resume_from, watchdog),
+            stopping=_stopping(plan, backend, ctx, resume_from),
         )
     step = control.stopped_at(plan.run_dir)
     if result.state == RunState.INTERRUPTED and step is not None:  # the first Ctrl-C or SIGTERM, honoured
@@ -269,7 +270,7 @@ def _attempt(
     return result
 
 
-def _stopping(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, watchdog: Watchdog) -> Stopping:
+def _stopping(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str) -> Stopping:
     """How the first Ctrl-C or SIGTERM stops this attempt: a checkpoint request, within launch.stop_grace_s (unset:
     what the backend's platform leaves, e.g. Slurm's GraceTime, else the default)."""
     grace, why = plan.recipe.launch.stop_grace_s, "launch.stop_grace_s"
@@ -277,9 +278,17 @@ def _stopping(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, w
         grace, why = backend.stop_grace(ctx) or (DEFAULT_STOP_GRACE_S, "launch.stop_grace_s's default")
     m = re.search(r"checkpoint-(\d+)$", resume_from)
     resumed = int(m.group(1)) if m else 0
+    started = time.time()
 
     def step_in_flight() -> int:
-        return (watchdog.last_step if watchdog.last_step is not None else resumed) + 1
+        # The metrics file, read now (the watchdog reads it once a second): its last step, if this attempt wrote it.
+        with contextlib.suppress(OSError, ValueError):  # a damaged metrics file: the step is unknown, not fatal
+            steps = [
+                r for r in read_metrics(plan.paths.metrics) if isinstance(r, StepRecord) and (r.time or 0) >= started
+            ]
+            if steps:
+                return steps[-1].step + 1
+        return resumed + 1
 
     return Stopping(
         request=lambda: control.request_stop(plan.run_dir),
