@@ -137,6 +137,11 @@ def test_ctrl_c_saves_the_step_in_flight_and_the_same_command_resumes_with_its_w
     assert (record["state"], record["exit_code"]) == ("interrupted", 130)
     assert record["message"] == f"interrupted by SIGINT: stopped after saving checkpoint-{step}"
     assert processes_of(run) == []
+    status = subprocess.run([sys.executable, "-m", "grpo_launch", "status", str(run), "--json"],
+                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    state = json.loads(status.stdout)
+    assert state["state"] == "interrupted" and f"checkpoint-{step}" in state["detail"], state
+    assert state["resume"], state  # how to go on
     recipe_before = (run / "trainer_recipe.yaml").read_text()
 
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,

@@ -264,6 +264,7 @@ def _attempt(
         ctx.emit(f"[grpo-launch] stopped after saving checkpoint-{step}; the same command resumes from it")
         saved = f"{result.message}: stopped after saving checkpoint-{step}"
         result = dataclasses.replace(result, stopped_at_step=step, message=saved)
+        control.reset(plan.run_dir)  # the attempt's record keeps the step: `status` reads how it ended from there
     elif result.ok and step is not None:
         ctx.emit(f"[grpo-launch] stopped after step {step} with a checkpoint; the next run resumes from it")
         result = dataclasses.replace(result, state=RunState.STOPPED_FOR_CHECKPOINT, stopped_at_step=step)

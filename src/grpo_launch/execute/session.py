@@ -34,8 +34,10 @@ from grpo_launch.spec import Failure, ProcessSpec, RunResult, frozen
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
 
 
-class Interrupted(Exception):
-    """A forwarded signal reached grpo-launch; raised on the main thread."""
+class Interrupted(BaseException):
+    """A forwarded signal reached grpo-launch; raised on the main thread. A BaseException, as KeyboardInterrupt
+    is: the handler may run inside code that suppresses every Exception (the console's ``say``), and a second
+    Ctrl-C swallowed there would leave the run waiting out its stop grace."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
