@@ -282,6 +282,8 @@ def _stopping(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str) -
     started = time.time()
 
     def step_in_flight() -> int:
+        if (done := control.stopped_at(plan.run_dir)) is not None:
+            return done  # the trainers were quicker than the launcher's look (a request they made themselves)
         # The metrics file, read now (the watchdog reads it once a second): its last step, if this attempt wrote it.
         with contextlib.suppress(OSError, ValueError):  # a damaged metrics file: the step is unknown, not fatal
             steps = [
