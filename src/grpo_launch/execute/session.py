@@ -265,6 +265,7 @@ def supervise(
 def _finished(sup: Supervisor, s: SessionSpec, stop: _SignalStop) -> RunResult:
     """Every trainer exited 0: finished, stopped on request, or stopped on request after a signal to grpo-launch
     (INTERRUPTED with 128+N: the exit code still says which signal stopped the run)."""
+    stop.check()  # a request of the trainers' own that they honoured before the launcher's look: say so still
     stopped = s.paths is not None and control.stopped_at(s.paths.root) is not None
     if not stopped:
         sup.say(f"[grpo-launch] training finished; logs in {s.log_dir}")
