@@ -73,6 +73,8 @@ NOT_HERE = {
         "plans on a live Ray cluster (tests/test_ray_cluster.py submits to a real one)",
     "grpo-launch sky recipes/qwen7b-math.yaml --accelerators H100:8 --nodes 2 --launch":
         "rents cloud GPUs (tests/test_sky_task.py: SkyPilot's own parser; tests/test_sky_run.py: the run section)",
+    "grpo-launch sky recipes/qwen7b-math.yaml --accelerators H100:8 --nodes 2 --spot --managed --bucket "
+    "s3://my-bucket/grpo --launch": "rents cloud GPUs (tests/test_sky_task.py: a managed task, SkyPilot's parser)",
 }  # fmt: skip
 # Lines that plan for this machine's GPUs run here with --gpus added (the README's own run directory stands in).
 WITH_GPUS = {"grpo-launch plan recipes/qwen1.5b.yaml --calibrate-from grpo_runs/qwen1.5b": ["--gpus", "8xH100-80GB"]}
