@@ -143,7 +143,11 @@ class _SignalStop:
         if not self.training:
             self.say(f"[grpo-launch] {name}: no step has started yet: nothing new to save")
             raise Interrupted(signum)
-        st.request()
+        try:
+            st.request()
+        except OSError as exc:  # the run directory cannot take the request (a full disk): nothing can be saved
+            self.say(f"[grpo-launch] {name}: cannot ask for a checkpoint ({exc.strerror}): stopping now")
+            raise Interrupted(signum) from None
         self._begin(signum)
         self.by_launcher = True
         self.say(
@@ -237,17 +241,8 @@ def supervise(
             )
             result = _finished(sup, s, stop)
         except Interrupted as sig:
-            if not isinstance(sig, GraceOver):
-                sup.say(
-                    f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s); tracebacks go to the "
-                    "logs"
-                )
             guard.ignore()
-            sup.quiet = True
-            sup.stop_all(sig.signum)
-            for c in sup.children:
-                sup.say(f"[grpo-launch] {c.spec.name}: {describe_exit(c.proc.returncode)}; log: {c.log_path}")
-            result = RunResult(RunState.INTERRUPTED, 128 + sig.signum, message=f"interrupted by {sig}")
+            result = _stop_now(sup, sig)
         except Stalled as exc:
             sup.say(f"[grpo-launch] {exc.message}: dumping every rank's stack, then stopping")
             stacks = dump_stacks(sup, s.paths)
@@ -260,6 +255,18 @@ def supervise(
     if failed is not None:
         result = _failure_result(sup, failed, stacks)
     return result
+
+
+def _stop_now(sup: Supervisor, sig: Interrupted) -> RunResult:
+    """Teardown after signal ``sig`` (a second one, or one that cannot wait, or the stop grace spent): every process
+    stopped, one line each on the console (their tracebacks stay in the logs)."""
+    if not isinstance(sig, GraceOver):
+        sup.say(f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s); tracebacks go to the logs")
+    sup.quiet = True
+    sup.stop_all(sig.signum)
+    for c in sup.children:
+        sup.say(f"[grpo-launch] {c.spec.name}: {describe_exit(c.proc.returncode)}; log: {c.log_path}")
+    return RunResult(RunState.INTERRUPTED, 128 + sig.signum, message=f"interrupted by {sig}")
 
 
 def _finished(sup: Supervisor, s: SessionSpec, stop: _SignalStop) -> RunResult:
