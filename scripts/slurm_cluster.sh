@@ -83,11 +83,17 @@ ReturnToService=2
 KillWait=5
 MinJobAge=300
 JobRequeue=1
+# Preemption as a cluster does it: a job of the urgent partition (PriorityTier 10) takes the nodes of a debug job,
+# which is requeued. GraceTime: Slurm first sends SIGTERM to the preempted job's step tasks (the trainers), which
+# save a checkpoint at the end of their step within it; then it ends the job (SIGTERM to all, SIGKILL after KillWait).
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 GresTypes=gpu
 NodeName=n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17001 CPUs=2 RealMemory=2000 Gres=gpu:4 State=UNKNOWN
 NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17002 CPUs=2 RealMemory=2000 Gres=gpu:4 State=UNKNOWN
 NodeName=n3 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17003 CPUs=2 RealMemory=2000 Gres=gpu:4 State=UNKNOWN
-PartitionName=debug Nodes=n1,n2,n3 Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=n1,n2,n3 Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
+PartitionName=urgent Nodes=n1,n2,n3 MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 CONF
 cat >"$DIR/gres.conf" <<CONF
 AutoDetect=off

@@ -148,6 +148,9 @@ def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
         assert time.monotonic() < deadline and proc.poll() is None, "the fault was never reached"
         time.sleep(0.1)
     rank = int(ignoring.read_text())
+    # The first SIGTERM asks for a checkpoint at the end of the step (issue 36); the second stops now.
+    proc.send_signal(signal.SIGTERM)
+    wait_for_line(proc, "Ctrl-C again to stop now", timeout=30)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)

@@ -75,6 +75,9 @@ NOT_HERE = {
         "continues a stopped run (tests/test_resume.py stops a real CPU run and continues it by status's hint)",
     "grpo-launch sky recipes/qwen7b-math.yaml --accelerators H100:8 --nodes 2 --launch":
         "rents cloud GPUs (tests/test_sky_task.py: SkyPilot's own parser; tests/test_sky_run.py: the run section)",
+    "grpo-launch sky recipes/qwen7b-math.yaml --accelerators H100:8 --nodes 2 --spot --managed --bucket "
+    "s3://my-bucket/grpo output_dir=/grpo-runs/qwen7b-math/output --launch":
+        "rents cloud GPUs (tests/test_sky_task.py: a managed task, SkyPilot's parser)",
 }  # fmt: skip
 # Lines that plan for this machine's GPUs run here with --gpus added (the README's own run directory stands in).
 WITH_GPUS = {"grpo-launch plan recipes/qwen1.5b.yaml --calibrate-from grpo_runs/qwen1.5b": ["--gpus", "8xH100-80GB"]}

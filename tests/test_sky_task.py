@@ -303,3 +303,77 @@ def test_hostile_overrides_reach_the_run_command_as_written(sky_python, tmp_path
                                                "$head_ip:$port"]  # fmt: skip
     with pytest.raises(ConfigError, match="control character"):
         render_task(SkyTaskRequest(name="x", recipe="r.yaml", workdir="/w", run_dir="r", overrides=("a=b\x07",)))
+
+
+# What sky.Task.from_yaml makes of a managed task: its recovery, spot, bucket and volume as SkyPilot holds them.
+READ_MANAGED = r"""
+import json, sys
+import sky
+out = []
+for path in sys.argv[1:]:
+    t = sky.Task.from_yaml(path)
+    (r,) = list(t.resources)
+    out.append({"job_recovery": r.job_recovery, "use_spot": r.use_spot, "run": t.run,
+                "storage": {k: [s.source, s.mode.value] for k, s in t.storage_mounts.items()},
+                "volumes": dict(t.volumes or {})})
+print(json.dumps(out))
+"""
+
+
+def test_a_managed_task_keeps_its_run_directory_on_a_bucket_or_volume_skypilot_mounts(sky_python, tmp_path, capsys,
+                                                                                       monkeypatch):  # fmt: skip
+    """`--managed`: SkyPilot's parser reads the recovery (its default strategy, no restart on errors: grpo-launch
+    restarts itself), spot, and the bucket (MOUNT_CACHED) or volume at /grpo-runs; the run section's run directory
+    is there, so a relaunched job resumes from the checkpoints of the preempted one."""
+    monkeypatch.chdir(ROOT)
+    paths = []
+    for i, where in enumerate((("--bucket", "s3://my-bucket/grpo", "--spot"), ("--volume", "ckpt-vol"))):
+        text = dry_run(capsys, TINY, "--nodes", "2", "--managed", *where, "--run-dir", "grpo_runs/exp1")
+        assert "# Managed job: sky jobs launch -n grpo-tiny-cpu THIS_FILE" in text
+        paths.append(tmp_path / f"managed{i}.yaml")
+        paths[-1].write_text(text)
+    env = {"HOME": str(tmp_path / "home"), "PATH": os.environ.get("PATH", ""), "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"}
+    done = subprocess.run([str(sky_python), "-c", READ_MANAGED, *map(str, paths)], capture_output=True, text=True,
+                          env=env, timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    bucket, volume = json.loads(done.stdout.strip().splitlines()[-1])
+    for task in (bucket, volume):
+        assert task["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 0}
+        assert "--run-dir /grpo-runs/exp1 --ray" in task["run"]
+    assert bucket["storage"] == {"/grpo-runs": ["s3://my-bucket/grpo", "MOUNT_CACHED"]} and bucket["use_spot"]
+    assert volume["volumes"] == {"/grpo-runs": "ckpt-vol"} and volume["storage"] == {} and not volume["use_spot"]
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (("--managed",), "--managed needs the run directory on a bucket or a volume"),
+        (("--managed", "--bucket", "s3://b", "--volume", "v"), "--bucket and --volume both given"),
+        (("--managed", "--bucket", "s3://b", "--down"), "--down is for sky launch"),
+        (("--managed", "--bucket", "s3://b", "output_dir=/tmp/out"), "output_dir /tmp/out is not on the bucket"),
+        (("--managed", "--bucket", "my-bucket"), "--bucket 'my-bucket' is not a bucket URI"),
+        (("--managed", "--volume", "Bad_Name"), "--volume 'Bad_Name' is not a SkyPilot volume name"),
+    ],
+)
+def test_a_managed_job_whose_checkpoints_would_die_with_its_nodes_is_refused(args, said, tmp_path, capsys,
+                                                                             monkeypatch):  # fmt: skip
+    monkeypatch.chdir(ROOT)
+    run_dir = tmp_path / "r"
+    assert main(["sky", TINY, "--nodes", "2", *args, "--run-dir", str(run_dir), "--dry-run"], environ={}) == 2
+    assert said in capsys.readouterr().err and not run_dir.exists()
+
+
+def test_launch_managed_runs_sky_jobs_launch(tmp_path, capsys, monkeypatch):
+    """A stand-in `sky` records its arguments (the real one needs a cloud account)."""
+    monkeypatch.chdir(ROOT)
+    bin_dir, seen = tmp_path / "bin", tmp_path / "argv"
+    bin_dir.mkdir()
+    (bin_dir / "sky").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {seen}\n')
+    (bin_dir / "sky").chmod(0o755)
+    run_dir = tmp_path / "r"
+    args = ["sky", TINY, "--nodes", "2", "--managed", "--bucket", "gs://b/runs", "--run-dir", str(run_dir), "--launch"]
+    assert main(args, environ={"PATH": f"{bin_dir}:/usr/bin:/bin"}) == 0, capsys.readouterr().err
+    task = str(run_dir / "sky-task.yaml")
+    assert seen.read_text().split("\n")[:-1] == ["jobs", "launch", "-n", "grpo-tiny-cpu", task, "--yes"]
+    out = capsys.readouterr().out
+    assert "managed job grpo-tiny-cpu" in out and "sky jobs logs -n grpo-tiny-cpu" in out

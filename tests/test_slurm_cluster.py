@@ -190,6 +190,46 @@ def test_usr2_checkpoints_requeues_and_resumes_without_repeating_steps(cluster, 
     assert "training done" in second
 
 
+def metric_steps(run: Path) -> list[int]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r["step"] for r in rows if "step_s" in r]
+
+
+def test_preemption_checkpoints_the_step_in_flight_and_the_requeued_job_resumes_at_the_next(cluster, tmp_path):
+    """A job of the urgent partition (PriorityTier 10) preempts the training job (PreemptMode=REQUEUE; the debug
+    partition's GraceTime is 30 s: scripts/slurm_cluster.sh). Slurm sends SIGTERM to the trainers' steps, not to
+    grpo-launch: the steps hold it (node.shim --hold-term), the trainers save a checkpoint at the end of the step in
+    flight and stop, grpo-launch requeues the job, and after the urgent job it resumes at the next step: every step
+    once in metrics.jsonl."""
+    run = tmp_path / "run"
+    job = submit(cluster, run, "max_steps=12", "save_steps=1000", f"launch.main_process_port={free_port()}")
+    out = run / f"slurm-{job}.out"
+    wait_for_text(out, r"step 3/12 done", 240)
+    urgent = sh(cluster, "sbatch", "--parsable", "--partition=urgent", "-N3", "--exclusive",
+                f"--output={tmp_path / 'urgent.out'}", "--wrap", "sleep 3").strip()  # fmt: skip
+    try:
+        text = wait_for_text(out, r"requeued Slurm job", 120)
+        assert re.search(
+            r"the trainers received SIGTERM \(a preemption's warning\): they save a checkpoint at the "
+            r"end of step \d+ and stop \(waiting up to 25 s: the partition's GraceTime 30 s",
+            text,
+        ), text
+        stopped = int(re.search(r"stopped on request after step (\d+)", text).group(1))
+        assert (run / "output" / f"checkpoint-{stopped}" / "trainer_state.json").is_file()
+        assert wait_state(cluster, urgent, {"COMPLETED", "FAILED", "CANCELLED"}, 180) == "COMPLETED"
+        assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 400) == "COMPLETED", out.read_text()[
+            -3000:
+        ]
+    finally:
+        sh(cluster, "scancel", job, urgent, check=False)
+    assert job_field(cluster, job, "Restarts") == "1"
+    first, second = out.read_text().split("(restart 1)", 1)
+    assert f"resuming from {run}/output/checkpoint-{stopped}" in second
+    assert [int(s) for s in re.findall(r"step (\d+)/12 done", first)] == list(range(1, stopped + 1))
+    assert metric_steps(run) == list(range(1, 13)), "a step lost or repeated"
+    assert wait_no_processes(run) == []
+
+
 def test_a_job_saves_and_requeues_before_its_time_limit(cluster, tmp_path):
     """A 1-minute job: grpo-launch reads its end time (scontrol EndTime) and, when the time left no longer covers
     a measured step and save (and the exit), checkpoints and requeues it, before Slurm's warning signal and kill

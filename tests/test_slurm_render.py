@@ -136,6 +136,7 @@ def test_srun_step_narrows_gpus_by_position():
         "/venv/bin/python",
         "-m",
         "grpo_launch.node.shim",
+        "--hold-term",
         "--gpus",
         "6,7",
     )

@@ -151,6 +151,39 @@ def test_ctrl_c_stops_the_remote_process_groups(hosts, tmp_path):
     assert leftovers(run) == []
 
 
+def test_a_sigtermed_two_host_run_saves_the_step_in_flight_and_resumes_there(hosts, tmp_path):
+    """SIGTERM to the launcher of a two-host run: the trainers on both hosts save a checkpoint at the end of the
+    step in flight (the control file in the shared run directory), the launcher exits 143, nothing is left on the
+    hosts; the same command resumes at the next step and every step is in metrics.jsonl once."""
+    import json
+
+    run = tmp_path / "run"
+    hf = hostfile(tmp_path, "h1 slots=1", "h2 slots=1")
+    argv = command(hosts, hf, run, "max_steps=10", "save_steps=1000")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 240
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "step 3/10 done" in line or time.monotonic() > deadline:
+            break
+    assert any("step 3/10 done" in line for line in lines), "".join(lines[-40:])
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, rest[-4000:]
+    step = int(re.search(r"stopped after saving checkpoint-(\d+)", rest)[1])
+    assert (run / "output" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+    assert leftovers(run) == []
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-4000:]
+    assert f"resuming from {run}/output/checkpoint-{step}" in out
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "step_s" in r] == list(range(1, 11)), "a step lost or repeated"
+    assert leftovers(run) == []
+
+
 def test_sigkill_of_the_launcher_leaves_nothing_on_the_hosts(hosts, tmp_path):
     """grpo-launch killed with SIGKILL: its guard stops the local ssh clients, and each host's guard (fed by the
     ssh session's stdin) stops the run's processes there, torchrun's ranks in their own sessions included."""

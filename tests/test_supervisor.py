@@ -120,7 +120,8 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
 
 
 def test_sigterm_to_grpo_launch_leaves_no_descendant(tmp_path):
-    """The real CLI, a real 2-process GRPO run (torchrun + ranks), SIGTERM mid-run: every descendant is gone."""
+    """The real CLI, a real 2-process GRPO run (torchrun + ranks), SIGTERM twice mid-run (stop now): every
+    descendant is gone."""
     pytest.importorskip("trl")
     from .helpers import tiny_overrides
 
@@ -145,6 +146,12 @@ def test_sigterm_to_grpo_launch_leaves_no_descendant(tmp_path):
             break
     descendants = _descendants(proc.pid)
     assert len(descendants) >= 3, f"expected torchrun and 2 ranks, saw {descendants}"
+    # The first SIGTERM asks for a checkpoint at the end of the step (tests/test_stop.py); the second stops now.
+    proc.send_signal(signal.SIGTERM)
+    for line in proc.stdout:
+        seen.append(line)
+        if "Ctrl-C again to stop now" in line or time.monotonic() > deadline:
+            break
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + rest

@@ -100,6 +100,16 @@ class Backend(Protocol[OptionsT]):
         """The batch job this run is part of (recorded in the run directory's lock), if any."""
         ...
 
+    def stop_grace(self, ctx: RunContext) -> tuple[float, str] | None:
+        """How long the platform leaves between its stop signal and its SIGKILL, and where that number comes from;
+        None: launch.stop_grace_s's default applies."""
+        ...
+
+    def stops_at_once(self, signum: int, ctx: RunContext) -> str | None:
+        """Why signal ``signum`` to grpo-launch cannot wait for a checkpoint (the platform is already killing the
+        processes), or None: grpo-launch asks the trainers to checkpoint first."""
+        ...
+
     @classmethod
     def job_state(cls, job_id: str) -> JobState | None:
         """What the batch system says of ``job_id`` (state, restarts, …) as a typed record, or None when it says
@@ -134,6 +144,12 @@ class BaseBackend(Generic[OptionsT]):
         return None
 
     def job_id(self, ctx: RunContext) -> str | None:
+        return None
+
+    def stop_grace(self, ctx: RunContext) -> tuple[float, str] | None:
+        return None
+
+    def stops_at_once(self, signum: int, ctx: RunContext) -> str | None:
         return None
 
     @classmethod

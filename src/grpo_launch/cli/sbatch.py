@@ -11,7 +11,10 @@ DESCRIPTION = (
     "Plan for N nodes × G GPUs, write RUN_DIR/job.sbatch and submit it. Inside the job grpo-launch plans for the real "
     "allocation, starts the vLLM server and one trainer step per node with srun, and tears everything down on "
     "failure, scancel or the time limit. 90 s before the limit (SIGUSR2) the trainers save a checkpoint and the job "
-    "requeues itself; the requeued run resumes from it. Arguments after `--` go to sbatch unchanged."
+    "requeues itself; the requeued run resumes from it. A preemption (PreemptMode=REQUEUE) sends SIGTERM to the "
+    "trainers within the partition's GraceTime: they save a checkpoint at the end of the step and the job requeues "
+    "itself the same way (give the partition a GraceTime that covers a step and a save). Arguments after `--` go to "
+    "sbatch unchanged."
 )
 
 

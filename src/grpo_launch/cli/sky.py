@@ -16,7 +16,8 @@ DESCRIPTION = (
     "(SkyPilot's is 6380): node 0 is the head and, once every node has joined, runs `grpo-launch run --ray`, whose "
     "exit code is the task's. HF_TOKEN, HUGGING_FACE_HUB_TOKEN and WANDB_API_KEY are declared as secrets by name "
     "only and passed from this environment with sky launch --secret. Needs pip install 'grpo-launch[sky]' and a "
-    "cloud SkyPilot can use (sky check)."
+    "cloud SkyPilot can use (sky check). --managed writes a managed job (sky jobs launch): SkyPilot relaunches it "
+    "after a preemption and it resumes from its run directory, which --bucket or --volume keeps off the nodes."
 )
 
 
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     import dataclasses
     import os
+    import shlex
 
     from grpo_launch.rundir.files import write_run_files
     from grpo_launch.rundir.invocation import write_invocation
@@ -65,14 +67,19 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         ctx.emit(line)
     write_run_files(plan.run_dir, {os.path.basename(submission.path): submission.text})
     ctx.emit(f"wrote {submission.path}: {submission.summary}")
-    launch = f"sky launch -c {submitter.cluster} {submission.path}" + "".join(
-        f" --secret {s}" for s in submitter.secrets
-    )
+    verb = ["sky", "jobs", "launch", "-n"] if submitter.managed else ["sky", "launch", "-c"]
+    launch = shlex.join([*verb, submitter.cluster, submission.path, *(a for s in submitter.secrets
+                                                                       for a in ("--secret", s))])  # fmt: skip
     if not args.launch:
         ctx.emit(f"  launch:  {launch}   (or grpo-launch sky … --launch)")
         return 0
     write_invocation(planned.invocation)  # `grpo-launch resume` launches it again
     cluster = submitter.submit(submission, ctx)
+    if submitter.managed:
+        ctx.emit(f"launched the SkyPilot managed job {cluster}: after a preemption SkyPilot relaunches it and it "
+                 "resumes from its run directory")  # fmt: skip
+        ctx.emit(f"  follow:  sky jobs logs -n {cluster}   status: sky jobs queue   stop: sky jobs cancel -n {cluster}")
+        return 0
     ctx.emit(f"launched on SkyPilot cluster {cluster}")
     ctx.emit(f"  follow:  sky logs {cluster}   status: sky status {cluster}   stop paying: sky down {cluster}")
     return 0

@@ -9,7 +9,10 @@ and the files rendered); the real one then starts them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import re
+import shlex
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -28,9 +31,10 @@ from grpo_launch.execute.preflight import (
     stale_build_locks,
 )
 from grpo_launch.execute.resplit import Adapter, adapter_for
-from grpo_launch.execute.session import SessionSpec, supervise
+from grpo_launch.execute.session import SessionSpec, Stopping, supervise
 from grpo_launch.execute.watchdog import Watchdog
 from grpo_launch.planning.types import Plan
+from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
 from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes, attempt_env
 from grpo_launch.rundir import control
@@ -45,7 +49,7 @@ from grpo_launch.rundir.files import (
     write_run_files,
 )
 from grpo_launch.rundir.layout import RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV
-from grpo_launch.rundir.records import Attempt, append
+from grpo_launch.rundir.records import Attempt, StepRecord, append, read_metrics
 from grpo_launch.rundir.tracking import keep_tracking
 from grpo_launch.rundir.verdict import split_verdict
 from grpo_launch.rundir.view import RunView
@@ -102,7 +106,8 @@ def run_plan(
     holds its run directory, and ``on_start`` is called then (``run`` records its command).
 
     SIGUSR2, or the allocation's end drawing near, asks the trainers to save a checkpoint and stop
-    (STOPPED_FOR_CHECKPOINT); the backend may then requeue.
+    (STOPPED_FOR_CHECKPOINT); the backend may then requeue. The first Ctrl-C or SIGTERM does too, within
+    launch.stop_grace_s, and the run ends INTERRUPTED (128+N) with the checkpoint's step (:func:`_stopping`).
     """
     preflight(plan, ctx.workdir)
     if dry_run:
@@ -301,12 +306,51 @@ def _attempt(
             on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
             signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
             watch=watchdog,
+            stopping=_stopping(plan, backend, ctx, env.get(RESUME_ENV, "")),
         )
     step = control.stopped_at(plan.run_dir)
-    if result.ok and step is not None:
+    if result.state == RunState.INTERRUPTED and step is not None:  # the first Ctrl-C or SIGTERM, honoured
+        again = shlex.join(["grpo-launch", "resume", plan.run_dir])
+        ctx.emit(f"[grpo-launch] stopped after saving checkpoint-{step}; the same command resumes from it ({again})")
+        saved = f"{result.message}: stopped after saving checkpoint-{step}"
+        result = dataclasses.replace(result, stopped_at_step=step, message=saved)
+        control.reset(plan.run_dir)  # the attempt's record keeps the step: `status` reads how it ended from there
+    elif result.ok and step is not None:
         ctx.emit(f"[grpo-launch] stopped after step {step} with a checkpoint; the next run resumes from it")
         result = dataclasses.replace(result, state=RunState.STOPPED_FOR_CHECKPOINT, stopped_at_step=step)
     return result
+
+
+def _stopping(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str) -> Stopping:
+    """How the first Ctrl-C or SIGTERM stops this attempt: a checkpoint request, within launch.stop_grace_s (unset:
+    what the backend's platform leaves, e.g. Slurm's GraceTime, else the default)."""
+    grace, why = plan.recipe.launch.stop_grace_s, "launch.stop_grace_s"
+    if grace is None:
+        grace, why = backend.stop_grace(ctx) or (DEFAULT_STOP_GRACE_S, "launch.stop_grace_s's default")
+    m = re.search(r"checkpoint-(\d+)$", resume_from)
+    resumed = int(m.group(1)) if m else 0
+    started = time.time()
+
+    def step_in_flight() -> int:
+        if (done := control.stopped_at(plan.run_dir)) is not None:
+            return done  # the trainers were quicker than the launcher's look (a request they made themselves)
+        # The metrics file, read now (the watchdog reads it once a second): its last step, if this attempt wrote it.
+        with contextlib.suppress(OSError, ValueError):  # a damaged metrics file: the step is unknown, not fatal
+            steps = [
+                r for r in read_metrics(plan.paths.metrics) if isinstance(r, StepRecord) and (r.time or 0) >= started
+            ]
+            if steps:
+                return steps[-1].step + 1
+        return resumed + 1
+
+    return Stopping(
+        request=lambda: control.request_stop(plan.run_dir),
+        grace_s=grace,
+        grace_why=why,
+        step_in_flight=step_in_flight,
+        at_once=lambda signum: backend.stops_at_once(signum, ctx),
+        requested=lambda: control.stop_reason(plan.run_dir),
+    )
 
 
 def _record(plan: Plan, number: int, result: RunResult, adapter: Adapter | None = None) -> None:

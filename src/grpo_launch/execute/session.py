@@ -34,8 +34,10 @@ from grpo_launch.spec import Failure, ProcessSpec, RunResult, frozen
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
 
 
-class Interrupted(Exception):
-    """A forwarded signal reached grpo-launch; raised on the main thread."""
+class Interrupted(BaseException):
+    """A forwarded signal reached grpo-launch; raised on the main thread. A BaseException, as KeyboardInterrupt
+    is: the handler may run inside code that suppresses every Exception (the console's ``say``), and a second
+    Ctrl-C swallowed there would leave the run waiting out its stop grace."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
@@ -95,6 +97,90 @@ class SessionSpec:
     server_workers: Sequence[ProcessSpec] = ()  # the server's headless processes on its other hosts
 
 
+@frozen
+class Stopping:
+    """How a stop on a signal goes (issue 36): the first Ctrl-C, SIGTERM or SIGHUP asks the trainers to save a
+    checkpoint at the end of the step in flight (``request``, the run directory's control file, as SIGUSR2 does)
+    and waits ``grace_s`` for them to stop; a second signal, or the grace running out, stops everything at once.
+
+    ``grace_why`` says where the grace comes from; ``step_in_flight`` is the step the trainers are on (None:
+    unknown); ``at_once`` says why a signal cannot wait (the platform is already killing the processes: Slurm's
+    SIGTERM), or None; ``requested`` reads a request the trainers made themselves (a signal the platform sent them,
+    as Slurm's preemption does): its reason, or None."""
+
+    request: Callable[[], None]
+    grace_s: float
+    grace_why: str = ""
+    step_in_flight: Callable[[], int | None] = lambda: None
+    at_once: Callable[[int], str | None] = lambda _signum: None
+    requested: Callable[[], str | None] = lambda: None
+
+
+class GraceOver(Interrupted):
+    """The trainers did not stop with a checkpoint within the stop grace."""
+
+
+class _SignalStop:
+    """The state of a stop on a signal, for :func:`supervise`: the signal handler (``soft``) and the check made
+    about once a second while the trainers run (``check``)."""
+
+    def __init__(self, stopping: Stopping | None, say: Callable[[str], None]) -> None:
+        self.stopping, self.say = stopping, say
+        self.signum: int | None = None  # the signal being honoured
+        self.by_launcher = False  # the signal reached grpo-launch (not only the trainers)
+        self.deadline = 0.0
+        self.training = False  # the trainers run (a server, if any, answers): a step can end and be saved
+
+    def soft(self, signum: int) -> None:
+        """SIGINT, SIGTERM or SIGHUP reached grpo-launch: ask for a checkpoint, or stop at once."""
+        st = self.stopping
+        if st is None or self.by_launcher:
+            raise Interrupted(signum)  # no run directory to save into, or the second signal: stop now
+        name = signal.Signals(signum).name
+        if (why := st.at_once(signum)) is not None:
+            self.say(f"[grpo-launch] {name}: {why}")
+            raise Interrupted(signum)
+        if not self.training:
+            self.say(f"[grpo-launch] {name}: no step has started yet: nothing new to save")
+            raise Interrupted(signum)
+        try:
+            st.request()
+        except OSError as exc:  # the run directory cannot take the request (a full disk): nothing can be saved
+            self.say(f"[grpo-launch] {name}: cannot ask for a checkpoint ({exc.strerror}): stopping now")
+            raise Interrupted(signum) from None
+        self._begin(signum)
+        self.by_launcher = True
+        self.say(
+            f"[grpo-launch] {name}: checkpoint at the end of {self._step()} requested; Ctrl-C again to stop now "
+            f"(waiting up to {st.grace_s:.0f} s: {st.grace_why})"
+        )
+
+    def _begin(self, signum: int) -> None:
+        assert self.stopping is not None
+        if self.signum is None:
+            self.signum, self.deadline = signum, time.monotonic() + self.stopping.grace_s
+
+    def _step(self) -> str:
+        assert self.stopping is not None
+        step = self.stopping.step_in_flight()
+        return f"step {step}" if step is not None else "the step in flight"
+
+    def check(self) -> None:
+        """A request the trainers made on a signal of their own (announced once); the grace running out."""
+        st = self.stopping
+        if st is None:
+            return
+        if self.signum is None and (reason := st.requested()) is not None and reason in signal.Signals.__members__:
+            self._begin(signal.Signals[reason])
+            self.say(
+                f"[grpo-launch] the trainers received {reason} (a preemption's warning): they save a checkpoint at "
+                f"the end of {self._step()} and stop (waiting up to {st.grace_s:.0f} s: {st.grace_why})"
+            )
+        if self.signum is not None and time.monotonic() > self.deadline:
+            self.say(f"[grpo-launch] grace of {st.grace_s:.0f} s ran out: stopped without a checkpoint")
+            raise GraceOver(self.signum)
+
+
 def supervise(
     session: SessionSpec,
     *,
@@ -103,17 +189,21 @@ def supervise(
     on_checkpoint_request: Callable[[], None] | None = None,
     signal_remote: RemoteSignaller | None = None,
     watch: Callable[[], str | None] | None = None,
+    stopping: Stopping | None = None,
 ) -> RunResult:
     """Start the server (if any) and the trainers, supervise until the trainers finish, tear everything down.
 
     SUCCEEDED when every trainer exits 0; FAILED with the root cause across every process (and its kind);
     INTERRUPTED (128+N) after signal N. SIGUSR2 calls ``on_checkpoint_request`` (without one it is like SIGTERM).
+    With ``stopping``, the first SIGINT, SIGTERM or SIGHUP asks for a checkpoint too and waits for it (see
+    :class:`Stopping`); the trainers then stopped on request (INTERRUPTED, 128+N: the caller reads their step).
     ``watch`` is the progress watchdog: when it returns a reason, every rank's stack is dumped and the run stops.
     """
     s = session
     server, trainers, health_url, log_dir = s.server, s.trainers, s.health_url, s.log_dir
     sup = Supervisor(log_dir, emit=emit, grace_s=s.grace_s, environ=environ, signal_remote=signal_remote,
                      run_id=s.run_id)  # fmt: skip
+    stop = _SignalStop(stopping, sup.say)
 
     def checkpoint(signum: int) -> None:
         if on_checkpoint_request is None:
@@ -121,9 +211,15 @@ def supervise(
         on_checkpoint_request()
         sup.say("[grpo-launch] SIGUSR2: the trainers save a checkpoint at the end of this step and stop")
 
+    def watching() -> str | None:
+        stop.check()
+        return watch() if watch is not None else None
+
     failed: LaunchError | None = None
     stacks: dict[str, str] = {}
-    with signal_guard(soft={signal.SIGUSR2: checkpoint}) as guard:
+    soft: dict[int, Callable[[int], None]] = {signal.SIGUSR2: checkpoint}
+    soft.update({sig: stop.soft for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)})
+    with signal_guard(soft=soft) as guard:
         try:
             srv = sup.start(server) if server else None
             workers = [sup.start(w) for w in s.server_workers] if server else []
@@ -135,26 +231,18 @@ def supervise(
                 sup.say(f"[grpo-launch] vLLM server healthy after {took:.1f} s")
                 if s.paths is not None:
                     append(s.paths.metrics, StartupRecord("vllm_ready", took, time.time()))
+            stop.training = True
             sup.wait_all(
                 train_children,
-                watch=watch,
+                watch=watching,
                 health_url=health_url if srv is not None else None,
                 health_poll_s=s.health_poll_s,
                 health_grace_s=s.health_grace_s,
             )
-            if s.paths is None or control.stopped_at(s.paths.root) is None:  # a stop on request says so itself
-                sup.say(f"[grpo-launch] training finished; logs in {log_dir}")
-            result = RunResult(RunState.SUCCEEDED, 0)
+            result = _finished(sup, s, stop)
         except Interrupted as sig:
-            sup.say(
-                f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s); tracebacks go to the logs"
-            )
             guard.ignore()
-            sup.quiet = True
-            sup.stop_all(sig.signum)
-            for c in sup.children:
-                sup.say(f"[grpo-launch] {c.spec.name}: {describe_exit(c.proc.returncode)}; log: {c.log_path}")
-            result = RunResult(RunState.INTERRUPTED, 128 + sig.signum, message=f"interrupted by {sig}")
+            result = _stop_now(sup, sig)
         except Stalled as exc:
             sup.say(f"[grpo-launch] {exc.message}: dumping every rank's stack, then stopping")
             stacks = dump_stacks(sup, s.paths)
@@ -167,6 +255,31 @@ def supervise(
     if failed is not None:
         result = _failure_result(sup, failed, stacks)
     return result
+
+
+def _stop_now(sup: Supervisor, sig: Interrupted) -> RunResult:
+    """Teardown after signal ``sig`` (a second one, or one that cannot wait, or the stop grace spent): every process
+    stopped, one line each on the console (their tracebacks stay in the logs)."""
+    if not isinstance(sig, GraceOver):
+        sup.say(f"[grpo-launch] {sig}: stopping every process (grace {sup.grace_s:.0f} s); tracebacks go to the logs")
+    sup.quiet = True
+    sup.stop_all(sig.signum)
+    for c in sup.children:
+        sup.say(f"[grpo-launch] {c.spec.name}: {describe_exit(c.proc.returncode)}; log: {c.log_path}")
+    return RunResult(RunState.INTERRUPTED, 128 + sig.signum, message=f"interrupted by {sig}")
+
+
+def _finished(sup: Supervisor, s: SessionSpec, stop: _SignalStop) -> RunResult:
+    """Every trainer exited 0: finished, stopped on request, or stopped on request after a signal to grpo-launch
+    (INTERRUPTED with 128+N: the exit code still says which signal stopped the run)."""
+    stop.check()  # a request of the trainers' own that they honoured before the launcher's look: say so still
+    stopped = s.paths is not None and control.stopped_at(s.paths.root) is not None
+    if not stopped:
+        sup.say(f"[grpo-launch] training finished; logs in {s.log_dir}")
+    if stopped and stop.by_launcher and stop.signum is not None:
+        name = signal.Signals(stop.signum).name
+        return RunResult(RunState.INTERRUPTED, 128 + stop.signum, message=f"interrupted by {name}")
+    return RunResult(RunState.SUCCEEDED, 0)
 
 
 def _failure_result(sup: Supervisor, exc: LaunchError, stacks: Mapping[str, str]) -> RunResult:

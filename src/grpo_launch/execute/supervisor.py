@@ -131,7 +131,8 @@ class Supervisor:
         self.run_id = run_id or uuid.uuid4().hex
         self.children: list[Child] = []
         self.events: list[faults.Event] = []  # error-looking lines of every child, as they arrived
-        self._emit_lock = threading.Lock()
+        # Reentrant: a signal handler on the main thread prints too, maybe while the main thread is printing.
+        self._emit_lock = threading.RLock()
         self._guard: subprocess.Popen | None = None
         self._stopped = False
         self.quiet = False  # after an interrupt the console gets a summary, not every process's traceback

@@ -10,10 +10,17 @@
 - ``--guard RUN_ID``: fork a guard (:mod:`grpo_launch.node.reaper`) that watches this process's parent (the ssh
   session's sshd); when the session ends (the launcher or its ssh client died, or the command finished) it stops
   every process marked with RUN_ID on this host.
+- ``--hold-term``: start COMMAND with SIGTERM blocked, and say so in its environment
+  (:data:`~grpo_launch.rundir.layout.HOLD_SIGTERM_ENV`). Slurm signals every task of every step itself (a
+  preemption's GraceTime sends SIGTERM to the tasks, not to the batch shell): a blocked SIGTERM stays pending in
+  torchrun's agent and the vLLM server (both would stop at once), and the trainer ranks, which inherit the mask,
+  unblock it and turn it into a checkpoint request (:func:`grpo_launch.rundir.control.request_stop_on_sigterm`).
+  The launcher stops them with SIGINT or SIGKILL. (Blocked, not ignored: torchrun's agent and uvicorn install their
+  own SIGTERM handlers, which replace an ignored disposition but not a blocked mask.)
 
 Then it ``exec``s COMMAND with SIGINT and SIGTERM at their defaults and unblocked (a parent that ignores or blocks
-them, as a Ray worker's thread blocks SIGINT, would leave the command deaf to teardown). Standard library only: it
-must start fast.
+them, as a Ray worker's thread blocks SIGINT, would leave the command deaf to teardown), SIGTERM blocked under
+``--hold-term``. Standard library only: it must start fast.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import os
 import signal
 import sys
 
-from grpo_launch.rundir.layout import PGID_ANNOUNCE
+from grpo_launch.rundir.layout import HOLD_SIGTERM_ENV, PGID_ANNOUNCE
 
 
 def select_gpus(inherited: str | None, positions: str) -> str:
@@ -61,7 +68,8 @@ def read_env(stream) -> dict[str, str]:
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         raise SystemExit(
-            "usage: python -m grpo_launch.node.shim [--gpus P] [--env-stdin] [--announce-pgid] -- COMMAND…"
+            "usage: python -m grpo_launch.node.shim [--gpus P] [--env-stdin] [--announce-pgid] [--hold-term] "
+            "-- COMMAND…"
         )
     split = argv.index("--")
     opts, command = argv[:split], argv[split + 1 :]
@@ -69,6 +77,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit("grpo_launch.node.shim: no command after --")
     i = 0
     guard_id = None
+    hold_term = False
     while i < len(opts):
         opt = opts[i]
         if opt == "--gpus":
@@ -86,6 +95,9 @@ def main(argv: list[str]) -> int:
         elif opt == "--guard":
             guard_id = opts[i + 1]
             i += 2
+        elif opt == "--hold-term":
+            hold_term = True
+            i += 1
         elif opt == "--announce-pgid":
             if os.getpid() != os.getpgid(0):
                 os.setsid()
@@ -102,6 +114,9 @@ def main(argv: list[str]) -> int:
     for sig in stop:
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
+    if hold_term:
+        os.environ[HOLD_SIGTERM_ENV] = "1"
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         os.execvp(command[0], command)
     except FileNotFoundError:

@@ -20,6 +20,9 @@ HOST_PATTERN = (
 )
 
 
+DEFAULT_STOP_GRACE_S = 300.0  # launch.stop_grace_s unset outside Slurm: a GPU step and its save fit in most runs
+
+
 @frozen
 class LaunchSettings:
     """grpo-launch's own settings: the recipe's optional ``launch:`` block."""
@@ -54,6 +57,10 @@ class LaunchSettings:
     main_process_port: int = field(default=29500, metadata={"min": 1, "max": 65535})
     run_dir: str | None = field(default=None, metadata={"kind": "str", "pattern": r".*\S.*", "what": "a directory"})
     grace_period_s: float = field(default=30.0, metadata={"min": 0, "max": 3600})
+    # The first Ctrl-C or SIGTERM asks the trainers to save a checkpoint at the end of the step in flight; this is how
+    # long grpo-launch waits for it before it stops everything. Unset: under Slurm what the cluster leaves (the
+    # partition's GraceTime, else KillWait), elsewhere DEFAULT_STOP_GRACE_S.
+    stop_grace_s: float | None = field(default=None, metadata={"min": 1, "max": 7 * 86400, "kind": "float"})
     train_env: Mapping[str, str] = field(default_factory=dict)
     # The module `accelerate launch --module` runs in every training process, given `--recipe trainer_recipe.yaml`
     # (the planned TRL values, vLLM URL included): grpo_launch.train, or your own GRPO script.

@@ -1,14 +1,23 @@
 """The run's control directory: how grpo-launch asks the trainers to checkpoint and stop, and how they answer.
 
-grpo-launch (on SIGUSR2, e.g. Slurm's warning before the time limit) creates ``stop-requested``; the trainers see it
-at the end of a step, agree on it across ranks, save a checkpoint and exit 0; rank 0 writes the step into
-``stopped-at-step``. A new run clears both. Standard library only (the training entry imports it)."""
+grpo-launch (on SIGUSR2, e.g. Slurm's warning before the time limit; on the first Ctrl-C or SIGTERM; before a time
+limit) creates ``stop-requested``; the trainers see it at the end of a step, agree on it across ranks, save a
+checkpoint and exit 0; rank 0 writes the step into ``stopped-at-step``. A new run clears both.
+
+Under Slurm the platform signals the trainers' own steps too (a preemption's GraceTime sends SIGTERM to every task
+of every step, not to the batch shell): there the trainers hold SIGTERM (``node.shim --hold-term``, which sets
+``HOLD_SIGTERM_ENV``) and turn it into the same request (:func:`request_stop_on_sigterm`), naming the signal as its
+reason, so the launcher learns why the run stops. Standard library only (the training entry imports it)."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from pathlib import Path
 
 from grpo_launch.rundir.layout import RunPaths
+
+LAUNCHER = "checkpoint and stop"  # the launcher's own request (its text, for a reader of the file)
 
 
 def reset(run_dir: str | Path) -> None:
@@ -19,10 +28,21 @@ def reset(run_dir: str | Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def request_stop(run_dir: str | Path) -> None:
+def request_stop(run_dir: str | Path, reason: str = LAUNCHER) -> None:
+    """Ask the trainers to save a checkpoint at the end of the step in flight and stop. ``reason``: who asked (the
+    launcher, or a signal the trainers received); an earlier request keeps its reason."""
     paths = RunPaths(run_dir)
     paths.control.mkdir(parents=True, exist_ok=True)
-    paths.stop_request.write_text("checkpoint and stop\n")
+    if not paths.stop_request.exists():
+        paths.stop_request.write_text(f"{reason}\n")
+
+
+def stop_reason(run_dir: str | Path) -> str | None:
+    """Why a stop was requested (:data:`LAUNCHER`, or e.g. ``SIGTERM`` to the trainers), or None: no request."""
+    try:
+        return RunPaths(run_dir).stop_request.read_text().strip() or LAUNCHER
+    except OSError:
+        return None
 
 
 def mark_stopped(run_dir: str | Path, step: int) -> None:
@@ -36,3 +56,16 @@ def stopped_at(run_dir: str | Path) -> int | None:
         return int(RunPaths(run_dir).stopped_marker.read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def request_stop_on_sigterm(run_dir: str | Path) -> None:
+    """In a trainer rank started with SIGTERM held (``node.shim --hold-term``): from now on SIGTERM asks for a
+    checkpoint at the end of this step (every rank agrees on it there) instead of killing the rank mid-step. Call
+    on the main thread. The launcher stops the rank otherwise (SIGINT, SIGKILL)."""
+
+    def handle(signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):  # a full disk must not turn a stop into a traceback
+            request_stop(run_dir, signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})

@@ -189,7 +189,10 @@ class StopOnRequestSteps:
     """Save a checkpoint and stop at the end of the step in which the run's stop request appears (as a
     TrainerCallback event, mixed in by :func:`make_callbacks`).
 
-    Every rank must stop at the same step (saving is collective), so the flag is all-reduced each step.
+    Every rank must stop at the same step (saving is collective), so the flag is all-reduced each step. Where the
+    platform signals the ranks themselves (Slurm's steps, started with SIGTERM held), SIGTERM writes the request
+    (:func:`grpo_launch.rundir.control.request_stop_on_sigterm`): the step in flight ends, is saved, and the rank
+    exits 0 (a torchrun rank dies of SIGTERM otherwise, mid-step).
     """
 
     def __init__(self, request: Path) -> None:
@@ -228,4 +231,20 @@ def make_callbacks(job: JobEnvironment, is_main: bool) -> tuple[Any, Any]:
     class StopOnRequest(StopOnRequestSteps, TrainerCallback):
         pass
 
-    return StepLog(job, is_main), (StopOnRequest(job.paths.stop_request) if job.paths else None)
+    if job.paths is None:
+        return StepLog(job, is_main), None
+    _hold_sigterm(job.paths.root)
+    return StepLog(job, is_main), StopOnRequest(job.paths.stop_request)
+
+
+def _hold_sigterm(run_dir: Path) -> None:
+    """Under ``node.shim --hold-term`` (which marks this process's environment): SIGTERM becomes a stop request."""
+    import os
+    import threading
+
+    from grpo_launch.rundir.control import request_stop_on_sigterm
+    from grpo_launch.rundir.layout import HOLD_SIGTERM_ENV
+
+    # The shim's mark is read here, where the handler is installed (signals are per process, set on the main thread).
+    if os.environ.get(HOLD_SIGTERM_ENV) == "1" and threading.current_thread() is threading.main_thread():
+        request_stop_on_sigterm(run_dir)

@@ -17,6 +17,7 @@ from grpo_launch.machines.topology import MAX_NODES, Gpu, Host, Topology
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
+    from grpo_launch.backends.skypilot.task import RunStorage
     from grpo_launch.planning.types import Plan
     from grpo_launch.spec import RunContext
 
@@ -46,6 +47,25 @@ class SkyOptions(BackendOptions):
         default=False,
         action="store_true",
     )
+    managed: bool = option(
+        "--managed",
+        "a managed job (sky jobs launch): SkyPilot relaunches it after a preemption and it resumes from the run "
+        "directory, which must be on --bucket or --volume",
+        default=False,
+        action="store_true",
+    )
+    bucket: str | None = option(
+        "--bucket",
+        "keep the run directory on this bucket (s3://BUCKET/PATH, gs://…, r2://…), mounted at /grpo-runs on every "
+        "node: the run dir there is /grpo-runs/NAME (NAME: --run-dir's last part)",
+        metavar="URI",
+    )
+    volume: str | None = option(
+        "--volume", "keep the run directory on this SkyPilot volume (sky volumes apply), mounted as --bucket is",
+        metavar="NAME",
+    )  # fmt: skip
+    spot: bool = option("--spot", "spot instances (use_spot; with --managed they are recovered)", default=False,
+                        action="store_true")  # fmt: skip
 
 
 def default_cluster_name(recipe_path: str) -> str:
@@ -62,7 +82,7 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
 
     def __init__(self) -> None:
         # what request() decided, for submit()
-        self.cluster, self.down = "", False
+        self.cluster, self.down, self.managed = "", False, False
         self.secrets: tuple[str, ...] = ()
 
     @classmethod
@@ -84,12 +104,15 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
 
     def request(self, job: SubmitJob, plan: Plan, options: SkyOptions, ctx: RunContext) -> Submission:
         from grpo_launch.backends.skypilot.accelerators import parse_accelerators
-        from grpo_launch.backends.skypilot.task import SkyTaskRequest, render_task
+        from grpo_launch.backends.skypilot.task import RUN_MOUNT, SkyTaskRequest, render_task
         from grpo_launch.enums import VllmMode
 
         workdir = os.path.abspath(ctx.workdir)
         recipe = _inside(job.recipe, workdir, "the recipe")
         run_dir = os.path.relpath(plan.run_dir, workdir) if _within(plan.run_dir, workdir) else plan.run_dir
+        storage = _run_storage(options, plan)
+        if storage is not None:  # the nodes' run directory: on the bucket or volume, named as the local one
+            run_dir = f"{RUN_MOUNT}/{os.path.basename(os.path.normpath(plan.run_dir))}"
         accelerators = None
         if options.accelerators is not None:
             name, _, count = parse_accelerators(options.accelerators)
@@ -107,8 +130,12 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
             install_from_workdir=_is_grpo_launch_source(workdir),
             secrets=secrets_needed(plan, ctx.environ),
             disk_size=options.disk_size,
+            storage=storage,
+            managed=options.managed,
+            use_spot=options.spot,
         )
         self.cluster, self.down, self.secrets = request.name, options.down, request.secrets
+        self.managed = options.managed
         where = accelerators or "CPU"
         return Submission(
             render_task(request),
@@ -133,7 +160,10 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
                 f"the task needs {', '.join(missing)}, which is not set here",
                 hint="export it before --launch (sky launch --secret passes it; it is never written into the task)",
             )
-        argv = [sky, "launch", "-c", self.cluster, submission.path, "--yes"]
+        if self.managed:  # SkyPilot tears a managed job's clusters down itself
+            argv = [sky, "jobs", "launch", "-n", self.cluster, submission.path, "--yes"]
+        else:
+            argv = [sky, "launch", "-c", self.cluster, submission.path, "--yes"]
         argv += [a for s in self.secrets for a in ("--secret", s)]
         return [*argv, "--down"] if self.down else argv
 
@@ -148,6 +178,33 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
                 hint=f"See its output above; the task is {submission.path} (sky logs {self.cluster}).",
             )
         return self.cluster
+
+
+def _run_storage(options: SkyOptions, plan: Plan) -> RunStorage | None:
+    """The run directory's bucket or volume; refused where the checkpoints would not land on it (--managed without
+    one, both given, --down with --managed, an output_dir of the recipe's own elsewhere)."""
+    from grpo_launch.backends.skypilot.task import RUN_MOUNT, RunStorage
+
+    if options.bucket and options.volume:
+        raise ConfigError("--bucket and --volume both given: the run directory lives on one of them")
+    if options.managed and options.down:
+        raise ConfigError("--down is for sky launch: a managed job's clusters are torn down by SkyPilot itself")
+    if not (options.bucket or options.volume):
+        if options.managed:
+            raise ConfigError(
+                "--managed needs the run directory on a bucket or a volume: SkyPilot recovers a managed job on new "
+                "nodes, whose disks hold nothing of the old ones",
+                hint="add --bucket s3://BUCKET/PATH (or gs://, r2://), or --volume NAME (sky volumes apply)",
+            )
+        return None
+    out = plan.trainer_values.get("output_dir")
+    if isinstance(out, str) and not out.startswith(RUN_MOUNT + "/"):
+        raise ConfigError(
+            f"the recipe's output_dir {out} is not on the bucket or volume ({RUN_MOUNT}): the checkpoints a relaunched "
+            "job resumes from would be lost with the nodes",
+            hint=f"leave output_dir unset (it is then RUN_DIR/output, on {RUN_MOUNT}), or set it under {RUN_MOUNT}",
+        )
+    return RunStorage(bucket=options.bucket, volume=options.volume)
 
 
 def secrets_needed(plan: Plan, environ: Mapping[str, str]) -> tuple[str, ...]:

@@ -25,6 +25,13 @@ HEAD:PORT`` and exits with its code (the task's code). The other ranks join, the
 head's Ray stops (the run ended there, whatever its outcome) they stop their own Ray and exit 0. A worker exits
 non-zero only when its own Ray dies while the head's is up (a lost node): SkyPilot then cancels the other nodes'
 runs (``get_or_fail`` in task_codegen.py). The variables the sections read are named in rundir/layout.py.
+
+A managed job (``sky jobs launch``, :attr:`SkyTaskRequest.managed`): SkyPilot relaunches the task on new nodes after
+a preemption (``resources.job_recovery``), setup and run again. The run directory then lives on a bucket
+(``file_mounts``, MOUNT_CACHED: written locally, uploaded behind, the mode SkyPilot advises for checkpoints) or a
+SkyPilot volume (``volumes``) mounted at :data:`RUN_MOUNT` on every node, and ``grpo-launch run`` resumes from the
+newest complete checkpoint there (its automatic resume), repeating at most the steps since it. A managed task whose
+run directory would be on the nodes' own disks is refused: a relaunch would start over.
 """
 
 from __future__ import annotations
@@ -47,12 +54,22 @@ from grpo_launch.spec import frozen
 RAY_PORT = 6379
 RAY_CLIENT_PORT = 6381
 RAY_DASHBOARD_AGENT_PORT = 52366
+RUN_MOUNT = "/grpo-runs"  # where the task mounts the bucket or volume that holds its run directory
 JOIN_TIMEOUT_S = 600  # nodes of one cluster come up together; SkyPilot's template waits 300 s for its own Ray
 # Secrets never written into the task: declared by name with a null value (SkyPilot 0.14.1 task.py: a null-valued
 # key of `secrets:` is resolved at launch from `sky launch --secret NAME`, or refused).
 SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
 # What YAML 1.1/1.2 files may not hold (their "printable" set: tab, line breaks and the printable Unicode ranges).
 _NOT_YAML = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+@frozen
+class RunStorage:
+    """Where a run directory outlives the cluster: a bucket URI (``s3://``, ``gs://``, ``r2://``, …) or the name of
+    a SkyPilot volume (``sky volumes apply``), mounted at :data:`RUN_MOUNT`."""
+
+    bucket: str | None = None
+    volume: str | None = None
 
 
 @frozen
@@ -72,6 +89,9 @@ class SkyTaskRequest:
     secrets: tuple[str, ...] = ()
     disk_size: int | None = None
     envs: Mapping[str, str] = field(default_factory=dict)
+    storage: RunStorage | None = None  # the run directory's bucket or volume (run_dir is then under RUN_MOUNT)
+    managed: bool = False  # a managed job (sky jobs launch): recovered after a preemption, resumed from run_dir
+    use_spot: bool = False
 
 
 def check_request(req: SkyTaskRequest) -> None:
@@ -88,6 +108,7 @@ def check_request(req: SkyTaskRequest) -> None:
         problems.append(f"--cluster {req.name!r}: SkyPilot cluster names are lower-case letters, digits and '-'")
     if req.num_nodes < 1:
         problems.append(f"--nodes must be at least 1, got {req.num_nodes}")
+    problems += _storage_problems(req)
     if req.disk_size is not None and req.disk_size < 1:
         problems.append(f"--disk-size must be a positive number of GB, got {req.disk_size}")
     for k in (*req.envs, *req.secrets):
@@ -95,6 +116,35 @@ def check_request(req: SkyTaskRequest) -> None:
             problems.append(f"environment variable name {k!r} is not valid")
     if problems:
         raise ConfigError("cannot write the SkyPilot task:", problems=problems)
+
+
+def _storage_problems(req: SkyTaskRequest) -> list[str]:
+    """A managed job's run directory must outlive its nodes; a bucket is a URI, a volume a name."""
+    problems = []
+    store = req.storage
+    if req.managed and (store is None or not (store.bucket or store.volume)):
+        problems.append(
+            "--managed needs the run directory on a bucket or a volume (--bucket s3://BUCKET/PATH, or --volume "
+            "NAME): SkyPilot recovers a managed job on new nodes, whose disks hold nothing of the old ones"
+        )
+    if store is not None and store.bucket and not re.fullmatch(r"[a-z][a-z0-9]*://[^\s]+", store.bucket):
+        problems.append(f"--bucket {store.bucket!r} is not a bucket URI (s3://BUCKET/PATH, gs://…, r2://…)")
+    if store is not None and store.volume and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", store.volume):
+        problems.append(f"--volume {store.volume!r} is not a SkyPilot volume name (lower-case letters, digits, -)")
+    if store is not None and not req.run_dir.startswith(RUN_MOUNT + "/"):
+        problems.append(f"the run directory {req.run_dir} is not under {RUN_MOUNT}, where the bucket or volume is")
+    return problems
+
+
+def _storage_lines(req: SkyTaskRequest) -> list[str]:
+    """The task's bucket (``file_mounts``) or volume (``volumes``) at :data:`RUN_MOUNT`."""
+    store = req.storage
+    if store is None:
+        return []
+    if store.volume:
+        return ["volumes:", f"  {RUN_MOUNT}: {_q(store.volume)}"]
+    assert store.bucket is not None
+    return ["file_mounts:", f"  {RUN_MOUNT}:", f"    source: {_q(store.bucket)}", "    mode: MOUNT_CACHED"]
 
 
 def _q(value: str) -> str:
@@ -140,13 +190,24 @@ def render_task(req: SkyTaskRequest) -> str:
         f"name: {_q(req.name)}",
         f"num_nodes: {req.num_nodes}",
     ]
+    if req.managed:  # instead of the Launch line
+        secrets = "".join(f" --secret {s}" for s in req.secrets)
+        lines[3:4] = [
+            f"# Managed job: sky jobs launch -n {req.name} THIS_FILE{secrets}. After a preemption SkyPilot",
+            f"# relaunches it and grpo-launch resumes from the run directory {req.run_dir} on the bucket or volume.",
+        ]
     resources = []
     if req.accelerators:
         resources.append(f"  accelerators: {_q(req.accelerators)}")
     if req.disk_size:
         resources.append(f"  disk_size: {req.disk_size}")
+    if req.use_spot:
+        resources.append("  use_spot: true")
+    if req.managed:  # SkyPilot's default strategy; a failed run is grpo-launch's to restart (launch.max_restarts)
+        resources += ["  job_recovery:", "    strategy: EAGER_NEXT_REGION", "    max_restarts_on_errors: 0"]
     lines += ["resources:", *resources] if resources else []
-    lines += [f"workdir: {_q(req.workdir)}", "envs:", *(f"  {k}: {_q(v)}" for k, v in envs.items())]
+    lines += [f"workdir: {_q(req.workdir)}", *_storage_lines(req)]
+    lines += ["envs:", *(f"  {k}: {_q(v)}" for k, v in envs.items())]
     if req.secrets:
         lines += ["secrets:", *(f"  {s}: null" for s in req.secrets)]
     lines += ["setup: |", *_block(render_setup(req)), "run: |", *_block(render_run_script(req)), ""]

@@ -1,6 +1,7 @@
 """The Slurm backend. Two halves, as in submitit: outside a job, the Submitter (:mod:`.submit`) writes and submits
 the batch script (``grpo-launch sbatch``); inside the job, this Backend reads the allocation, starts one ``srun``
-step per process on its node, and after a checkpoint-and-stop (SIGUSR2 before the time limit) requeues the job."""
+step per process on its node, and after a checkpoint-and-stop (SIGUSR2 before the time limit, or SIGTERM to the
+trainers at a preemption: :mod:`.preempt`) requeues the job."""
 
 from __future__ import annotations
 
@@ -68,6 +69,16 @@ class SlurmBackend(BaseBackend[SlurmOptions]):
 
     def job_id(self, ctx: RunContext) -> str | None:
         return ctx.environ.get(SLURM_VARIABLES["job_id"]) or None
+
+    def stop_grace(self, ctx: RunContext) -> tuple[float, str] | None:
+        from grpo_launch.backends.slurm.preempt import read_stop_grace
+
+        return read_stop_grace(ctx.environ) if ctx.environ.get("SLURM_JOB_ID") else None
+
+    def stops_at_once(self, signum: int, ctx: RunContext) -> str | None:
+        from grpo_launch.backends.slurm.preempt import stops_at_once
+
+        return stops_at_once(signum)
 
     @classmethod
     def job_state(cls, job_id: str) -> JobState | None:

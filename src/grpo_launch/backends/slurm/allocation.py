@@ -222,7 +222,9 @@ def srun_spec(spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node
     The step asks for all of the node's GPUs and CPUs and overlaps with the node's other step (vLLM next to the
     trainers); :mod:`grpo_launch.node.shim` then narrows CUDA_VISIBLE_DEVICES to the planned positions of the list Slurm
     gives the step (Slurm numbers job GPUs its own way: with device cgroups 0..k-1, without them the node's
-    indices). ``--kill-on-bad-exit`` ends the step when its task fails.
+    indices). ``--kill-on-bad-exit`` ends the step when its task fails. ``--hold-term``: Slurm signals the step's
+    tasks itself (a preemption's GraceTime sends SIGTERM to them, not to grpo-launch): the task holds it, so the
+    trainers checkpoint at the end of the step in flight and the vLLM server serves that step (see the shim).
     """
     assert spec.host, "srun_spec needs a host"
     argv = [
@@ -239,7 +241,7 @@ def srun_spec(spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node
         argv.append(f"--cpus-per-task={cpus_on_node}")
     if gpus_on_node:
         argv.append(f"--gres=gpu:{gpus_on_node}")
-    task = [python, "-m", "grpo_launch.node.shim"]
+    task = [python, "-m", "grpo_launch.node.shim", "--hold-term"]
     if spec.gpus is not None:
         task += ["--gpus", ",".join(spec.gpus)]
     return ProcessSpec(

@@ -17,6 +17,7 @@ SLURM_VARIABLES = {
     "cpus_per_node": "SLURM_JOB_CPUS_PER_NODE",
     "mem_per_node": "SLURM_MEM_PER_NODE",  # MB, from --mem
     "mem_per_cpu": "SLURM_MEM_PER_CPU",  # MB, from --mem-per-cpu
+    "partition": "SLURM_JOB_PARTITION",  # its GraceTime: what a preemption leaves for a checkpoint
 }
 
 

@@ -6,7 +6,10 @@ Why the script looks the way it does:
   grpo-launch, so grpo-launch receives it and asks the trainers to save a checkpoint and stop. Without ``B:``
   Slurm signals every process of every step, and torchrun's agent dies of an unhandled SIGUSR2.
 - ``--requeue`` + ``--open-mode=append``: after that checkpoint grpo-launch requeues the job (same job id, log
-  appended); the requeued run resumes from the newest checkpoint in output_dir.
+  appended); the requeued run resumes from the newest checkpoint in output_dir. A preemption (PreemptMode=REQUEUE)
+  sends SIGTERM to the trainers' steps first, for the partition's GraceTime: they save a checkpoint at the end of
+  the step in flight, grpo-launch requeues the job, and it resumes at the next step (:mod:`.preempt`). The
+  partition's GraceTime must cover a step and a save; without one Slurm kills the steps at once.
 - ``--exclusive`` and one task per node: grpo-launch starts its own steps (``srun -w NODE``), one per process
   group, and they share the node's CPUs and GPUs (``--overlap``); each narrows CUDA_VISIBLE_DEVICES to its planned
   GPUs with :mod:`grpo_launch.node.shim`.
@@ -139,6 +142,8 @@ def render_sbatch_script(req: SbatchRequest) -> str:
         "# Inside the allocation grpo-launch plans across the nodes, starts the vLLM server and the trainers with",
         "# srun (one step per node, each with its machine rank), and tears them down on failure, scancel or the time",
         f"# limit. SIG{PREEMPT_SIGNAL} {PREEMPT_WARNING_S} s before the limit: checkpoint, then requeue and resume.",
+        "# Preemption (PreemptMode=REQUEUE): SIGTERM to the trainers during the partition's GraceTime (it must cover",
+        "# a step and a checkpoint save): checkpoint at the end of the step, requeue, resume at the next step.",
         *(f"#SBATCH {d}" for d in directives),
         *(f"#SBATCH {q(a)}" for a in req.extra_args),
         "",
