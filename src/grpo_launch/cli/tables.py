@@ -125,12 +125,7 @@ def _generation_section(plan: Plan) -> Section:
     v, train = plan.vllm, plan.train
     gen = [("vLLM", str(v.mode))]
     if v.mode == "server":
-        shape = (
-            f"TP {v.tensor_parallel_size}"
-            + (f" × PP {v.pipeline_parallel_size}" if v.pipeline_parallel_size > 1 else "")
-            + (f" × DP {v.data_parallel_size}" if v.data_parallel_size > 1 else "")
-            + (", expert parallel" if v.expert_parallel else "")
-        )
+        shape = v.parallelism.label + (", expert parallel" if v.expert_parallel else "")
         where = "; ".join(f"{name} GPUs {_ranges(list(ids))}" for name, ids in
                           ((v.host, v.gpus), *((n.name, n.gpus) for n in v.nodes)))  # fmt: skip
         gen.append(("vLLM server", f"{where}, {shape}, {v.base_url}"))
@@ -217,9 +212,7 @@ def summary_lines(plan: Plan) -> list[str]:
     )
     vllm = str(v.mode)
     if v.mode == "server":
-        vllm += f" on {v.host} GPUs {_ranges(list(v.gpus))}, TP {v.tensor_parallel_size}"
-        vllm += f" × PP {v.pipeline_parallel_size}" if v.pipeline_parallel_size > 1 else ""
-        vllm += f" × DP {v.data_parallel_size}" if v.data_parallel_size > 1 else ""
+        vllm += f" on {v.host} GPUs {_ranges(list(v.gpus))}, {v.parallelism.label}"
         vllm += f" (+ {len(v.nodes)} more host(s))" if v.nodes else ""
     elif v.mode == "colocate":
         vllm += f", TP {v.tensor_parallel_size}, gpu_memory_utilization {v.gpu_memory_utilization}"
