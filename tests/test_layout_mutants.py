@@ -331,8 +331,9 @@ ALL8 = "0,1,2,3,4,5,6,7"
          [("vllm_tensor_parallel_size", 1, "1 server GPU(s) as TP 1"),
           ("server_gpus", "node1:1", "server on 1 GPU(s) (TP 1), 1 GPU(s) idle elsewhere")],
          dict(host="node1", address="node1", bind_host="0.0.0.0", gpus=("1",), gpu_memory_utilization=0.6), []),
-        # A mixture of experts served as TP 1 × DP 4 over two hosts: experts spread (expert parallelism).
-        ({"launch": {"vllm": "server"}}, "2x8xH100-80GB", "Qwen/Qwen3-30B-A3B",
+        # A mixture of experts served as TP 1 × DP 4 over two hosts: experts spread (expert parallelism). (4 server
+        # GPUs pinned: the default batch, 16 prompts, is one that 12 trainers cannot take evenly.)
+        ({"launch": {"vllm": "server", "vllm_gpus": 4}}, "2x8xH100-80GB", "Qwen/Qwen3-30B-A3B",
          [("vllm_tensor_parallel_size", 1, "4 server GPU(s) as TP 1 × DP 4 with expert parallelism"),
           ("vllm_data_parallel_size", 4, "Qwen3-30B-A3B is a mixture of experts: the 128 experts spread over all 4 "
            "GPUs (16.4 GiB of weights per GPU), a KV cache per rank"),

@@ -168,10 +168,10 @@ def solve_layout(
     k = req.group
     if req.generation_batch_size is not None:
         p, g, s = _given_generation_batch(n, req, colocate_n, notes)
-    elif req.steps_per_generation is not None:
-        p, g, s = _given_rhythm(n, req, colocate_n, notes)
     elif completions is not None:
         p, g, s = _to_target(n, req, completions, notes)
+    elif req.steps_per_generation is not None:
+        p, g, s = _given_rhythm(n, req, colocate_n, notes)
     else:
         p, g, s = _own_batch(n, req, colocate_n, notes)
     gbs = req.generation_batch_size
@@ -228,12 +228,20 @@ def _given_rhythm(n: int, req: LayoutRequest, colocate_n: int | None, notes: _No
 
 
 def _to_target(n: int, req: LayoutRequest, completions: int, notes: _Notes) -> _Sizes:
-    """Exactly ``completions`` per optimizer step (the split search's batch), on policy."""
+    """Exactly ``completions`` per optimizer step (the pinned or default batch), on policy unless the recipe sets
+    its own generation rhythm (``steps_per_generation``, kept)."""
     k = req.group
     p, g, target_problem = _meet(n, completions, req)
     if target_problem:
         notes.problems.append(target_problem)
         return p, g, None
+    s = req.steps_per_generation or g
+    if (p * n * s) % k:
+        notes.problem(
+            f"generation batch {p}×{n} processes×{s} steps_per_generation = {p * n * s} is not divisible by "
+            f"num_generations={k}",
+            [Fix("steps_per_generation", g, "one generation per optimizer step", rank=1)],
+        )
     if req.grad_accum is not None and g != req.grad_accum:
         notes.why.append(
             f"gradient_accumulation_steps={g} (the recipe says {req.grad_accum}): {p} per device × {n} "
@@ -247,7 +255,7 @@ def _to_target(n: int, req: LayoutRequest, completions: int, notes: _Notes) -> _
         )
     if req.per_device is None and p != TRL_DEFAULTS["per_device_train_batch_size"]:
         notes.why.append(f"per_device_train_batch_size={p}: {completions} completions over {n} processes")
-    return p, g, g
+    return p, g, s
 
 
 def _own_batch(n: int, req: LayoutRequest, colocate_n: int | None, notes: _Notes) -> _Sizes:
