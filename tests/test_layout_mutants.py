@@ -110,15 +110,28 @@ def _refusal(n: int, req: dict, **kw) -> PlanError:
             HEAD.format(3), "  - global eval batch 3×3 processes = 9 is not divisible by the num_generations_eval (4)",
             "Nearest valid alternatives:", "  1. set per_device_eval_batch_size=4", "  2. set num_generations_eval=3"],
          [(1, 0.288), (2, 1.288)]),
+        # A pinned batch the trainers cannot take: the nearest batches they take, and a per-device batch that
+        # divides each trainer's share (issue 36: named, never applied).
         (3, dict(num_generations=8), dict(completions=20), [
-            HEAD.format(3), "  - 20 completions (2 prompts × 8) do not split over 3 processes"], []),
+            HEAD.format(3), "  - 20 completions (2 prompts × 8) do not split over 3 processes",
+            "Nearest valid alternatives:", "  1. set launch.prompts_per_step=3 (3 trainers take it evenly (a different "
+            "batch))"], [(1, 0.405)]),
         (4, dict(per_device=3, num_generations=8), dict(completions=32), [
             HEAD.format(4),
-            "  - 32 completions over 4 processes are 8 each, not a whole number of per_device_train_batch_size=3"], []),
+            "  - 32 completions over 4 processes are 8 each, not a whole number of per_device_train_batch_size=3",
+            "Nearest valid alternatives:",
+            "  1. set launch.prompts_per_step=3 (4 trainers take it evenly (a different batch))",
+            "  2. set launch.prompts_per_step=6 (4 trainers take it evenly (a different batch))",
+            "  3. set per_device_train_batch_size=2 (8 completions per trainer)"],
+         [(1, 0.288), (1, 0.405), (1, 0.405)]),
         (1, dict(per_device=3, num_generations=8), dict(completions=32), [
             "no valid batch layout for 1 training process:",
-            "  - 32 completions over 1 processes are 32 each, not a whole number of per_device_train_batch_size=3"],
-         []),
+            "  - 32 completions over 1 processes are 32 each, not a whole number of per_device_train_batch_size=3",
+            "Nearest valid alternatives:",
+            "  1. set launch.prompts_per_step=3 (1 trainer takes it evenly (a different batch))",
+            "  2. set launch.prompts_per_step=6 (1 trainer takes it evenly (a different batch))",
+            "  3. set per_device_train_batch_size=2 (32 completions per trainer)"],
+         [(1, 0.288), (1, 0.405), (1, 0.405)]),
         # 5×2 = 10 and groups of 4: the even per-device eval batch nearest 5 is 4 (a tie with 6 goes down), and
         # 10's divisor nearest 4 is 5.
         (2, dict(eval_on=True, per_device_eval=5, num_generations_eval=4), {}, [

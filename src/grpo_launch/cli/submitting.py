@@ -56,6 +56,7 @@ def plan_submission(
     from grpo_launch.backends.submission import SubmitJob
     from grpo_launch.cli.tables import summary_lines
     from grpo_launch.execute.preflight import preflight
+    from grpo_launch.planning.splits.batch_target import batch_pins
     from grpo_launch.probe.local import probe_local
 
     submitter_cls = load_submitter(submitter_name)
@@ -67,9 +68,12 @@ def plan_submission(
     plan = plan_on(topology, recipe, args, ctx)  # refuse before submitting what cannot run
     preflight(plan, ctx.workdir)
     submitter = submitter_cls()
-    job = SubmitJob(os.path.abspath(args.recipe), tuple(flag_overrides(args)), tuple(getattr(args, "extra", ())))
+    # The batch is the user's algorithm: the job plans again inside its allocation at this batch, or refuses.
+    pins = [] if plan.train.device == "cpu" else batch_pins(plan.layout)
+    job = SubmitJob(os.path.abspath(args.recipe), (*flag_overrides(args), *pins), tuple(getattr(args, "extra", ())))
     submission = submitter.request(job, plan, options, ctx)
-    return Planned(submitter, options, plan, submission, tuple(summary_lines(plan)))
+    pinned = [f"batch pinned: {' '.join(pins)} (the job plans again in its allocation at this batch, or stops)"]
+    return Planned(submitter, options, plan, submission, tuple(summary_lines(plan) + (pinned if pins else [])))
 
 
 def emit_dry_run(planned: Planned, ctx: RunContext) -> int:

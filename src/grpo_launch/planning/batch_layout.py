@@ -233,7 +233,7 @@ def _to_target(n: int, req: LayoutRequest, completions: int, notes: _Notes) -> _
     k = req.group
     p, g, target_problem = _meet(n, completions, req)
     if target_problem:
-        notes.problems.append(target_problem)
+        notes.problem(target_problem, _target_fixes(n, completions, req))
         return p, g, None
     s = req.steps_per_generation or g
     if (p * n * s) % k:
@@ -256,6 +256,24 @@ def _to_target(n: int, req: LayoutRequest, completions: int, notes: _Notes) -> _
     if req.per_device is None and p != TRL_DEFAULTS["per_device_train_batch_size"]:
         notes.why.append(f"per_device_train_batch_size={p}: {completions} completions over {n} processes")
     return p, g, s
+
+
+def _target_fixes(n: int, completions: int, req: LayoutRequest) -> list[Fix]:
+    """A pinned batch ``n`` trainers cannot take evenly: the nearest batches they can (never applied without the
+    user: the batch is the algorithm), then a per-device batch that divides each trainer's share."""
+    k, p = req.group, req.per_device or 1
+    unit = n * p // math.gcd(n * p, k)  # the least prompts per step n trainers take in whole groups
+    prompts = completions // k
+    near = sorted({max(unit, unit * (prompts // unit)), unit * -(-prompts // unit)})
+    said = f"{n} trainer{'s take' if n > 1 else ' takes'} it evenly (a different batch)"
+    fixes = [Fix("launch.prompts_per_step", v, said, rank=1,
+                 cost=abs(math.log(v / prompts))) for v in near]  # fmt: skip
+    if req.per_device is not None and completions % n == 0:
+        d = nearest(req.per_device, lambda v: (completions // n) % v == 0, hi=completions // n)
+        if d is not None and d != req.per_device:
+            fixes.append(Fix("per_device_train_batch_size", d, f"{completions // n} completions per trainer", rank=1,
+                             cost=abs(math.log(d / req.per_device))))  # fmt: skip
+    return fixes
 
 
 def _own_batch(n: int, req: LayoutRequest, colocate_n: int | None, notes: _Notes) -> _Sizes:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from grpo_launch.planning.batch_layout import TRL_DEFAULTS, LayoutRequest
+from grpo_launch.planning.batch_layout import TRL_DEFAULTS, Layout, LayoutRequest
 
 
 def feasible(completions: int, trainers: int, per_device: int | None) -> bool:
@@ -64,3 +64,18 @@ def planned_batch(req: LayoutRequest, pinned: int | None, trainers: int, gpus: i
         "prompts per step, every split planned at it (pin another with launch.prompts_per_step, or set "
         "gradient_accumulation_steps)"
     )
+
+
+def batch_pins(layout: Layout) -> list[str]:
+    """The recipe overrides that pin a planned batch (the algorithm: its prompts per step, group size and
+    per-device batch), for a job that plans again inside its allocation (``sbatch``, ``sky``, ``ray-submit``): it
+    keeps this batch, or refuses (a split that cannot take it evenly is never planned at another). A generation
+    rhythm that spans optimizer steps (not whole groups per step) pins nothing: the recipe's own values keep it."""
+    completions, k = layout.completions_per_optimizer_step, layout.num_generations
+    if completions % k:
+        return []
+    return [
+        f"launch.prompts_per_step={completions // k}",
+        f"num_generations={k}",
+        f"per_device_train_batch_size={layout.per_device_train_batch_size}",
+    ]
