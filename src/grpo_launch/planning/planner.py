@@ -71,7 +71,8 @@ def _plan(
     if topology.is_cpu:
         requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
         base.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
-        return plan_one(ctx, None, None)
+        pinned = recipe.launch.prompts_per_step  # the batch rule holds on CPU too: a pinned batch, or the recipe's
+        return plan_one(ctx, None, Batch(pinned, ctx.group) if pinned else None)
     splits = allowed_splits(topology, recipe, model, base)
     if any(s.kind != SplitKind.OFF for s in splits):
         check_positions(recipe, model)  # vLLM generates: its max length must fit the model's positions
