@@ -162,3 +162,9 @@ def test_ray_submit_dry_run_carries_the_pinned_batch(capsys, monkeypatch):
     assert main(["ray-submit", QWEN, "--ray", "10.0.0.1:6379", "--dry-run"], environ={}) == 0
     out = capsys.readouterr().out
     assert f"{QWEN} {PINS} --run-dir" in out and f"# batch pinned: {PINS}" in out
+
+
+def test_two_pins_of_the_batch_are_refused_with_both_fixes():
+    with pytest.raises(PlanError, match=r"launch\.prompts_per_step and generation_batch_size both pin") as exc:
+        plan_recipe(QWEN, "8xH100-80GB", "launch.prompts_per_step=8", "generation_batch_size=64")
+    assert {f.setting for f in exc.value.fixes} == {"generation_batch_size", "launch.prompts_per_step"}

@@ -89,6 +89,12 @@ def _batch(ctx: Context, splits: list[Split]) -> Batch | None:
     (:mod:`.splits.batch_target`: the batch is the user's algorithm)."""
     counts = {s.trainers for s in splits}
     gpus, served = ctx.topology.num_gpus, ctx.recipe.launch.vllm_gpus
+    if ctx.recipe.launch.prompts_per_step is not None and ctx.request.generation_batch_size is not None:
+        raise PlanError(
+            "launch.prompts_per_step and generation_batch_size both pin the batch",
+            fixes=[Fix("generation_batch_size", None, "keep launch.prompts_per_step (one generation per step)"),
+                   Fix("launch.prompts_per_step", None, "keep the recipe's generation_batch_size", rank=1)],
+        )  # fmt: skip
     # Every GPU a trainer, less the server GPUs the recipe pins (or the one trainer count the recipe and the model
     # leave): the recipe and the topology decide it, never the splits compared.
     trainers = counts.pop() if len(counts) == 1 else gpus - served if served and served < gpus else gpus
