@@ -151,10 +151,10 @@ def solve_layout(
     """Choose a valid layout for ``n`` trainer processes; returns it and the reasons for each choice.
 
     On policy: ``steps_per_generation`` equals ``gradient_accumulation_steps`` (one fresh generation per optimizer
-    step) unless the recipe sets ``steps_per_generation`` or ``generation_batch_size`` itself. ``completions`` (the
-    split search's prompts per step × num_generations) is the number every optimizer step must process exactly:
-    the accumulation (and a per-device batch the recipe leaves unset) is chosen to meet it. Without it, the recipe's
-    own values at ``n`` processes decide, with the least accumulation that fills whole prompt groups.
+    step) unless the recipe sets ``steps_per_generation`` or ``generation_batch_size`` itself. ``completions`` (a
+    pinned or default batch's prompts per step × num_generations) is the number every optimizer step must process
+    exactly: the accumulation (and a per-device batch the recipe leaves unset) is chosen to meet it. Without it,
+    the recipe's own values at ``n`` processes decide, with the least accumulation that fills whole prompt groups.
     ``colocate_n`` (the process count with colocated vLLM) is only used to suggest an alternative split.
     """
     if n < 1:

@@ -1,8 +1,9 @@
 """launch.mode: sync (TRL's GRPOTrainer), async (its AsyncGRPOTrainer) or auto, planned side by side. Pure.
 
 Async candidates are the splits whose server and trainers hold different GPUs, planned by the same split search
-(:mod:`.search`) at the same completions per step as the sync ones; the plan keeps both sets of candidates for
-``--explain``, and says what the chosen mode gains over the other.
+(:mod:`.search`) at the same batch rule as the sync ones (compared per prompt: where the recipe's own values are
+kept, a split's batch follows its trainers); the plan keeps both sets of candidates for ``--explain``, and says
+what the chosen mode gains over the other.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
-"""The split search: every split the recipe allows, planned at the same prompts per optimizer step and the same
-algorithm (group size, one generation per step); the shortest predicted step wins. Pure.
+"""The split search: every split the recipe allows, planned at the batch the batch rule gives it
+(:mod:`.splits.batch_target`: a pinned or default batch, the same on every split; or the recipe's own values on
+each split's trainers) and the same algorithm (group size, one generation per step); the shortest predicted time
+per completion wins (the shortest step when the batches are equal). Pure.
 
 - The TP × DP of one server size (or of colocated engines) is chosen by its generation time alone: training does
   not depend on it.
-- Each server size is then planned in full, best lower bound first (its generation and sync, the old log-probs,
-  and training at the cheapest setting: DDP without offload); one whose bound cannot beat the best plan so far is
-  not planned in full.
+- Each server size is then planned in full, best lower bound per completion first (its generation and sync, the
+  old log-probs, and training at the cheapest setting: DDP without offload); one whose bound cannot beat the best
+  plan so far is not planned in full.
 - GPUs idle only when every split that uses them is slower, and the plan says by how much.
 - When the chosen batch keeps a faster split out (its trainers cannot take the batch evenly), the plan names the
   batch that split could take and what it would gain, as a ``launch.prompts_per_step`` to set: the batch is the
