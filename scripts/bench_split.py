@@ -1,24 +1,24 @@
 """Benchmark the planner's choice of GPU split against an exhaustive search and against the published hand layout.
 
 For each model (0.5B–72B) × cluster (1–16 nodes of 8 × H100), all under the same cost model (grpo_launch.planning
-.cost) and at the same prompts per optimizer step (the one `grpo-launch plan` chooses for the recipe):
+.cost). The recipe sets its batch (open-r1's per-device 16 × accumulation 4), so each split runs it on its own
+trainers (the batch rule, DESIGN.md) and every layout is compared per prompt (per completion):
 
   chosen      what `grpo-launch plan` picks (split search with its lower-bound pruning + cheapest memory setting)
   exhaustive  the best over every split the recipe allows (every kind, server size and TP × DP) × backend ×
-              offload × checkpointing that fits in memory, each planned in full
+              offload × checkpointing that fits in memory, each planned in full at the recipe's batch on its trainers
   hand        the layout open-r1 publishes: on one node a 1-GPU vLLM server and 7 trainers (README); on several,
-              the last node serves as TP × DP and the others train (slurm/train.slurm). Planned at its own least
-              batch at or above the chosen one that its trainer count can take, compared per prompt.
+              the last node serves as TP × DP and the others train (slurm/train.slurm), at the recipe's batch on
+              its trainers (what open-r1 runs).
 
-Prints a table, the worst chosen/exhaustive ratio (target ≥ 0.95) and the worst chosen/hand ratio of time per
-prompt (target ≤ 1.0), then the predicted against the published measurements of tests/published_cases.py.
+Prints a table, the worst chosen/exhaustive ratio of time per prompt (target ≥ 0.95) and the worst chosen/hand ratio
+of time per prompt (target ≤ 1.0), then the predicted against the published measurements of tests/published_cases.py.
 
     .venv/bin/python scripts/bench_split.py
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 import time
@@ -58,8 +58,8 @@ def prompts_of(plan) -> float:
     return plan.layout.completions_per_optimizer_step / plan.layout.num_generations
 
 
-def exhaustive(topology, values, model, prompts):
-    """The best step over every split × training setting, all at ``prompts`` per step."""
+def exhaustive(topology, values, model):
+    """The best time per prompt over every split × training setting, each at the recipe's batch on its trainers."""
     best = None
     splits = allowed_splits(topology, build_recipe(values), model, Trace())
     for split in splits:
@@ -67,10 +67,10 @@ def exhaustive(topology, values, model, prompts):
             launch = {"backend": str(backend), "offload": str(offload)}
             recipe = build_recipe({**values, "gradient_checkpointing": ckpt, "launch": launch})
             try:
-                plan = plan_split(topology, recipe, model, split, prompts=prompts)
+                plan = plan_split(topology, recipe, model, split)
             except PlanError:
                 continue
-            t = plan.estimate.step.total_s
+            t = plan.estimate.step.total_s / prompts_of(plan)
             if best is None or t < best[0]:
                 best = (t, f"{split.label} {backend}/{offload}/ckpt={ckpt}")
     return best, len(splits)
@@ -86,22 +86,19 @@ def hand_split(topology, model) -> Split:
                  Parallelism(tp, dp=per_host // tp), (hosts - 1,), per_host)  # fmt: skip
 
 
-def hand(topology, values, model, prompts):
-    """Time per prompt of the published hand layout at its least batch ≥ ``prompts`` that its trainers can take."""
+def hand(topology, values, model):
+    """Time per prompt of the published hand layout at the recipe's batch on its trainers."""
     split = hand_split(topology, model)
-    unit = values["per_device_train_batch_size"] * split.trainers
-    k = values["num_generations"]
-    least = unit // math.gcd(unit, k)  # prompts per step of one accumulation step's worth, in whole groups
-    own = least * math.ceil(prompts / least)
     try:
-        plan = plan_split(topology, build_recipe(values), model, split, prompts=own)
+        plan = plan_split(topology, build_recipe(values), model, split)
+        own = int(prompts_of(plan))
     except PlanError as exc:
         return None, f"refused: {exc.message}"
     return plan.estimate.step.total_s / own, f"{split.label} at {own} prompts"
 
 
 def main() -> None:
-    print(f"{'model':13} {'cluster':15} {'P':>4} {'chosen s':>9} {'best s':>8} {'ratio':>6} {'hand s/P':>9} "
+    print(f"{'model':13} {'cluster':15} {'P':>4} {'chosen s':>9} {'best s/P':>8} {'ratio':>6} {'hand s/P':>9} "
           f"{'chosen/hand':>11}  chosen")  # fmt: skip
     ratios, hand_ratios, plan_ms = [], [], []
     for name, hub in MODELS.items():
@@ -117,21 +114,21 @@ def main() -> None:
                 continue
             plan_ms.append((time.perf_counter() - t0) * 1e3)
             prompts = int(prompts_of(chosen))
-            (best, _how), count = exhaustive(topology, values, model, prompts)
+            (best, _how), count = exhaustive(topology, values, model)
             c = chosen.estimate.step.total_s
-            ratio = best / c
+            ratio = best / (c / prompts)
             ratios.append(ratio)
-            per_hand, hand_how = hand(topology, values, model, prompts)
+            per_hand, hand_how = hand(topology, values, model)
             vs_hand = (c / prompts) / per_hand if per_hand else float("nan")
             if per_hand:
                 hand_ratios.append(vs_hand)
             split = next(d.value for d in chosen.decisions if d.what == "split")
-            print(f"{name:13} {spec:15} {prompts:4d} {c:9.2f} {best:8.2f} {ratio:6.3f} "
+            print(f"{name:13} {spec:15} {prompts:4d} {c:9.2f} {best:8.3f} {ratio:6.3f} "
                   f"{per_hand or float('nan'):9.3f} {vs_hand:11.2f}  {split} "
                   f"({count} splits; hand: {hand_how})")  # fmt: skip
     print()
     print(
-        f"cases: {len(ratios)}; chosen/optimum (optimum step ÷ chosen step): worst {min(ratios):.3f}, "
+        f"cases: {len(ratios)}; chosen/optimum (optimum ÷ chosen, time per prompt): worst {min(ratios):.3f}, "
         f"mean {statistics.mean(ratios):.3f}; target ≥ 0.95"
     )
     if hand_ratios:

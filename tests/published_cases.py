@@ -163,11 +163,12 @@ def _open_r1_251_memory() -> float:
 # --tensor_parallel_size / --data_parallel_size over its 8 GPUs, accelerate trains on the other N−1.
 def _chosen_over_dedicated_node(recipe_name: str, spec: str) -> float:
     """The chosen split's step time per prompt over that of open-r1's layout (the last node serves as TP × DP),
-    at the chosen batch. The published layout must plan as it is; the chosen one may not be slower (≤ 1)."""
+    at the published layout's batch (its default batch: the recipe's per-device batch on its trainers), which the
+    chosen plan is pinned at. The published layout must plan as it is; the chosen one may not be slower (≤ 1)."""
     path = ROOT / "recipes" / f"{recipe_name}.yaml"
-    chosen = plan_recipe(path, spec)
-    hand = plan_recipe(path, spec, "launch.vllm=server", f"launch.vllm_gpus={len(chosen.topology.hosts[0].gpus)}",
-                       f"launch.prompts_per_step={_prompts(chosen)}")  # fmt: skip
+    per_host = int(spec.split("x")[1])
+    hand = plan_recipe(path, spec, "launch.vllm=server", f"launch.vllm_gpus={per_host}")
+    chosen = plan_recipe(path, spec, f"launch.prompts_per_step={_prompts(hand)}")
     assert (
         hand.vllm.host == chosen.topology.hosts[-1].name and hand.train.num_machines == len(chosen.topology.hosts) - 1
     )

@@ -76,7 +76,8 @@ def test_seed_case_4_generation_is_the_bottleneck_of_long_completions():
 def test_trl_docs_72b_on_four_training_nodes_and_one_vllm_node():
     """TRL's GRPO docs run Qwen2.5-72B on 5 nodes of 8 × H100: 4 train, 1 serves vLLM with TP 8. That layout plans
     (ZeRO-3; "within memory" is the planner's own acceptance, not asserted again), and what the planner chooses
-    at the same batch predicts a step no longer than it."""
+    at the same batch predicts a step no longer than it. Both are pinned at 20 prompts per step (160 completions),
+    a batch that the docs' 32 trainers and every GPU (40) both take evenly."""
     values = {
         "model_name_or_path": "Qwen/Qwen2.5-72B-Instruct",
         "num_generations": 8,
@@ -85,8 +86,8 @@ def test_trl_docs_72b_on_four_training_nodes_and_one_vllm_node():
         "max_completion_length": 1024,
         "gradient_checkpointing": True,
     }
-    chosen = plan(values, "5x8xH100-80GB")
-    prompts = chosen.layout.completions_per_optimizer_step // 8
+    prompts = 20
+    chosen = plan({**values, "launch": {"prompts_per_step": prompts}}, "5x8xH100-80GB")
     docs = plan({**values, "launch": {"vllm_gpus": 8, "vllm_tensor_parallel_size": 8, "prompts_per_step": prompts}},
                 "5x8xH100-80GB")  # fmt: skip
     assert docs.vllm.mode == "server" and docs.vllm.tensor_parallel_size == 8 and docs.vllm.host == "node4"

@@ -110,15 +110,28 @@ def _refusal(n: int, req: dict, **kw) -> PlanError:
             HEAD.format(3), "  - global eval batch 3×3 processes = 9 is not divisible by the num_generations_eval (4)",
             "Nearest valid alternatives:", "  1. set per_device_eval_batch_size=4", "  2. set num_generations_eval=3"],
          [(1, 0.288), (2, 1.288)]),
+        # A pinned batch the trainers cannot take: the nearest batches they take, and a per-device batch that
+        # divides each trainer's share (issue 36: named, never applied).
         (3, dict(num_generations=8), dict(completions=20), [
-            HEAD.format(3), "  - 20 completions (2 prompts × 8) do not split over 3 processes"], []),
+            HEAD.format(3), "  - 20 completions (2 prompts × 8) do not split over 3 processes",
+            "Nearest valid alternatives:", "  1. set launch.prompts_per_step=3 (3 trainers take it evenly (a different "
+            "batch))"], [(1, 0.405)]),
         (4, dict(per_device=3, num_generations=8), dict(completions=32), [
             HEAD.format(4),
-            "  - 32 completions over 4 processes are 8 each, not a whole number of per_device_train_batch_size=3"], []),
+            "  - 32 completions over 4 processes are 8 each, not a whole number of per_device_train_batch_size=3",
+            "Nearest valid alternatives:",
+            "  1. set launch.prompts_per_step=3 (4 trainers take it evenly (a different batch))",
+            "  2. set launch.prompts_per_step=6 (4 trainers take it evenly (a different batch))",
+            "  3. set per_device_train_batch_size=2 (8 completions per trainer)"],
+         [(1, 0.288), (1, 0.405), (1, 0.405)]),
         (1, dict(per_device=3, num_generations=8), dict(completions=32), [
             "no valid batch layout for 1 training process:",
-            "  - 32 completions over 1 processes are 32 each, not a whole number of per_device_train_batch_size=3"],
-         []),
+            "  - 32 completions over 1 processes are 32 each, not a whole number of per_device_train_batch_size=3",
+            "Nearest valid alternatives:",
+            "  1. set launch.prompts_per_step=3 (1 trainer takes it evenly (a different batch))",
+            "  2. set launch.prompts_per_step=6 (1 trainer takes it evenly (a different batch))",
+            "  3. set per_device_train_batch_size=2 (32 completions per trainer)"],
+         [(1, 0.288), (1, 0.405), (1, 0.405)]),
         # 5×2 = 10 and groups of 4: the even per-device eval batch nearest 5 is 4 (a tie with 6 goes down), and
         # 10's divisor nearest 4 is 5.
         (2, dict(eval_on=True, per_device_eval=5, num_generations_eval=4), {}, [
@@ -331,8 +344,9 @@ ALL8 = "0,1,2,3,4,5,6,7"
          [("vllm_tensor_parallel_size", 1, "1 server GPU(s) as TP 1"),
           ("server_gpus", "node1:1", "server on 1 GPU(s) (TP 1), 1 GPU(s) idle elsewhere")],
          dict(host="node1", address="node1", bind_host="0.0.0.0", gpus=("1",), gpu_memory_utilization=0.6), []),
-        # A mixture of experts served as TP 1 × DP 4 over two hosts: experts spread (expert parallelism).
-        ({"launch": {"vllm": "server"}}, "2x8xH100-80GB", "Qwen/Qwen3-30B-A3B",
+        # A mixture of experts served as TP 1 × DP 4 over two hosts: experts spread (expert parallelism). (4 server
+        # GPUs pinned: the default batch, 16 prompts, is one that 12 trainers cannot take evenly.)
+        ({"launch": {"vllm": "server", "vllm_gpus": 4}}, "2x8xH100-80GB", "Qwen/Qwen3-30B-A3B",
          [("vllm_tensor_parallel_size", 1, "4 server GPU(s) as TP 1 × DP 4 with expert parallelism"),
           ("vllm_data_parallel_size", 4, "Qwen3-30B-A3B is a mixture of experts: the 128 experts spread over all 4 "
            "GPUs (16.4 GiB of weights per GPU), a KV cache per rank"),

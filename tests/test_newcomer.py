@@ -142,7 +142,7 @@ def test_generation_is_charged_once_per_generation_round(plan_of):
     """TRL 1.16 generates once every steps_per_generation × num_iterations micro-steps (grpo_trainer.py,
     ``_prepare_inputs``: ``generate_every``): with num_iterations=4 one generation serves 4 optimizer steps, and so
     do its weight sync and old log-probs; training is paid every step."""
-    rows = "launch.dataset_rows=7500"
+    rows = "launch.dataset_rows=7200"  # whole steps at 8 prompts per step (7200 ÷ 8), so 4× is exact
     one = plan_of(QWEN, "8xH100-80GB", rows)
     four = plan_of(QWEN, "8xH100-80GB", rows, "num_iterations=4")
     s1, s4 = one.estimate.step, four.estimate.step
@@ -154,7 +154,7 @@ def test_generation_is_charged_once_per_generation_round(plan_of):
         4 * one.estimate.total.steps * (s1.generation_s / 4 + s1.old_logprobs_s / 4 + s1.training_s + s1.sync_s / 4)
     )
     assert four.estimate.total.hours * 3600 == pytest.approx(expected + four.estimate.startup_s, rel=1e-6)
-    assert "a generation of 24 (3 prompts × 8) every 4 optimizer steps" in four.estimate.explain[0]
+    assert "a generation of 64 (8 prompts × 8) every 4 optimizer steps" in four.estimate.explain[0]
 
 
 def test_a_step_of_part_of_a_prompt_group_names_the_generation_it_comes_from(plan_of):

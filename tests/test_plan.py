@@ -91,9 +91,10 @@ def test_no_gpu_idles_without_a_stated_reason():
 
 
 def test_open_r1_codeforces_on_four_nodes_uses_every_gpu():
-    """The batch of open-r1's codeforces recipe (4 per device × 32 GPUs × 32 steps = 256 prompts of 16) cannot be
-    taken by 24 trainers: with a server on one host only, the old search kept 8 trainers and idled 18 GPUs. A
-    data-parallel server over several hosts (vLLM's multi-node data parallel) takes the batch with every GPU busy."""
+    """open-r1's codeforces recipe (4 per device × 32 accumulation steps) on 4 nodes: with a server on one host only,
+    an old search kept 8 trainers and idled 18 GPUs. A data-parallel server over several hosts (vLLM's multi-node
+    data parallel) runs with every GPU busy, and the recipe's values are kept (the batch rule: its batch is TRL's
+    4 × the trainers × 32)."""
     model = "Qwen/Qwen2.5-7B-Instruct"
     values = {"model_name_or_path": model, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 32,
               "num_generations": 16, "max_prompt_length": 2000, "max_completion_length": 8192,
@@ -102,7 +103,9 @@ def test_open_r1_codeforces_on_four_nodes_uses_every_gpu():
     assert not [r for r in plan.roles if r.role == "idle"]
     v = plan.vllm
     assert v.mode == "server" and v.nodes, "a server on several hosts"
-    assert plan.layout.completions_per_optimizer_step == 256 * 16  # the recipe's batch, kept
+    lay = plan.layout  # the recipe's batch values, kept on the split that wins (TRL's 4 × trainers × 32)
+    assert (lay.per_device_train_batch_size, lay.gradient_accumulation_steps) == (4, 32)
+    assert lay.completions_per_optimizer_step == 4 * lay.num_processes * 32
     assert plan.layout.steps_per_generation == plan.layout.gradient_accumulation_steps
     hosts = {r.host for r in plan.roles if r.role == "vllm"}
     assert hosts == {v.host, *(n.name for n in v.nodes)} and len(hosts) == len(v.nodes) + 1
@@ -185,16 +188,20 @@ def test_tiny_recipe_plans_on_cpu():
 
 
 def test_a_latency_bound_batch_is_named_not_changed():
-    """The shipped 1.5B recipe on 8 × H100 generates 28× longer than it trains at its least batch (3 prompts):
-    decode latency. The plan keeps the recipe's batch and names the larger one that would use the GPUs, with what it
-    gains per prompt, which a plan pinned at that batch confirms."""
+    """The shipped 1.5B recipe on 8 × H100 at a small batch (accumulation 3: 3 prompts per step) generates many times
+    longer than it trains: decode latency. The plan keeps the recipe's batch and names the larger one that would use
+    the GPUs, with what it gains per prompt, which a plan pinned at that batch confirms. (The recipe now states its
+    own accumulation, 8: the override sets the small batch the planner used to choose.)"""
     from .helpers import ROOT, plan_recipe
 
-    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB")
+    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB", "gradient_accumulation_steps=3")
+    assert plan.layout.gradient_accumulation_steps == 3  # the recipe's batch, kept
     prompts = plan.layout.completions_per_optimizer_step // plan.layout.num_generations
     larger = next(d for d in plan.decisions if d.what == "prompts_per_step_larger")
     assert larger.value == 4 * prompts and "your choice" in larger.why and larger.why in plan.notices
-    pinned = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB", f"launch.prompts_per_step={larger.value}")
+    pinned = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB", "gradient_accumulation_steps=3",
+                         f"launch.prompts_per_step={larger.value}")  # fmt: skip
+    assert any("gradient_accumulation_steps 3 (the recipe's) →" in n for n in pinned.notices)
     assert pinned.layout.completions_per_optimizer_step == larger.value * plan.layout.num_generations
     per_prompt = plan.estimate.step.total_s / prompts
     assert pinned.estimate.step.total_s / larger.value < 0.95 * per_prompt

@@ -51,7 +51,7 @@ def test_accelerate_config_loads_with_accelerate(tmp_path, spec, launch, distrib
 
 
 def test_vllm_server_command_for_trl_116():
-    plan = _plan("4xL20-48GB", vllm="server")
+    plan = _plan("4xL20-48GB", vllm="server", vllm_gpus=1)  # 1 GPU serves (the default batch: 3 trainers × 8)
     spec = render_vllm_command(plan)
     argv = list(spec.argv)
     assert argv[:3] == ["vllm", "serve", QWEN]
@@ -78,7 +78,7 @@ def test_trainer_recipe_and_plan_json(tmp_path):
     data = json.loads(files["plan.json"])
     assert data["vllm"]["command"][0:2] == ["vllm", "serve"]
     assert data["layout"]["generation_batch_size"] == 24
-    assert any(d["what"] == "layout" for d in data["decisions"])
+    assert any(d["what"] == "prompts_per_step" for d in data["decisions"])  # the recipe's batch, and why
     assert data["train"]["commands"][0]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2"
 
 

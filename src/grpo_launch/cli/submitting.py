@@ -62,6 +62,7 @@ def plan_submission(
     from grpo_launch.backends.submission import SubmitJob
     from grpo_launch.cli.tables import summary_lines
     from grpo_launch.execute.preflight import preflight
+    from grpo_launch.planning.splits.batch_target import batch_pins
     from grpo_launch.probe.local import probe_local
 
     submitter_cls = load_submitter(submitter_name)
@@ -76,9 +77,13 @@ def plan_submission(
     resuming = getattr(args, "resuming", None)
     invocation = resuming.record if resuming else invocation_of(args, submitter_name, plan.run_dir, ctx)
     submitter = submitter_cls()
-    job = SubmitJob(os.path.abspath(args.recipe), tuple(flag_overrides(args)), tuple(getattr(args, "extra", ())))
+    # The batch is the user's algorithm: the job plans again inside its allocation at this batch, or refuses.
+    pins = [] if plan.train.device == "cpu" else batch_pins(plan.layout)
+    job = SubmitJob(os.path.abspath(args.recipe), (*flag_overrides(args), *pins), tuple(getattr(args, "extra", ())))
     submission = submitter.request(job, plan, options, ctx)
-    return Planned(submitter, options, plan, submission, tuple(summary_lines(plan)), invocation)
+    pinned = [f"batch pinned: {' '.join(pins)} (the job plans again in its allocation at this batch, or stops)"]
+    lines = tuple(summary_lines(plan) + (pinned if pins else []))
+    return Planned(submitter, options, plan, submission, lines, invocation)
 
 
 def emit_dry_run(planned: Planned, ctx: RunContext) -> int:

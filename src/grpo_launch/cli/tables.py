@@ -101,23 +101,37 @@ def _roles_section(plan: Plan) -> Section:
     return Section("GPUs and roles", roles, ("host", "GPUs", "model", "role"))
 
 
+# The batch keys a recipe may set, as the layout section lists them beside the planned values.
+_BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+               "generation_batch_size", "num_generations")  # fmt: skip
+
+
 def _layout_section(plan: Plan) -> Section:
+    """The planned batch beside the recipe's values ("-": unset, TRL's default or the planner's choice), so any
+    value the plan changed shows (and a notice says why: the batch is the user's algorithm)."""
     lay = plan.layout
+    asked = {k: plan.recipe.values.get(k) for k in _BATCH_KEYS}
+    pinned = plan.recipe.launch.prompts_per_step
+
+    def recipe(key: str) -> str:
+        value = asked.get(key)
+        return "-" if value in (None, "auto") else str(value)
+
+    prompts = lay.completions_per_optimizer_step / lay.num_generations
     layout = [
-        ("training processes", str(lay.num_processes)),
-        ("per_device_train_batch_size", str(lay.per_device_train_batch_size)),
-        ("gradient_accumulation_steps", str(lay.gradient_accumulation_steps)),
-        ("steps_per_generation", str(lay.steps_per_generation)),
-        (
-            "generation_batch_size",
-            f"{lay.generation_batch_size} = {lay.prompts_per_generation} prompts × {lay.num_generations}",
-        ),
-        ("num_generations", str(lay.num_generations)),
-        ("completions per optimizer step", str(lay.completions_per_optimizer_step)),
-    ]
+        ("training processes", str(lay.num_processes), "-"),
+        ("per_device_train_batch_size", str(lay.per_device_train_batch_size), recipe("per_device_train_batch_size")),
+        ("gradient_accumulation_steps", str(lay.gradient_accumulation_steps), recipe("gradient_accumulation_steps")),
+        ("steps_per_generation", str(lay.steps_per_generation), recipe("steps_per_generation")),
+        ("generation_batch_size", f"{lay.generation_batch_size} = {lay.prompts_per_generation} prompts × "
+         f"{lay.num_generations}", recipe("generation_batch_size")),
+        ("num_generations", str(lay.num_generations), recipe("num_generations")),
+        ("prompts per optimizer step", f"{prompts:g}", f"launch.prompts_per_step={pinned}" if pinned else "-"),
+        ("completions per optimizer step", str(lay.completions_per_optimizer_step), "-"),
+    ]  # fmt: skip
     if lay.per_device_eval_batch_size is not None:
-        layout.append(("per_device_eval_batch_size", str(lay.per_device_eval_batch_size)))
-    return Section("Batch layout (TRL 1.16)", layout)
+        layout.append(("per_device_eval_batch_size", str(lay.per_device_eval_batch_size), "-"))
+    return Section("Batch layout (TRL 1.16)", layout, ("", "planned", "the recipe"))
 
 
 def _generation_section(plan: Plan) -> Section:

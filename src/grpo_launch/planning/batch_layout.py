@@ -151,10 +151,10 @@ def solve_layout(
     """Choose a valid layout for ``n`` trainer processes; returns it and the reasons for each choice.
 
     On policy: ``steps_per_generation`` equals ``gradient_accumulation_steps`` (one fresh generation per optimizer
-    step) unless the recipe sets ``steps_per_generation`` or ``generation_batch_size`` itself. ``completions`` (the
-    split search's prompts per step × num_generations) is the number every optimizer step must process exactly:
-    the accumulation (and a per-device batch the recipe leaves unset) is chosen to meet it. Without it, the recipe's
-    own values at ``n`` processes decide, with the least accumulation that fills whole prompt groups.
+    step) unless the recipe sets ``steps_per_generation`` or ``generation_batch_size`` itself. ``completions`` (a
+    pinned or default batch's prompts per step × num_generations) is the number every optimizer step must process
+    exactly: the accumulation (and a per-device batch the recipe leaves unset) is chosen to meet it. Without it,
+    the recipe's own values at ``n`` processes decide, with the least accumulation that fills whole prompt groups.
     ``colocate_n`` (the process count with colocated vLLM) is only used to suggest an alternative split.
     """
     if n < 1:
@@ -168,10 +168,10 @@ def solve_layout(
     k = req.group
     if req.generation_batch_size is not None:
         p, g, s = _given_generation_batch(n, req, colocate_n, notes)
-    elif req.steps_per_generation is not None:
-        p, g, s = _given_rhythm(n, req, colocate_n, notes)
     elif completions is not None:
         p, g, s = _to_target(n, req, completions, notes)
+    elif req.steps_per_generation is not None:
+        p, g, s = _given_rhythm(n, req, colocate_n, notes)
     else:
         p, g, s = _own_batch(n, req, colocate_n, notes)
     gbs = req.generation_batch_size
@@ -228,12 +228,20 @@ def _given_rhythm(n: int, req: LayoutRequest, colocate_n: int | None, notes: _No
 
 
 def _to_target(n: int, req: LayoutRequest, completions: int, notes: _Notes) -> _Sizes:
-    """Exactly ``completions`` per optimizer step (the split search's batch), on policy."""
+    """Exactly ``completions`` per optimizer step (the pinned or default batch), on policy unless the recipe sets
+    its own generation rhythm (``steps_per_generation``, kept)."""
     k = req.group
     p, g, target_problem = _meet(n, completions, req)
     if target_problem:
-        notes.problems.append(target_problem)
+        notes.problem(target_problem, _target_fixes(n, completions, req))
         return p, g, None
+    s = req.steps_per_generation or g
+    if (p * n * s) % k:
+        notes.problem(
+            f"generation batch {p}×{n} processes×{s} steps_per_generation = {p * n * s} is not divisible by "
+            f"num_generations={k}",
+            [Fix("steps_per_generation", g, "one generation per optimizer step", rank=1)],
+        )
     if req.grad_accum is not None and g != req.grad_accum:
         notes.why.append(
             f"gradient_accumulation_steps={g} (the recipe says {req.grad_accum}): {p} per device × {n} "
@@ -247,7 +255,25 @@ def _to_target(n: int, req: LayoutRequest, completions: int, notes: _Notes) -> _
         )
     if req.per_device is None and p != TRL_DEFAULTS["per_device_train_batch_size"]:
         notes.why.append(f"per_device_train_batch_size={p}: {completions} completions over {n} processes")
-    return p, g, g
+    return p, g, s
+
+
+def _target_fixes(n: int, completions: int, req: LayoutRequest) -> list[Fix]:
+    """A pinned batch ``n`` trainers cannot take evenly: the nearest batches they can (never applied without the
+    user: the batch is the algorithm), then a per-device batch that divides each trainer's share."""
+    k, p = req.group, req.per_device or 1
+    unit = n * p // math.gcd(n * p, k)  # the least prompts per step n trainers take in whole groups
+    prompts = completions // k
+    near = sorted({max(unit, unit * (prompts // unit)), unit * -(-prompts // unit)})
+    said = f"{n} trainer{'s take' if n > 1 else ' takes'} it evenly (a different batch)"
+    fixes = [Fix("launch.prompts_per_step", v, said, rank=1,
+                 cost=abs(math.log(v / prompts))) for v in near]  # fmt: skip
+    if req.per_device is not None and completions % n == 0:
+        d = nearest(req.per_device, lambda v: (completions // n) % v == 0, hi=completions // n)
+        if d is not None and d != req.per_device:
+            fixes.append(Fix("per_device_train_batch_size", d, f"{completions // n} completions per trainer", rank=1,
+                             cost=abs(math.log(d / req.per_device))))  # fmt: skip
+    return fixes
 
 
 def _own_batch(n: int, req: LayoutRequest, colocate_n: int | None, notes: _Notes) -> _Sizes:

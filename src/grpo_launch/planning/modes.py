@@ -1,8 +1,9 @@
 """launch.mode: sync (TRL's GRPOTrainer), async (its AsyncGRPOTrainer) or auto, planned side by side. Pure.
 
 Async candidates are the splits whose server and trainers hold different GPUs, planned by the same split search
-(:mod:`.search`) at the same completions per step as the sync ones; the plan keeps both sets of candidates for
-``--explain``, and says what the chosen mode gains over the other.
+(:mod:`.search`) at the same batch rule as the sync ones (compared per prompt: where the recipe's own values are
+kept, a split's batch follows its trainers); the plan keeps both sets of candidates for ``--explain``, and says
+what the chosen mode gains over the other.
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ def plan_modes(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
         sync = best_plan(ctx, splits, target)
     except PlanError:
         sync = None
-    if mode is LaunchMode.AUTO and sync is not None and _step(sync) <= _step(chosen):
+    if mode is LaunchMode.AUTO and sync is not None and _per_prompt(sync) <= _per_prompt(chosen):
         why = f"auto: sync {_step(sync):.1f} s per step ≤ async {_step(chosen):.1f} s at the same work"
+        if _prompts(sync) != _prompts(chosen):  # the recipe's batch on each split's trainers: per prompt
+            why = (f"auto: sync {_per_prompt(sync):.3f} s per prompt ≤ async {_per_prompt(chosen):.3f} s (the "
+                   f"recipe's batch on each: {_prompts(sync):g} and {_prompts(chosen):g} prompts)")  # fmt: skip
         return _merge(sync, chosen, Decision("launch.mode", LaunchMode.SYNC, why))
     return _finish(chosen, sync, ctx)
 
@@ -78,13 +82,23 @@ def _step(plan: Plan) -> float:
     return plan.estimate.step.total_s
 
 
+def _prompts(plan: Plan) -> float:
+    return plan.layout.completions_per_optimizer_step / plan.layout.num_generations
+
+
+def _per_prompt(plan: Plan) -> float:
+    """Seconds per prompt: the comparison of two plans whose batches may differ (the recipe's values kept on splits
+    with different trainer counts); the same order as their steps when the batches are equal."""
+    return _step(plan) / _prompts(plan)
+
+
 def _finish(plan: Plan, sync: Plan | None, ctx: Context) -> Plan:
     """The async plan with its speed-up over the best sync plan (the same work per step) and the warnings."""
     settings = plan.asynchronous
     assert settings is not None
     said = "set in the recipe" if ctx.recipe.launch.mode is LaunchMode.ASYNC else "auto"
     if sync is not None and sync.estimate and sync.estimate.step and plan.estimate and plan.estimate.step:
-        speedup = _step(sync) / _step(plan)
+        speedup = _per_prompt(sync) / _per_prompt(plan)  # per step when both run one batch
         best_sync = next((c.label for c in sync.candidates if c.chosen), sync.vllm.mode)
         settings = dataclasses.replace(settings, sync_step_s=round(_step(sync), 3), sync_label=str(best_sync),
                                        speedup=round(speedup, 3))  # fmt: skip

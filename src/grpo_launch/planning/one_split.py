@@ -95,6 +95,14 @@ def _layout(ctx: Context, recipe: Recipe, vllm: VllmPlan, n: int, batch: Batch |
     layout, layout_why = solve_layout(n, ctx.request, completions=completions, colocate_n=colocate_n)
     for why in layout_why:
         trace.decide("layout", None, why)
+    asked = ctx.request.grad_accum
+    if batch is not None and asked is not None and layout.gradient_accumulation_steps != asked:
+        # No plan changes a value the recipe set without a notice (DESIGN.md, "The batch rule").
+        trace.notice(
+            f"gradient_accumulation_steps {asked} (the recipe's) → {layout.gradient_accumulation_steps}: "
+            f"launch.prompts_per_step={batch.prompts} pins the global batch ({batch.completions} completions = "
+            f"{layout.per_device_train_batch_size} per device × {n} trainers × {layout.gradient_accumulation_steps})"
+        )
     if lag := off_policy_lag(layout, int(recipe.values.get("num_iterations") or 1)):
         trace.notice(
             f"off policy: one generation (steps_per_generation={layout.steps_per_generation}) serves more than one "

@@ -24,7 +24,7 @@ from grpo_launch.planning.one_split import mixed_precision, plan_one
 from grpo_launch.planning.search import best_plan
 from grpo_launch.planning.sizes import Batch
 from grpo_launch.planning.splits.allowed import allowed_splits, requested_mode
-from grpo_launch.planning.splits.batch_target import prompts_target
+from grpo_launch.planning.splits.batch_target import planned_batch, sets_its_batch
 from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.types import Plan, Runtime, Trace
 from grpo_launch.recipe import Recipe
@@ -71,22 +71,43 @@ def _plan(
     if topology.is_cpu:
         requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
         base.decide("vllm", VllmMode.OFF, "no GPU: generation runs in the trainers with transformers")
-        return plan_one(ctx, None, None)
+        pinned = recipe.launch.prompts_per_step  # the batch rule holds on CPU too: a pinned batch, or the recipe's
+        return plan_one(ctx, None, Batch(pinned, ctx.group) if pinned else None)
     splits = allowed_splits(topology, recipe, model, base)
     if any(s.kind != SplitKind.OFF for s in splits):
         check_positions(recipe, model)  # vLLM generates: its max length must fit the model's positions
-    pinned = recipe.launch.prompts_per_step
-    counts = {s.trainers for s in splits}
-    target: Batch | None = None
-    if pinned is not None or len(counts) > 1:
-        prompts, why = prompts_target(ctx.request, pinned, counts, topology.num_gpus)
-        target = Batch(prompts, ctx.group)
-        base.decide("prompts_per_step", prompts, why)
+    target = _batch(ctx, splits)
     if asynchronous:
         from grpo_launch.planning import modes
 
         return modes.plan_modes(ctx, splits, target)
     return best_plan(ctx, splits, target)
+
+
+def _batch(ctx: Context, splits: list[Split]) -> Batch | None:
+    """The batch every split is planned at (None: the recipe's own values on each split), with why
+    (:mod:`.splits.batch_target`: the batch is the user's algorithm)."""
+    counts = {s.trainers for s in splits}
+    gpus, served = ctx.topology.num_gpus, ctx.recipe.launch.vllm_gpus
+    if ctx.recipe.launch.prompts_per_step is not None and ctx.request.generation_batch_size is not None:
+        raise PlanError(
+            "launch.prompts_per_step and generation_batch_size both pin the batch",
+            fixes=[Fix("generation_batch_size", None, "keep launch.prompts_per_step (one generation per step)"),
+                   Fix("launch.prompts_per_step", None, "keep the recipe's generation_batch_size", rank=1)],
+        )  # fmt: skip
+    # Every GPU a trainer, less the server GPUs the recipe pins (or the one trainer count the recipe and the model
+    # leave): the recipe and the topology decide it, never the splits compared.
+    trainers = counts.pop() if len(counts) == 1 else gpus - served if served and served < gpus else gpus
+    planned = planned_batch(ctx.request, ctx.recipe.launch.prompts_per_step, trainers, gpus)
+    if planned is None:
+        key = sets_its_batch(ctx.request)
+        ctx.base.decide("prompts_per_step", None, f"the recipe sets its batch ({key}): every split keeps the recipe's "
+                        "values and runs TRL's per_device × its trainers × accumulation, so a split with fewer "
+                        "trainers runs a smaller batch; the splits are compared per completion")  # fmt: skip
+        return None
+    prompts, why = planned
+    ctx.base.decide("prompts_per_step", prompts, why)
+    return Batch(prompts, ctx.group)
 
 
 def _refuse_bf16_without_support(topology: Topology, recipe: Recipe) -> None:

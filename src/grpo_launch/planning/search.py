@@ -1,11 +1,13 @@
-"""The split search: every split the recipe allows, planned at the same prompts per optimizer step and the same
-algorithm (group size, one generation per step); the shortest predicted step wins. Pure.
+"""The split search: every split the recipe allows, planned at the batch the batch rule gives it
+(:mod:`.splits.batch_target`: a pinned or default batch, the same on every split; or the recipe's own values on
+each split's trainers) and the same algorithm (group size, one generation per step); the shortest predicted time
+per completion wins (the shortest step when the batches are equal). Pure.
 
 - The TP × DP of one server size (or of colocated engines) is chosen by its generation time alone: training does
   not depend on it.
-- Each server size is then planned in full, best lower bound first (its generation and sync, the old log-probs,
-  and training at the cheapest setting: DDP without offload); one whose bound cannot beat the best plan so far is
-  not planned in full.
+- Each server size is then planned in full, best lower bound per completion first (its generation and sync, the
+  old log-probs, and training at the cheapest setting: DDP without offload); one whose bound cannot beat the best
+  plan so far is not planned in full.
 - GPUs idle only when every split that uses them is slower, and the plan says by how much.
 - When the chosen batch keeps a faster split out (its trainers cannot take the batch evenly), the plan names the
   batch that split could take and what it would gain, as a ``launch.prompts_per_step`` to set: the batch is the
@@ -22,7 +24,7 @@ from grpo_launch.enums import VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_advice import batch_fixes, better_batch, latency_bound
-from grpo_launch.planning.batch_layout import LayoutError
+from grpo_launch.planning.batch_layout import LayoutError, solve_layout
 from grpo_launch.planning.bounds import best_variant, candidate, prompts_of, reason
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.one_split import plan_one
@@ -41,11 +43,13 @@ def best_plan(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
     split, planned at ``target`` (None: the recipe's own batch)."""
     if len(splits) != 1 and ctx.estimable:
         return search_splits(ctx, splits, target)
+    if len(splits) > 1 and target is not None:
+        # Without an estimate, the default split among those whose trainers take the batch (a split that cannot
+        # take it is never planned at another batch).
+        splits = [s for s in splits if feasible(target.completions, s.trainers, ctx.request.per_device)] or splits
     split = splits[0] if len(splits) == 1 else default_split(splits)
     if len(splits) > 1:
         ctx.base.decide("split", split.label, "no estimate (model or GPU unknown): the default split")
-        pinned = ctx.recipe.launch.prompts_per_step
-        target = Batch(pinned, ctx.group) if pinned else None
     if split.idle:
         ctx.base.decide("idle_gpus", split.idle, _only_split_reason(split, ctx.model, ctx.recipe))
     try:
@@ -107,7 +111,7 @@ class _Tally:
     rejected: list[Candidate] = field(default_factory=list)
     layouts: list[tuple[int, LayoutError]] = field(default_factory=list)  # (trainers, why)
     misses: list[Split] = field(default_factory=list)
-    bounded: list[tuple[float, Split]] = field(default_factory=list)
+    bounded: list[tuple[float, float, Split]] = field(default_factory=list)  # (bound per prompt, bound, split)
     scored: list[tuple[Candidate, Plan]] = field(default_factory=list)
     planned: dict[str, Split] = field(default_factory=dict)
     skipped: list[Candidate] = field(default_factory=list)
@@ -122,7 +126,7 @@ def search_splits(ctx: Context, splits: list[Split], target: Batch | None) -> Pl
     for variants in groups.values():
         _bound(ctx, variants, target, tally)
     tally.bounded.sort(key=lambda b: b[0])
-    for bound, split in tally.bounded:
+    for _, bound, split in tally.bounded:
         _plan_in_full(ctx, split, bound, target, tally)
     if not tally.scored and tally.layouts and len(tally.layouts) == len(groups):
         # The recipe's batch fits no split: its layout problem, as the split with the most trainers meets it.
@@ -148,13 +152,29 @@ def _bound(ctx: Context, variants: list[Split], target: Batch | None, tally: _Ta
         tally.layouts.append((variants[0].trainers, exc))
         return
     if found is not None:
-        tally.bounded.append(found)
+        tally.bounded.append((found[0] / _prompts(ctx, found[1], target), *found))
+
+
+def _prompts(ctx: Context, split: Split, target: Batch | None) -> float:
+    """The prompts per step ``split`` is planned at: the target, else the recipe's own values on its trainers
+    (a fraction of a group when the recipe's own generation rhythm spans optimizer steps)."""
+    if target is not None:
+        return target.prompts
+    layout, _ = solve_layout(split.trainers, ctx.request)
+    return layout.completions_per_optimizer_step / layout.num_generations
+
+
+def _best_per_prompt(tally: _Tally) -> float | None:
+    """The best time per prompt planned so far (per completion, as every candidate has the same group size)."""
+    times = [c.per_prompt_s for c, _ in tally.scored if c.per_prompt_s is not None]
+    return min(times) if times else None
 
 
 def _plan_in_full(ctx: Context, split: Split, bound: float, target: Batch | None, tally: _Tally) -> None:
     """Plan ``split`` in full unless its lower bound cannot beat the best plan so far."""
-    if tally.scored and bound >= min(c.step.total_s for c, _ in tally.scored if c.step):
-        prompts = float(target.prompts) if target else 0.0
+    prompts = _prompts(ctx, split, target)
+    best = _best_per_prompt(tally)
+    if best is not None and bound / prompts >= best:
         tally.skipped.append(candidate(split, None, bound_s=bound, prompts=prompts))
         return
     try:
@@ -170,7 +190,8 @@ def _plan_in_full(ctx: Context, split: Split, bound: float, target: Batch | None
 def _chosen(ctx: Context, tally: _Tally, target: Batch | None) -> Plan:
     """The fastest plan, with why it won, why GPUs idle, the balance, the batches worth naming, and every
     candidate for ``--explain``."""
-    tally.scored.sort(key=lambda cp: cp[0].step.total_s if cp[0].step else 0.0)
+    # Per completion: a split with fewer trainers may run a smaller batch (the recipe's values kept).
+    tally.scored.sort(key=lambda cp: cp[0].per_prompt_s or 0.0)
     best, plan = tally.scored[0]
     others, skipped = [c for c, _ in tally.scored[1:]], tally.skipped
     decisions = [Decision("split", best.label, _why_split(best, others, skipped))]
@@ -182,7 +203,8 @@ def _chosen(ctx: Context, tally: _Tally, target: Batch | None) -> Plan:
         if better is not None:
             decisions.append(Decision("prompts_per_step_alternative", better[0], better[1]))
             notices.append(better[1])
-    larger = latency_bound(ctx, best, chosen_split, target) if target is not None else None
+    own = target or Batch(round(best.prompts_per_step), ctx.group)  # the recipe's batch on the chosen split
+    larger = latency_bound(ctx, best, chosen_split, own) if own.prompts == best.prompts_per_step else None
     if larger is not None:
         decisions.append(Decision("prompts_per_step_larger", larger[0], larger[1]))
         notices.append(larger[1])
@@ -194,14 +216,31 @@ def _chosen(ctx: Context, tally: _Tally, target: Batch | None) -> Plan:
 
 def _why_split(best: Candidate, others: list[Candidate], skipped: list[Candidate]) -> str:
     assert best.step is not None
-    said = ", ".join(f"{c.label} {c.step.total_s:.2f} s" for c in others[:4] if c.step)
-    why = f"shortest predicted step at {best.prompts_per_step:g} prompts per step: {best.label} "
-    why += f"{best.step.total_s:.2f} s"
+    if all(c.prompts_per_step == best.prompts_per_step for c in (*others, *skipped)):
+        said = ", ".join(f"{c.label} {c.step.total_s:.2f} s" for c in others[:4] if c.step)
+        why = f"shortest predicted step at {best.prompts_per_step:g} prompts per step: {best.label} "
+        why += f"{best.step.total_s:.2f} s"
+    else:
+        # The recipe's batch kept on every split: fewer trainers run fewer prompts per step, so per completion.
+        said = ", ".join(f"{c.label} {c.step.total_s:.2f} s at {c.prompts_per_step:g} prompts, {_per_completion(c)}"
+                         for c in others[:4] if c.step)  # fmt: skip
+        why = (f"shortest predicted time per completion (the recipe's batch on each split's trainers: the batches "
+               f"differ): {best.label} {best.step.total_s:.2f} s at {best.prompts_per_step:g} prompts per step, "
+               f"{_per_completion(best)}")  # fmt: skip
     if said:
         why += f" (vs {said})"
     if skipped:
         why += f"; {len(skipped)} more split(s) could not beat it even at their lower bound"
     return why
+
+
+def _per_completion(c: Candidate) -> str:
+    return f"{(c.per_prompt_s or 0.0) * 1e3:.1f} ms per prompt"
+
+
+def _slower(c: Candidate, best: Candidate) -> str:
+    """How much slower ``c`` is than ``best`` per prompt (per step when both run the same batch)."""
+    return f"{((c.per_prompt_s or 0.0) / (best.per_prompt_s or 1.0) - 1):.0%} slower"
 
 
 def _idle_and_balance(best: Candidate, others: list[Candidate], skipped: list[Candidate]) -> list[Decision]:
@@ -215,8 +254,8 @@ def _idle_and_balance(best: Candidate, others: list[Candidate], skipped: list[Ca
             c = busy[0]
             assert c.step is not None
             why = (
-                f"the fastest split that uses every GPU, {c.label}, predicts {c.step.total_s:.2f} s per step, "
-                f"{(c.step.total_s / best.step.total_s - 1):.0%} slower"
+                f"the fastest split that uses every GPU, {c.label}, predicts {c.step.total_s:.2f} s per step at "
+                f"{c.prompts_per_step:g} prompts, {_slower(c, best)}"
             )
         elif any(not c.idle for c in skipped):
             c = next(c for c in skipped if not c.idle)
@@ -239,8 +278,7 @@ def _idle_and_balance(best: Candidate, others: list[Candidate], skipped: list[Ca
             c = balanced[0]
             assert c.step is not None
             why += (
-                f"; the more balanced {c.label} ({c.balance:.2f}×) predicts {c.step.total_s:.2f} s, "
-                f"{(c.step.total_s / best.step.total_s - 1):.0%} slower"
+                f"; the more balanced {c.label} ({c.balance:.2f}×) predicts {c.step.total_s:.2f} s, {_slower(c, best)}"
             )
         elif skipped:
             why += f"; the other splits are slower even at their lower bounds (e.g. {skipped[0].label})"

@@ -49,7 +49,7 @@ class LaunchSettings:
     vllm_env: Mapping[str, str] = field(default_factory=dict)
     vllm_health_timeout_s: float = field(default=900.0, metadata={"min": 1, "max": 7 * 86400})
     # Prompts per optimizer step (× num_generations completions): the algorithm's batch, the same whatever split the
-    # planner picks. Unset: the recipe's per-device values decide it (see planning/splits/batch_target.py).
+    # planner picks. Unset: the recipe's own batch values, or the default batch (planning/splits/batch_target.py).
     prompts_per_step: int | None = field(default=None, metadata={"min": 1, "max": 1_000_000})
     backend: DistBackend | None = field(default=None, metadata={"enum": DistBackend})  # None: auto
     offload: Offload | None = field(default=None, metadata={"enum": Offload})  # None: auto

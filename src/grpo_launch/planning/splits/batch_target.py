@@ -1,14 +1,25 @@
-"""The batch every split is compared at (pure): every split is planned at the same prompts per optimizer step
-(:func:`prompts_target`), so the search compares like with like: the recipe's algorithm (group size, prompts per
-step, one generation per step) is the same whatever wins, and only the accumulation (and a per-device batch the
-recipe leaves unset) adapts to the trainer count."""
+"""The batch is the user's algorithm (pure): which batch each split is planned at (:func:`planned_batch`).
+
+The rule (DESIGN.md, "The batch rule"), with k = num_generations and p = per_device_train_batch_size (TRL's
+defaults where unset); a split of N trainers runs p × N × GA completions per optimizer step (TRL's GRPOConfig):
+
+- **pinned**: ``launch.prompts_per_step`` P, as verl's ``train_batch_size`` and NeMo-RL's ``num_prompts_per_step``
+  do: every split is planned at P × k completions; the accumulation is derived for its trainers, and a split that
+  cannot take that batch evenly is rejected (never planned at another);
+- **the recipe's own**: the recipe sets ``gradient_accumulation_steps``, ``steps_per_generation`` or
+  ``generation_batch_size`` (as open-r1's recipes do): None here; each split keeps those values, so a split with
+  fewer trainers runs a smaller batch and the search compares the candidates per completion;
+- **free**: the recipe sets none of them: the default batch, the one TRL itself runs on these GPUs with no
+  accumulation and every GPU a trainer, p × GPUs completions rounded up to whole groups of k (lcm(p × GPUs, k)),
+  then planned as if pinned. It depends on the recipe and the topology only, never on the splits compared: the
+  search never chooses (or inflates) a batch to make a split comparable.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
-from grpo_launch.planning.batch_layout import TRL_DEFAULTS, LayoutRequest
+from grpo_launch.planning.batch_layout import TRL_DEFAULTS, Layout, LayoutRequest
 
 
 def feasible(completions: int, trainers: int, per_device: int | None) -> bool:
@@ -17,59 +28,54 @@ def feasible(completions: int, trainers: int, per_device: int | None) -> bool:
     return completions % (trainers * (per_device or 1)) == 0
 
 
-# When the recipe leaves the accumulation to the planner, it may take up to this many times the least batch with
-# every GPU training, to find one that more splits can take exactly.
-TARGET_GROWTH = 4
+def sets_its_batch(req: LayoutRequest) -> str | None:
+    """The key by which the recipe sets its own batch (its accumulation or generation rhythm), if any."""
+    for key, value in (("generation_batch_size", req.generation_batch_size),
+                       ("steps_per_generation", req.steps_per_generation),
+                       ("gradient_accumulation_steps", req.grad_accum)):  # fmt: skip
+        if value is not None:
+            return key
+    return None
 
 
-def prompts_target(req: LayoutRequest, pinned: int | None, trainer_counts: Iterable[int], gpus: int) -> tuple[int, str]:
-    """The prompts per optimizer step every split is planned at, and why.
+def default_prompts(req: LayoutRequest, trainers: int) -> int:
+    """The default batch's prompts per step: p × ``trainers`` completions rounded up to whole groups of k."""
+    share = (req.per_device or TRL_DEFAULTS["per_device_train_batch_size"]) * trainers
+    return math.lcm(share, req.group) // req.group
 
-    - ``launch.prompts_per_step`` pins it;
-    - a recipe that sets its accumulation (or its generation rhythm) fixes it through its per-device values: their
-      batch with as many trainers as can take it, every GPU training first (TRL's own default layout);
-    - otherwise the planner chooses the accumulation: the least batch that fills whole prompt groups with every GPU
-      training, or a multiple of it (up to :data:`TARGET_GROWTH` ×) that the most trainer counts can take exactly,
-      so the splits are compared at one batch."""
+
+def planned_batch(req: LayoutRequest, pinned: int | None, trainers: int, gpus: int) -> tuple[int, str] | None:
+    """The prompts per optimizer step every split is planned at, and why; None where the recipe sets its own batch
+    (each split then runs the recipe's values at its own trainer count). ``trainers`` is the trainer count the
+    default batch is sized for: every GPU (``gpus``), unless the recipe (its launch pins, or a model that fits
+    one split) leaves a single trainer count."""
     k = req.group
-    counts = sorted(set(trainer_counts) | {gpus}, reverse=True)
     if pinned is not None:
-        return pinned, "launch.prompts_per_step"
-    p = req.per_device
-    if req.grad_accum is not None or req.steps_per_generation is not None:
-        g = req.steps_per_generation or req.grad_accum or 1
-        pd = p or TRL_DEFAULTS["per_device_train_batch_size"]
-        for n in counts:
-            if (pd * n * g) % k == 0:
-                said = "steps_per_generation" if req.steps_per_generation else "gradient_accumulation_steps"
-                return pd * n * g // k, (
-                    f"the recipe's per_device_train_batch_size {pd} × {n} trainers × {said} {g} ÷ num_generations {k}"
-                )
-        g = req.grad_accum or 1
-        return _least(pd, gpus, k), f"the least batch of {pd} per device on {gpus} trainers that fills groups of {k}"
-    pd = p or _default_per_device(gpus, k)
-    base = _least(pd, gpus, k)
-    best, best_count = base, -1
-    for m in range(1, TARGET_GROWTH + 1):
-        count = sum(feasible(base * m * k, n, p) for n in counts)
-        if count > best_count:
-            best, best_count = base * m, count
-    why = f"the least batch of {pd} per device on all {gpus} GPUs that fills whole groups of {k} is {base}"
-    if best != base:
-        why += f"; {best}, {best // base}× that, is one more of the compared splits can take exactly"
-    return best, why + " (pin it with launch.prompts_per_step)"
+        return pinned, f"launch.prompts_per_step={pinned} pins the global batch: {pinned * k} completions per step"
+    if sets_its_batch(req) is not None:
+        return None
+    prompts = default_prompts(req, trainers)
+    p = req.per_device or TRL_DEFAULTS["per_device_train_batch_size"]
+    said = "the recipe's" if req.per_device is not None else "TRL's default"
+    where = f"all {gpus} GPUs" if trainers == gpus else f"the {trainers} training GPUs the recipe leaves"
+    return prompts, (
+        f"the default batch: {said} per_device_train_batch_size {p} on {where} with no accumulation, rounded up "
+        f"to whole groups of num_generations {k}: lcm({p * trainers}, {k}) = {prompts * k} completions = {prompts} "
+        "prompts per step, every split planned at it (pin another with launch.prompts_per_step, or set "
+        "gradient_accumulation_steps)"
+    )
 
 
-def _least(per_device: int, trainers: int, k: int) -> int:
-    """Prompts per step of the least accumulation that fills whole groups of ``k``."""
-    return per_device * trainers * (k // math.gcd(per_device * trainers, k)) // k
-
-
-def _default_per_device(trainers: int, k: int) -> int:
-    """TRL's default per-device batch, or the nearest that fills whole groups without accumulation."""
-    base = TRL_DEFAULTS["per_device_train_batch_size"]
-    for d in range(base):
-        for v in (base - d, base + d):
-            if v >= 1 and (v * trainers) % k == 0:
-                return v
-    return base
+def batch_pins(layout: Layout) -> list[str]:
+    """The recipe overrides that pin a planned batch (the algorithm: its prompts per step, group size and
+    per-device batch), for a job that plans again inside its allocation (``sbatch``, ``sky``, ``ray-submit``): it
+    keeps this batch, or refuses (a split that cannot take it evenly is never planned at another). A generation
+    rhythm that spans optimizer steps (not whole groups per step) pins nothing: the recipe's own values keep it."""
+    completions, k = layout.completions_per_optimizer_step, layout.num_generations
+    if completions % k:
+        return []
+    return [
+        f"launch.prompts_per_step={completions // k}",
+        f"num_generations={k}",
+        f"per_device_train_batch_size={layout.per_device_train_batch_size}",
+    ]
