@@ -40,26 +40,29 @@ def _recipes() -> list[tuple[str, Any]]:
     return shipped + [(f"open-r1 {path}", build_recipe(values, [])) for path, values in published.items()]
 
 
-def _cell(values: dict[str, Any]) -> str:
-    return " ".join(f"{SHORT[k]} {values.get(k, '-') if values.get(k) is not None else '-'}" for k in KEYS)
+def _cell(values: dict[str, Any], pinned: int | None = None) -> str:
+    cell = " ".join(f"{SHORT[k]} {values.get(k, '-') if values.get(k) is not None else '-'}" for k in KEYS)
+    return cell + (f" prompts_per_step {pinned}" if pinned is not None else "")
 
 
 def _row(name: str, recipe: Any, gpus: str) -> str:
     asked = {k: recipe.values.get(k) for k in KEYS}
+    pinned = recipe.launch.prompts_per_step
     if "cpu" in name and gpus != "cpu":
         return ""
     try:
         plan = make_plan(parse_gpu_spec(gpus), recipe, find_model_shape(str(recipe.values.get("model_name_or_path"))))
     except GrpoLaunchError as exc:
-        return f"| {name} | {gpus} | {_cell(asked)} | refused: {exc.message[:80]} | | | | |"
+        return f"| {name} | {gpus} | {_cell(asked, pinned)} | refused: {exc.message[:80]} | | | | |"
     layout = plan.layout
     planned = {k: getattr(layout, k) for k in KEYS}
     changed = [f"{SHORT[k]} {asked[k]}→{planned[k]}" for k in KEYS if asked[k] is not None and asked[k] != planned[k]]
     prompts = layout.completions_per_optimizer_step // layout.num_generations
     noticed = [k for k in KEYS if asked[k] is not None and asked[k] != planned[k] and any(k in n for n in plan.notices)]
     said = "" if not changed else (" (in a notice)" if len(noticed) == len(changed) else " (**no notice**)")
+    completions = layout.completions_per_optimizer_step
     return (
-        f"| {name} | {gpus} | {_cell(asked)} | {_cell(planned)} | {prompts} | {layout.completions_per_optimizer_step} "
+        f"| {name} | {gpus} | {_cell(asked, pinned)} | {_cell(planned)} | {prompts} | {completions} "
         f"| {layout.num_processes} | {', '.join(changed) + said if changed else '—'} |"
     )
 

@@ -13,7 +13,15 @@ import pytest
 from grpo_launch.enums import AdaptAction
 from grpo_launch.errors import ConfigError
 from grpo_launch.planning.adapt_terms import MIN_GAIN, warmup_steps, why_not_adaptable
-from grpo_launch.planning.after_run.decision import Adaptation, Previous, algorithm, decide, per_prompt_s, split_key
+from grpo_launch.planning.after_run.decision import (
+    Adaptation,
+    Previous,
+    algorithm,
+    decide,
+    per_prompt_s,
+    prompts_per_step,
+    split_key,
+)
 from grpo_launch.planning.calibration import calibration_from
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.recipe import load_recipe
@@ -94,7 +102,10 @@ def test_no_resplit_past_the_limit(tmp_path):
 
 def test_a_resplit_measured_slower_is_reverted(tmp_path):
     before = server_plan(tmp_path / "before")
-    after = server_plan(tmp_path / "after", Calibration(generation=4.0, source="test"))
+    # re-planned like for like, as launch.adapt re-plans: at the running plan's prompts per step (the batch is the
+    # recipe's, so a split with fewer trainers would otherwise run a smaller batch)
+    pinned = f"launch.prompts_per_step={prompts_per_step(before)}"
+    after = server_plan(tmp_path / "after", Calibration(generation=4.0, source="test"), pinned)
     assert split_key(after) != split_key(before)
     measured = measure(after, generation=1.5)  # the new split turned out slower than the old one measured
     slower = Previous(before, measured.step_s / 12 * 0.5)
