@@ -47,7 +47,10 @@ QWEN7B = ROOT / "recipes" / "qwen7b-math.yaml"
 
 
 def server_plan(run_dir, calibration=None, *extra):
-    return plan_recipe(QWEN7B, "8xH100-80GB", "launch.vllm=server", "launch.adapt=true", *extra,
+    # at one global batch, 12 prompts (the recipe's own batch is per device: splits with fewer trainers would run
+    # fewer prompts, and launch.adapt compares like for like at the running plan's prompts per step)
+    return plan_recipe(QWEN7B, "8xH100-80GB", "launch.vllm=server", "launch.adapt=true", "launch.prompts_per_step=12",
+                       *extra,
                        run_dir=run_dir, calibration=calibration)  # fmt: skip
 
 

@@ -36,6 +36,11 @@ VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 TRL_ASYNC = Path(importlib.util.find_spec("trl").origin).parent / "experimental" / "async_grpo"  # not imported
 
 
+# The batch the async figures were taken at (12 prompts × 8 on 8 GPUs): held as one global batch, so sync and async
+# candidates are compared at the same completions per step (the recipe's own batch is per device).
+AT_12 = "launch.prompts_per_step=12"
+
+
 def _async(*overrides: str, gpus: str = "8xH100-80GB", recipe: str = QWEN7B, **kw):
     return plan_recipe(recipe, gpus, "launch.mode=async", *overrides, **kw)
 
@@ -65,7 +70,8 @@ def test_a_sync_plan_is_what_it_was():
 
 
 def test_done_when_qwen7b_on_8_h100_plans_async_with_split_cap_and_speedup_explained():
-    plan = _async()
+    # at one global batch (the recipe's own batch is per device: a split with fewer trainers would run fewer prompts)
+    plan = _async(AT_12)
     a, step = plan.asynchronous, plan.estimate.step
     assert a is not None and plan.train.backend == DistBackend.FSDP
     # disjoint GPUs: the server's and the trainers' sets do not meet
@@ -97,7 +103,7 @@ def test_an_async_plan_predicted_slower_than_sync_says_so():
     plan = _async(gpus="16x8xH800", recipe=QWEN15B)  # 1.5B on 128 GPUs: colocated generation on all of them wins
     assert plan.asynchronous.speedup < 1
     assert any("async is predicted slower than the best sync plan" in w for w in plan.warnings)
-    assert not any("predicted slower" in w for w in _async().warnings)
+    assert not any("predicted slower" in w for w in _async(AT_12).warnings)
 
 
 def test_plan_json_records_the_async_settings(tmp_path):
@@ -108,7 +114,7 @@ def test_plan_json_records_the_async_settings(tmp_path):
 
 
 def test_auto_chooses_the_faster_mode_and_says_why():
-    plan = plan_recipe(QWEN7B, "8xH100-80GB", "launch.mode=auto")
+    plan = plan_recipe(QWEN7B, "8xH100-80GB", "launch.mode=auto", AT_12)
     why = next(d for d in plan.decisions if d.what == "launch.mode")
     assert why.value is LaunchMode.ASYNC and why.why.startswith("auto: predicted")
     # a model the async trainer cannot run stays sync, with TRL's reason

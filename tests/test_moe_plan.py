@@ -30,7 +30,7 @@ def test_the_moe_recipe_plans_on_one_and_two_nodes_with_reasons():
     # On two nodes the search compares colocated engines with servers; asked for a server, the MoE one runs
     # TP × DP ranks over 8 GPUs (a whole node, or spread over both) with the experts spread over them.
     assert _plan("2x8xH100-80GB").vllm.mode in ("colocate", "server")
-    two = _plan("2x8xH100-80GB", "launch.vllm=server")
+    two = _plan("2x8xH100-80GB", "launch.vllm=server", "launch.prompts_per_step=24")  # one global batch
     v = two.vllm
     assert (v.mode, v.tensor_parallel_size * v.data_parallel_size, v.expert_parallel) == ("server", 8, True)
     assert v.data_parallel_size > 1 and two.train.num_processes == 8  # the other node trains

@@ -329,7 +329,8 @@ def test_plan_json_shows_every_candidate_at_the_compared_batch():
     search did not plan in full carries the lower bound that already lost to the chosen step."""
     from grpo_launch.render.plan_json import plan_to_dict
 
-    plan = plan_recipe(ROOT / "recipes" / "qwen7b-math.yaml", "4x8xH100-80GB")
+    # one global batch (the recipe's own is per device, so candidates with fewer trainers would run fewer prompts)
+    plan = plan_recipe(ROOT / "recipes" / "qwen7b-math.yaml", "4x8xH100-80GB", "launch.prompts_per_step=48")
     cands = plan_to_dict(plan)["candidates"]
     (chosen,) = [c for c in cands if c["status"] == "chosen"]
     chosen_step = sum(chosen["step"].values())
