@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 PASSED_ENV: tuple[str, ...] = (
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
+    "GRPO_LAUNCH_VLLM_TOKEN",  # rundir.layout.VLLM_TOKEN_ENV: the attempt's vLLM server token (execute/run.py)
     "HF_HOME",
     "HF_HUB_OFFLINE",
     "HF_DATASETS_OFFLINE",

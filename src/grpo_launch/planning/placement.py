@@ -63,7 +63,9 @@ def _server(topology: Topology, recipe: Recipe, model: ModelShape | None, split:
         pipeline_parallel_size=par.pp,
         expert_parallel=par.ep,
         port=launch.vllm_port,
-        bind_host=launch.vllm_host or ("0.0.0.0" if multi else "127.0.0.1"),
+        # The address the trainers reach it at, not every interface: a neighbour on another network of the host
+        # does not reach the port at all (and the guard refuses whoever does without the token).
+        bind_host=launch.vllm_host or (host.addr if multi else "127.0.0.1"),
         gpu_memory_utilization=util,
         max_model_len=max_model_len(recipe),
         max_prompt_length=prompt_bound(recipe),
