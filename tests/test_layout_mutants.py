@@ -326,7 +326,7 @@ ALL8 = "0,1,2,3,4,5,6,7"
          [("vllm_tensor_parallel_size", 2, "2 server GPU(s) as TP 2"),
           ("server_gpus", "localhost:2,3", "server on 2 GPU(s) (TP 2)")],
          dict(mode="server", gpus=("2", "3")), []),
-        # Two hosts: the server host's own address, bound there only (issue 37: not every interface); launch's utilization taken as is.
+        # Two hosts: the server host's own address, bound there only (not every interface); launch's utilization as is.
         ({"launch": {"vllm_gpu_memory_utilization": 0.6, "vllm_gpus": 1}}, "2x2xH100-80GB", QWEN15,
          [("vllm_tensor_parallel_size", 1, "1 server GPU(s) as TP 1"),
           ("server_gpus", "node1:1", "server on 1 GPU(s) (TP 1), 1 GPU(s) idle elsewhere")],

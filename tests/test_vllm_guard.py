@@ -26,8 +26,9 @@ TOKEN = "t0k-en_for-tests"
 QWEN = "Qwen/Qwen2.5-1.5B-Instruct"
 # The dev and control routes of vLLM 0.31 that TRL never calls, and inference TRL does not use.
 REFUSED = [("POST", "/collective_rpc"), ("POST", "/sleep"), ("POST", "/wake_up"), ("POST", "/abort_requests"),
-           ("GET", "/metrics"), ("POST", "/tokenize"), ("GET", "/docs"), ("POST", "/v1/responses"),
-           ("GET", "/is_sleeping"), ("POST", "/scale_elastic_ep"), ("GET", "/health/"), ("POST", "/health")]  # fmt: skip
+           ("POST", "/metrics"), ("POST", "/tokenize"), ("GET", "/docs"), ("POST", "/v1/responses"),
+           ("GET", "/is_sleeping"), ("POST", "/scale_elastic_ep"), ("GET", "/health/"),
+           ("POST", "/health")]  # fmt: skip
 
 
 async def _inner(scope, receive, send):
@@ -75,7 +76,7 @@ def test_other_routes_are_refused_even_with_the_token(method, path):
 
 
 def test_health_answers_without_the_token():
-    assert OPEN == {("GET", "/health")}
+    assert {("GET", "/health")} == OPEN
     assert _status("GET", "/health", token=None) == 200
 
 
@@ -129,7 +130,9 @@ def test_server_argv_has_the_guard_and_no_token():
 
 
 def test_across_hosts_the_server_binds_its_own_cluster_address():
-    plan = plan_recipe({"model_name_or_path": QWEN, "num_generations": 8, "launch": {"vllm": "server"}}, "2x8xH100-80GB")
+    plan = plan_recipe(
+        {"model_name_or_path": QWEN, "num_generations": 8, "launch": {"vllm": "server"}}, "2x8xH100-80GB"
+    )
     host = next(h for h in plan.topology.hosts if h.name == plan.vllm.host)
     assert plan.vllm.bind_host == host.addr == plan.vllm.address != "0.0.0.0"
     argv = list(render_vllm_command(plan).argv)
@@ -156,7 +159,7 @@ def test_vllm_api_key_is_refused_at_plan_time(override, named):
 
 
 class _Echo(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         body = (self.headers.get("Authorization") or "-").encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.recipe.versions import version_tuple
-from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
 from grpo_launch.render.processes import weight_sync_port
+from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan

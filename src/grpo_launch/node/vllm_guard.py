@@ -47,10 +47,12 @@ constant time): 401 without it or with a wrong one. With it, only the endpoints 
                                     ``WeightTransfer.pause``/``resume``)
 ``POST /v1/load_lora_adapter``,     async vllm_client.py ``load_lora_adapter``, ``unload_lora_adapter`` (the
 ``POST /v1/unload_lora_adapter``    adapter-only sync of an async LoRA run)
+``GET /metrics``                    no TRL caller: vLLM's read-only Prometheus counters, for the run's owner
+                                    (tests/test_vllm_server.py reads the prefix-cache counters there)
 ==================================  ==========================================================================
 
-Refused even with the token: ``/collective_rpc``, ``/sleep``, ``/wake_up``, ``/abort_requests``, ``/metrics``,
-``/tokenize``, the docs, and every other route. WebSocket connections are closed (TRL opens none).
+Refused even with the token: ``/collective_rpc``, ``/sleep``, ``/wake_up``, ``/is_sleeping``, ``/abort_requests``,
+``/tokenize``, ``/v1/responses``, the docs, and every other route. WebSocket connections are closed (TRL opens none).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ ALLOWED = frozenset(
         ("POST", "/resume"),
         ("POST", "/v1/load_lora_adapter"),
         ("POST", "/v1/unload_lora_adapter"),
+        ("GET", "/metrics"),  # read-only counters; no TRL caller (see above)
     }
 )
 

@@ -12,7 +12,7 @@ from trl.experimental.async_grpo import async_rollout_worker as worker
 from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
 
 
-class GuardedRolloutLoop(worker._AsyncRolloutLoop):  # type: ignore[misc]
+class GuardedRolloutLoop(worker._AsyncRolloutLoop):
     """TRL's rollout loop whose session, once ``_run_loops`` opens it (``self.session = session``), sends the
     token: the child reads it from the environment it inherits (multiprocessing's spawn keeps os.environ; TRL's
     ``_scrub_child_env`` strips only ranks and devices). The session talks to vllm_server_url only

@@ -52,7 +52,7 @@ def guard_clients(base_url: str | None, token: str | None, *, asynchronous: bool
         return unwrapped(self, method, url, *args, **kwargs)
 
     request.__wrapped__ = unwrapped  # type: ignore[attr-defined]  # a second call replaces, never stacks
-    requests.Session.request = request  # type: ignore[method-assign]
+    requests.Session.request = request  # type: ignore[method-assign,assignment]
     if asynchronous:
         from grpo_launch.train.async_auth import use_guarded_loop
 
