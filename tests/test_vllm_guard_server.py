@@ -75,10 +75,19 @@ CLIENT = textwrap.dedent(
 # Run as the supervised "trainer": the probes from here and from the namespace host, then TRL's client there.
 DRIVER = textwrap.dedent(
     """
-    import json, subprocess, sys
+    import json, subprocess, sys, time, urllib.request
     probe, client, base, ns, asked, allowed, out = sys.argv[1:8]
     def run(*argv):
-        return json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"{argv} failed: {done.stderr[-3000:]}")
+        return json.loads(done.stdout)
+    for _ in range(400):  # the supervisor starts the trainers beside the server: wait for it as TRL does
+        try:
+            urllib.request.urlopen(base + "/health", timeout=5)
+            break
+        except OSError:
+            time.sleep(1)
     there = ["ip", "netns", "exec", ns, sys.executable]
     json.dump({
         "local": run(sys.executable, probe, base, asked),
