@@ -326,11 +326,11 @@ ALL8 = "0,1,2,3,4,5,6,7"
          [("vllm_tensor_parallel_size", 2, "2 server GPU(s) as TP 2"),
           ("server_gpus", "localhost:2,3", "server on 2 GPU(s) (TP 2)")],
          dict(mode="server", gpus=("2", "3")), []),
-        # Two hosts: the server host's own address, bound there only (not every interface); launch's utilization as is.
+        # Two hosts: the server host's own address, bound on every interface; launch's utilization taken as is.
         ({"launch": {"vllm_gpu_memory_utilization": 0.6, "vllm_gpus": 1}}, "2x2xH100-80GB", QWEN15,
          [("vllm_tensor_parallel_size", 1, "1 server GPU(s) as TP 1"),
           ("server_gpus", "node1:1", "server on 1 GPU(s) (TP 1), 1 GPU(s) idle elsewhere")],
-         dict(host="node1", address="node1", bind_host="node1", gpus=("1",), gpu_memory_utilization=0.6), []),
+         dict(host="node1", address="node1", bind_host="0.0.0.0", gpus=("1",), gpu_memory_utilization=0.6), []),
         # A mixture of experts served as TP 1 × DP 4 over two hosts: experts spread (expert parallelism).
         ({"launch": {"vllm": "server"}}, "2x8xH100-80GB", "Qwen/Qwen3-30B-A3B",
          [("vllm_tensor_parallel_size", 1, "4 server GPU(s) as TP 1 × DP 4 with expert parallelism"),
@@ -371,7 +371,7 @@ ALL8 = "0,1,2,3,4,5,6,7"
           ("vllm_data_parallel_size", 4, "4 replicas of the model, each with its own KV cache and decode batch"),
           ("server_gpus", f"node1:{ALL8} node2:{ALL8}", "2 whole host(s) serve (16 GPUs, TP 4 × DP 4)"),
           ("vllm_nodes", 2, NODE_DP)],
-         dict(host="node1", address="node1", bind_host="node1", data_parallel_size=4, expert_parallel=False),
+         dict(host="node1", address="node1", bind_host="0.0.0.0", data_parallel_size=4, expert_parallel=False),
          []),
         # Llama-3.1-405B: TP 8 alone does not hold it in half a GPU; 4 pipeline stages over 4 whole hosts.
         ({"use_peft": True, "num_generations": 8, "max_completion_length": 1024, "per_device_train_batch_size": 1,
@@ -382,7 +382,7 @@ ALL8 = "0,1,2,3,4,5,6,7"
           ("server_gpus", " ".join(f"node{i}:{ALL8}" for i in range(4, 8)), "4 whole host(s) serve (32 GPUs, TP 8 × "
            "PP 4)"),
           ("vllm_nodes", 4, NODE_PP)],
-         dict(host="node4", address="node4", bind_host="node4", pipeline_parallel_size=4, data_parallel_size=1),
+         dict(host="node4", address="node4", bind_host="0.0.0.0", pipeline_parallel_size=4, data_parallel_size=1),
          []),
         # Colocated on both GPUs as one TP-2 engine, the recipe's utilization and sleep mode kept.
         ({"vllm_enable_sleep_mode": True, "vllm_gpu_memory_utilization": 0.5, "launch": {"vllm": "colocate"}},

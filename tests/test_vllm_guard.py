@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.node import vllm_guard
 from grpo_launch.node.vllm_guard import ALLOWED, OPEN, VllmGuard
 from grpo_launch.render.processes import GUARD_MIDDLEWARE, all_processes
@@ -130,13 +131,27 @@ def test_server_argv_has_the_guard_and_no_token():
 
 
 def test_across_hosts_the_server_binds_its_own_cluster_address():
-    plan = plan_recipe(
-        {"model_name_or_path": QWEN, "num_generations": 8, "launch": {"vllm": "server"}}, "2x8xH100-80GB"
-    )
-    host = next(h for h in plan.topology.hosts if h.name == plan.vllm.host)
-    assert plan.vllm.bind_host == host.addr == plan.vllm.address != "0.0.0.0"
-    argv = list(render_vllm_command(plan).argv)
-    assert argv[argv.index("--host") + 1] == host.addr
+    """Hosts known by IP: the server host's, where the trainers reach it. Hosts known by name: every interface (a
+    name may resolve to loopback on its own host), the guard then the only lock."""
+    from dataclasses import replace
+
+    from grpo_launch.machines.topology import parse_gpu_spec
+    from grpo_launch.planning import make_plan
+    from grpo_launch.recipe import build_recipe
+
+    recipe = build_recipe({"model_name_or_path": QWEN, "num_generations": 8, "launch": {"vllm": "server"}})
+    named = parse_gpu_spec("2x8xH100-80GB")
+    by_ip = replace(named, hosts=tuple(replace(h, address=f"10.1.0.{i + 1}") for i, h in enumerate(named.hosts)))
+    for topology, bound in ((by_ip, None), (named, "0.0.0.0")):
+        plan = make_plan(topology, recipe, find_model_shape(QWEN))
+        host = next(h for h in plan.topology.hosts if h.name == plan.vllm.host)
+        assert plan.vllm.address == host.addr
+        assert plan.vllm.bind_host == (bound or host.addr)
+        argv = list(render_vllm_command(plan).argv)
+        assert argv[argv.index("--host") + 1] == plan.vllm.bind_host
+    assert plan_recipe(
+        {"model_name_or_path": QWEN, "launch": {"vllm": "server", "vllm_host": "10.9.9.9"}}, "8xH100-80GB"
+    ).vllm.bind_host == ("10.9.9.9")
 
 
 @pytest.mark.parametrize(
