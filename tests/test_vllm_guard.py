@@ -18,7 +18,7 @@ from grpo_launch.node import vllm_guard
 from grpo_launch.node.vllm_guard import ALLOWED, OPEN, VllmGuard
 from grpo_launch.render.processes import GUARD_MIDDLEWARE, all_processes
 from grpo_launch.render.processes import vllm_server as render_vllm_command
-from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
+from grpo_launch.rundir.layout import RUN_ID_ENV, VLLM_TOKEN_ENV
 from grpo_launch.train.server_auth import guard_clients, origin
 
 from .helpers import ROOT, plan_recipe
@@ -227,3 +227,35 @@ def test_the_async_rollout_session_carries_the_token(monkeypatch):
     monkeypatch.setattr(async_auth.worker.AsyncRolloutWorker, "_loop_cls", async_auth.worker._AsyncRolloutLoop)
     async_auth.use_guarded_loop()
     assert async_auth.worker.AsyncRolloutWorker._loop_cls is async_auth.GuardedRolloutLoop
+
+
+def test_the_token_travels_to_remote_hosts_on_stdin_like_hf_token(tmp_path):
+    """ssh and Ray name it for stdin (backends.remote.PASSED_ENV), and the real shim (node/shim.py --env-stdin)
+    hands it to the process; it is in no argv, command line or printed command."""
+    import json
+    from dataclasses import replace
+
+    from grpo_launch.backends.ray import RayBackend
+    from grpo_launch.backends.remote import passed_env_names
+    from grpo_launch.backends.ssh import SshOptions, remote_command, ssh_spec
+    from grpo_launch.spec import ProcessSpec, RunContext
+
+    secret = "tok_value_not_in_argv"
+    assert passed_env_names({VLLM_TOKEN_ENV: secret, "PATH": "/b"}) == (VLLM_TOKEN_ENV,)
+    show = f"import os, json; print(json.dumps(os.environ[{VLLM_TOKEN_ENV!r}]))"
+    spec = ProcessSpec(name="vllm@h1", argv=(sys.executable, "-c", show), host="h1")
+    line = remote_command(spec, python=sys.executable, workdir=str(tmp_path), gpu_positions=None, stdin_env=True)
+    stdin = f"{VLLM_TOKEN_ENV}={json.dumps(secret)}\n\n"
+    env = {"PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(["sh", "-c", line], input=stdin, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == secret and secret not in line
+    wrapped = ssh_spec(spec, SshOptions(port=22), python="/v/python", workdir="/w", stdin_env=(VLLM_TOKEN_ENV,))
+    assert wrapped.stdin_env == (VLLM_TOKEN_ENV,) and secret not in wrapped.shell()
+    plan = plan_recipe({"model_name_or_path": QWEN, "num_generations": 8, "launch": {"vllm": "server"}}, "2x8xH100")
+    ctx = RunContext(sys.executable, str(ROOT), {VLLM_TOKEN_ENV: secret}, print)
+    server = render_vllm_command(plan)
+    assert server is not None
+    server = replace(server, env={**server.env, RUN_ID_ENV: "rid"})
+    placed = RayBackend("10.0.0.1:6379").place(server, plan, ctx)
+    assert placed.stdin_env == (VLLM_TOKEN_ENV,) and not any(secret in a for a in placed.argv)
