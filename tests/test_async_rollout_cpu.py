@@ -2,7 +2,9 @@
 scoring with grpo-launch's rewards, group advantages, the bounded queue, the model version) against a real vLLM
 server (CPU build 0.31.0 in .venv-vllm) started from grpo-launch's rendered async plan, through its supervisor,
 with the plan's own pipeline values (max_inflight_tasks, queue_maxsize, num_generations, max_completion_length,
-vllm_server_base_url). Nothing is left running.
+vllm_server_base_url). Nothing is left running. The server is guarded (grpo_launch.node.vllm_guard): the worker's
+process carries the token as the training entry's does (grpo_launch.train.server_auth.guard_clients, asynchronous:
+TRL's async VLLMClient and the rollout worker's aiohttp session in its spawned child).
 
 What does not run here, and why: the trainer's optimizer step (tree attention is the kernels-community/flash-attn3
 GPU kernel, trl packing.py:160-165) and the NCCL weight sync (CUDA on both sides). The version bump the trainer
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import textwrap
 import time
 
@@ -23,6 +26,7 @@ from grpo_launch.planning import make_plan
 from grpo_launch.probe.model import resolve_model_shape
 from grpo_launch.recipe import build_recipe
 from grpo_launch.render.processes import vllm_server as render_vllm_command
+from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
 from grpo_launch.spec import ProcessSpec
 
 from .helpers import ROOT, ensure_tiny_assets, free_port, vllm_cpu_env
@@ -36,7 +40,7 @@ pytestmark = [
 
 WORKER = textwrap.dedent(
     """
-    import json, queue, sys, time
+    import json, os, queue, sys, time
     from accelerate import PartialState
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -47,6 +51,8 @@ WORKER = textwrap.dedent(
     def main():
         values, data, out = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
         PartialState()  # the trainer's Accelerator makes it; TRL's worker logs through accelerate
+        from grpo_launch.train.server_auth import guard_clients
+        guard_clients(values["vllm_server_base_url"], os.environ["GRPO_LAUNCH_VLLM_TOKEN"], asynchronous=True)
         VLLMClient(values["vllm_server_base_url"], 300).wait_for_server_ready()  # as the trainer does first
         model = values["model_name_or_path"]
         tok = AutoTokenizer.from_pretrained(model)
@@ -138,7 +144,9 @@ def test_trl_async_rollout_worker_fills_the_queue_from_the_planned_server(tmp_pa
                           health_timeout_s=300, grace_s=20)  # fmt: skip
     lines: list[str] = []
     t0 = time.monotonic()
-    outcome = supervise(session, environ=dict(os.environ), emit=lines.append)
+    # The attempt's token, as execute/run.py gives it: in the environment of the server and the worker.
+    environ = {**os.environ, VLLM_TOKEN_ENV: secrets.token_urlsafe(32)}
+    outcome = supervise(session, environ=environ, emit=lines.append)
     assert outcome.exit_code == 0, "\n".join(lines[-60:]) + f"\n{outcome}"
     got = json.loads(result.read_text())
     k = values["num_generations"]

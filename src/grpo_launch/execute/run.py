@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import secrets
 import shlex
 import time
 import uuid
@@ -19,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from grpo_launch.backends.base import Backend
-from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState
+from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState, VllmMode
 from grpo_launch.errors import size_text
 from grpo_launch.execute.policy import Action, Spent, next_action
 from grpo_launch.execute.preflight import (
@@ -48,7 +49,7 @@ from grpo_launch.rundir.files import (
     set_aside_record,
     write_run_files,
 )
-from grpo_launch.rundir.layout import RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV
+from grpo_launch.rundir.layout import RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV, VLLM_TOKEN_ENV
 from grpo_launch.rundir.records import Attempt, StepRecord, append, read_metrics
 from grpo_launch.rundir.tracking import keep_tracking
 from grpo_launch.rundir.verdict import split_verdict
@@ -252,6 +253,10 @@ def _attempt(
     """One supervised run of every process; ``env``: the attempt's own (the resume decision, its number, the run's
     tracking run)."""
     run_id = uuid.uuid4().hex
+    if plan.vllm.mode == VllmMode.SERVER:
+        # A fresh token for the server's guard (grpo_launch.node.vllm_guard) and the trainers' clients: in the
+        # processes' environment here, on stdin to ssh/Ray hosts (backends.remote.PASSED_ENV); never argv or a file.
+        ctx = dataclasses.replace(ctx, environ={**ctx.environ, VLLM_TOKEN_ENV: secrets.token_urlsafe(32)})
     prepared = prepare_attempt(plan, backend, ctx, {RUN_ID_ENV: run_id, **env})
     write_run_files(plan.run_dir, prepared.files, locked=True)
     control.reset(plan.run_dir)

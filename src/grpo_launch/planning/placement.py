@@ -63,11 +63,25 @@ def _server(topology: Topology, recipe: Recipe, model: ModelShape | None, split:
         pipeline_parallel_size=par.pp,
         expert_parallel=par.ep,
         port=launch.vllm_port,
-        bind_host=launch.vllm_host or ("0.0.0.0" if multi else "127.0.0.1"),
+        bind_host=launch.vllm_host or (_bind_address(host.addr) if multi else "127.0.0.1"),
         gpu_memory_utilization=util,
         max_model_len=max_model_len(recipe),
         max_prompt_length=prompt_bound(recipe),
     )
+
+
+def _bind_address(addr: str) -> str:
+    """Where a server over several hosts listens: the address the trainers reach it at when that is an IP, so a
+    neighbour on another network of the host does not reach the port at all (the guard, grpo_launch.node.vllm_guard,
+    refuses whoever does without the token). A host known by name binds every interface: on its own host a name
+    may resolve to loopback (Debian's ``127.0.1.1 HOSTNAME`` line), where the other hosts could not reach it."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        return "0.0.0.0"
+    return addr
 
 
 def _decide_shape(recipe: Recipe, model: ModelShape | None, split: Split, par: Parallelism, trace: Trace) -> None:

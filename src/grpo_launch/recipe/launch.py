@@ -186,4 +186,23 @@ def check_launch(launch: LaunchSettings) -> list[str]:
             f"launch.vllm_port and launch.main_process_port are both {launch.vllm_port}: the vLLM server and the "
             "trainers' rendezvous need different ports"
         )
+    return problems + _server_auth_problems(launch)
+
+
+def _server_auth_problems(launch: LaunchSettings) -> list[str]:
+    """vLLM's own API key, refused: it guards only /v1, /v2, /inference and /cohere (vLLM 0.31,
+    vllm/entrypoints/serve/middleware/authenticate.py), not the dev endpoints TRL's weight sync opens, TRL 1.16's
+    clients send no key (the run would fail with 401), and the key would be written to plan.json. Every grpo-launch
+    server already needs a fresh per-attempt token on every route but /health (grpo_launch.node.vllm_guard)."""
+    why = (
+        "vLLM's key guards only /v1, /v2, /inference and /cohere, TRL's clients do not send it, and it would be "
+        "written to plan.json; grpo-launch already guards every endpoint of its server with a fresh token per "
+        "attempt"
+    )
+    args = launch.vllm_extra_args
+    problems = []
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in args):
+        problems.append(f"launch.vllm_extra_args sets --api-key: {why}. Remove it")
+    if "VLLM_API_KEY" in launch.vllm_env:
+        problems.append(f"launch.vllm_env sets VLLM_API_KEY: {why}. Remove it")
     return problems

@@ -15,6 +15,9 @@ from grpo_launch.rundir.tracking import TrackingRecord
 from grpo_launch.spec import ProcessSpec
 
 NCCL_WEIGHT_TRANSFER = '{"backend": "nccl"}'
+# vLLM's --middleware hook (an import path; a class is added with app.add_middleware): every route but /health needs
+# the attempt's token and only TRL's endpoints pass (grpo_launch.node.vllm_guard, which says why and which).
+GUARD_MIDDLEWARE = "grpo_launch.node.vllm_guard.VllmGuard"
 
 
 SCALE_OUT_SINCE = (0, 30)  # TRL adds --enable-scale-out for vLLM >= 0.30 (trl/scripts/vllm_serve.py)
@@ -29,7 +32,9 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
     """The vLLM server for TRL 1.16's server mode, or None when the plan has no server.
 
     TRL's weight sync needs vLLM's dev endpoints (VLLM_SERVER_DEV_MODE=1), NCCL weight transfer, processed
-    logprobs and unlimited logprobs. ``vllm serve`` takes the model as its first argument; any other server
+    logprobs and unlimited logprobs; the guard (``--middleware``, :data:`GUARD_MIDDLEWARE`) closes them, and every
+    other route but /health, to anyone without the attempt's token, which reaches the server through its
+    environment, never its argv. ``vllm serve`` takes the model as its first argument; any other server
     command (e.g. ``python -m vllm.entrypoints.openai.api_server``) gets ``--model``.
     """
     v = plan.vllm
@@ -92,6 +97,8 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         "processed_logprobs",
         "--max-logprobs",
         "-1",
+        "--middleware",
+        GUARD_MIDDLEWARE,
         *launch.vllm_extra_args,
     ]
     env = {"VLLM_SERVER_DEV_MODE": "1", **lora_env, **network_env(plan), **_host_ip(v, v.address), **launch.vllm_env}

@@ -30,6 +30,7 @@ from grpo_launch.train.callbacks import make_callbacks
 from grpo_launch.train.core import build_inputs, config_kwargs, train_and_finish
 from grpo_launch.train.data import split_values
 from grpo_launch.train.environment import JobEnvironment
+from grpo_launch.train.server_auth import guard_clients
 
 _KEEP: list[Any] = []  # the stack-dump file stays open for faulthandler
 
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None, job: JobEnvironment | None = None) -> in
     job = job or JobEnvironment.from_environ(os.environ)
     prepare_process(job)
     values = read_recipe(argv)
+    # Before any TRL client exists: the sync client calls the server in its constructor.
+    guard_clients(values.get("vllm_server_base_url"), job.vllm_token, asynchronous=async_entry.is_async(values))
     if async_entry.is_async(values):  # launch.mode async: TRL's AsyncGRPOTrainer
         return async_entry.main(values, job)
     grpo_kwargs, model_kwargs, script = split_values(values)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from grpo_launch.rundir.layout import ATTEMPT_ENV, RESUME_ENV, RUN_NAME_ENV, RunPaths
+from grpo_launch.rundir.layout import ATTEMPT_ENV, RESUME_ENV, RUN_NAME_ENV, VLLM_TOKEN_ENV, RunPaths
 from grpo_launch.spec import frozen
 
 # torchrun's variables (torch.distributed.run, "Environment variables"): the global rank, the rank on its node and
@@ -34,6 +34,13 @@ def _int(environ: Mapping[str, str], name: str) -> int:
         raise ValueError(f"{name}={value!r} in the environment is not a rank (an integer)") from None
 
 
+class Secret(str):
+    """A string whose repr hides it (the value itself is unchanged: str(), f-strings and comparisons see it)."""
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+
 @frozen
 class JobEnvironment:
     """One trainer rank's view of its job: who it is, where, on which devices, and what grpo-launch decided for it.
@@ -43,7 +50,8 @@ class JobEnvironment:
     output_dir). ``paths`` is None when grpo-launch did not start the process (no run directory). ``attempt``: the
     attempt's number in the run, which every metrics record carries (None: not started by grpo-launch);
     ``run_name``: the run's tracking name (:class:`~grpo_launch.rundir.tracking.TrackingRecord`), the same in every
-    attempt."""
+    attempt; ``vllm_token``: the attempt's token for the vLLM server's guard (:mod:`grpo_launch.train.server_auth`),
+    None without a server; a :class:`Secret`, so that a printed or logged JobEnvironment does not show it."""
 
     rank: int
     local_rank: int
@@ -54,6 +62,7 @@ class JobEnvironment:
     paths: RunPaths | None
     attempt: int | None = None
     run_name: str | None = None
+    vllm_token: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], hostname: str | None = None) -> JobEnvironment:
@@ -69,6 +78,7 @@ class JobEnvironment:
             paths=RunPaths.from_environ(environ),
             attempt=_int(environ, ATTEMPT_ENV) or None,
             run_name=environ.get(RUN_NAME_ENV) or None,
+            vllm_token=Secret(environ[VLLM_TOKEN_ENV]) if environ.get(VLLM_TOKEN_ENV) else None,
         )
 
     @property
