@@ -5,6 +5,7 @@ trainers). Tests import these from here, never from another test module."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -283,3 +285,32 @@ def ray_cluster(directory: Path, *gpus: int) -> Iterator[str]:
         yield RAY_HEAD
     finally:
         subprocess.run(["bash", str(script), "stop", str(directory)], timeout=120)
+
+
+def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 120) -> list[str]:
+    """The lines ``proc`` printed until one holds ``needle``; kills ``proc`` and fails with its last lines when none
+    does within ``timeout`` seconds or it ends first."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return seen
+    proc.kill()
+    raise AssertionError(f"{needle!r} not seen:\n{''.join(seen[-40:])}")
+
+
+def metric_steps(run: Path) -> list[int]:
+    """The optimizer steps a run's metrics.jsonl records, in order (a repeated step appears twice)."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r["step"] for r in rows if "step_s" in r]
+
+
+def processes_of(run: Path) -> list[str]:
+    """Processes whose command line names this run's directory (every trainer's does: its recipe path)."""
+    out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, SLACK_S, free_port, require_root_tool, tiny_overrides
+from .helpers import (
+    ROOT,
+    SLACK_S,
+    free_port,
+    metric_steps,
+    processes_of,
+    require_root_tool,
+    tiny_overrides,
+    wait_for_line,
+)
 from .helpers import TINY_RECIPE as RECIPE
 
 pytestmark = pytest.mark.slow
@@ -87,12 +96,6 @@ def run_cli(run: Path, *overrides: str, env: dict | None = None, timeout: int = 
     )
 
 
-def processes_of(run: Path) -> list[str]:
-    """Processes whose command line names this run's directory (every trainer's does: its recipe path)."""
-    out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
-
-
 def gone_within(run: Path, seconds: float) -> list[str]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and processes_of(run):
@@ -105,25 +108,6 @@ def start(run: Path, *overrides: str, env: dict | None = None) -> subprocess.Pop
         argv(run, *overrides), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
-
-
-def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 120) -> list[str]:
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return seen
-    raise AssertionError(f"{needle!r} not seen:\n{''.join(seen[-40:])}")
-
-
-def metric_steps(run: Path) -> list[int]:
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [x["step"] for x in lines if "step_s" in x]
 
 
 def test_sigkill_of_the_launcher_leaves_no_process(tmp_path):

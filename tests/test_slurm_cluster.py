@@ -20,7 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, ensure_tiny_assets, free_port, pynvml_stand_in, require_root_tool, vllm_cpu_env
+from .helpers import (
+    ROOT,
+    ensure_tiny_assets,
+    free_port,
+    metric_steps,
+    processes_of,
+    pynvml_stand_in,
+    require_root_tool,
+    vllm_cpu_env,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -71,11 +80,6 @@ def wait_for_text(path: Path, pattern: str, timeout: float) -> str:
             return text
         time.sleep(0.5)
     raise AssertionError(f"{pattern!r} not in {path} after {timeout:.0f} s:\n{text[-3000:]}")
-
-
-def processes_of(run: Path) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
 
 
 def wait_no_processes(run: Path, timeout: float = 40) -> list[str]:
@@ -188,11 +192,6 @@ def test_usr2_checkpoints_requeues_and_resumes_without_repeating_steps(cluster, 
     assert done_first == list(range(1, stopped + 1))
     assert done_second == list(range(stopped + 1, 13)), "the requeued run repeats or skips optimizer steps"
     assert "training done" in second
-
-
-def metric_steps(run: Path) -> list[int]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [r["step"] for r in rows if "step_s" in r]
 
 
 def test_preemption_checkpoints_the_step_in_flight_and_the_requeued_job_resumes_at_the_next(cluster, tmp_path):

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, SLACK_S, ensure_tiny_assets, free_port, tiny_overrides
+from .helpers import (
+    ROOT,
+    SLACK_S,
+    ensure_tiny_assets,
+    free_port,
+    metric_steps,
+    processes_of,
+    tiny_overrides,
+    wait_for_line,
+)
 from .helpers import TINY_RECIPE as RECIPE
 
 pytestmark = pytest.mark.slow
@@ -71,33 +80,8 @@ def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
 
 
-def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 180) -> str:
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return "".join(seen)
-    proc.kill()
-    raise AssertionError(f"{needle!r} not seen:\n{''.join(seen[-40:])}")
-
-
-def metric_steps(run: Path) -> list[int]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["step"] for r in rows if "step_s" in r]
-
-
 def attempts(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "control" / "attempts.jsonl").read_text().splitlines()]
-
-
-def processes_of(run: Path) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", str(run)], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
 
 
 def checkpoints(run: Path) -> list[str]:
