@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from grpo_launch.enums import Device, Role, VllmMode
 from grpo_launch.planning.types import Plan, TrainHost, VllmPlan
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.recipe.versions import TRL_VLLM_RANGE, version_tuple
 from grpo_launch.rundir.layout import ATTEMPT_ENV, RUN_DIR_ENV, RUN_NAME_ENV
-from grpo_launch.rundir.tracking import TrackingRecord
 from grpo_launch.spec import ProcessSpec
+
+if TYPE_CHECKING:  # the record is only read here; its module is not needed at plan's start-up
+    from grpo_launch.rundir.tracking import TrackingRecord
 
 NCCL_WEIGHT_TRANSFER = '{"backend": "nccl"}'
 # vLLM's --middleware hook (an import path; a class is added with app.add_middleware): every route but /health needs

@@ -9,8 +9,6 @@ The id is no secret: W&B's own id of a run (``wandb.init(id=…)``, the ``WANDB_
 from __future__ import annotations
 
 import json
-import secrets
-import string
 import time
 from typing import Any
 
@@ -19,7 +17,7 @@ from grpo_launch.rundir.files import write_run_files
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.spec import frozen
 
-ID_ALPHABET = string.ascii_lowercase + string.digits  # W&B's (wandb/sdk/lib/runid.py)
+ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"  # W&B's (wandb/sdk/lib/runid.py): lowercase letters, digits
 
 
 @frozen
@@ -41,6 +39,8 @@ class TrackingRecord:
 
     @classmethod
     def new(cls, name: str) -> TrackingRecord:
+        import secrets  # drawn when a run starts; plan's start-up path (render) imports this module, not hashlib
+
         return cls("".join(secrets.choice(ID_ALPHABET) for _ in range(8)), name, time.time())
 
 
