@@ -205,6 +205,10 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
             continue  # the next attempt writes the new plan's files
         spent = dataclasses.replace(spent, restarts=spent.restarts + 1)
         time.sleep(step.wait_s)
+        again = backend.before_restart(plan, step.result, ctx)  # e.g. Ray: the lost node back, or a replacement
+        if isinstance(again, RunResult):
+            return again
+        plan = again
 
 
 def _disk_advice(plan: Plan, ctx: RunContext) -> str:

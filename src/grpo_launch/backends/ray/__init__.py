@@ -25,7 +25,7 @@ from grpo_launch.backends.base import BackendOptions, BaseBackend, check_address
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.rundir.layout import RUN_ID_ENV
-from grpo_launch.spec import ProcessSpec, RunContext, frozen
+from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
@@ -180,6 +180,16 @@ class RayBackend(BaseBackend[RayOptions]):
                 self._sweep(ray, run_id, plan, ctx)
             finally:
                 release(pgs)
+
+    def before_restart(self, plan: Plan, result: RunResult, ctx: RunContext) -> Plan | RunResult:
+        """A restart after a planned node left the cluster runs on the nodes there now: the node back, or one with
+        the same GPUs in its place, waiting up to launch.node_wait_s for either (:mod:`.recover`)."""
+        from grpo_launch.backends.ray.cluster import node_ids, probe_cluster
+        from grpo_launch.backends.ray.recover import Cluster, wait_for_nodes
+
+        ray = self._ray()
+        cluster = Cluster(alive=lambda: set(node_ids(ray)), probe=lambda: probe_cluster(ray, ctx.python, ctx.environ))
+        return wait_for_nodes(plan, result, cluster, ctx.emit, wait_s=plan.recipe.launch.node_wait_s)
 
     def _sweep(self, ray: Any, run_id: str, plan: Plan, ctx: RunContext) -> None:
         from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
