@@ -127,3 +127,35 @@ def test_the_default_wait_is_five_minutes():
     from grpo_launch.recipe.launch import LaunchSettings
 
     assert LaunchSettings().node_wait_s == 300 and dataclasses.is_dataclass(LaunchSettings)
+
+
+def test_a_drain_of_a_planned_node_asks_once_for_a_checkpoint():
+    from grpo_launch.backends.ray.drain import DrainWatch
+
+    draining: dict[str, float | None] = {"other-node": None}
+    asked: list[str] = []
+    watch = DrainWatch({"id-1": "h1", "id-2": "h2"}, lambda: draining, asked.append)
+    assert not watch.check() and asked == []  # a node the plan does not use
+    draining["id-2"] = None
+    assert watch.check() and watch.check()
+    assert asked == ["node h2 is being drained (no deadline given)"]
+
+
+def test_a_drain_with_a_deadline_says_when_the_node_goes():
+    import time
+
+    from grpo_launch.backends.ray.drain import notice
+
+    assert notice("h2", time.time() + 120.4, time.time()) == "node h2 is being drained (it goes in 120 s)"
+
+
+def test_a_stop_for_a_drain_is_a_restart_within_max_restarts(plan):
+    from grpo_launch.execute.policy import Action, Spent, next_action
+
+    stopped = RunResult(RunState.STOPPED_FOR_CHECKPOINT, 0, stopped_at_step=7)
+    why = "node h2 is being drained (it goes in 60 s)"
+    step = next_action(plan, stopped, Spent(), max_restarts=2, leaving=why)
+    assert step.action == Action.RESTART and step.wait_s == 0
+    assert step.note == f"restart 1/2 after {why}: resuming from checkpoint-7"
+    assert next_action(plan, stopped, Spent(restarts=2), max_restarts=2, leaving=why).action == Action.STOP
+    assert next_action(plan, stopped, Spent(), max_restarts=2).action == Action.STOP  # no drain: the run ends

@@ -93,6 +93,12 @@ class Backend(Protocol[OptionsT]):
 
     def after_run(self, plan: Plan, result: RunResult, ctx: RunContext) -> RunResult: ...
 
+    def machines_leaving(self, ctx: RunContext) -> str | None:
+        """Why the platform is taking the last attempt's machines away (a Ray node drain), when that is why the
+        attempt was asked to checkpoint and stop: its stop with a checkpoint is then a restart (launch.max_restarts)
+        on the machines there are (:meth:`before_restart`). None: a stop with a checkpoint ends the run."""
+        ...
+
     def before_restart(self, plan: Plan, result: RunResult, ctx: RunContext) -> Plan | RunResult:
         """Before a restart after ``result`` (a failure a restart may get past): the plan to restart with (``plan``,
         or the same shape on the machines the platform has now, e.g. a Ray node that replaced a lost one), or the
@@ -146,6 +152,9 @@ class BaseBackend(Generic[OptionsT]):
         self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext
     ) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
+
+    def machines_leaving(self, ctx: RunContext) -> str | None:
+        return None
 
     def before_restart(self, plan: Plan, result: RunResult, ctx: RunContext) -> Plan | RunResult:
         return plan

@@ -193,7 +193,8 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
             continue
         disk = result.failure is not None and result.failure.kind == FailureKind.DISK_FULL
         step = next_action(plan, result, spent, max_restarts=max_restarts,
-                           disk_advice=_disk_advice(plan, ctx) if disk else None)  # fmt: skip
+                           disk_advice=_disk_advice(plan, ctx) if disk else None,
+                           leaving=backend.machines_leaving(ctx))  # fmt: skip
         if step.note:
             ctx.emit(f"[grpo-launch] {step.note}")
         if step.action == Action.STOP:

@@ -222,6 +222,19 @@ def node_ids(ray: Any) -> dict[str, str]:
     return {str(n["NodeManagerAddress"]): n["NodeID"] for n in alive_nodes(ray)}
 
 
+def draining_nodes(ray: Any) -> dict[str, float | None]:
+    """Node id → the drain's deadline (epoch seconds; None: no deadline) of every node being drained (``ray
+    drain-node``, the autoscaler's DrainNode for an idle or preempted node). Ray 2.x tells the driver only through
+    its GCS state (``ray._private.state``: no public API; Ray Serve reads the same), so an older or changed Ray
+    answers nothing here."""
+    try:
+        draining = ray._private.state.state.get_draining_nodes()
+    except Exception:  # private API: without it there is no notice, and a drained node is a lost one
+        return {}
+    return {node if isinstance(node, str) else node.hex(): (ms / 1000 if ms else None)
+            for node, ms in dict(draining).items()}  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------ placement
 
 
