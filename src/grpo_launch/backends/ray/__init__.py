@@ -8,7 +8,10 @@ driver has). Beside local, ssh and Slurm, on the same protocol:
   plan's positions;
 - per attempt: one STRICT_PACK placement group per host pinned to the node (as verl and NeMo-RL place their
   workers), released at the end, after the run-id marker sweep on every node of the run;
-- signal: a task on the node signals the process group and every marked process there.
+- signal: a task on the node signals the process group and every marked process there;
+- a planned node being drained asks the trainers for a checkpoint at the end of the step (:mod:`.drain`: Ray 2.x
+  tells the driver through its GCS state only), and a restart after a lost or drained node runs on the nodes there
+  are then: the node back, or one with the same GPUs in its place, within launch.node_wait_s (:mod:`.recover`).
 
 ``ray`` is an optional extra (``grpo-launch[ray]``): nothing here imports it until a run uses Ray, and the planner
 never does.
@@ -211,16 +214,20 @@ class RayBackend(BaseBackend[RayOptions]):
         """A restart after a planned node left the cluster (or is being drained) runs on the nodes there now: the
         node back, or one with the same GPUs in its place, waiting up to launch.node_wait_s for either
         (:mod:`.recover`). A draining node counts as gone: Ray places nothing new on it."""
-        from grpo_launch.backends.ray.cluster import draining_nodes, node_ids, probe_cluster
+        from grpo_launch.backends.ray.cluster import alive_nodes, draining_nodes, probe_cluster, usable
         from grpo_launch.backends.ray.recover import Cluster, wait_for_nodes
 
         ray = self._ray()
 
-        def alive() -> set[str]:
+        def alive() -> set[str]:  # the nodes that could run a process (the head without CPUs or GPUs cannot)
             draining = draining_nodes(ray)
-            return {address for address, node in node_ids(ray).items() if node not in draining}
+            nodes, _ = usable([n for n in alive_nodes(ray) if n["NodeID"] not in draining])
+            return {str(n["NodeManagerAddress"]) for n in nodes}
 
-        cluster = Cluster(alive=alive, probe=lambda: probe_cluster(ray, ctx.python, ctx.environ))
+        def probe() -> Topology:
+            return probe_cluster(ray, ctx.python, ctx.environ, skip=set(draining_nodes(ray)))
+
+        cluster = Cluster(alive=alive, probe=probe)
         return wait_for_nodes(plan, result, cluster, ctx.emit, wait_s=plan.recipe.launch.node_wait_s)
 
     def _sweep(self, ray: Any, run_id: str, plan: Plan, ctx: RunContext) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from grpo_launch.errors import LaunchError, ProbeError
@@ -162,13 +162,13 @@ def node_name(node: Mapping[str, Any]) -> str:
     return str(node.get("NodeManagerHostname") or node["NodeManagerAddress"])
 
 
-def probe_cluster(ray: Any, python: str, environ: Mapping[str, str]) -> Topology:
+def probe_cluster(ray: Any, python: str, environ: Mapping[str, str], skip: Collection[str] = ()) -> Topology:
     """Every usable node as its own report says (GPUs by NVML, CPUs, RAM), from a task pinned to it that holds all
     of the node's GPUs (so it sees the ones Ray will hand out); Ray's resources (GPU count, accelerator_type) where
-    a node gives no report."""
+    a node gives no report. ``skip``: node ids left out (draining: Ray schedules nothing there)."""
     from grpo_launch.probe.hosts import report_command
 
-    nodes, with_gpus = usable(alive_nodes(ray))
+    nodes, with_gpus = usable([n for n in alive_nodes(ray) if n["NodeID"] not in skip])
     here = ray.get_runtime_context().get_node_id()
     # In a stable order, this node first when it takes part: the first training host is the main process's
     # (machine rank 0) and the first serving host runs the API server.
