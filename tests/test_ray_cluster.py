@@ -179,7 +179,7 @@ def kill_ray_on(host: str) -> None:
     (as a lost machine: nothing of it stops cleanly)."""
     for pid in subprocess.run(["ip", "netns", "pids", f"grpo-{host}"], capture_output=True, text=True).stdout.split():
         with contextlib.suppress(OSError):
-            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"sshd"):
+            if b"sshd" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]:  # "sshd: … [listener]"
                 continue
             os.kill(int(pid), 9)
 
