@@ -245,6 +245,66 @@ def test_a_lost_node_that_rejoins_restarts_the_run_there_from_the_checkpoint(clu
     assert leftovers(run, within=15.0) == []
 
 
+def node_id_at(address: str) -> str:
+    code = (
+        "import sys, ray; ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR'); "
+        "print(next(n['NodeID'] for n in ray.nodes() if n['Alive'] and n['NodeManagerAddress'] == sys.argv[2]))"
+    )
+    return subprocess.run([sys.executable, "-c", code, RAY_HEAD, address], capture_output=True, text=True,
+                          timeout=120, check=True).stdout.strip()  # fmt: skip
+
+
+def test_a_drained_node_checkpoints_the_step_and_the_run_restarts_when_it_is_back(cluster_at, tmp_path):
+    """`ray drain-node` (reason preemption, a 300 s deadline) on h2 mid-run: the launcher sees the drain, the
+    trainers save a checkpoint at the end of the step and stop; the restart waits without the draining node; h2
+    goes (its Ray killed) and comes back, and the run resumes from that checkpoint and finishes with every step
+    once in the metrics (no step lost or repeated: save_steps is far away)."""
+    cluster, directory = cluster_at
+    run, log = tmp_path / "run", tmp_path / "launcher.out"
+    argv = command(cluster, run, "max_steps=400", "save_steps=100", "launch.max_restarts=1",
+                   "launch.node_wait_s=180")  # fmt: skip
+    with log.open("w") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ))
+    try:
+        wait_for(log, "step 3/400", proc, 240)
+        ray = str(Path(sys.executable).parent / "ray")
+        drain = [
+            ray,
+            "drain-node",
+            "--address",
+            RAY_HEAD,
+            "--node-id",
+            node_id_at("10.77.0.12"),
+            "--reason",
+            "DRAIN_NODE_REASON_PREEMPTION",
+            "--reason-message",
+            "test",
+            "--deadline-remaining-seconds",
+            "300",
+        ]
+        done = subprocess.run(drain, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        wait_for(log, "node h2 is being drained (it goes in", proc, 60)
+        wait_for(log, "waiting up to 180 s (launch.node_wait_s)", proc, 120)
+        kill_ray_on("h2")
+        rejoin(directory, 2)
+        assert proc.wait(timeout=400) == 0, log.read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text()
+    assert "asking the trainers to save a checkpoint at the end of the step" in out
+    assert re.search(r"restart 1/1 after node h2 is being drained \(it goes in \d+ s\): resuming from checkpoint-\d+",
+                     out), out[-4000:]  # fmt: skip
+    assert "ray: the plan's nodes are all in the cluster again: restarting on them" in out
+    steps = metric_steps(run)
+    assert steps == list(range(1, 401)), steps
+    attempts = [json.loads(x) for x in (run / "control" / "attempts.jsonl").read_text().splitlines()]
+    assert [a["state"] for a in attempts] == ["stopped-for-checkpoint", "succeeded"], attempts
+    assert changed_tensors(run) > 0
+    assert leftovers(run, within=15.0) == []
+
+
 def test_a_killed_node_fails_the_run_names_it_and_leaves_nothing(cluster, tmp_path):
     """Every process in h2's namespace SIGKILLed (its raylet, the actor, the rank): the run fails as an
     infrastructure failure naming train@h2's lost actor; the restart (launch.max_restarts=1) finds the node gone
