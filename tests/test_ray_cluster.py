@@ -4,7 +4,7 @@ shared, like a cluster's home). Training is real (TRL GRPOTrainer, gloo over the
 runs in a Ray actor on its planned node, started by the launcher's runner.
 
 Skipped without root, Ray, iproute2 or sshd, unless GRPO_LAUNCH_REQUIRE_RAY=1 (CI), which fails instead. The node
-kill runs last: it takes h2 out of the cluster.
+kills run last: the rejoin test kills h2's Ray and starts it again; the last test takes h2 out of the cluster.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import RAY_DASHBOARD, ROOT, TRAINER_LINE, ensure_tiny_assets, leftovers, ray_cluster
+from .helpers import RAY_DASHBOARD, RAY_HEAD, ROOT, TRAINER_LINE, ensure_tiny_assets, leftovers, ray_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SECRET = "hf_secret_value_that_must_not_leak_456"
@@ -30,9 +30,16 @@ PLACED = re.compile(r"ray: (\S+) runs on node (\S+) \(([\d.]+)\), pid (\d+)")
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with ray_cluster(tmp_path_factory.mktemp("ray"), 0, 0) as address:
-        yield address
+def cluster_at(tmp_path_factory):
+    """The cluster's head address and its directory (where a node's restart finds the cluster's settings)."""
+    directory = tmp_path_factory.mktemp("ray")
+    with ray_cluster(directory, 0, 0) as address:
+        yield address, directory
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_at):
+    return cluster_at[0]
 
 
 def command(address: str, run: Path, *extra: str) -> list[str]:
@@ -167,11 +174,144 @@ def test_ray_submit_runs_the_whole_run_as_a_ray_job(cluster, tmp_path):
     assert leftovers(run, within=15.0) == []
 
 
+def kill_ray_on(host: str) -> None:
+    """SIGKILL every process in the host's namespace but its sshd: the raylet, Ray's agents and workers, the rank
+    (as a lost machine: nothing of it stops cleanly)."""
+    for pid in subprocess.run(["ip", "netns", "pids", f"grpo-{host}"], capture_output=True, text=True).stdout.split():
+        with contextlib.suppress(OSError):
+            if b"sshd" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]:  # "sshd: … [listener]"
+                continue
+            os.kill(int(pid), 9)
+
+
+def rejoin(directory: Path, number: int) -> None:
+    """Start host h<number>'s Ray node again as scripts/ray_hosts.sh started it (a new raylet: a new node id at the
+    same address), in a fresh temp dir."""
+    tmp = os.readlink(directory / "ray-tmp")
+    env = (f"GRPO_RAY_CLUSTER={directory} RAY_USAGE_STATS_ENABLED=0 RAY_health_check_period_ms=1000 "
+           f"RAY_health_check_failure_threshold=5 PYTHONPATH={directory / 'standin'} GRPO_TEST_GPUS=0")  # fmt: skip
+    line = (f"cd {ROOT} && env {env} {ROOT / '.venv' / 'bin' / 'ray'} start --address {RAY_HEAD} --node-ip-address "
+            f"10.77.0.{10 + number} --num-gpus 0 --num-cpus 2 --temp-dir {tmp}/h{number}-again "
+            "--disable-usage-stats")  # fmt: skip
+    ssh = ["ssh", "-F", str(directory / "hosts" / "ssh_config"), f"h{number}", line]
+    done = subprocess.run(ssh, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, f"no {text!r}:\n" + log.read_text()[-4000:]
+        time.sleep(0.3)
+
+
+def metric_steps(run: Path) -> list[int]:
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [x["step"] for x in lines if "step_s" in x]
+
+
+def test_a_lost_node_that_rejoins_restarts_the_run_there_from_the_checkpoint(cluster_at, tmp_path):
+    """h2's Ray killed mid-run (raylet, workers, the rank): the attempt fails as an infrastructure failure, the
+    restart finds h2 gone and waits (launch.node_wait_s); h2's Ray starts again (a new node id at its address) and
+    the run restarts on h1 and h2 from the newest checkpoint and finishes: every step once in the metrics, at most
+    the one in flight twice, the weights changed, nothing of the run left."""
+    cluster, directory = cluster_at
+    run, log = tmp_path / "run", tmp_path / "launcher.out"
+    argv = command(cluster, run, "max_steps=12", "save_steps=1", "launch.max_restarts=1",
+                   "launch.restart_backoff_s=1", "launch.node_wait_s=180")  # fmt: skip
+    with log.open("w") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ))
+    try:
+        wait_for(log, "step 3/12", proc, 240)
+        kill_ray_on("h2")
+        wait_for(log, "waiting up to 180 s (launch.node_wait_s)", proc, 120)
+        rejoin(directory, 2)
+        assert proc.wait(timeout=400) == 0, log.read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text()
+    assert "node(s) h2 of the plan left the Ray cluster; waiting up to 180 s" in out
+    assert "ray: the plan's nodes are all in the cluster again: restarting on them" in out
+    assert "step 12/12 done" in out
+    placed = [(name, ip) for name, _, ip, _ in PLACED.findall(out)]
+    assert placed.count(("train@h2", "10.77.0.12")) == 2 and placed.count(("train@h1", "10.77.0.11")) == 2, placed
+    steps = metric_steps(run)
+    assert sorted(set(steps)) == list(range(1, 13)), steps
+    assert len(steps) - len(set(steps)) <= 1, steps  # at most the step in flight repeated
+    attempts = [json.loads(x) for x in (run / "control" / "attempts.jsonl").read_text().splitlines()]
+    assert [a["state"] for a in attempts][-1] == "succeeded" and attempts[0]["failure"] == "infra", attempts
+    assert changed_tensors(run) > 0
+    assert leftovers(run, within=15.0) == []
+
+
+def node_id_at(address: str) -> str:
+    code = (
+        "import sys, ray; ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR'); "
+        "print(next(n['NodeID'] for n in ray.nodes() if n['Alive'] and n['NodeManagerAddress'] == sys.argv[2]))"
+    )
+    return subprocess.run([sys.executable, "-c", code, RAY_HEAD, address], capture_output=True, text=True,
+                          timeout=120, check=True).stdout.strip()  # fmt: skip
+
+
+def test_a_drained_node_checkpoints_the_step_and_the_run_restarts_when_it_is_back(cluster_at, tmp_path):
+    """`ray drain-node` (reason preemption, a 300 s deadline) on h2 mid-run: the launcher sees the drain, the
+    trainers save a checkpoint at the end of the step and stop; the restart waits without the draining node; h2
+    goes (its Ray killed) and comes back, and the run resumes from that checkpoint and finishes with every step
+    once in the metrics (no step lost or repeated: save_steps is far away)."""
+    cluster, directory = cluster_at
+    run, log = tmp_path / "run", tmp_path / "launcher.out"
+    argv = command(cluster, run, "max_steps=400", "save_steps=100", "launch.max_restarts=1",
+                   "launch.node_wait_s=180")  # fmt: skip
+    with log.open("w") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ))
+    try:
+        wait_for(log, "step 3/400", proc, 240)
+        ray = str(Path(sys.executable).parent / "ray")
+        drain = [
+            ray,
+            "drain-node",
+            "--address",
+            RAY_HEAD,
+            "--node-id",
+            node_id_at("10.77.0.12"),
+            "--reason",
+            "DRAIN_NODE_REASON_PREEMPTION",
+            "--reason-message",
+            "test",
+            "--deadline-remaining-seconds",
+            "300",
+        ]
+        done = subprocess.run(drain, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        wait_for(log, "node h2 is being drained (it goes in", proc, 60)
+        wait_for(log, "waiting up to 180 s (launch.node_wait_s)", proc, 120)
+        kill_ray_on("h2")
+        rejoin(directory, 2)
+        assert proc.wait(timeout=400) == 0, log.read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text()
+    assert "asking the trainers to save a checkpoint at the end of the step" in out
+    assert re.search(r"restart 1/1 after node h2 is being drained \(it goes in \d+ s\): resuming from checkpoint-\d+",
+                     out), out[-4000:]  # fmt: skip
+    assert "ray: the plan's nodes are all in the cluster again: restarting on them" in out
+    steps = metric_steps(run)
+    assert steps == list(range(1, 401)), steps
+    attempts = [json.loads(x) for x in (run / "control" / "attempts.jsonl").read_text().splitlines()]
+    assert [a["state"] for a in attempts] == ["stopped-for-checkpoint", "succeeded"], attempts
+    assert changed_tensors(run) > 0
+    assert leftovers(run, within=15.0) == []
+
+
 def test_a_killed_node_fails_the_run_names_it_and_leaves_nothing(cluster, tmp_path):
     """Every process in h2's namespace SIGKILLed (its raylet, the actor, the rank): the run fails as an
     infrastructure failure naming train@h2's lost actor; the restart (launch.max_restarts=1) finds the node gone
-    from the cluster and stops with that said; nothing of the run is left on h1 or here."""
-    proc, run, log = start_long_run(cluster, tmp_path, "launch.max_restarts=1")
+    from the cluster, waits launch.node_wait_s for it or a node like it, and stops with that said; nothing of the
+    run is left on h1 or here."""
+    proc, run, log = start_long_run(cluster, tmp_path, "launch.max_restarts=1", "launch.restart_backoff_s=1",
+                                    "launch.node_wait_s=15")  # fmt: skip
     pids = subprocess.run(["ip", "netns", "pids", "grpo-h2"], capture_output=True, text=True).stdout.split()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -181,5 +321,6 @@ def test_a_killed_node_fails_the_run_names_it_and_leaves_nothing(cluster, tmp_pa
     record = failure_of(run)
     assert record["failure"] == "infra" and record["cause"].startswith("[train@h2] "), record
     assert "ActorDiedError" in record["cause"] or "its host was lost" in record["cause"], record
-    assert "node(s) h2 of the plan left the Ray cluster" in out
+    assert "node(s) h2 of the plan left the Ray cluster; waiting up to 15 s (launch.node_wait_s)" in out
+    assert "neither they nor a node with the same GPUs joined within 15 s (launch.node_wait_s)" in out
     assert leftovers(run, within=15.0) == []

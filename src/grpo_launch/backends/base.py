@@ -7,9 +7,10 @@ them, no backend sees argparse; the protocol is generic in it, so ``detect``/``c
 torchx's ``Scheduler`` is in its request type), how
 it reads the machines (``probe``), how a process is put on its host (``place``: pure, wraps the command in srun or
 ssh), what it checks before anything starts (``preflight``), how it stops a process tree on another host
-(``signal_remote``), what it holds around an attempt's processes (``attempt``: Ray's placement groups), what it
-does after the run (``after_run``: e.g. requeue a Slurm job), and the state of the
-batch job a run belongs to (``job_id`` / ``job_state``, for ``grpo-launch status``).
+(``signal_remote``), what it holds around an attempt's processes (``attempt``: Ray's placement groups), what a
+restart runs on (``before_restart``: Ray waits for a lost node or a replacement), what it does after the run
+(``after_run``: e.g. requeue a Slurm job), and the state of the batch job a run belongs to (``job_id`` /
+``job_state``, for ``grpo-launch status``).
 """
 
 from __future__ import annotations
@@ -92,6 +93,18 @@ class Backend(Protocol[OptionsT]):
 
     def after_run(self, plan: Plan, result: RunResult, ctx: RunContext) -> RunResult: ...
 
+    def machines_leaving(self, ctx: RunContext) -> str | None:
+        """Why the platform is taking the last attempt's machines away (a Ray node drain), when that is why the
+        attempt was asked to checkpoint and stop: its stop with a checkpoint is then a restart (launch.max_restarts)
+        on the machines there are (:meth:`before_restart`). None: a stop with a checkpoint ends the run."""
+        ...
+
+    def before_restart(self, plan: Plan, result: RunResult, ctx: RunContext) -> Plan | RunResult:
+        """Before a restart after ``result`` (a failure a restart may get past): the plan to restart with (``plan``,
+        or the same shape on the machines the platform has now, e.g. a Ray node that replaced a lost one), or the
+        result to end the run with, its reason added (the machines did not come back)."""
+        ...
+
     def deadline(self, ctx: RunContext) -> float | None:
         """When the allocation ends (epoch seconds), if it does: the run saves a checkpoint before it."""
         ...
@@ -139,6 +152,12 @@ class BaseBackend(Generic[OptionsT]):
         self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext
     ) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
+
+    def machines_leaving(self, ctx: RunContext) -> str | None:
+        return None
+
+    def before_restart(self, plan: Plan, result: RunResult, ctx: RunContext) -> Plan | RunResult:
+        return plan
 
     def deadline(self, ctx: RunContext) -> float | None:
         return None

@@ -1,7 +1,8 @@
 """What follows an attempt: stop, restart from the newest complete checkpoint, or replan more frugally and
 restart. Pure: the attempt's result and what has been spent so far in, the next action out.
 
-- A success, a checkpoint-and-stop or an interruption ends the run.
+- A success, a checkpoint-and-stop or an interruption ends the run, except a checkpoint-and-stop the backend asked for
+  because its machines are being taken away (a Ray node drain): that is a restart, on the machines there are.
 - An out-of-memory failure: the plan's next memory fix (:mod:`grpo_launch.planning.after_run.oom`, on the
   side that ran out). With ``launch.on_oom: replan`` it is applied and the run restarts (at most
   :data:`MAX_OOM_REPLANS` times: each is one step more frugal, and there are only a few); otherwise the fix is
@@ -59,9 +60,19 @@ def _with_detail(result: RunResult, line: str) -> RunResult:
 
 
 def next_action(
-    plan: Plan, result: RunResult, spent: Spent, *, max_restarts: int, disk_advice: str | None = None
+    plan: Plan,
+    result: RunResult,
+    spent: Spent,
+    *,
+    max_restarts: int,
+    disk_advice: str | None = None,
+    leaving: str | None = None,
 ) -> Next:
-    """What follows ``result``, an attempt of ``plan``. ``disk_advice`` is added to a full-disk failure."""
+    """What follows ``result``, an attempt of ``plan``. ``disk_advice`` is added to a full-disk failure;
+    ``leaving``: why the backend had the attempt checkpoint and stop (its machines are being taken away, e.g. a Ray
+    node drain), which makes the stop a restart."""
+    if leaving and result.state == RunState.STOPPED_FOR_CHECKPOINT:
+        return _restart_after_leaving(result, spent, max_restarts, leaving)
     failure = result.failure
     if result.ok or result.state == RunState.INTERRUPTED or failure is None:
         return Next(Action.STOP, result)
@@ -90,3 +101,13 @@ def next_action(
         f"({result.cause or result.message}); resuming from the newest complete checkpoint{again}"
     )
     return Next(Action.RESTART, result, wait_s=wait, note=note)
+
+
+def _restart_after_leaving(result: RunResult, spent: Spent, max_restarts: int, leaving: str) -> Next:
+    """A stop with a checkpoint because machines are being taken away: a restart on the machines there are, at once
+    (within launch.max_restarts: else the run ends stopped, and resuming it continues from the checkpoint)."""
+    saved = f"checkpoint-{result.stopped_at_step}" if result.stopped_at_step is not None else "the newest checkpoint"
+    if spent.restarts >= max_restarts:
+        return Next(Action.STOP, result, note=f"{leaving}: no restart left (launch.max_restarts={max_restarts})")
+    note = f"restart {spent.restarts + 1}/{max_restarts} after {leaving}: resuming from {saved}"
+    return Next(Action.RESTART, result, note=note)

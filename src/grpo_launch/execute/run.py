@@ -194,7 +194,8 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
             continue
         disk = result.failure is not None and result.failure.kind == FailureKind.DISK_FULL
         step = next_action(plan, result, spent, max_restarts=max_restarts,
-                           disk_advice=_disk_advice(plan, ctx) if disk else None)  # fmt: skip
+                           disk_advice=_disk_advice(plan, ctx) if disk else None,
+                           leaving=backend.machines_leaving(ctx))  # fmt: skip
         if step.note:
             ctx.emit(f"[grpo-launch] {step.note}")
         if step.action == Action.STOP:
@@ -206,6 +207,10 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
             continue  # the next attempt writes the new plan's files
         spent = dataclasses.replace(spent, restarts=spent.restarts + 1)
         time.sleep(step.wait_s)
+        again = backend.before_restart(plan, step.result, ctx)  # e.g. Ray: the lost node back, or a replacement
+        if isinstance(again, RunResult):
+            return again
+        plan = again
 
 
 def _disk_advice(plan: Plan, ctx: RunContext) -> str:

@@ -20,6 +20,7 @@ HOST_PATTERN = (
 )
 
 
+DEFAULT_NODE_WAIT_S = 300.0  # a rejoining raylet, or an autoscaler's replacement node, joins within minutes
 DEFAULT_STOP_GRACE_S = 300.0  # launch.stop_grace_s unset outside Slurm: a GPU step and its save fit in most runs
 
 
@@ -82,6 +83,8 @@ class LaunchSettings:
     # Supervision: restarts after failures that are not the user's code, from the newest complete checkpoint.
     max_restarts: int = field(default=0, metadata={"min": 0, "max": 1000})
     restart_backoff_s: float = field(default=10.0, metadata={"min": 0, "max": 3600})  # doubles per restart
+    # Ray: a restart after a planned node left the cluster waits this long for it or a node with the same GPUs.
+    node_wait_s: float = field(default=DEFAULT_NODE_WAIT_S, metadata={"min": 0, "max": 7 * 86400})
     on_oom: OnOom = field(default=OnOom.STOP, metadata={"enum": OnOom})
     # The progress watchdog: no optimizer step within these bounds stops the run with every rank's stack.
     first_step_timeout_s: float = field(default=3600.0, metadata={"min": 1, "max": 7 * 86400})

@@ -8,7 +8,10 @@ driver has). Beside local, ssh and Slurm, on the same protocol:
   plan's positions;
 - per attempt: one STRICT_PACK placement group per host pinned to the node (as verl and NeMo-RL place their
   workers), released at the end, after the run-id marker sweep on every node of the run;
-- signal: a task on the node signals the process group and every marked process there.
+- signal: a task on the node signals the process group and every marked process there;
+- a planned node being drained asks the trainers for a checkpoint at the end of the step (:mod:`.drain`: Ray 2.x
+  tells the driver through its GCS state only), and a restart after a lost or drained node runs on the nodes there
+  are then: the node back, or one with the same GPUs in its place, within launch.node_wait_s (:mod:`.recover`).
 
 ``ray`` is an optional extra (``grpo-launch[ray]``): nothing here imports it until a run uses Ray, and the planner
 never does.
@@ -25,7 +28,7 @@ from grpo_launch.backends.base import BackendOptions, BaseBackend, check_address
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.rundir.layout import RUN_ID_ENV
-from grpo_launch.spec import ProcessSpec, RunContext, frozen
+from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
@@ -67,6 +70,7 @@ class RayBackend(BaseBackend[RayOptions]):
     def __init__(self, address: str) -> None:
         self.address = address
         self.addresses: dict[str, str] = {}  # host → node address, as placed (signal_remote finds the node)
+        self.drained: str | None = None  # the last attempt stopped for a planned node's drain: what was said
 
     @classmethod
     def detect(cls, options: RayOptions, environ: Mapping[str, str]) -> bool:
@@ -160,7 +164,7 @@ class RayBackend(BaseBackend[RayOptions]):
         and the groups released."""
         from grpo_launch.backends.ray.cluster import RESERVE_TIMEOUT_S, node_ids, release, reserve
 
-        ray = self._ray()
+        ray, self.drained = self._ray(), None
         run_id = next(iter(processes)).env[RUN_ID_ENV].rsplit("@", 1)[0]
         address = {h.name: h.addr for h in plan.topology.hosts}
         gone = [h for h, a in address.items() if a not in node_ids(ray)]
@@ -174,12 +178,57 @@ class RayBackend(BaseBackend[RayOptions]):
             for host, bundles in host_bundles(plan).items():
                 wanted = [{"GPU": float(g), "CPU": c} for _, g, c in bundles]
                 pgs.append(reserve(ray, pg_name(run_id, host), address[host], wanted, timeout_s=RESERVE_TIMEOUT_S))
-            yield
+            with self._drain_watch(ray, plan, ctx):
+                yield
         finally:
             try:
                 self._sweep(ray, run_id, plan, ctx)
             finally:
                 release(pgs)
+
+    @contextlib.contextmanager
+    def _drain_watch(self, ray: Any, plan: Plan, ctx: RunContext) -> Iterator[None]:
+        """While the attempt runs: a planned node being drained asks the trainers for a checkpoint (:mod:`.drain`)."""
+        from grpo_launch.backends.ray.cluster import draining_nodes, node_ids
+        from grpo_launch.backends.ray.drain import DrainWatch
+        from grpo_launch.rundir import control
+
+        def on_drain(text: str) -> None:
+            self.drained = text
+            ctx.emit(f"[grpo-launch] ray: {text}: asking the trainers to save a checkpoint at the end of the step "
+                     "and stop; the run then restarts without it")  # fmt: skip
+            control.request_stop(plan.run_dir, reason=f"Ray: {text}")
+
+        nodes = node_ids(ray)
+        hosts = {nodes[h.addr]: h.name for h in plan.topology.hosts if h.addr in nodes}
+        watch = DrainWatch(hosts, lambda: draining_nodes(ray), on_drain).start()
+        try:
+            yield
+        finally:
+            watch.stop()
+
+    def machines_leaving(self, ctx: RunContext) -> str | None:
+        return self.drained
+
+    def before_restart(self, plan: Plan, result: RunResult, ctx: RunContext) -> Plan | RunResult:
+        """A restart after a planned node left the cluster (or is being drained) runs on the nodes there now: the
+        node back, or one with the same GPUs in its place, waiting up to launch.node_wait_s for either
+        (:mod:`.recover`). A draining node counts as gone: Ray places nothing new on it."""
+        from grpo_launch.backends.ray.cluster import alive_nodes, draining_nodes, probe_cluster, usable
+        from grpo_launch.backends.ray.recover import Cluster, wait_for_nodes
+
+        ray = self._ray()
+
+        def alive() -> set[str]:  # the nodes that could run a process (the head without CPUs or GPUs cannot)
+            draining = draining_nodes(ray)
+            nodes, _ = usable([n for n in alive_nodes(ray) if n["NodeID"] not in draining])
+            return {str(n["NodeManagerAddress"]) for n in nodes}
+
+        def probe() -> Topology:
+            return probe_cluster(ray, ctx.python, ctx.environ, skip=set(draining_nodes(ray)))
+
+        cluster = Cluster(alive=alive, probe=probe)
+        return wait_for_nodes(plan, result, cluster, ctx.emit, wait_s=plan.recipe.launch.node_wait_s)
 
     def _sweep(self, ray: Any, run_id: str, plan: Plan, ctx: RunContext) -> None:
         from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from grpo_launch.errors import LaunchError, ProbeError
@@ -162,13 +162,13 @@ def node_name(node: Mapping[str, Any]) -> str:
     return str(node.get("NodeManagerHostname") or node["NodeManagerAddress"])
 
 
-def probe_cluster(ray: Any, python: str, environ: Mapping[str, str]) -> Topology:
+def probe_cluster(ray: Any, python: str, environ: Mapping[str, str], skip: Collection[str] = ()) -> Topology:
     """Every usable node as its own report says (GPUs by NVML, CPUs, RAM), from a task pinned to it that holds all
     of the node's GPUs (so it sees the ones Ray will hand out); Ray's resources (GPU count, accelerator_type) where
-    a node gives no report."""
+    a node gives no report. ``skip``: node ids left out (draining: Ray schedules nothing there)."""
     from grpo_launch.probe.hosts import report_command
 
-    nodes, with_gpus = usable(alive_nodes(ray))
+    nodes, with_gpus = usable([n for n in alive_nodes(ray) if n["NodeID"] not in skip])
     here = ray.get_runtime_context().get_node_id()
     # In a stable order, this node first when it takes part: the first training host is the main process's
     # (machine rank 0) and the first serving host runs the API server.
@@ -220,6 +220,19 @@ def _host(node: Mapping[str, Any], report: Mapping[str, Any] | None, with_gpus: 
 def node_ids(ray: Any) -> dict[str, str]:
     """Node address → node id, alive nodes only."""
     return {str(n["NodeManagerAddress"]): n["NodeID"] for n in alive_nodes(ray)}
+
+
+def draining_nodes(ray: Any) -> dict[str, float | None]:
+    """Node id → the drain's deadline (epoch seconds; None: no deadline) of every node being drained (``ray
+    drain-node``, the autoscaler's DrainNode for an idle or preempted node). Ray 2.x tells the driver only through
+    its GCS state (``ray._private.state``: no public API; Ray Serve reads the same), so an older or changed Ray
+    answers nothing here."""
+    try:
+        draining = ray._private.state.state.get_draining_nodes()
+    except Exception:  # private API: without it there is no notice, and a drained node is a lost one
+        return {}
+    return {node if isinstance(node, str) else node.hex(): (ms / 1000 if ms else None)
+            for node, ms in dict(draining).items()}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ placement
