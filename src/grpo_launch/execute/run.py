@@ -273,6 +273,35 @@ def _attempt(
                 "delete it."
             )
     launch = plan.recipe.launch
+    watchdog = _watchdog(plan, ctx, deadline, adapter)
+    session = SessionSpec(
+        server=prepared.server,
+        server_workers=prepared.server_workers,
+        trainers=prepared.trainers,
+        log_dir=plan.paths.logs,
+        health_url=plan.vllm.health_url if prepared.server else None,
+        health_timeout_s=launch.vllm_health_timeout_s,
+        grace_s=launch.grace_period_s,
+        run_id=run_id,
+        paths=plan.paths,
+    )
+    with backend.attempt(prepared.processes, plan, ctx):
+        result = supervise(
+            session,
+            environ=ctx.environ,
+            emit=ctx.emit,
+            on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
+            signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
+            watch=watchdog,
+            stopping=_stopping(plan, backend, ctx, env.get(RESUME_ENV, "")),
+        )
+    return _how_it_stopped(plan, ctx, result)
+
+
+def _watchdog(plan: Plan, ctx: RunContext, deadline: float | None, adapter: Adapter | None) -> Watchdog:
+    """The attempt's progress watchdog: hangs and the first step's time-out, the allocation's end (a checkpoint and
+    stop before it), the measured split against the planned one, and launch.adapt's step hook."""
+    launch = plan.recipe.launch
 
     def stop_for_deadline(why: str) -> None:
         ctx.emit(f"[grpo-launch] {why}")
@@ -297,27 +326,12 @@ def _attempt(
         on_split=show_split,
         on_step=adapter.on_step if adapter is not None else None,
     )
-    session = SessionSpec(
-        server=prepared.server,
-        server_workers=prepared.server_workers,
-        trainers=prepared.trainers,
-        log_dir=plan.paths.logs,
-        health_url=plan.vllm.health_url if prepared.server else None,
-        health_timeout_s=launch.vllm_health_timeout_s,
-        grace_s=launch.grace_period_s,
-        run_id=run_id,
-        paths=plan.paths,
-    )
-    with backend.attempt(prepared.processes, plan, ctx):
-        result = supervise(
-            session,
-            environ=ctx.environ,
-            emit=ctx.emit,
-            on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
-            signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
-            watch=watchdog,
-            stopping=_stopping(plan, backend, ctx, env.get(RESUME_ENV, "")),
-        )
+    return watchdog
+
+
+def _how_it_stopped(plan: Plan, ctx: RunContext, result: RunResult) -> RunResult:
+    """The attempt's result with a checkpoint-and-stop said: after the first Ctrl-C or SIGTERM (INTERRUPTED, with the
+    step saved), or on request (SIGUSR2, the allocation's end: STOPPED_FOR_CHECKPOINT)."""
     step = control.stopped_at(plan.run_dir)
     if result.state == RunState.INTERRUPTED and step is not None:  # the first Ctrl-C or SIGTERM, honoured
         again = shlex.join(["grpo-launch", "resume", plan.run_dir])

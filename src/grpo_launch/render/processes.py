@@ -60,18 +60,7 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         "--gpu-memory-utilization",
         f"{v.gpu_memory_utilization}",
     ]
-    if v.pipeline_parallel_size > 1:
-        argv += ["--pipeline-parallel-size", str(v.pipeline_parallel_size)]
-    if v.data_parallel_size > 1:  # replicas (a dense model), or DP ranks with the experts spread over them
-        argv += ["--data-parallel-size", str(v.data_parallel_size)]
-    if v.spans_hosts:  # a replica's stages over hosts: vLLM's multi-node serving, this host first (--node-rank 0)
-        argv += ["--nnodes", str(len(v.nodes) + 1), "--node-rank", "0", "--master-addr", str(v.address),
-                 "--master-port", str(v.master_port)]  # fmt: skip
-        if v.data_parallel_size > 1:
-            argv += ["--data-parallel-rpc-port", str(v.rpc_port)]
-    elif v.nodes:  # vLLM's multi-node data parallel: the ranks of each host, and where the API server's host is
-        argv += ["--data-parallel-size-local", str(v.local_data_parallel_size), "--data-parallel-address",
-                 str(v.address), "--data-parallel-rpc-port", str(v.rpc_port)]  # fmt: skip
+    argv += _parallel_args(v)
     if v.expert_parallel:
         argv.append("--enable-expert-parallel")
     if v.max_model_len:
@@ -114,6 +103,25 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         gpus=tuple(v.gpus),
         rocm=plan.topology.is_rocm,
     )
+
+
+def _parallel_args(v: VllmPlan) -> list[str]:
+    """The server's parallelism: pipeline stages, data-parallel ranks, and how they span hosts (vLLM's multi-node
+    serving for a replica's stages over hosts; its multi-node data parallel for ranks on several hosts)."""
+    args: list[str] = []
+    if v.pipeline_parallel_size > 1:
+        args += ["--pipeline-parallel-size", str(v.pipeline_parallel_size)]
+    if v.data_parallel_size > 1:  # replicas (a dense model), or DP ranks with the experts spread over them
+        args += ["--data-parallel-size", str(v.data_parallel_size)]
+    if v.spans_hosts:  # a replica's stages over hosts: vLLM's multi-node serving, this host first (--node-rank 0)
+        args += ["--nnodes", str(len(v.nodes) + 1), "--node-rank", "0", "--master-addr", str(v.address),
+                 "--master-port", str(v.master_port)]  # fmt: skip
+        if v.data_parallel_size > 1:
+            args += ["--data-parallel-rpc-port", str(v.rpc_port)]
+    elif v.nodes:  # vLLM's multi-node data parallel: the ranks of each host, and where the API server's host is
+        args += ["--data-parallel-size-local", str(v.local_data_parallel_size), "--data-parallel-address",
+                 str(v.address), "--data-parallel-rpc-port", str(v.rpc_port)]  # fmt: skip
+    return args
 
 
 def vllm_servers(plan: Plan) -> tuple[ProcessSpec, ...]:
