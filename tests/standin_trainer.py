@@ -7,7 +7,8 @@ sides; these machines have none. Everything else is real and checked here, per t
 - accelerate's launch gave it its rank, world size, machine rank and main address (torch.distributed over gloo
   across the training hosts: one all-reduce of the ranks);
 - it reaches the vLLM server on the other host at the URL grpo-launch wrote into the trainer recipe, and the
-  server generates for it (``/v1/completions``, ``n`` = 2) and reports its weight-sync world (``/get_world_size``);
+  server generates for it (``/v1/completions``, ``n`` = 2) and reports its weight-sync world (``/get_world_size``),
+  both behind the server's guard, with the attempt's token;
 - it writes what it saw to ``$GRPO_LAUNCH_RUN_DIR/standin/rank<R>.json`` for the test to read.
 """
 
@@ -25,16 +26,29 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from grpo_launch.rundir.layout import RUN_DIR_ENV
+from grpo_launch.rundir.layout import RUN_DIR_ENV, VLLM_TOKEN_ENV
+
+
+def _auth() -> dict[str, str]:
+    """The attempt's token for the server's guard (grpo_launch.node.vllm_guard), as the real trainers' clients send
+    it (grpo_launch.train.server_auth): it reached this process through its environment (on stdin over ssh, through
+    srun's --export=ALL under Slurm)."""
+    token = os.environ.get(VLLM_TOKEN_ENV)
+    if not token:
+        raise SystemExit(
+            f"{VLLM_TOKEN_ENV} is not set in the trainer's environment: the server's token did not reach it"
+        )
+    return {"Authorization": f"Bearer {token}"}
 
 
 def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=120) as r:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=_auth()), timeout=120) as r:
         return json.loads(r.read())
 
 
 def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **_auth()}
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())
 
