@@ -27,7 +27,10 @@ def _typed_by(cls: type) -> type:
 def test_options_are_declared_once_and_type_the_protocol(kind, name, loader):
     cls = loader(name)
     assert issubclass(cls.Options, BackendOptions), f"{kind} {name}: Options must derive from BackendOptions"
-    assert dataclasses.is_dataclass(cls.Options) and cls.Options.__dataclass_params__.frozen
+    assert dataclasses.is_dataclass(cls.Options)
+    for name in [f.name for f in dataclasses.fields(cls.Options)] + ["not_an_option"]:
+        with pytest.raises(dataclasses.FrozenInstanceError):  # frozen: options are values
+            setattr(cls.Options(), name, None)
     assert _typed_by(cls) is cls.Options, f"{kind} {name} is typed by {_typed_by(cls)}, declares {cls.Options}"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 from grpo_launch.backends import load as load_backend
 from grpo_launch.backends import option_classes, select
@@ -17,8 +18,10 @@ from grpo_launch.planning import default_run_dir, make_plan
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.types import Plan, Runtime
 from grpo_launch.recipe import Recipe, load_recipe
-from grpo_launch.rundir.invocation import Flag, Invocation
 from grpo_launch.spec import RunContext
+
+if TYPE_CHECKING:  # a record is read or written only by a run that keeps one (plan's start-up)
+    from grpo_launch.rundir.invocation import Flag, Invocation
 
 EPILOG = """\
 examples:
@@ -85,6 +88,8 @@ NOT_RECORDED = ("--dry-run", "--resume", "--help")
 
 def given_flags(args: argparse.Namespace) -> list[Flag]:
     """Every flag the command line set (a value other than its default), as given, in the parser's order."""
+    from grpo_launch.rundir.invocation import Flag
+
     parser: argparse.ArgumentParser | None = getattr(args, "invocation_parser", None)
     flags: list[Flag] = []
     for action in parser._actions if parser is not None else ():
@@ -105,6 +110,7 @@ def given_flags(args: argparse.Namespace) -> list[Flag]:
 def invocation_of(args: argparse.Namespace, backend: str, run_dir: str, ctx: RunContext) -> Invocation:
     """The record of this command (secrets redacted), for RUN_DIR/invocation.json."""
     from grpo_launch import __version__
+    from grpo_launch.rundir.invocation import Invocation
 
     return Invocation.of(
         args.verb, args.recipe, list(args.overrides), given_flags(args), extra_args=tuple(getattr(args, "extra", ())),

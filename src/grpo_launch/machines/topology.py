@@ -31,6 +31,8 @@ class Gpu:
 
 @frozen
 class Host:
+    """One machine: its name, its GPUs, the address the others reach it at, its CPUs and memory when known."""
+
     name: str
     gpus: tuple[Gpu, ...] = ()
     address: str | None = None  # reachable address (IP or resolvable name); None → the name

@@ -49,6 +49,8 @@ class LayoutError(PlanError):
 
 @frozen
 class Layout:
+    """The batch layout TRL gets: processes, per-device batch, accumulation, generation batch and group size."""
+
     num_processes: int
     per_device_train_batch_size: int
     gradient_accumulation_steps: int

@@ -55,6 +55,8 @@ class Runtime:
 
 @frozen
 class Decision:
+    """One row of the plan's Why table: what was decided, the value and the reason."""
+
     what: str
     value: Any
     why: str
@@ -90,6 +92,8 @@ class ServerNode:
 
 @frozen
 class VllmPlan:
+    """How vLLM runs: its mode, the server's host, address, GPUs and parallelism, and its memory settings."""
+
     mode: VllmMode
     host: str | None = None  # the host of the API server (the first data-parallel ranks)
     address: str | None = None
@@ -154,6 +158,8 @@ class VllmPlan:
 
 @frozen
 class TrainHost:
+    """One host of the training processes: its address, machine rank, GPUs and process count."""
+
     name: str
     address: str
     machine_rank: int
@@ -163,6 +169,8 @@ class TrainHost:
 
 @frozen
 class TrainPlan:
+    """How the trainers run: their hosts, distributed backend, offload, main port and precision."""
+
     device: Device
     hosts: tuple[TrainHost, ...]
     backend: DistBackend
@@ -186,6 +194,8 @@ class TrainPlan:
 
 @frozen
 class GpuRole:
+    """What one GPU does in the plan: training, vLLM, both (colocated) or nothing."""
+
     host: str
     gpu: str
     name: str

@@ -55,6 +55,8 @@ class Precision:
 
 @frozen
 class ActivationMemory:
+    """The activation terms of one training process's peak, in bytes."""
+
     saved: float  # kept for the backward: every layer's saved tensors, or the checkpoints
     recompute: float  # one layer recomputed under checkpointing, and one layer's backward gradients
     lm_head: float  # the fused LM head's saved inputs and its backward workspace

@@ -10,6 +10,8 @@ from grpo_launch.spec import frozen
 
 @frozen
 class Constant:
+    """A number the cost model uses, its unit and where it comes from."""
+
     value: float
     unit: str
     source: str

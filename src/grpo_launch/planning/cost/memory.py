@@ -44,6 +44,8 @@ from grpo_launch.spec import frozen
 
 @frozen
 class TrainMemory:
+    """One training process's memory by term, in bytes per GPU."""
+
     weights: float
     gradients: float
     optimizer: float
@@ -180,6 +182,8 @@ def precision(backend: DistBackend, *, lora: bool) -> Precision:
 
 @frozen
 class VllmMemory:
+    """vLLM's memory on one server GPU: its share, context length, concurrent sequences, weights and KV cache."""
+
     gpu_memory_utilization: float
     max_model_len: int
     max_num_seqs: int

@@ -1,0 +1,62 @@
+"""``spec.frozen``: the value types behave as ``@dataclass(frozen=True)`` would, though only ``__init__`` is generated
+for each (the refusal to assign is one shared function: plan's start-up, scripts/bench_plan.py)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+
+import pytest
+
+from grpo_launch.enums import Role
+from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.spec import ProcessSpec
+
+
+def _spec() -> ProcessSpec:
+    return ProcessSpec("train", ("python", "-V"), {"A": "1"}, host="h1", role=Role.TRAIN, gpus=("0", "1"))
+
+
+@pytest.mark.parametrize("name", ["name", "argv", "host", "gpus", "not_a_field"])
+def test_no_assignment_after_init(name):
+    spec = _spec()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(spec, name, None)
+    assert spec == _spec()
+
+
+@pytest.mark.parametrize("name", ["name", "host", "not_a_field"])
+def test_no_deletion(name):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        delattr(_spec(), name)
+
+
+def test_values_compare_hash_copy_and_replace_as_frozen_dataclasses_do():
+    spec = _spec()
+    assert spec == _spec() and spec != dataclasses.replace(spec, host="h2")
+    assert dataclasses.replace(spec, host="h2").host == "h2" and spec.host == "h1"
+    for twin in (copy.copy(spec), copy.deepcopy(spec), pickle.loads(pickle.dumps(spec))):
+        assert twin == spec and twin is not spec
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            twin.host = "h3"  # type: ignore[misc]
+    p = Parallelism(tp=2, pp=1, dp=4)
+    assert hash(p) == hash(Parallelism(tp=2, pp=1, dp=4)) and {p: 1}[Parallelism(tp=2, pp=1, dp=4)] == 1
+    assert repr(p).startswith("Parallelism(tp=2")
+
+
+def test_every_value_type_on_plans_path_has_a_docstring():
+    """dataclasses builds a missing docstring from inspect.signature, a cost paid by every start of ``plan``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import dataclasses, sys\n"
+        "import grpo_launch.cli.common, grpo_launch.cli.plan, grpo_launch.cli.tables\n"
+        "for m in list(sys.modules.values()):\n"
+        "    for v in vars(m).values() if getattr(m, '__name__', '').startswith('grpo_launch') else ():\n"
+        "        if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == m.__name__:\n"
+        "            if (v.__doc__ or '').startswith(v.__name__ + '('): print(m.__name__ + '.' + v.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "", f"value types without a docstring: {out.split()}"
