@@ -116,6 +116,18 @@ def test_off_policy_lag_counts_the_optimizer_steps_inside_a_generation(accum, sp
     assert (lag > 0) == (accum % (spg * iterations) != 0)
 
 
+def test_off_policy_lag_closed_form_matches_the_count_of_trls_loop():
+    """The closed form against TRL's loop counted out: every generation m of every (accumulation, generate-every)
+    pair up to 24, the optimizer steps after each micro-batch j ≡ g - 1 (mod g) before the generation's last."""
+    from types import SimpleNamespace
+
+    for g in range(1, 25):
+        for w in range(1, 25):
+            counted = max(sum(j % g == g - 1 for j in range(m * w, m * w + w - 1)) for m in range(g))
+            layout = SimpleNamespace(gradient_accumulation_steps=g, steps_per_generation=w)
+            assert off_policy_lag(layout, 1) == counted, (g, w)  # type: ignore[arg-type]
+
+
 def test_a_recipes_own_off_policy_rhythm_is_a_notice():
     """Seed case 1 with steps_per_generation=8 and accumulation 2, as the recipe asks: one generation serves 4
     optimizer steps. The planner keeps the recipe's choice and says so in a notice, with the lag and the fix; an

@@ -138,12 +138,12 @@ def build_recipe(
 
     notices: list[str] = []
     values = _convert(_migrate(values, notices, problems), notices)
-    for key, value in values.items():
-        problem = check_value(key, value)
-        if problem:
-            problems.append(problem)
-    problems += check_consistency(values)
-    names = reward_names(values)
+    refused = {key: problem for key, value in values.items() if (problem := check_value(key, value))}
+    problems += refused.values()
+    # The checks between keys read only values that passed their own check (reward_funcs: 3 is refused once, above).
+    checked = {key: value for key, value in values.items() if key not in refused}
+    problems += check_consistency(checked)
+    names = reward_names(checked)
     problems += check_reward_names(names)
     open_r1 = [n for n in names if is_open_r1_reward(n)]
     if open_r1:
@@ -151,7 +151,7 @@ def build_recipe(
             f"reward_funcs {', '.join(open_r1)}: open-r1's own ({OPEN_R1_MODULE}); the trainers' Python needs "
             f"open-r1: {OPEN_R1_INSTALL}"
         )
-    timeout = values.get("vllm_server_timeout")
+    timeout = checked.get("vllm_server_timeout")
     if (
         "vllm_health_timeout_s" not in launch_raw
         and isinstance(timeout, (int, float))

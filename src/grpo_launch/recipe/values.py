@@ -30,6 +30,8 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool, str]] = {
     "top_k": (-1, None, True, True, "vLLM's SamplingParams: top_k must be -1 (off), 0 (off) or positive"),
     "min_p": (0, 1, True, True, "vLLM's SamplingParams: min_p must be in [0, 1]"),
     "repetition_penalty": (0, None, False, True, "vLLM's SamplingParams: repetition_penalty must be > 0"),
+    # TRL waits this long for the server, and the launcher as long for one it starts (launch.vllm_health_timeout_s).
+    "vllm_server_timeout": (1, 7 * 86400, True, True, "seconds to wait for the vLLM server"),
     "num_train_epochs": (0, None, False, True, "transformers' Trainer: a positive number of epochs"),
     "save_steps": (0, None, False, True, "transformers' Trainer: steps (or a fraction of the run) must be > 0"),
     "eval_steps": (0, None, False, True, "transformers' Trainer: steps (or a fraction of the run) must be > 0"),
