@@ -98,6 +98,27 @@ def test_help_lists_examples():
     assert proc.returncode == 0 and "grpo-launch plan recipes/qwen1.5b.yaml --gpus 4xL20-48GB" in proc.stdout
 
 
+def test_each_verbs_help_is_its_own(capsys):
+    """Issue 41: each verb's help shows its own examples only, flags' values are named plainly (not the namespaced
+    dest SBATCHOPTIONS.NODES), an optional key=value is not called required, and the global run example says what
+    tiny-cpu.yaml runs."""
+    from grpo_launch.cli import VERBS, build_parser
+    from grpo_launch.cli.common import EPILOG
+    from grpo_launch.recipe import load_recipe
+
+    for verb in VERBS:
+        text = build_parser(verb)._subparsers._group_actions[0].choices[verb].format_help()  # type: ignore[union-attr]
+        assert "OPTIONS." not in text, f"{verb} --help: {text}"
+        shown = [line.split()[1] for line in text.splitlines() if line.startswith("  grpo-launch ")]
+        assert all(w == verb or (verb == "run" and w.endswith(".yaml")) for w in shown), (verb, shown)
+    proc = run_cli("plan")
+    said = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and said.endswith("required: recipe"), said
+    tiny = next(line for line in EPILOG.splitlines() if "tiny-cpu.yaml" in line)
+    vllm = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml").launch.vllm.value
+    assert ("vLLM off" in tiny) == (vllm == "off"), (tiny, vllm)
+
+
 def test_plan_path_imports_no_heavy_module():
     """`grpo-launch plan` must not import torch/trl/transformers/deepspeed/accelerate (speed)."""
     code = (

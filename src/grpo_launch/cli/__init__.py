@@ -49,7 +49,7 @@ def _verb(name: str) -> ModuleType:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``only``, just that verb's subparser (the others' modules are then not imported)."""
-    from grpo_launch.cli.common import EPILOG
+    from grpo_launch.cli.common import EPILOG, examples
 
     parser = Parser(
         prog="grpo-launch",
@@ -61,7 +61,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}", parser_class=Parser)
     for name in VERBS if only is None else (only,):
-        _verb(name).register(sub, HelpFormatter, EPILOG)
+        _verb(name).register(sub, HelpFormatter, examples(name))  # a verb's help shows its own examples
     return parser
 
 

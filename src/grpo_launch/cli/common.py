@@ -28,7 +28,7 @@ examples:
   grpo-launch plan recipes/qwen1.5b.yaml --gpus 4xL20-48GB     plan for 4 × L20 from any machine
   grpo-launch plan recipes/qwen1.5b.yaml num_generations=6 --json
   grpo-launch inspect                                         show the GPUs this machine sees
-  grpo-launch recipes/tiny-cpu.yaml max_steps=3               plan, then run GRPO (vLLM server + trainers)
+  grpo-launch recipes/tiny-cpu.yaml max_steps=3               plan, then run GRPO here (CPU trainers, vLLM off)
   grpo-launch sbatch recipes/qwen7b-math.yaml --nodes 2 --gpus-per-node 8 --time 1-00:00 -- --qos=high
   grpo-launch status grpo_runs/qwen1.5b                        state, step, ETA and last metrics of a run
   grpo-launch resume grpo_runs/qwen1.5b                        continue a stopped run as it was started
@@ -36,11 +36,22 @@ examples:
 """
 
 
+def examples(verb: str) -> str:
+    """The examples of :data:`EPILOG` that use ``verb`` (``run``: those that start with a recipe), for its help."""
+    lines = [line for line in EPILOG.splitlines()[1:] if _verb_of(line.split()[1]) == verb]
+    return "examples:\n" + "\n".join(lines) + "\n" if lines else ""
+
+
+def _verb_of(word: str) -> str:
+    return "run" if word.endswith((".yaml", ".yml")) else word
+
+
 def add_recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", help="recipe YAML (TRL/open-r1 keys plus an optional launch: block)")
     p.add_argument(
         "overrides",
         nargs="*",
+        default=[],  # optional: without a default argparse calls a "*" positional required
         metavar="key=value",
         help="override recipe keys; values are YAML (max_steps=3, reward_funcs=[a,b], launch.vllm=off)",
     )

@@ -26,6 +26,8 @@ def add_options(parser: argparse.ArgumentParser, options: type, groups: dict[str
             kwargs["default"] = []
         elif "required" not in kwargs:
             kwargs["default"] = f.default
+        if kwargs.get("action") in (None, "append") and "metavar" not in kwargs and "choices" not in kwargs:
+            kwargs["metavar"] = f.name.upper()  # argparse would show the namespaced dest (SBATCHOPTIONS.NODES)
         target.add_argument(flag, dest=_dest(f.name, options), **kwargs)
 
 
