@@ -131,3 +131,35 @@ def test_a_host_without_the_ram_for_offload_is_named():
     problem = host_ram_problem(plan, int(need))  # all of it: more than the 80 % planned
     assert problem and f"{need / GIB:.0f} GiB of host RAM" in problem and "use_peft" in problem
     assert host_ram_problem(plan, None) is None  # an old grpo-launch on the host reports no RAM: not refused
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--ssh-port", "0"], "--ssh-port 0"),
+        (["--ssh-port", "70000"], "--ssh-port 70000"),
+        (["--ssh-option", "StrictHostKeyChecking"], "KEY=VALUE"),
+        (["--ssh-option", "A=b\nProxyCommand=x"], "KEY=VALUE"),
+        (["--ssh-identity", "/nonexistent/id_ed25519"], "no such file"),
+        (["--ssh-config", "/nonexistent/ssh_config"], "no such file"),
+    ],
+)
+def test_ssh_options_that_cannot_work_are_refused_before_the_dry_run(tmp_path, flags, said):
+    """Issue 41: a dry run with a hostfile that names its GPUs (no probe) refused none of these; the real run failed.
+    Now the command line is refused (exit 2) naming the flag, before any plan or host is touched."""
+    import os
+    import subprocess
+    import sys
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2 gpu=H100-80GB\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = [sys.executable, "-m", "grpo_launch", "recipes/tiny-cpu.yaml", "--hostfile", str(hostfile), *flags,
+            "--run-dir", str(tmp_path / "run"), "--dry-run"]  # fmt: skip
+    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert done.returncode == 2 and said in done.stderr and flags[0] in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
+    ok = [*argv[:6], "--ssh-option", "StrictHostKeyChecking=accept-new", "--ssh-port", "2222", *argv[-3:]]
+    assert subprocess.run(ok, cwd=root, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}).returncode == 0  # fmt: skip

@@ -13,6 +13,8 @@ the working directory and the recipe's local paths (the check and the kill line 
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
 
 SSH_GROUP = "hostfile hosts (ssh: probed, then run)"
+# ssh -o KEYWORD=VALUE, or KEYWORD VALUE (ssh_config(5): keywords are letters and digits).
+_SSH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9]*(=|[ \t]+)[^\x00-\x1f]+")
 
 
 @frozen
@@ -53,6 +57,18 @@ class SshOptions(BackendOptions):
         group=SSH_GROUP,
     )  # fmt: skip
     connect_timeout_s: int = 10
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.port is not None and not 1 <= self.port <= 65535:
+            out.append(f"--ssh-port {self.port}: a TCP port is 1-65535 (ssh's default is 22)")
+        for flag, path in (("--ssh-identity", self.identity), ("--ssh-config", self.config)):
+            if path is not None and not os.path.isfile(os.path.expanduser(path)):
+                out.append(f"{flag} {path!r}: no such file")
+        for o in self.options:
+            if not _SSH_OPTION.fullmatch(o):
+                out.append(f"--ssh-option {o!r}: ssh -o takes KEY=VALUE (for example StrictHostKeyChecking=accept-new)")
+        return out
 
     def argv(self, host: str) -> list[str]:
         """``ssh … HOST`` in batch mode (never a password prompt) with a connect timeout."""

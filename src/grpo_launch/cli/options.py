@@ -39,7 +39,13 @@ def read_options(args: argparse.Namespace, options: type) -> Any:
             continue
         value = getattr(args, _dest(f.name, options), f.default)
         values[f.name] = tuple(value) if isinstance(value, list) else value
-    return options(**values)
+    filled = options(**values)
+    problems = filled.problems()  # every options class derives from BackendOptions (tests/test_backends.py)
+    if problems:
+        from grpo_launch.errors import ConfigError
+
+        raise ConfigError(f"{len(problems)} option{'s' if len(problems) > 1 else ''} cannot work:", problems=problems)
+    return filled
 
 
 def _dest(name: str, options: type) -> str:
