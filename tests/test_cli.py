@@ -236,3 +236,13 @@ def test_sizes_print_in_a_unit_that_shows_them(tmp_path):
         check_output_dir(plan, str(tmp_path), free_bytes=lambda _: 200 * 2**10)
     message = exc.value.render()
     assert "200 KiB free" in message and "0.0 GiB" not in message and " MiB" in message
+
+
+def test_inspect_counts_a_gpu_less_hosts_cpus_in_the_cpus_column():
+    """Issue 41: ``inspect`` printed "GPUs none (2 CPUs)" beside "CPUs -"."""
+    from grpo_launch.cli.tables import topology_sections
+    from grpo_launch.machines.topology import Host, Topology
+
+    section = topology_sections(Topology(hosts=(Host(name="vm", cpus=2),), source="cpu"))[0]
+    row = dict(zip(section.header or (), section.rows[0]))
+    assert row["GPUs"] == "none" and row["CPUs"] == "2", row

@@ -107,6 +107,19 @@ def test_every_table_gpu_at_its_sold_size_keeps_its_memory(gpu):
         assert find_gpu_spec(got.name) == gpu and got.memory_gib == pytest.approx(gpu.memory_gib, abs=0.01)
 
 
+@pytest.mark.parametrize("gpu", GPU_SPECS, ids=lambda g: g.name)
+def test_a_family_name_with_a_sold_size_means_that_sizes_entry(gpu):
+    """Issue 41: ``8xH100-94GB`` planned an "H100-80GB 88 GiB" with SXM compute; the README says a sold size means
+    its table entry: the family's name with the size (H100 + 94 GB) is the H100 NVL, wherever one entry has it."""
+    family = gpu.name.split("-")[0]
+    same = [g for g in GPU_SPECS if g.name.split("-")[0] == family and g.nominal_gb == gpu.nominal_gb]
+    if len(same) != 1:
+        pytest.skip(f"{family} at {gpu.nominal_gb} GB is {len(same)} entries")
+    got = parse_gpu_spec(f"8x{family}-{gpu.nominal_gb}GB").hosts[0].gpus[0]
+    assert find_gpu_spec(got.name) == gpu, (family, gpu.nominal_gb, got.name)
+    assert got.memory_gib == pytest.approx(gpu.memory_gib, abs=0.01)
+
+
 @pytest.mark.parametrize(
     "spec",
     [

@@ -55,10 +55,10 @@ def topology_sections(topology: Topology) -> list[Section]:
             (
                 h.name,
                 h.addr,
-                _ranges([g.visible_id for g in h.gpus]) if h.gpus else f"none ({h.cpus or '?'} CPUs)",
+                _ranges([g.visible_id for g in h.gpus]) if h.gpus else "none",
                 ", ".join(sorted({g.name for g in h.gpus})) or "-",
                 ", ".join(sorted(mem)) or "-",
-                str(h.cpus) if h.cpus and h.gpus else "-",
+                str(h.cpus) if h.cpus else "-",
                 f"{h.memory_bytes / GIB:.0f} GiB" if h.memory_bytes else "-",
             )
         )

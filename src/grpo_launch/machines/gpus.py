@@ -129,3 +129,15 @@ def find_gpu_spec(name: str) -> GpuSpec | None:
         if re.search(pattern, key):
             return by_name[target.lower()]
     return None
+
+
+def find_sold_as(model: str, size_gb: float) -> GpuSpec | None:
+    """The table entry for ``model`` sold with ``size_gb`` GB: the family's entry of that size where there is one
+    (``H100-94GB`` is the H100 NVL, not the 80 GB SXM part the name alone means), else the name's entry."""
+    named = find_gpu_spec(f"{model}-{size_gb:g}GB") or find_gpu_spec(model)
+    if named is not None and named.nominal_gb == size_gb:
+        return named
+    family = model.lower().split("-")[0]
+    sized = [s for s in GPU_SPECS if s.nominal_gb == size_gb and s.name.lower().split("-")[0] == family]
+    return sized[0] if len(sized) == 1 else named
+

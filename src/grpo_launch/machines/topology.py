@@ -7,7 +7,7 @@ import re
 from dataclasses import field
 
 from grpo_launch.errors import ProbeError, short
-from grpo_launch.machines.gpus import GIB, GPU_SPECS, GpuSpec, find_gpu_spec
+from grpo_launch.machines.gpus import GIB, GPU_SPECS, GpuSpec, find_gpu_spec, find_sold_as
 from grpo_launch.spec import frozen
 
 
@@ -182,13 +182,16 @@ def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
         raise ProbeError(f"--gpus {short(spec)}: at most two factors, nodes x GPUs per node", hint=SPEC_HELP)
     # "8xA100-40GB" names the 40 GB part; the size a table entry is sold as ("80GB" for an A800, "96GB" for an H20)
     # means that entry and its real memory (NVML's); any other size is read as written: GB = 10^9 bytes, GiB = 2^30.
-    known = (find_gpu_spec(f"{model}-{m['mem']}GB") if m["mem"] else None) or find_gpu_spec(model)
+    in_gb = bool(m["mem"]) and m["unit"].lower() != "gib"
+    if in_gb:
+        known = find_sold_as(model, float(m["mem"]))
+    else:
+        known = (find_gpu_spec(f"{model}-{m['mem']}GB") if m["mem"] else None) or find_gpu_spec(model)
     name = known.name if known else model
     if m["mem"]:
         size = float(m["mem"])
         if not 0 < size <= MAX_GPU_GB:
             raise ProbeError(f"--gpus {short(spec)}: GPU memory must be between 0 and {MAX_GPU_GB} GB", hint=SPEC_HELP)
-        in_gb = m["unit"].lower() != "gib"
         if known is not None and in_gb and size == known.nominal_gb:
             memory = int(known.memory_gib * GIB)
         else:
