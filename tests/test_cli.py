@@ -244,5 +244,5 @@ def test_inspect_counts_a_gpu_less_hosts_cpus_in_the_cpus_column():
     from grpo_launch.machines.topology import Host, Topology
 
     section = topology_sections(Topology(hosts=(Host(name="vm", cpus=2),), source="cpu"))[0]
-    row = dict(zip(section.header or (), section.rows[0]))
+    row = dict(zip(section.header or (), section.rows[0], strict=True))
     assert row["GPUs"] == "none" and row["CPUs"] == "2", row

@@ -140,4 +140,3 @@ def find_sold_as(model: str, size_gb: float) -> GpuSpec | None:
     family = model.lower().split("-")[0]
     sized = [s for s in GPU_SPECS if s.nominal_gb == size_gb and s.name.lower().split("-")[0] == family]
     return sized[0] if len(sized) == 1 else named
-
