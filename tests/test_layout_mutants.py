@@ -757,3 +757,18 @@ def test_colocated_weights_over_half_the_vllm_share_are_warned_about():
         "colocated vLLM: 14.2 GiB of weights per GPU at TP 1 is over half of the 30% vLLM share (23.9 GiB): expect a "
         "small KV cache"
     ]
+
+
+@pytest.mark.parametrize(("recipe", "gpus"), [("qwen3-30b-a3b.yaml", "3xH100-80GB"), ("llama70b.yaml", "4x8xL40S-48GB")])
+def test_a_losing_colocated_candidates_warning_stays_with_it(recipe, gpus):
+    """Issue 41: server plans carried "colocated vLLM: … expect a small KV cache", the warning of the colocated
+    split they beat; it is said only by a plan that colocates."""
+    from pathlib import Path
+
+    from grpo_launch.planning import make_plan
+    from grpo_launch.recipe import load_recipe
+
+    r = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / recipe)
+    plan = make_plan(parse_gpu_spec(gpus), r, find_model_shape(r.values["model_name_or_path"]))
+    assert plan.vllm.mode == "server", plan.vllm.mode
+    assert not [w for w in plan.warnings if w.startswith("colocated vLLM")], plan.warnings

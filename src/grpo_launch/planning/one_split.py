@@ -15,6 +15,7 @@ from grpo_launch.planning.batch_layout import Layout, solve_layout
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.estimate import Draft, estimate_plan, off_policy_lag, workload
 from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.splits.allowed import colocate_weights_warning
 from grpo_launch.planning.splits.split import Split
 from grpo_launch.planning.trainer_values import trainer_values
 from grpo_launch.planning.training import choose_training
@@ -51,6 +52,8 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
         vllm, train_hosts = VllmPlan(VllmMode.OFF), roles.cpu_train_hosts(ctx.topology, recipe, trace)
     else:
         vllm, train_hosts = placement.place(ctx.topology, recipe, ctx.model, split, trace)
+        if said := colocate_weights_warning(ctx.topology, recipe, ctx.model, split):
+            trace.warn(said)
     n = sum(h.processes for h in train_hosts)
     layout = _layout(ctx, recipe, vllm, n, batch, trace)
     draft = _draft(ctx, recipe, vllm, train_hosts, layout, is_async, trace)

@@ -122,7 +122,7 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
             refuse_no_server(topology, model, served, gpus, pp, headless)
         return fitting
     if mode == VllmMode.COLOCATE or gpus is None:
-        colocated = _fitting_colocate(colocated, recipe, model, mem, trace)
+        colocated = _fitting_colocate(colocated, recipe, model, mem)
     if mode == VllmMode.COLOCATE:
         return colocated
     if not fitting and not colocated and model is not None and mem is not None:
@@ -139,11 +139,9 @@ def _fitting_servers(served: list[Split], model: ModelShape | None, mem: int | N
     return [s for s in fitting if s.pp == 1 or pp or (s.kind, s.server_gpus) not in tp_only]
 
 
-def _fitting_colocate(
-    splits: list[Split], recipe: Recipe, model: ModelShape | None, mem: int | None, trace: Trace
-) -> list[Split]:
+def _fitting_colocate(splits: list[Split], recipe: Recipe, model: ModelShape | None, mem: int | None) -> list[Split]:
     """Colocated engines whose weights take at most the allowed share of their vLLM share of a GPU; when none
-    does, the largest TP, with a warning."""
+    does, the largest TP (:func:`colocate_weights_warning` then warns, if that split is the one chosen)."""
     util = colocate_utilization(recipe)
     fits = [s for s in splits if model is None or not mem or weights_fit(model.weight_bytes_bf16 / s.tp, mem, util)]
     if fits or not splits:
@@ -151,9 +149,18 @@ def _fitting_colocate(
     last = splits[-1]
     if model is not None and mem is not None and model.weight_bytes_bf16 / last.tp >= VLLM_SERVER_UTILIZATION * mem:
         return []  # not even the weights fit a GPU, whatever its share
-    if model is not None and mem is not None:
-        trace.warn(
-            f"colocated vLLM: {model.weight_bytes_bf16 / last.tp / GIB:.1f} GiB of weights per GPU at TP {last.tp} is "
-            f"over half of the {util:.0%} vLLM share ({util * mem / GIB:.1f} GiB): expect a small KV cache"
-        )
     return [last]
+
+
+def colocate_weights_warning(topology: Topology, recipe: Recipe, model: ModelShape | None, split: Split) -> str | None:
+    """The warning a colocated split whose weights take over the allowed share of vLLM's GPU share carries: said
+    only by the plan that chose it, never by a server plan that beat it."""
+    util, mem = colocate_utilization(recipe), topology.min_gpu_memory_bytes
+    if split.kind != SplitKind.COLOCATE or model is None or not mem:
+        return None
+    if weights_fit(model.weight_bytes_bf16 / split.tp, mem, util):
+        return None
+    return (
+        f"colocated vLLM: {model.weight_bytes_bf16 / split.tp / GIB:.1f} GiB of weights per GPU at TP {split.tp} is "
+        f"over half of the {util:.0%} vLLM share ({util * mem / GIB:.1f} GiB): expect a small KV cache"
+    )
