@@ -759,7 +759,9 @@ def test_colocated_weights_over_half_the_vllm_share_are_warned_about():
     ]
 
 
-@pytest.mark.parametrize(("recipe", "gpus"), [("qwen3-30b-a3b.yaml", "3xH100-80GB"), ("llama70b.yaml", "4x8xL40S-48GB")])
+@pytest.mark.parametrize(
+    ("recipe", "gpus"), [("qwen3-30b-a3b.yaml", "3xH100-80GB"), ("llama70b.yaml", "4x8xL40S-48GB")]
+)
 def test_a_losing_colocated_candidates_warning_stays_with_it(recipe, gpus):
     """Issue 41: server plans carried "colocated vLLM: … expect a small KV cache", the warning of the colocated
     split they beat; it is said only by a plan that colocates."""
