@@ -246,3 +246,18 @@ def test_inspect_counts_a_gpu_less_hosts_cpus_in_the_cpus_column():
     section = topology_sections(Topology(hosts=(Host(name="vm", cpus=2),), source="cpu"))[0]
     row = dict(zip(section.header or (), section.rows[0], strict=True))
     assert row["GPUs"] == "none" and row["CPUs"] == "2", row
+
+
+def test_a_replan_leaves_one_plans_files_and_json_says_it_wrote_them(tmp_path):
+    """Issue 41: a re-plan in the same run directory left the earlier plan's deepspeed.json beside a DDP accelerate
+    config, and ``plan --json`` wrote files without a word on stderr."""
+    run = tmp_path / "run"
+    zero = run_cli("plan", "recipes/qwen7b-math.yaml", "--gpus", "8xH100-80GB", "--run-dir", str(run), "--json")
+    assert zero.returncode == 0 and (run / "deepspeed.json").is_file(), zero.stderr
+    assert f"wrote 4 files to {run}" in zero.stderr and json.loads(zero.stdout)["train"]
+    ddp = run_cli("plan", QWEN, "--gpus", "8xH100-80GB", "--run-dir", str(run), "--json")
+    assert ddp.returncode == 0 and "wrote 3 files" in ddp.stderr, ddp.stderr
+    assert "deepspeed_config_file" not in (run / "accelerate_config.yaml").read_text()
+    assert not (run / "deepspeed.json").exists()
+    quiet = run_cli("plan", QWEN, "--gpus", "8xH100-80GB", "--run-dir", str(tmp_path / "none"), "--json", "--no-write")
+    assert quiet.returncode == 0 and "wrote" not in quiet.stderr and not (tmp_path / "none").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 from grpo_launch.cli.common import add_planning_args, plan_for
@@ -63,6 +64,11 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         if kept:
             data["written_to"] = {"files": written, "why": kept}
         ctx.emit(json.dumps(data, indent=2, default=str))
+        if written:  # standard output is the JSON alone; what was written is said beside it
+            import sys
+
+            where = os.path.dirname(written[0]) or "."
+            print(f"grpo-launch plan: wrote {len(written)} files to {where} (--no-write writes none)", file=sys.stderr)
         return 0
     from grpo_launch.cli.tables import Section, calibration_section, explain_sections, plan_sections, print_sections
 

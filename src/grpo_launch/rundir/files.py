@@ -129,11 +129,17 @@ def _temp_beside(path: Path) -> tuple[int, str]:
 
 def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bool = False) -> list[Path]:
     """Write each file atomically (temp file + rename), so a crash never leaves a half-written config. Refused
-    while another run holds the directory (``locked``: the caller holds it)."""
+    while another run holds the directory (``locked``: the caller holds it). A whole plan's files replace the
+    earlier plan's: a DeepSpeed config the new plan has none of is removed, not left beside a DDP config."""
     root = Path(run_dir)
     if not locked and (holder := lock_holder(root)) is not None:
         raise in_use(root, holder)
     _make_dir(root)
+    paths = RunPaths(root)
+    if paths.relative(paths.accelerate_config) in files:  # a whole plan's files: one plan's, none of an earlier one
+        stale = paths.relative(paths.deepspeed_config)  # the one a plan may leave out (DDP, FSDP)
+        if stale not in files:
+            (root / stale).unlink(missing_ok=True)
     written = []
     for rel, text in files.items():
         path = root / rel
