@@ -167,3 +167,43 @@ def test_a_run_prints_what_the_readme_says(tmp_path, tiny_assets):
     printed = (done.stdout + done.stderr).replace(str(run), "grpo_runs/tiny-cpu").splitlines()
     host = socket.gethostname()
     assert [_shape(x, host) for x in printed] == [_shape(x, "vm") for x in _run_block()]
+
+
+# The README's statements about what the planner does over several hosts, each with the plan that shows it.
+CLAIMS = [
+    (
+        "Llama-3.1-405B on 4 × 8 × H100: TP 8 × PP 3 over three hosts",
+        ["plan", "recipes/llama70b.yaml", "model_name_or_path=meta-llama/Llama-3.1-405B-Instruct",
+         "--gpus", "4x8xH100-80GB", "--no-write"],
+        ["node1 GPUs 0-7; node2 GPUs 0-7; node3 GPUs 0-7, TP 8 × PP 3"],
+    ),
+    (
+        "Qwen3-235B-A22B on 4 × 8 × H100: TP 2 × DP 8 over four hosts' last four GPUs",
+        ["plan", "recipes/qwen3-30b-a3b.yaml", "model_name_or_path=Qwen/Qwen3-235B-A22B", "--gpus", "4x8xH100-80GB",
+         "--no-write"],
+        ["node0 GPUs 4-7; node1 GPUs 4-7; node2 GPUs 4-7; node3 GPUs 4-7, TP 2 × DP 8, expert parallel"],
+    ),
+    (
+        "DeepSeek-V3 in\nbf16 (1250 GiB) is refused on 8 × 80 GB and on 4 × 8 × 80 GB GPUs",
+        ["plan", "recipes/qwen3-30b-a3b.yaml", "model_name_or_path=deepseek-ai/DeepSeek-V3", "--gpus", "4x8xH100-80GB",
+         "--no-write"],
+        ["does not fit vLLM on up to 28 GPUs"],
+    ),
+    (
+        "and planned on 8 × 8 × H200",
+        ["plan", "recipes/qwen3-30b-a3b.yaml", "model_name_or_path=deepseek-ai/DeepSeek-V3", "--gpus",
+         "8x8xH200-141GB", "--no-write"],
+        ["vLLM server  node5 GPUs 0-7; node6 GPUs 0-7; node7 GPUs 0-7"],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("claim", "argv", "shown"), CLAIMS, ids=[c.split(":")[0][:40] for c, _, _ in CLAIMS])
+def test_the_readmes_multi_host_statements_are_what_the_planner_does(claim, argv, shown, capsys, monkeypatch):
+    """Issue 41: the README said a dense model over hosts and an MoE server over nodes were not planned; both are."""
+    assert claim in (ROOT / "README.md").read_text(), "the README no longer says this: update the claim here"
+    monkeypatch.chdir(ROOT)
+    main(argv, environ={"HF_HUB_OFFLINE": "1"})
+    out = capsys.readouterr()
+    for text in shown:
+        assert text in out.out + out.err, (claim, (out.out + out.err)[-3000:])
