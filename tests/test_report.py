@@ -154,9 +154,29 @@ def test_the_report_reads_as_a_summary_first_in_a_real_browser(tmp_path):
     assert summary["reward"] == "first 0.100, last 0.600, best 0.600"
     assert "30.00 s (generation 20.00 s, training 10.00 s); predicted" in summary["step time"]
     assert summary["memory"].startswith("40 GiB peak") and "estimated" in summary["memory"]
-    assert summary["split"].startswith("step split: generation 20.00 s, training 10.00 s")
+    assert summary["split"].startswith("generation 20.00 s, training 10.00 s")
     assert "CUDA out of memory" in seen.error and "train rank 3" in seen.error
     assert "layout" in seen.tables["plan"] and any(k == "role" for k in seen.tables["plan"])
     (log,) = [h for h in seen.links if h.endswith(".log")]
     assert (page.parent / log).resolve() == (tmp_path / "logs" / "train-rank3-node1-20261125.log").resolve()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 30_000
+
+
+def test_plots_of_quantities_start_at_zero_and_steps_are_whole():
+    """Issue 41: a flat 0.62 GiB memory line looked like a climb (no zero on the axis), and step axes had ticks at
+    1.5 and 2.5."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from grpo_launch.rundir.report import Series, draw
+
+    flat = Series("rank 0", [1, 2, 3], [0.62, 0.62, 0.621])
+    fig = draw("memory", {"rank 0": flat}, None)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    assert ax.get_ylim()[0] == 0
+    assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_xticks()
+    plt.close(fig)
+    reward = draw("reward", {"reward": Series("reward", [1, 2, 3], [-0.5, 0.1, 0.4])}, None)
+    assert reward.axes[0].get_ylim()[0] < -0.5  # a reward may be negative: not clipped at zero
+    plt.close(reward)

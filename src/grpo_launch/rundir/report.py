@@ -79,6 +79,8 @@ def series_of(records: Sequence[MetricRecord]) -> dict[str, dict[str, Series]]:
     return {p: {k: s for k, s in lines.items() if s.steps} for p, lines in plots.items()}
 
 
+# A quantity that cannot be negative is drawn from zero: a flat 0.62 GiB must not look like a climb.
+FROM_ZERO = frozenset({"length", "time", "memory", "gpu"})
 TITLES = {
     "reward": ("Reward (mean) and each reward function", "reward"),
     "length": ("Completion length", "tokens"),
@@ -128,26 +130,39 @@ def _plot_sections(series: dict[str, dict[str, Series]], plan: PlanRecord | None
     for plot, lines in series.items():
         if not lines:
             continue
-        title, unit = TITLES[plot]
-        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
-        colors = {}
-        for s in lines.values():
-            (drawn,) = ax.plot(s.steps, s.values, marker="o" if len(s.steps) < 30 else None, markersize=3, label=s.name)
-            colors[s.name] = drawn.get_color()
-        for name, value in _predicted(plan, plot).items():  # a prediction in its measured line's colour
-            color = colors.get(name.removeprefix("planned "), "gray")
-            ax.axhline(value, linestyle="--", linewidth=1.2, color=color, label=name)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(unit)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig = draw(plot, lines, plan)
         png = out / f"{plot}.png"
         fig.savefig(png)
         plt.close(fig)
         data = base64.b64encode(png.read_bytes()).decode()
+        title = TITLES[plot][0]
         sections.append(f"<h2>{html.escape(title)}</h2><img alt='{plot}' src='data:image/png;base64,{data}'>")
     return sections
+
+
+def draw(plot: str, lines: dict[str, Series], plan: PlanRecord | None) -> Any:
+    """One plot's figure: its measured lines, the plan's prediction dashed in the same colour."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    unit = TITLES[plot][1]
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    colors = {}
+    for s in lines.values():
+        (drawn,) = ax.plot(s.steps, s.values, marker="o" if len(s.steps) < 30 else None, markersize=3, label=s.name)
+        colors[s.name] = drawn.get_color()
+    for name, value in _predicted(plan, plot).items():  # a prediction in its measured line's colour
+        color = colors.get(name.removeprefix("planned "), "gray")
+        ax.axhline(value, linestyle="--", linewidth=1.2, color=color, label=name)
+    ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at 1.5
+    if plot in FROM_ZERO:
+        ax.set_ylim(bottom=0)
+    ax.set_ylabel(unit)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def _page(view: RunView, series: dict[str, dict[str, Series]], sections: list[str]) -> str:

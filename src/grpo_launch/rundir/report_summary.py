@@ -111,7 +111,7 @@ def _measured_rows(m: Measured, plan: PlanRecord | None, run_dir: str) -> Rows:
     planned = (pred.trainer_generation_s, pred.training_s) if pred is not None else None
     cpu = plan is not None and plan.train["device"] == "cpu"
     verdict = split_verdict(m.generation_s, m.training_s, VllmMode(mode), planned=planned, run_dir=run_dir, cpu=cpu)
-    rows.append(("split", verdict))
+    rows.append(("split", verdict.removeprefix("step split: ")))  # the row names it: "split: step split" no more
     return rows
 
 
