@@ -104,9 +104,10 @@ def startup_row(records: Sequence[MetricRecord], forecast_s: float | None) -> tu
     if path is None:
         return None
     load, ready = terms.get("model_load"), terms.get("vllm_ready")
-    slower = "vLLM start-up" if (ready or 0.0) > (load or 0.0) else "model load"
+    slower = "vLLM start-up" if (ready or 0.0) > (load or 0.0) else "trainer start-up"
+    # model_load runs from the training entry's start to a built trainer: imports, model, dataset, the trainer.
     parts = [f"{name} {_s(terms[key])}" for key, name in
-             (("model_load", "model load"), ("vllm_ready", "vLLM ready"), ("first_sync", "first sync"),
+             (("model_load", "trainer start-up (imports, model and data load)"), ("vllm_ready", "vLLM ready"), ("first_sync", "first sync"),
               ("first_generation", "first generation")) if key in terms]  # fmt: skip
     said = f"{path:.0f} s on the critical path ({slower}, then the first sync and generation): {', '.join(parts)}"
     if forecast_s:

@@ -30,13 +30,13 @@ def peak_memory_bytes() -> tuple[int, str]:
 def step_line(
     step: int, total: int, dt: float, gen: float, tokens_per_s: float | None, times: list[float]
 ) -> tuple[str, str]:
-    """(``step 3/60 done in 0.19 s (generation 0.15 s, training 0.04 s)``, `` | 5,616 tok/s | ETA 11 s``): the
+    """(``step 3/60 done in 0.19 s (generation 0.15 s, training 0.04 s)``, `` | 5,616 tok/s prompt+completion | ETA 11 s``): the
     step's metrics go between them."""
     train = max(0.0, dt - gen)
     head = f"[grpo-launch] step {step}/{total} done in {dt:.2f} s (generation {gen:.2f} s, training {train:.2f} s)"
     tail = ""
     if tokens_per_s:
-        tail += f" | {tokens_per_s:,.0f} tok/s"
+        tail += f" | {tokens_per_s:,.0f} tok/s prompt+completion"  # TRL's num_input_tokens_seen counts both
     if total > step and times:
         recent = times[-20:]
         eta = (total - step) * sum(recent) / len(recent)
@@ -56,7 +56,7 @@ def metrics_text(logs: dict) -> str:
         out.append(f"length {logs['completions/mean_length']:.1f}")
     for key in ("kl", "entropy"):
         if isinstance(logs.get(key), (int, float)):
-            out.append(f"{key} {logs[key]:.3g}")
+            out.append(f"{key} {logs[key]:#.3g}")  # three significant digits, kept: entropy 5.80 beside 5.79
     return "".join(f" | {x}" for x in out) + signals_text(logs)  # AsyncGRPOTrainer's own, when it logs them
 
 
