@@ -136,9 +136,10 @@ STARTUP_PHASES = ("model_load", "vllm_ready", "first_sync", "first_generation")
 
 @frozen
 class StartupRecord:
-    """One term of an attempt's time to its first step, in seconds: the trainers' start-up ("model_load": from their start to a
-    built trainer; the dataset is prepared in it), the vLLM server's start to healthy (the launcher writes it; it
-    runs beside the load), the first weight sync and the first generation (rank 0 writes those)."""
+    """One term of an attempt's time to its first step, in seconds: the trainers' start-up (``model_load``: from
+    their start to a built trainer, imports included; the dataset is prepared in it), the vLLM server's start to
+    healthy (the launcher writes it; it runs beside the load), the first weight sync and the first generation (rank
+    0 writes those)."""
 
     phase: str  # one of STARTUP_PHASES
     seconds: float

@@ -106,9 +106,9 @@ def startup_row(records: Sequence[MetricRecord], forecast_s: float | None) -> tu
     load, ready = terms.get("model_load"), terms.get("vllm_ready")
     slower = "vLLM start-up" if (ready or 0.0) > (load or 0.0) else "trainer start-up"
     # model_load runs from the training entry's start to a built trainer: imports, model, dataset, the trainer.
-    parts = [f"{name} {_s(terms[key])}" for key, name in
-             (("model_load", "trainer start-up (imports, model and data load)"), ("vllm_ready", "vLLM ready"), ("first_sync", "first sync"),
-              ("first_generation", "first generation")) if key in terms]  # fmt: skip
+    names = (("model_load", "trainer start-up (imports, model and data load)"), ("vllm_ready", "vLLM ready"),
+             ("first_sync", "first sync"), ("first_generation", "first generation"))  # fmt: skip
+    parts = [f"{name} {_s(terms[key])}" for key, name in names if key in terms]
     said = f"{path:.0f} s on the critical path ({slower}, then the first sync and generation): {', '.join(parts)}"
     if forecast_s:
         said += f"; forecast ≈ {forecast_s:.0f} s"

@@ -30,8 +30,8 @@ def peak_memory_bytes() -> tuple[int, str]:
 def step_line(
     step: int, total: int, dt: float, gen: float, tokens_per_s: float | None, times: list[float]
 ) -> tuple[str, str]:
-    """(``step 3/60 done in 0.19 s (generation 0.15 s, training 0.04 s)``, `` | 5,616 tok/s prompt+completion | ETA 11 s``): the
-    step's metrics go between them."""
+    """(``step 3/60 done in 0.19 s (generation 0.15 s, training 0.04 s)``,
+    `` | 5,616 tok/s prompt+completion | ETA 11 s``): the step's metrics go between them."""
     train = max(0.0, dt - gen)
     head = f"[grpo-launch] step {step}/{total} done in {dt:.2f} s (generation {gen:.2f} s, training {train:.2f} s)"
     tail = ""
