@@ -47,7 +47,10 @@ def make_model(out: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=340, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=340,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # its progress is three empty lines when stdout is not a terminal
     )
     tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(
@@ -99,7 +102,18 @@ def make_moe_model(out: Path, tokenizer_dir: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[1] if len(argv) > 1 else ".cache/tiny")
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="make_tiny_assets.py")
+    parser.add_argument("out", nargs="?", default=".cache/tiny", help="where the assets go (default: .cache/tiny)")
+    out = Path(parser.parse_args(argv[1:]).out)
+    # Built on the CPU whatever the machine: DeepSpeed (imported by transformers) would warn that it found no GPU.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if not (out / "model" / "config.json").is_file() or not (out / "moe-model" / "config.json").is_file():
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()  # save_pretrained's "Writing model shards" bar, twice, for a 1 MB model
     model_dir, data = out / "model", out / "data" / "train.jsonl"
     if not (model_dir / "config.json").is_file():
         make_model(model_dir)

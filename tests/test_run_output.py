@@ -29,3 +29,23 @@ def test_the_trainers_start_up_term_is_named_for_what_it_times():
     row = startup_row(records, None)
     assert row is not None and "trainer start-up (imports, model and data load) 9.88 s" in row[1], row
     assert "model load" not in row[1]
+
+
+def test_make_tiny_assets_says_only_what_it_built(tmp_path):
+    """Issue 41: it printed DeepSpeed's accelerator warning, two progress bars and three empty lines, and took
+    ``--help`` for the directory to build into."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_assets.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "t")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout + done.stderr).splitlines() == [
+        f"tiny model: {tmp_path / 't' / 'model'}",
+        f"tiny MoE model: {tmp_path / 't' / 'moe-model'}",
+        f"tiny dataset: {tmp_path / 't' / 'data' / 'train.jsonl'}",
+    ]
+    helped = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage:") and not (tmp_path / "--help").exists()
