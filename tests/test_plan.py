@@ -373,3 +373,19 @@ def test_an_offload_whose_host_ram_cannot_be_checked_is_warned_about():
     assert "not known here" in warning and f"{plan.estimate.host_memory_per_node_gib:,.0f} GiB" in warning
     small = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB")
     assert not any("host RAM" in w for w in small.warnings)
+
+
+def test_lora_is_explained_and_its_sync_charged_as_full_weights():
+    """Issue 41: LoRA planned (memory 52.5 → 28.0 GiB per training GPU on 8 × H100) without a Why row, and nothing
+    said how the adapter reaches vLLM. TRL 1.16 merges it and sends every base tensor at each sync
+    (trl/generation/vllm_generation.py, _iter_named_params), so the sync is charged as full fine-tuning's."""
+    gpus = parse_gpu_spec("8xH100-80GB")
+    full_r = load_recipe(ROOT / "recipes" / "qwen7b-math.yaml", ["launch.vllm=server"])
+    lora_r = load_recipe(ROOT / "recipes" / "qwen7b-math.yaml", ["launch.vllm=server", "use_peft=true", "lora_r=32"])
+    model = find_model_shape(full_r.values["model_name_or_path"])
+    full, lora = make_plan(gpus, full_r, model), make_plan(gpus, lora_r, model)
+    row = next(d for d in lora.decisions if d.what == "use_peft")
+    assert "LoRA rank 32" in row.why and "merges the adapter" in row.why and "sends all of them" in row.why
+    assert not any(d.what == "use_peft" for d in full.decisions)
+    assert lora.estimate and full.estimate and lora.estimate.step.sync_s == pytest.approx(full.estimate.step.sync_s)
+    assert lora.estimate.train_memory_gib < full.estimate.train_memory_gib

@@ -17,7 +17,7 @@ from grpo_launch.planning.estimate import Draft, estimate_plan, off_policy_lag, 
 from grpo_launch.planning.sizes import Batch
 from grpo_launch.planning.splits.allowed import colocate_weights_warning
 from grpo_launch.planning.splits.split import Split
-from grpo_launch.planning.trainer_values import trainer_values
+from grpo_launch.planning.trainer_values import lora_decision, trainer_values
 from grpo_launch.planning.training import choose_training
 from grpo_launch.planning.types import Plan, Trace, TrainHost, TrainPlan, VllmPlan
 from grpo_launch.planning.vllm_sizing import size_vllm
@@ -67,6 +67,8 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
                                            lora_rank=async_grpo.lora_rank(recipe, vllm, trace),
                                            dtype=values.get("dtype"), trainers=n)  # fmt: skip
         values = async_grpo.async_trainer_values(values, settings, vllm)
+    else:
+        lora_decision(recipe, vllm, trace)
     runtime = ctx.runtime
     return Plan(
         recipe=recipe,

@@ -9,6 +9,7 @@ from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.types import Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.recipe.keys import PLANNED_KEYS
+from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_FIELD_DEFAULTS
 
 # Keys the planner owns in each vLLM mode: the recipe's values are replaced by the plan's.
 _SERVER_ONLY_IN_PLAN = (
@@ -43,6 +44,21 @@ def _master_weights(out: dict[str, Any], train: TrainPlan, trace: Trace) -> None
         f"the recipe loads {dtype}, but {train.backend} keeps no fp32 master copy: weights load in float32 "
         f"({why}), so the optimizer's small updates are not rounded away",
     )
+
+
+def lora_decision(recipe: Recipe, vllm: VllmPlan, trace: Trace) -> None:
+    """The Why row of a LoRA run (GRPOTrainer: AsyncGRPOTrainer's adapter sync is async_grpo.lora_rank's): what it
+    trains, and how the adapter reaches vLLM. TRL 1.16 merges the adapter into the base weights for each sync and
+    sends every base tensor (trl/generation/vllm_generation.py, ``_iter_named_params``: merge_adapter, the weights,
+    unmerge_adapter), so the estimate charges the sync as full fine-tuning's."""
+    if not recipe.values.get("use_peft"):
+        return
+    r = recipe.get("lora_r") or TRL_FIELD_DEFAULTS["lora_r"]
+    why = f"LoRA rank {r}: the base weights are frozen (no gradients, no optimizer state for them), the adapter trains"
+    if vllm.mode != VllmMode.OFF:
+        why += ("; at each sync TRL merges the adapter into the base weights and sends all of them to vLLM, then "
+                "unmerges: the sync moves as many bytes as full fine-tuning's")  # fmt: skip
+    trace.decide("use_peft", True, why)
 
 
 def trainer_values(
