@@ -4,12 +4,13 @@ node, which runs ``grpo-launch run`` there; that attaches through the RAY_ADDRES
 
 One shell level, checked against Ray 2.60's code. The job server runs a job's entrypoint string with
 ``subprocess.Popen(entrypoint, shell=True)`` (dashboard/modules/job/job_supervisor.py, ``_exec_entrypoint``): one
-``/bin/sh -c``. ``ray job submit -- ARGS`` builds that string from its arguments with ``subprocess.list2cmdline``
-(Windows quoting: ``$``, backticks and ``\\`` pass unquoted to ``sh``; Ray 2.60 keeps it on Windows and uses
-``shlex.join`` elsewhere), so the old ``-- bash -c LINE`` was parsed two or three times. Here the job is submitted
-through Ray's SDK (``JobSubmissionClient.submit_job``) with an entrypoint that is only ``bash PATH`` (PATH quoted
-once, by :func:`shlex.quote`, for the server's ``sh -c``), and the command line is in that file, read once by
-``bash``. Recipe paths, overrides and the run directory arrive in ``grpo-launch run``'s argv byte for byte.
+``/bin/sh -c``. ``ray job submit -- ARGS`` built that string from its arguments with ``subprocess.list2cmdline`` on
+every system until ray-project/ray#63797 (2026; Ray 2.60 uses ``shlex.join`` except on Windows): Windows quoting,
+in which ``$``, backticks and ``\\`` reach ``sh`` unquoted, so the old ``-- bash -c LINE`` ran a value's ``$(…)``
+on the head with the Ray releases before it, and its quoting depended on the CLI's version. Here the job is
+submitted through Ray's SDK (``JobSubmissionClient.submit_job``) with an entrypoint that is only ``bash PATH``
+(PATH quoted once, by :func:`shlex.quote`, for the server's ``sh -c``); the command line is in that file, read once
+by ``bash``. Recipe paths, overrides and the run directory arrive in ``grpo-launch run``'s argv byte for byte.
 
 A cluster started with token authentication (``RAY_AUTH_MODE=token``, Ray ≥ 2.52) needs the token on every request
 to the job server: it is read from this environment (``RAY_AUTH_TOKEN``) and sent as Ray's SDK sends it
@@ -199,10 +200,10 @@ class RaySubmitter(Submitter[RaySubmitOptions]):
             sdk = JobSubmissionClient(job.dashboard, **client)
             return sdk.submit_job(entrypoint=job.entrypoint, submission_id=job.submission_id, **job.submit)
         except Exception as exc:  # requests', Ray's and the server's errors: one message for all
-            said = " ".join(str(exc).split())[:600]
-            auth = "auth" in said.lower() or "401" in said or "403" in said
+            said = f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
+            auth = "auth" in said.lower() or " 401" in said or " 403" in said
             raise LaunchError(
-                f"submitting the Ray job to {job.dashboard} failed: {type(exc).__name__}: {said}",
+                f"submitting the Ray job to {job.dashboard} failed: {said}",
                 hint=f"The cluster wants its token: export {TOKEN_ENV} (the value the cluster's `ray start` had)."
                 if auth
                 else "Is the dashboard (job server) reachable? See --ray-dashboard.",

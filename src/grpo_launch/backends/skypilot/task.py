@@ -27,8 +27,8 @@ head and its actors read it from their environment; a node without it stops befo
 checks the token on its gRPC servers (the Ray Client server included: ``create_grpc_server_with_interceptors``) and
 its dashboard's HTTP API; the client server listens on the node's own address and loopback (``ray.util.client.
 server``: ``--host`` is the node IP), and the dashboard on loopback (Ray's default ``--dashboard-host``). Each node's
-Ray temp dir is private: ``mktemp -d`` (mode 0700, a random name) in /tmp, never a name another user can predict
-and create first.
+Ray temp dir is private: inside a ``mktemp -d`` directory (mode 0700, a random name) in /tmp, never a name another
+user can predict and create first (Ray makes its temp dir itself writable by all: the parent keeps others out).
 
 Rank 0 starts the head on the first IP of ``SKYPILOT_NODE_IPS``, waits until ``SKYPILOT_NUM_NODES`` nodes have
 joined (within :data:`~grpo_launch.rundir.layout.RAY_JOIN_TIMEOUT_ENV` seconds), runs ``grpo-launch run --ray
@@ -274,8 +274,10 @@ fail() { say "error: $*" >&2; exit 1; }
 [ -n "${@TOKEN_ENV@:-}" ] || fail "@TOKEN_ENV@ is not set: launch with --secret @TOKEN_ENV@ (the nodes' Ray token)"
 export @TOKEN_ENV@ RAY_AUTH_MODE=token
 unset RAY_AUTH_TOKEN_PATH
-# Ray's socket paths must stay under 107 bytes: a short, private directory (0700, a random name) of this node's own.
-temp_dir=$(mktemp -d /tmp/grpo-ray.XXXXXXXX) || fail "cannot create a temp dir in /tmp for Ray"
+# Ray's socket paths must stay under 107 bytes: a short, private directory (0700, a random name) of this node's own;
+# Ray's temp dir is inside it, as Ray makes its own temp dir writable by all.
+private=$(mktemp -d /tmp/grpo-ray.XXXXXXXX) || fail "cannot create a temp dir in /tmp for Ray"
+temp_dir=$private/r
 say "Ray's temp dir (its logs): $temp_dir"
 ray_pid=
 stop_ray() {  # this node's Ray only: the session `ray start --block` leads (its agents outlive a killed raylet)
