@@ -180,7 +180,7 @@ class RaySubmitter(Submitter[RaySubmitOptions]):
         assert options.address
         dashboard = dashboard_of(options, options.address)
         name = options.submission_id or f"grpo-{Path(plan.run_dir).name}-{_stamp()}"
-        path = str(plan.paths.ray_job_script)
+        path = str(Path(ctx.workdir, plan.paths.ray_job_script))  # the job server's cwd is not the workdir
         client, submit = job_arguments(job.extra_args)
         self.job = RayJob(dashboard, name, entrypoint_of(path), client, submit)
         text = render_job_script(job, plan, ctx, address=options.address, dashboard=dashboard, name=name)
