@@ -25,8 +25,9 @@ sets: before it, Ray's dashboard runs commands for anyone who reaches it, CVE-20
 from the launching environment (``--launch`` draws one when none is exported): every node's Ray, the launcher on the
 head and its actors read it from their environment; a node without it stops before starting Ray. With it, Ray 2.60
 checks the token on its gRPC servers (the Ray Client server included: ``create_grpc_server_with_interceptors``) and
-its dashboard's HTTP API; the client server listens on the node's own address and loopback (``ray.util.client.
-server``: ``--host`` is the node IP), and the dashboard on loopback (Ray's default ``--dashboard-host``). Each node's
+on its dashboard's HTTP API. Ray 2.60's client server listens on the node's own address and loopback
+(``ray.util.client.server``: ``--host`` is the node IP; older releases bound 0.0.0.0 unless the node IP was
+127.0.0.1, and ``ray start --head`` cannot leave it out), its dashboard on loopback (Ray's default). Each node's
 Ray temp dir is private: inside a ``mktemp -d`` directory (mode 0700, a random name) in /tmp, never a name another
 user can predict and create first (Ray makes its temp dir itself writable by all: the parent keeps others out).
 
