@@ -85,6 +85,7 @@ def test_ray_submit_entrypoint_reaches_grpo_launch_run_byte_exact(tmp_path):
     run_dir.mkdir()
     Path(submission.path).write_text(submission.text)
     assert submitter.job is not None and shlex.split(submitter.job.entrypoint) == ["bash", submission.path]
+    assert submitter.job.submission_id.startswith("grpo-run-x-touch-M1-y-touch-M2-z-")  # the default id: plain
     # ray 2.60 job_supervisor.py: subprocess.Popen(self._entrypoint, shell=True, start_new_session=True, …)
     done = subprocess.run(submitter.job.entrypoint, shell=True, env=env_for(out), capture_output=True, text=True,
                           timeout=60, cwd=tmp_path)  # fmt: skip

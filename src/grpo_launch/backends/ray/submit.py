@@ -20,6 +20,7 @@ Ray itself finds (RAY_AUTH_MODE=token with RAY_AUTH_TOKEN_PATH or ~/.ray/auth_to
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -95,9 +96,9 @@ def render_job_script(job: SubmitJob, plan: Plan, ctx: RunContext, *, address: s
     extra = f" with: {shlex.join(job.extra_args)}" if job.extra_args else ""
     return (
         "#!/usr/bin/env bash\n"
-        + _comment(f"grpo-launch {__version__} ray-submit: the job {name} on the Ray cluster at {address}, submitted")
-        + _comment(f"to {dashboard} through Ray's job SDK{extra}. The job server runs this file on the head")
-        + _comment(f"(entrypoint: bash PATH); plan: {plan.topology.describe()}.")
+        + _comment(f"grpo-launch {__version__} ray-submit: the Ray job {name} on the cluster at {address}")
+        + _comment(f"(job server {dashboard}, Ray's job SDK{extra}). Plan: {plan.topology.describe()}.")
+        + "# The job server runs this file on the head node by its path (entrypoint: bash PATH).\n"
         + "# `grpo-launch run` attaches through RAY_ADDRESS (set by Ray for a job). Secrets (HF_TOKEN, …) are not\n"
         "# written here: they come from the environment of the head's `ray start`.\n"
         f"cd {shlex.quote(ctx.workdir)} || exit 1\n"
@@ -179,7 +180,8 @@ class RaySubmitter(Submitter[RaySubmitOptions]):
     def request(self, job: SubmitJob, plan: Plan, options: RaySubmitOptions, ctx: RunContext) -> Submission:
         assert options.address
         dashboard = dashboard_of(options, options.address)
-        name = options.submission_id or f"grpo-{Path(plan.run_dir).name}-{_stamp()}"
+        # the default id: the run directory's name in letters, digits and ._- (it names Ray's log files)
+        name = options.submission_id or re.sub(r"[^A-Za-z0-9._-]+", "-", f"grpo-{Path(plan.run_dir).name}-{_stamp()}")
         path = str(Path(ctx.workdir, plan.paths.ray_job_script))  # the job server's cwd is not the workdir
         client, submit = job_arguments(job.extra_args)
         self.job = RayJob(dashboard, name, entrypoint_of(path), client, submit)
