@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -144,21 +145,32 @@ def test_ctrl_c_stops_every_node_within_the_grace_period(cluster, tmp_path):
     assert leftovers(run, within=15.0) == []
 
 
-def test_ray_submit_runs_the_whole_run_as_a_ray_job(cluster, tmp_path):
-    """`grpo-launch ray-submit` plans on the live cluster, writes RUN_DIR/ray-job.sh and submits it; the Ray job
-    (its driver on the head, the ranks on h1 and h2) succeeds and the weights change."""
-    run = tmp_path / "run"
-    argv = [sys.executable, "-m", "grpo_launch", "ray-submit", str(ROOT / "recipes" / "tiny-cpu.yaml"), "--ray",
-            cluster, "--ray-dashboard", RAY_DASHBOARD, "--run-dir", str(run), "--network-interface", "eth0",
-            "--submission-id", f"grpo-test-{os.getpid()}", "max_steps=3"]  # fmt: skip
+def test_ray_submit_runs_the_whole_run_as_a_ray_job(cluster_at, tmp_path):
+    """`grpo-launch ray-submit` plans on the live cluster, writes RUN_DIR/ray-job.sh and submits it through Ray's
+    job SDK; the Ray job (its driver on the head, the ranks on h1 and h2) succeeds and the weights change. The
+    recipe's path, the run directory and an override hold `$(touch …)`, backticks, both quotes and a backslash
+    (issue 37: the job server's `sh -c` ran them on the head): the run trains and no marker file appears, neither
+    where the job server runs the entrypoint, nor in the working directory, nor where the markers' paths point."""
+    cluster, directory = cluster_at
+    job = f"grpo-test-{os.getpid()}"
+    relative = "x$(touch M1)y`touch M2`'\"\\ z"  # a directory's name: markers where it would run
+    absolute = f"a$(touch {tmp_path}/M3)b`touch {tmp_path}/M4`'\"\\"
+    recipe = tmp_path / f"tiny {relative}.yaml"
+    recipe.write_text(
+        (ROOT / "recipes" / "tiny-cpu.yaml").read_text().replace(".cache/tiny", str(ROOT / ".cache" / "tiny"))
+    )
+    run = tmp_path / f"run {relative}"
+    argv = [sys.executable, "-m", "grpo_launch", "ray-submit", str(recipe), "--ray", cluster, "--ray-dashboard",
+            RAY_DASHBOARD, "--run-dir", str(run), "--network-interface", "eth0", "--submission-id", job,
+            "max_steps=3", f"run_name={absolute}"]  # fmt: skip
     dry = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert dry.returncode == 0, dry.stderr
-    assert "ray job submit --address " + RAY_DASHBOARD in dry.stdout and not run.exists()
+    assert f"exec {sys.executable} -m grpo_launch run " in dry.stdout and not run.exists()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"submitted Ray job grpo-test-{os.getpid()}" in done.stdout and (run / "ray-job.sh").is_file()
+    assert f"submitted Ray job {job}" in done.stdout and (run / "ray-job.sh").is_file()
+    assert f"status: grpo-launch status {shlex.quote(str(run))}" in done.stdout
     ray = str(Path(sys.executable).parent / "ray")
-    job = f"grpo-test-{os.getpid()}"
     deadline, status = time.monotonic() + 240, ""
     while time.monotonic() < deadline:
         status = subprocess.run([ray, "job", "status", job, "--address", RAY_DASHBOARD], capture_output=True,
@@ -171,6 +183,9 @@ def test_ray_submit_runs_the_whole_run_as_a_ray_job(cluster, tmp_path):
     assert re.search(r"SUCCEEDED|succeeded", status), status + logs[-3000:]
     assert "step 3/3 done" in logs and "started train@h2 on h2" in logs
     assert changed_tensors(run) > 0
+    assert json.loads((run / "plan.json").read_text())["recipe"] == str(recipe)
+    places = [tmp_path, ROOT, (directory / "ray-tmp").resolve()]
+    assert [str(p) for d in places for p in d.rglob("M[1-4]")] == []
     assert leftovers(run, within=15.0) == []
 
 

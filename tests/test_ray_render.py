@@ -13,6 +13,7 @@ import pytest
 
 from grpo_launch.backends.ray import RayBackend, host_bundles, pg_name
 from grpo_launch.enums import FailureKind
+from grpo_launch.errors import LaunchError
 from grpo_launch.execute.faults import Event, diagnose
 from grpo_launch.render.processes import all_processes
 from grpo_launch.rundir.layout import RUN_ID_ENV
@@ -53,13 +54,18 @@ def fake_ray(tmp_path: Path, body: str) -> dict[str, str]:
     pkg = tmp_path / "fake" / "ray"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(body)
-    return {"PYTHONPATH": str(tmp_path / "fake")}
+    return {"PYTHONPATH": f"{tmp_path / 'fake'}{os.pathsep}{ROOT / 'src'}"}  # this checkout's grpo-launch
 
 
 @pytest.mark.parametrize(
     ("body", "said"),
     [
-        ("__version__ = '2.9.3'\n", "Ray 2.9.3 is installed; grpo-launch's Ray backend supports Ray >=2.40,<3"),
+        ("__version__ = '2.9.3'\n", "Ray 2.9.3 is installed; grpo-launch's Ray backend supports Ray >=2.52,<3"),
+        (
+            "__version__ = '2.51.1'\n",
+            "supports Ray >=2.52,<3: Ray before 2.52 lets anyone who reaches its dashboard "
+            "run commands on the cluster (CVE-2025-62593)",
+        ),
         ("__version__ = '3.1.0'\n", "Ray 3.1.0 is installed"),
         ("raise ImportError('No module named ray')\n", "pip install 'grpo-launch[ray]'"),
     ],
@@ -67,6 +73,20 @@ def fake_ray(tmp_path: Path, body: str) -> dict[str, str]:
 def test_a_ray_outside_the_supported_range_or_none_is_refused(tmp_path, body, said):
     done = cli("plan", str(ROOT / "recipes" / "tiny-cpu.yaml"), "--ray", "127.0.0.1:1", env=fake_ray(tmp_path, body))
     assert done.returncode == 1 and said in done.stderr, done.stderr
+
+
+def test_the_ray_floor_is_one_rule_that_pyproject_states_too(tmp_path):
+    """Ray below 2.52 is refused (CVE-2025-62593, no token authentication) by the one check every Ray path runs
+    (cluster.check_version); the `ray` extra in pyproject.toml asks for the same range; 2.52.0 passes the check."""
+    import tomllib
+
+    from grpo_launch.backends.ray.cluster import RAY_REQUIREMENT, check_version
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["ray"] == [RAY_REQUIREMENT] == ["ray[default]>=2.52,<3"]
+    check_version("2.52.0")
+    with pytest.raises(LaunchError, match="CVE-2025-62593"):
+        check_version("2.51.9")
 
 
 def test_each_process_is_placed_as_a_runner_in_its_hosts_bundle_with_secrets_on_stdin():
@@ -151,3 +171,20 @@ def test_the_shim_gives_the_command_sigint_unblocked_and_default_whatever_its_pa
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     # through the shim: neither blocked nor ignored; a bare child keeps both
     assert done.stdout.splitlines() == ["False False", "True True"], done.stdout + done.stderr
+
+
+def test_ray_submit_reads_the_arguments_after_the_dashes_with_rays_own_parser():
+    """``ray-submit … -- ARGS``: `ray job submit`'s options, read by its own click command, become the SDK's
+    arguments; the ones ray-submit sets itself, a command, or an unknown option are refused by name."""
+    from grpo_launch.backends.ray.submit import job_arguments
+
+    client, submit = job_arguments(["--runtime-env-json", '{"env_vars": {"A": "1"}}', "--entrypoint-num-cpus", "1",
+                                    "--metadata-json", '{"who": "me"}', "--headers", '{"X-A": "b"}'])  # fmt: skip
+    assert submit == {"runtime_env": {"env_vars": {"A": "1"}}, "entrypoint_num_cpus": 1.0, "metadata": {"who": "me"}}
+    assert client == {"headers": {"X-A": "b"}, "verify": True}
+    for extra, said in ((["--address", "http://x:1"], "--address cannot be given there"),
+                        (["--submission-id", "a"], "--submission-id cannot be given there"),
+                        (["--no-such-option"], "No such option"),
+                        (["echo", "hi"], "a command cannot be given there")):  # fmt: skip
+        with pytest.raises(LaunchError, match=said):
+            job_arguments(extra)

@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 IPS = ("10.77.0.11", "10.77.0.12")  # h1, h2 (scripts/ssh_hosts.sh: 10.77.0.(10 + i))
 TRAINER = TRAINER_LINE
 TASK_ID = "sky-2026-11-26-01-30-00-123456_grpo-tiny-cpu_1"
+RAY_TOKEN = "0123456789abcdef" * 4
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +38,15 @@ def hosts(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def ray_temp_dirs():
-    """The run section's Ray temp dirs (/tmp/grpo-ray-RANK-<cksum of SKYPILOT_TASK_ID>), removed after each test:
-    on SkyPilot they stay on the node's /tmp with Ray's logs."""
+    """The run section's Ray temp dirs (``mktemp -d /tmp/grpo-ray.XXXXXXXX``, one per node, Ray's own below it:
+    Ray makes that one 0777), removed after each test: on SkyPilot they stay on the node's /tmp with Ray's logs.
+    Each is private to its user (0700)."""
+    before = set(Path("/tmp").glob("grpo-ray.*"))
     yield
-    key = subprocess.run(["cksum"], input=TASK_ID, capture_output=True, text=True).stdout.split()[0]
-    for rank in (0, 1):
-        shutil.rmtree(f"/tmp/grpo-ray-{rank}-{key}", ignore_errors=True)
+    made = set(Path("/tmp").glob("grpo-ray.*")) - before
+    for path in made:
+        assert path.stat().st_mode & 0o777 == 0o700, f"{path} is not private"
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def run_section(tmp_path: Path, run_dir: Path, *overrides: str, monkeypatch, capsys) -> Path:
@@ -70,6 +74,7 @@ def start_node(hosts: Path, tmp_path: Path, rank: int, script: Path, python: str
         "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
         "HF_HUB_OFFLINE": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_TOKEN": RAY_TOKEN,  # the task's secret (sky launch --secret RAY_AUTH_TOKEN): every node's Ray
         **extra_env,
     }
     env_file = tmp_path / f"env-{rank}.sh"
@@ -113,7 +118,8 @@ def left_in_namespaces(within: float = 30.0) -> list[str]:
 
 STAND_IN = """#!/bin/sh
 # A stand-in for `python -m grpo_launch` only (every other use runs the real interpreter): records its arguments,
-# counts the live nodes of the Ray cluster it is given, and exits 7, so the test sees the head's code become the
+# counts the live nodes of the Ray cluster it is given, asks the head's job API (Ray's dashboard, on loopback) for
+# its jobs without and with the token, and exits 7, so the test sees the head's code become the
 # task's. The real grpo-launch run --ray is test_the_run_section_trains_on_two_hosts below.
 if [ "$1" = -m ] && [ "$2" = grpo_launch ]; then
   shift 2
@@ -121,6 +127,20 @@ if [ "$1" = -m ] && [ "$2" = grpo_launch ]; then
   for last; do :; done
   {python} -c "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR')
 open(sys.argv[2], 'w').write(str(sum(1 for n in ray.nodes() if n['Alive'])))" "$last" {out}/nodes
+  {python} -c "import os, sys, time, urllib.error, urllib.request
+def status(headers):
+    for _ in range(30):  # the dashboard may still be starting
+        try:
+            url = urllib.request.Request('http://127.0.0.1:8265/api/jobs/', headers=headers)
+            return urllib.request.urlopen(url).status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            time.sleep(1)
+    return 0
+token = {'Authorization': 'Bearer ' + os.environ['RAY_AUTH_TOKEN']}
+mode = os.environ.get('RAY_AUTH_MODE')
+open(sys.argv[1], 'w').write(f'{status({})} {status(token)} {mode}')" {out}/dashboard
   exit 7
 fi
 exec {python} "$@"
@@ -146,6 +166,9 @@ def test_the_run_section_starts_ray_on_both_hosts_and_the_head_code_is_the_task_
     assert argv == ["run", "recipes/tiny-cpu.yaml", "max_steps=3", "launch.network_interface=eth0",
                     "--run-dir", str(run_dir), "--ray", f"{IPS[0]}:6379"]  # fmt: skip
     assert (tmp_path / "nodes").read_text() == "2", logs[-4000:]
+    # Token authentication: the job API refuses a request without the token (401), answers with it; the launcher
+    # on the head runs with RAY_AUTH_MODE=token and reached the cluster with the token from its environment.
+    assert (tmp_path / "dashboard").read_text() == "401 200 token", logs[-4000:]
     assert "the head's Ray stopped" in logs
     assert left_in_namespaces() == []
 
@@ -159,6 +182,17 @@ def test_a_worker_that_never_joins_fails_the_head_with_a_clear_message(hosts, tm
     log = (tmp_path / "node0.log").read_text()
     assert "1 of 2 node(s) joined the Ray head 10.77.0.11:6379 in 20 s" in log, log[-3000:]
     assert left_in_namespaces() == []
+
+
+def test_a_node_without_the_ray_token_stops_before_starting_ray(hosts, tmp_path, monkeypatch, capsys):
+    """Launched without the RAY_AUTH_TOKEN secret, a node says how to pass it and starts no Ray (an open Ray would
+    run anyone's code)."""
+    script = run_section(tmp_path, tmp_path / "run", monkeypatch=monkeypatch, capsys=capsys)
+    procs = [start_node(hosts, tmp_path, 0, script, sys.executable, {"RAY_AUTH_TOKEN": ""})]
+    assert finish(procs, timeout=60) == [1]
+    log = (tmp_path / "node0.log").read_text()
+    assert "RAY_AUTH_TOKEN is not set: launch with --secret RAY_AUTH_TOKEN" in log, log[-3000:]
+    assert "starting the Ray head" not in log and left_in_namespaces() == []
 
 
 def test_the_run_section_trains_on_two_hosts(hosts, tmp_path, monkeypatch, capsys):

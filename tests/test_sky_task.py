@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -68,22 +69,22 @@ def dry_run(capsys, *args: str, environ: dict[str, str] | None = None) -> str:
 
 CASES = [
     # (arguments, environment, num_nodes, accelerators as SkyPilot holds them, secrets declared)
-    ((QWEN, "--accelerators", "H100:8", "--nodes", "2", "max_steps=5"), {}, 2, {"H100": 8}, []),
+    ((QWEN, "--accelerators", "H100:8", "--nodes", "2", "max_steps=5"), {}, 2, {"H100": 8}, ["RAY_AUTH_TOKEN"]),
     (
         ("recipes/qwen7b-math.yaml", "--accelerators", "a100-80gb:8", "--disk-size", "512"),
         {"HF_TOKEN": "hf_x"},
         1,
         {"A100-80GB": 8},
-        ["HF_TOKEN"],
+        ["HF_TOKEN", "RAY_AUTH_TOKEN"],
     ),
     (
         (QWEN, "--accelerators", "L40S:4", "--nodes", "3", "report_to=wandb", "--cluster", "my-run"),
         {},
         3,
         {"L40S": 4},
-        ["WANDB_API_KEY"],
+        ["RAY_AUTH_TOKEN", "WANDB_API_KEY"],
     ),
-    ((TINY, "--nodes", "2", "max_steps=3", "--network-interface", "eth0"), {}, 2, None, []),
+    ((TINY, "--nodes", "2", "max_steps=3", "--network-interface", "eth0"), {}, 2, None, ["RAY_AUTH_TOKEN"]),
 ]
 
 
@@ -205,7 +206,8 @@ def test_launch_runs_sky_launch_on_the_written_task(tmp_path, capsys, monkeypatc
     bin_dir, seen = tmp_path / "bin", tmp_path / "argv"
     bin_dir.mkdir()
     sky = bin_dir / "sky"
-    sky.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {seen}\nprintf "%s" "$HF_TOKEN" > {seen}.token\n')
+    sky.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {seen}\nprintf "%s" "$HF_TOKEN" > {seen}.token\n'
+                   f'printf "%s" "$RAY_AUTH_TOKEN" > {seen}.ray\n')  # fmt: skip
     sky.chmod(sky.stat().st_mode | stat.S_IXUSR)
     run_dir = tmp_path / "r"
     environ = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HF_TOKEN": "hf_secret"}
@@ -213,9 +215,12 @@ def test_launch_runs_sky_launch_on_the_written_task(tmp_path, capsys, monkeypatc
     assert main(args, environ=environ) == 0, capsys.readouterr().err
     task = run_dir / "sky-task.yaml"
     assert seen.read_text().split("\n")[:-1] == [
-        "launch", "-c", "grpo-qwen1-5b", str(task), "--yes", "--secret", "HF_TOKEN", "--down"
+        "launch", "-c", "grpo-qwen1-5b", str(task), "--yes", "--secret", "HF_TOKEN", "--secret", "RAY_AUTH_TOKEN",
+        "--down"
     ]  # fmt: skip
     assert seen.with_suffix(".token").read_text() == "hf_secret"  # sky reads the value from its environment
+    ray_token = seen.with_suffix(".ray").read_text()  # none exported: one drawn for this cluster, in sky's env only
+    assert re.fullmatch(r"[0-9a-f]{64}", ray_token) and ray_token not in task.read_text()
     assert "hf_secret" not in task.read_text() and "HF_TOKEN: null" in task.read_text()
     assert "sky logs grpo-qwen1-5b" in capsys.readouterr().out
 
@@ -376,6 +381,7 @@ def test_launch_managed_runs_sky_jobs_launch(tmp_path, capsys, monkeypatch):
     args = ["sky", TINY, "--nodes", "2", "--managed", "--bucket", "gs://b/runs", "--run-dir", str(run_dir), "--launch"]
     assert main(args, environ={"PATH": f"{bin_dir}:/usr/bin:/bin"}) == 0, capsys.readouterr().err
     task = str(run_dir / "sky-task.yaml")
-    assert seen.read_text().split("\n")[:-1] == ["jobs", "launch", "-n", "grpo-tiny-cpu", task, "--yes"]
+    assert seen.read_text().split("\n")[:-1] == ["jobs", "launch", "-n", "grpo-tiny-cpu", task, "--yes", "--secret",
+                                                 "RAY_AUTH_TOKEN"]  # fmt: skip
     out = capsys.readouterr().out
     assert "managed job grpo-tiny-cpu" in out and "sky jobs logs -n grpo-tiny-cpu" in out

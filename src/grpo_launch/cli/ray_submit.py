@@ -1,9 +1,10 @@
 """``grpo-launch ray-submit RECIPE --ray HOST:PORT``: plan on the live Ray cluster, write RUN_DIR/ray-job.sh and
-submit it as one Ray job."""
+submit it as one Ray job (backends/ray/submit.py)."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from grpo_launch.backends.ray.submit import dashboard_of
 from grpo_launch.cli.submitting import add_submit_args, emit_dry_run, plan_submission, write_submission
@@ -11,10 +12,12 @@ from grpo_launch.spec import RunContext
 
 DESCRIPTION = (
     "Plan on the Ray cluster at --ray (each node probed in a task pinned to it), write RUN_DIR/ray-job.sh and submit "
-    "it with `ray job submit`. The job's driver runs `grpo-launch run` on the head node: it reserves each host's GPUs "
-    "in a placement group, runs the processes in actors on their planned nodes, supervises and tears down as `run "
-    "--ray` does. The run directory, the Python environment and the recipe's paths must be the same on every node "
-    "(a shared file system). Arguments after `--` go to `ray job submit` unchanged."
+    "it as a Ray job through Ray's job SDK: the job runs that file by path (its command line is parsed once), and "
+    "RAY_AUTH_TOKEN, when set here, is sent to a cluster with token authentication. The job's driver runs "
+    "`grpo-launch run` on the head node: it reserves each host's GPUs in a placement group, runs the processes in "
+    "actors on their planned nodes, supervises and tears down as `run --ray` does. The run directory, the Python "
+    "environment and the recipe's paths must be the same on every node (a shared file system). Arguments after `--` "
+    "are `ray job submit`'s options (--runtime-env-json, --entrypoint-num-cpus, …), read by Ray's own parser."
 )
 
 
@@ -46,8 +49,10 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         ctx.emit(line)
     write_submission(planned, plan.paths.relative(plan.paths.ray_job_script), ctx)
     job_id = planned.submitter.submit(submission, ctx)
+    dashboard = dashboard_of(planned.options, planned.options.address)
     ctx.emit(f"submitted Ray job {job_id} (plan {plan.topology.describe()})")
-    ctx.emit(f"  follow:  ray job logs -f {job_id} --address {dashboard_of(planned.options, planned.options.address)}")
-    ctx.emit(f"  logs:    {plan.paths.logs}/ per process   status: grpo-launch status --run-dir {plan.run_dir}")
-    ctx.emit(f"  stop:    ray job stop {job_id} --address {dashboard_of(planned.options, planned.options.address)}")
+    ctx.emit(f"  follow:  {shlex.join(['ray', 'job', 'logs', '-f', job_id, '--address', dashboard])}")
+    status = shlex.join(["grpo-launch", "status", plan.run_dir])
+    ctx.emit(f"  logs:    {shlex.quote(str(plan.paths.logs))}/ per process   status: {status}")
+    ctx.emit(f"  stop:    {shlex.join(['ray', 'job', 'stop', job_id, '--address', dashboard])}")
     return 0

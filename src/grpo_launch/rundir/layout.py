@@ -100,7 +100,8 @@ class RunPaths:
 
     @property
     def ray_job_script(self) -> Path:
-        """The ``ray job submit`` line ``grpo-launch ray-submit`` writes and runs (backends/ray/submit.py)."""
+        """The Ray job's entrypoint script ``grpo-launch ray-submit`` writes; the job server runs it by path
+        (backends/ray/submit.py)."""
         return self.root / "ray-job.sh"
 
     # What the run writes while it runs.

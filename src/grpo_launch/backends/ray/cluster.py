@@ -17,10 +17,15 @@ from grpo_launch.machines.gpus import GIB, find_gpu_spec
 from grpo_launch.machines.topology import Gpu, Host, Topology
 from grpo_launch.probe.hosts import mixed_models_warning, reported_gpus
 
-# Ray versions the backend runs with: the placement-group, node-affinity and job-submission APIs it uses are stable
-# within Ray 2 from 2.40 (https://docs.ray.io/en/latest/ray-core/api/doc/
+# Ray versions the backend runs with (pyproject.toml's `ray` extra says the same: tests/test_ray_render.py checks).
+# The floor is security's: Ray before 2.52 has no token authentication, and its dashboard's job API runs any command
+# for anyone who can reach it, a browser on the cluster's network included (CVE-2025-62593, fixed in 2.52.0, which
+# also brought RAY_AUTH_MODE=token). The placement-group, node-affinity and job-submission APIs the backend uses are
+# stable within Ray 2 (https://docs.ray.io/en/latest/ray-core/api/doc/
 # ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy.html); tested with 2.60.0 (tests/test_ray_cluster.py).
-RAY_SUPPORTED = ((2, 40), (3, 0))  # [low, high)
+RAY_SUPPORTED = ((2, 52), (3, 0))  # [low, high)
+RAY_REQUIREMENT = f"ray[default]>={RAY_SUPPORTED[0][0]}.{RAY_SUPPORTED[0][1]},<{RAY_SUPPORTED[1][0]}"
+RAY_CVE = "CVE-2025-62593"
 NAMESPACE = "grpo-launch"
 INSTALL_HINT = "Install the Ray extra in this environment and on every node: pip install 'grpo-launch[ray]'."
 REPORT_TIMEOUT_S = 60.0
@@ -38,13 +43,18 @@ def import_ray() -> Any:
 
 
 def check_version(version: str) -> None:
+    """Refuse a Ray outside :data:`RAY_SUPPORTED`; below its floor, name the vulnerability the floor is for."""
     from grpo_launch.recipe.versions import version_tuple
 
     have, (low, high) = version_tuple(version), RAY_SUPPORTED
     if have is None or not low <= have < high:
+        why = ""
+        if have is not None and have < low:
+            why = (f": Ray before {low[0]}.{low[1]} lets anyone who reaches its dashboard run commands on the "
+                   f"cluster ({RAY_CVE}) and has no token authentication")  # fmt: skip
         raise LaunchError(
-            f"Ray {version} is installed; grpo-launch's Ray backend supports Ray >={low[0]}.{low[1]},<{high[0]}",
-            hint="pip install 'ray[default]>=2.40,<3' here and on the cluster (the same version everywhere).",
+            f"Ray {version} is installed; grpo-launch's Ray backend supports Ray >={low[0]}.{low[1]},<{high[0]}{why}",
+            hint=f"pip install '{RAY_REQUIREMENT}' here and on the cluster (the same version everywhere).",
         )
 
 

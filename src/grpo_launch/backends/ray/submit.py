@@ -1,12 +1,30 @@
-"""``grpo-launch ray-submit``: the whole run as one Ray job (``ray job submit``), the way ``grpo-launch sbatch``
-hands it to Slurm. The plan is made first from the live cluster (the Ray backend's probe); the job's entrypoint is
-``grpo-launch run`` on the head node, which attaches through the RAY_ADDRESS a Ray job's driver has."""
+"""``grpo-launch ray-submit``: the whole run as one Ray job, the way ``grpo-launch sbatch`` hands it to Slurm. The
+plan is made first from the live cluster (the Ray backend's probe); the job runs RUN_DIR/ray-job.sh on the head
+node, which runs ``grpo-launch run`` there; that attaches through the RAY_ADDRESS a Ray job's driver has.
+
+One shell level, checked against Ray 2.60's code. The job server runs a job's entrypoint string with
+``subprocess.Popen(entrypoint, shell=True)`` (dashboard/modules/job/job_supervisor.py, ``_exec_entrypoint``): one
+``/bin/sh -c``. ``ray job submit -- ARGS`` built that string from its arguments with ``subprocess.list2cmdline`` on
+every system until ray-project/ray#63797 (2026; Ray 2.60 uses ``shlex.join`` except on Windows): Windows quoting,
+in which ``$``, backticks and ``\\`` reach ``sh`` unquoted, so the old ``-- bash -c LINE`` ran a value's ``$(…)``
+on the head with the Ray releases before it, and its quoting depended on the CLI's version. Here the job is
+submitted through Ray's SDK (``JobSubmissionClient.submit_job``) with an entrypoint that is only ``bash PATH``
+(PATH quoted once, by :func:`shlex.quote`, for the server's ``sh -c``); the command line is in that file, read once
+by ``bash``. Recipe paths, overrides and the run directory arrive in ``grpo-launch run``'s argv byte for byte.
+
+A cluster started with token authentication (``RAY_AUTH_MODE=token``, Ray ≥ 2.52) needs the token on every request
+to the job server: it is read from this environment (``RAY_AUTH_TOKEN``) and sent as Ray's SDK sends it
+(``Authorization: Bearer``), never put on a command line or in a file. Without RAY_AUTH_TOKEN, Ray's SDK sends what
+Ray itself finds (RAY_AUTH_MODE=token with RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)."""
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from grpo_launch.backends.base import BackendOptions, option
 from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
@@ -21,6 +39,9 @@ if TYPE_CHECKING:
 # Ray's dashboard port, where the job server listens (`ray start --head --dashboard-port`, default 8265:
 # https://docs.ray.io/en/latest/cluster/running-applications/job-submission/quickstart.html).
 DASHBOARD_PORT = 8265
+TOKEN_ENV = "RAY_AUTH_TOKEN"  # Ray's own name for the cluster's token (ray/_private/authentication)
+# Options of `ray job submit` that grpo-launch sets itself: after `--` they would contradict the submission.
+OWN_OPTIONS = ("address", "job_id", "submission_id")
 
 
 @frozen
@@ -34,6 +55,18 @@ class RaySubmitOptions(BackendOptions):
         "--ray-dashboard", f"the job server's address (default: http://HEAD:{DASHBOARD_PORT})", metavar="URL"
     )
     submission_id: str | None = option("--submission-id", "the Ray job's id (default: grpo-NAME-TIME)")
+
+
+@frozen
+class RayJob:
+    """What is sent to the job server: the entrypoint (``bash PATH``), the job's id, and the keyword arguments of
+    ``JobSubmissionClient`` and ``submit_job`` read from the arguments after ``--``."""
+
+    dashboard: str
+    submission_id: str
+    entrypoint: str
+    client: Mapping[str, Any]
+    submit: Mapping[str, Any]
 
 
 def dashboard_of(options: RaySubmitOptions, address: str) -> str:
@@ -50,21 +83,89 @@ def dashboard_of(options: RaySubmitOptions, address: str) -> str:
     return f"http://{parts[0]}:{DASHBOARD_PORT}"
 
 
-def ray_cli(python: str) -> str:
-    """The ``ray`` command beside this Python, else the one on PATH."""
-    import shutil
+def entrypoint_of(script: str) -> str:
+    """The job's entrypoint: ``bash SCRIPT``, the one string the job server's ``sh -c`` parses."""
+    return shlex.join(["bash", script])
 
-    here = Path(python).parent / "ray"
-    found = str(here) if here.exists() else shutil.which("ray")
-    if not found:
-        raise LaunchError("the `ray` command is not installed here", hint="pip install 'grpo-launch[ray]'")
-    return found
+
+def render_job_script(job: SubmitJob, plan: Plan, ctx: RunContext, *, address: str, dashboard: str, name: str) -> str:
+    """RUN_DIR/ray-job.sh: run on the head by the job server (``bash PATH``); every value quoted once."""
+    from grpo_launch import __version__
+
+    run = [ctx.python, "-m", "grpo_launch", "run", job.recipe, *job.overrides, "--run-dir", plan.run_dir]
+    extra = f" with: {shlex.join(job.extra_args)}" if job.extra_args else ""
+    return (
+        "#!/usr/bin/env bash\n"
+        + _comment(f"grpo-launch {__version__} ray-submit: the Ray job {name} on the cluster at {address}")
+        + _comment(f"(job server {dashboard}, Ray's job SDK{extra}). Plan: {plan.topology.describe()}.")
+        + "# The job server runs this file on the head node by its path (entrypoint: bash PATH).\n"
+        + "# `grpo-launch run` attaches through RAY_ADDRESS (set by Ray for a job). Secrets (HF_TOKEN, …) are not\n"
+        "# written here: they come from the environment of the head's `ray start`.\n"
+        f"cd {shlex.quote(ctx.workdir)} || exit 1\n"
+        f"exec {shlex.join(run)}\n"
+    )
+
+
+def job_arguments(extra: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The arguments after ``--`` read by ``ray job submit``'s own parser (ray.dashboard.modules.job.cli), as the
+    keyword arguments of ``JobSubmissionClient`` and ``submit_job`` that command would pass."""
+    if not extra:
+        return {}, {}
+    import click
+    from ray.dashboard.modules.dashboard_sdk import parse_runtime_env_args
+    from ray.dashboard.modules.job.cli import submit
+
+    said = "arguments after -- (for ray job submit)"
+    try:
+        p = submit.make_context("ray job submit", [*extra, "--", "true"]).params
+    except click.ClickException as exc:
+        raise LaunchError(f"{said}: {exc.format_message()}", hint="See `ray job submit --help`.") from None
+    problems = [f"--{k.replace('_', '-')}" for k in OWN_OPTIONS if p.get(k)]
+    if problems or tuple(p.get("entrypoint", ())) != ("true",):
+        raise LaunchError(
+            f"{said}: {', '.join(problems) or 'a command'} cannot be given there: grpo-launch sets the job server "
+            "(--ray-dashboard), the job's id (--submission-id) and its entrypoint",
+            hint="Use ray-submit's own --ray-dashboard and --submission-id.",
+        )
+
+    def parsed(key: str) -> Any:
+        try:
+            return json.loads(p[key]) if p.get(key) is not None else None
+        except ValueError as exc:
+            raise LaunchError(f"{said}: --{key.replace('_', '-')} is not JSON: {exc}") from None
+
+    runtime_env = parse_runtime_env_args(runtime_env=p.get("runtime_env"), runtime_env_json=p.get("runtime_env_json"),
+                                         working_dir=p.get("working_dir"))  # fmt: skip
+    submit_kwargs = {
+        "runtime_env": runtime_env,
+        "metadata": parsed("metadata_json"),
+        "entrypoint_num_cpus": p.get("entrypoint_num_cpus"),
+        "entrypoint_num_gpus": p.get("entrypoint_num_gpus"),
+        "entrypoint_memory": p.get("entrypoint_memory"),
+        "entrypoint_resources": parsed("entrypoint_resources"),
+        "entrypoint_label_selector": parsed("entrypoint_label_selector"),
+    }
+    client = {"headers": parsed("headers"), "verify": p.get("verify", True)}
+    return {k: v for k, v in client.items() if v is not None}, {k: v for k, v in submit_kwargs.items() if v}
+
+
+def auth_headers(environ: Mapping[str, str], headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The headers of every request to the job server: RAY_AUTH_TOKEN from the environment, sent as Ray's SDK
+    sends a token (``Authorization: Bearer``), unless --headers already hold an Authorization."""
+    out = dict(headers or {})
+    token = environ.get(TOKEN_ENV, "").strip()
+    if token and not any(k.lower() == "authorization" for k in out):
+        out["Authorization"] = f"Bearer {token}"
+    return out
 
 
 class RaySubmitter(Submitter[RaySubmitOptions]):
-    """``grpo-launch ray-submit``: plan on the live cluster, write RUN_DIR/ray-job.sh, submit it."""
+    """``grpo-launch ray-submit``: plan on the live cluster, write RUN_DIR/ray-job.sh, submit it as the job."""
 
     Options: ClassVar[type[BackendOptions]] = RaySubmitOptions
+
+    def __init__(self) -> None:
+        self.job: RayJob | None = None  # set by request(), sent by submit()
 
     @classmethod
     def requested_topology(cls, options: RaySubmitOptions, local: Topology) -> Topology:
@@ -78,34 +179,42 @@ class RaySubmitter(Submitter[RaySubmitOptions]):
 
     def request(self, job: SubmitJob, plan: Plan, options: RaySubmitOptions, ctx: RunContext) -> Submission:
         assert options.address
-        from grpo_launch import __version__
-
         dashboard = dashboard_of(options, options.address)
-        name = options.submission_id or f"grpo-{Path(plan.run_dir).name}-{_stamp()}"
-        run = [ctx.python, "-m", "grpo_launch", "run", job.recipe, *job.overrides, "--run-dir", plan.run_dir]
-        entry = f"cd {shlex.quote(ctx.workdir)} && exec {shlex.join(run)}"
-        submit = [ray_cli(ctx.python), "job", "submit", "--address", dashboard, "--submission-id", name,
-                  "--no-wait", *job.extra_args, "--", "bash", "-c", entry]  # fmt: skip
-        text = (
-            "#!/usr/bin/env bash\n"
-            f"# grpo-launch {__version__} ray-submit: {job.recipe} as one Ray job on {options.address}\n"
-            f"# plan: {plan.topology.describe()}; the job's driver runs `grpo-launch run` on the head node and\n"
-            "# attaches through RAY_ADDRESS (set by Ray for a job). Secrets (HF_TOKEN, …) are not written here:\n"
-            "# they come from the environment of the head's `ray start`.\n"
-            f"exec {shlex.join(submit)}\n"
-        )
-        return Submission(text, str(plan.paths.ray_job_script), summary=name)
+        # the default id: the run directory's name in letters, digits and ._- (it names Ray's log files)
+        name = options.submission_id or re.sub(r"[^A-Za-z0-9._-]+", "-", f"grpo-{Path(plan.run_dir).name}-{_stamp()}")
+        path = str(Path(ctx.workdir, plan.paths.ray_job_script))  # the job server's cwd is not the workdir
+        client, submit = job_arguments(job.extra_args)
+        self.job = RayJob(dashboard, name, entrypoint_of(path), client, submit)
+        text = render_job_script(job, plan, ctx, address=options.address, dashboard=dashboard, name=name)
+        return Submission(text, path, summary=name)
 
     def submit(self, submission: Submission, ctx: RunContext) -> str:
-        import subprocess
+        """The job to the job server through Ray's SDK (its entrypoint: ``bash RUN_DIR/ray-job.sh``)."""
+        assert self.job is not None, "request() first"
+        job = self.job
+        try:
+            from ray.job_submission import JobSubmissionClient
+        except ImportError:
+            raise LaunchError("Ray's job SDK is not installed here", hint="pip install 'grpo-launch[ray]'") from None
+        client = dict(job.client)
+        client["headers"] = auth_headers(ctx.environ, client.get("headers"))
+        try:
+            sdk = JobSubmissionClient(job.dashboard, **client)
+            return sdk.submit_job(entrypoint=job.entrypoint, submission_id=job.submission_id, **job.submit)
+        except Exception as exc:  # requests', Ray's and the server's errors: one message for all
+            said = f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
+            auth = "auth" in said.lower() or " 401" in said or " 403" in said
+            raise LaunchError(
+                f"submitting the Ray job to {job.dashboard} failed: {said}",
+                hint=f"The cluster wants its token: export {TOKEN_ENV} (the value the cluster's `ray start` had)."
+                if auth
+                else "Is the dashboard (job server) reachable? See --ray-dashboard.",
+            ) from None
 
-        done = subprocess.run(["bash", submission.path], capture_output=True, text=True, cwd=ctx.workdir,
-                              env=dict(ctx.environ), timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
-        if done.returncode != 0:
-            said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-3:]
-            raise LaunchError("ray job submit failed: " + " | ".join(said)[:600],
-                              hint="Is the dashboard (job server) reachable? See --ray-dashboard.")  # fmt: skip
-        return submission.summary
+
+def _comment(text: str) -> str:
+    """A comment line: control characters (a line break would end the comment) shown as ``?``."""
+    return "# " + "".join("?" if ord(c) < 32 or ord(c) == 127 else c for c in text) + "\n"
 
 
 def _stamp() -> str:

@@ -148,6 +148,8 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
         from this environment); refused, before anything is written, without the sky command or a secret."""
         import shutil
 
+        from grpo_launch.backends.skypilot.task import declared_secrets
+
         sky = shutil.which("sky", path=ctx.environ.get("PATH"))
         if sky is None:
             raise LaunchError(
@@ -164,14 +166,14 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
             argv = [sky, "jobs", "launch", "-n", self.cluster, submission.path, "--yes"]
         else:
             argv = [sky, "launch", "-c", self.cluster, submission.path, "--yes"]
-        argv += [a for s in self.secrets for a in ("--secret", s)]
+        argv += [a for s in declared_secrets(self.secrets) for a in ("--secret", s)]
         return [*argv, "--down"] if self.down else argv
 
     def submit(self, submission: Submission, ctx: RunContext) -> str:
         """Run ``sky launch`` (its output goes to this terminal); returns the cluster name."""
         import subprocess
 
-        done = subprocess.run(self.launch_argv(submission, ctx), cwd=ctx.workdir, env=dict(ctx.environ))
+        done = subprocess.run(self.launch_argv(submission, ctx), cwd=ctx.workdir, env=launch_env(ctx.environ))
         if done.returncode != 0:
             raise LaunchError(
                 f"sky launch exited with {done.returncode}",
@@ -205,6 +207,19 @@ def _run_storage(options: SkyOptions, plan: Plan) -> RunStorage | None:
             hint=f"leave output_dir unset (it is then RUN_DIR/output, on {RUN_MOUNT}), or set it under {RUN_MOUNT}",
         )
     return RunStorage(bucket=options.bucket, volume=options.volume)
+
+
+def launch_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``sky launch``'s environment: this one, with a Ray token drawn for the cluster when none is exported
+    (``--secret RAY_AUTH_TOKEN`` reads it from there: never a command line or a file)."""
+    import secrets
+
+    from grpo_launch.backends.skypilot.task import RAY_TOKEN_SECRET
+
+    env = dict(environ)
+    if not env.get(RAY_TOKEN_SECRET, "").strip():
+        env[RAY_TOKEN_SECRET] = secrets.token_hex(32)  # as Ray draws its own (authentication_token_generator)
+    return env
 
 
 def secrets_needed(plan: Plan, environ: Mapping[str, str]) -> tuple[str, ...]:

@@ -19,6 +19,18 @@ SIGTERM to ``ray start`` (which stops what it started), then SIGKILL to the grou
 and runtime-env agents, which outlive a raylet killed hard. Draining is off (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0):
 the run is over when the script stops Ray, and a worker's drain would wait 30 s for a head that is gone.
 
+Every node's Ray runs with token authentication (``RAY_AUTH_MODE=token``, Ray ≥ 2.52, the floor the Ray extra
+sets: before it, Ray's dashboard runs commands for anyone who reaches it, CVE-2025-62593). The token is the
+``RAY_AUTH_TOKEN`` secret, declared by name in ``secrets:`` and resolved by ``sky launch --secret RAY_AUTH_TOKEN``
+from the launching environment (``--launch`` draws one when none is exported): every node's Ray, the launcher on the
+head and its actors read it from their environment; a node without it stops before starting Ray. With it, Ray 2.60
+checks the token on its gRPC servers (the Ray Client server included: ``create_grpc_server_with_interceptors``) and
+on its dashboard's HTTP API. Ray 2.60's client server listens on the node's own address and loopback
+(``ray.util.client.server``: ``--host`` is the node IP; older releases bound 0.0.0.0 unless the node IP was
+127.0.0.1, and ``ray start --head`` cannot leave it out), its dashboard on loopback (Ray's default). Each node's
+Ray temp dir is private: inside a ``mktemp -d`` directory (mode 0700, a random name) in /tmp, never a name another
+user can predict and create first (Ray makes its temp dir itself writable by all: the parent keeps others out).
+
 Rank 0 starts the head on the first IP of ``SKYPILOT_NODE_IPS``, waits until ``SKYPILOT_NUM_NODES`` nodes have
 joined (within :data:`~grpo_launch.rundir.layout.RAY_JOIN_TIMEOUT_ENV` seconds), runs ``grpo-launch run --ray
 HEAD:PORT`` and exits with its code (the task's code). The other ranks join, then watch the head's port: when the
@@ -59,6 +71,7 @@ JOIN_TIMEOUT_S = 600  # nodes of one cluster come up together; SkyPilot's templa
 # Secrets never written into the task: declared by name with a null value (SkyPilot 0.14.1 task.py: a null-valued
 # key of `secrets:` is resolved at launch from `sky launch --secret NAME`, or refused).
 SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
+RAY_TOKEN_SECRET = "RAY_AUTH_TOKEN"  # Ray's own name for its token: every task declares it (the nodes' Ray needs it)
 # What YAML 1.1/1.2 files may not hold (their "printable" set: tab, line breaks and the printable Unicode ranges).
 _NOT_YAML = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -171,9 +184,16 @@ def render_setup(req: SkyTaskRequest) -> str:
     ])  # fmt: skip
 
 
+def declared_secrets(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The secrets a task declares by name (``--secret`` for each at launch): ``names``, then the Ray token every
+    node needs."""
+    return (*(s for s in names if s != RAY_TOKEN_SECRET), RAY_TOKEN_SECRET)
+
+
 def render_task(req: SkyTaskRequest) -> str:
     """The task YAML, readable and launchable with plain ``sky launch``."""
     check_request(req)
+    secrets = declared_secrets(req.secrets)
     envs = {
         NODE_PYTHON_ENV: "python3",
         RAY_PORT_ENV: str(RAY_PORT),
@@ -185,15 +205,17 @@ def render_task(req: SkyTaskRequest) -> str:
         f"# Every node installs grpo-launch (setup), starts its own Ray (port {RAY_PORT_ENV}, not SkyPilot's",
         "# 6380); node 0 runs `grpo-launch run --ray` once all nodes have joined, and its exit code is the task's.",
         "# Launch: sky launch -c CLUSTER THIS_FILE"
-        + "".join(f" --secret {s}" for s in req.secrets)
-        + " (secrets are read from your environment, never written here)",
+        + "".join(f" --secret {s}" for s in secrets)
+        + " (secrets are read from your environment, never written here;",
+        f"# {RAY_TOKEN_SECRET}: the nodes' Ray token, any long random string, e.g. python3 -c 'import secrets;",
+        "# print(secrets.token_hex(32))')",
         f"name: {_q(req.name)}",
         f"num_nodes: {req.num_nodes}",
     ]
     if req.managed:  # instead of the Launch line
-        secrets = "".join(f" --secret {s}" for s in req.secrets)
+        named = "".join(f" --secret {s}" for s in secrets)
         lines[3:4] = [
-            f"# Managed job: sky jobs launch -n {req.name} THIS_FILE{secrets}. After a preemption SkyPilot",
+            f"# Managed job: sky jobs launch -n {req.name} THIS_FILE{named}. After a preemption SkyPilot",
             f"# relaunches it and grpo-launch resumes from the run directory {req.run_dir} on the bucket or volume.",
         ]
     resources = []
@@ -208,8 +230,7 @@ def render_task(req: SkyTaskRequest) -> str:
     lines += ["resources:", *resources] if resources else []
     lines += [f"workdir: {_q(req.workdir)}", *_storage_lines(req)]
     lines += ["envs:", *(f"  {k}: {_q(v)}" for k, v in envs.items())]
-    if req.secrets:
-        lines += ["secrets:", *(f"  {s}: null" for s in req.secrets)]
+    lines += ["secrets:", *(f"  {s}: null" for s in secrets)]
     lines += ["setup: |", *_block(render_setup(req)), "run: |", *_block(render_run_script(req)), ""]
     return "\n".join(lines)
 
@@ -230,6 +251,7 @@ def render_run_script(req: SkyTaskRequest) -> str:
         "@PORT_ENV@": RAY_PORT_ENV,
         "@JOIN_TIMEOUT_ENV@": RAY_JOIN_TIMEOUT_ENV,
         "@CLIENT_PORT_ENV@": RAY_CLIENT_PORT_ENV,
+        "@TOKEN_ENV@": RAY_TOKEN_SECRET,
     }
     return re.sub(r"@[A-Z_]+@", lambda m: values[m.group()], _RUN_SCRIPT.lstrip("\n"))
 
@@ -247,10 +269,17 @@ nodes=${SKYPILOT_NUM_NODES:?not set: run this under sky launch, or set the SKYPI
 gpus=${SKYPILOT_NUM_GPUS_PER_NODE:-0}
 head_ip=$(printf '%s\n' "${SKYPILOT_NODE_IPS:?not set}" | sed -n 1p)
 node_ip=$(printf '%s\n' "$SKYPILOT_NODE_IPS" | sed -n "$((rank + 1))p")
-# Ray's socket paths must stay under 107 bytes: a short directory of this node's own.
-temp_dir=/tmp/grpo-ray-$rank-$(printf '%s' "${SKYPILOT_TASK_ID:-task}" | cksum | cut -d' ' -f1)
 say() { echo "[grpo-launch sky] node $rank ($node_ip): $*"; }
 fail() { say "error: $*" >&2; exit 1; }
+# Token authentication for this node's Ray and everything that talks to it (the token: the task's secret).
+[ -n "${@TOKEN_ENV@:-}" ] || fail "@TOKEN_ENV@ is not set: launch with --secret @TOKEN_ENV@ (the nodes' Ray token)"
+export @TOKEN_ENV@ RAY_AUTH_MODE=token
+unset RAY_AUTH_TOKEN_PATH
+# Ray's socket paths must stay under 107 bytes: a short, private directory (0700, a random name) of this node's own;
+# Ray's temp dir is inside it, as Ray makes its own temp dir writable by all.
+private=$(mktemp -d /tmp/grpo-ray.XXXXXXXX) || fail "cannot create a temp dir in /tmp for Ray"
+temp_dir=$private/r
+say "Ray's temp dir (its logs): $temp_dir"
 ray_pid=
 stop_ray() {  # this node's Ray only: the session `ray start --block` leads (its agents outlive a killed raylet)
   [ -n "$ray_pid" ] || return 0
