@@ -67,7 +67,7 @@ def fake_ray(tmp_path: Path, body: str) -> dict[str, str]:
             "run commands on the cluster (CVE-2025-62593)",
         ),
         ("__version__ = '3.1.0'\n", "Ray 3.1.0 is installed"),
-        ("raise ImportError('No module named ray')\n", "pip install 'grpo-launch[ray]'"),
+        ("raise ImportError('No module named ray')\n", "pip install '.[ray]'"),
     ],
 )
 def test_a_ray_outside_the_supported_range_or_none_is_refused(tmp_path, body, said):

@@ -109,6 +109,7 @@ def readme_workdir(tmp_path, monkeypatch, tiny_assets):
 
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")
     (tmp_path / ".cache").symlink_to(ROOT / ".cache")
+    (tmp_path / "pyproject.toml").symlink_to(ROOT / "pyproject.toml")  # a clone's: `sky` installs the checkout
     hosts = next(b for b in _blocks() if any(x.startswith("node1 slots=8") for x in b))
     (tmp_path / "hosts").write_text("\n".join(x for x in hosts if x.startswith("node")) + "\n")
     monkeypatch.chdir(tmp_path)

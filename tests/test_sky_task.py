@@ -121,17 +121,44 @@ def test_every_rendered_task_is_what_skypilot_parses(sky_python, tmp_path, capsy
     assert ",vllm," in parsed[0]["setup"]
 
 
-def test_a_task_outside_grpo_launch_source_installs_the_same_version(sky_python, tmp_path):
-    """From a user's own project directory the nodes install grpo-launch[...]==this version from the index."""
-    from grpo_launch import __version__
+def test_a_task_installs_what_was_planned_with_pips_own_reading(sky_python, tmp_path):
+    """Issue 41: from a user's own project the nodes ran ``pip install 'grpo-launch[…]==0.1.0'``, which fails: the
+    package is not on the index. They now install the workdir's checkout, a wheel or source directory inside the
+    workdir (--install), or a URL; each requirement is read by pip's own parser, and the task by SkyPilot's."""
+    from pip._internal.req.constructors import install_req_from_line
 
+    from grpo_launch.backends.skypilot import install_args
+
+    extras = ("train", "vllm", "ray")
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "grpo_launch-0.1.0-py3-none-any.whl").write_bytes(b"PK")
+    url = "git+https://example.org/grpo-launch@v0.1.0"
+    assert install_args(None, str(ROOT), extras) == ("-e", ".[train,vllm,ray]")
+    wheel = install_args("wheels/grpo_launch-0.1.0-py3-none-any.whl", str(tmp_path), extras)
+    remote = install_args(url, str(tmp_path), extras)
+    for args in (wheel, remote):
+        req = install_req_from_line(args[-1])
+        assert req.extras == set(extras), args
+    assert install_req_from_line(remote[0]).link.url == url
     req = SkyTaskRequest(name="grpo-x", recipe="r.yaml", workdir=str(tmp_path), run_dir="grpo_runs/x", num_nodes=2,
-                         accelerators="H200:8", extras=("train", "vllm", "ray"))  # fmt: skip
+                         accelerators="H200:8", install=wheel)  # fmt: skip
     path = tmp_path / "task.yaml"
     path.write_text(render_task(req))
     (task,) = sky_reads(sky_python, [path], tmp_path / "home")
-    assert f"pip install 'grpo-launch[train,vllm,ray]=={__version__}'" in task["setup"]
+    assert "pip install './wheels/grpo_launch-0.1.0-py3-none-any.whl[train,vllm,ray]'" in task["setup"]
     assert task["run"] == render_run_script(req) and task["accelerators"] == {"H200": 8}
+
+
+@pytest.mark.parametrize("source", [None, "missing.whl", "../outside.whl", "README.md"])
+def test_a_task_with_nothing_a_node_can_install_is_refused(tmp_path, source):
+    from grpo_launch.backends.skypilot import install_args
+    from grpo_launch.errors import ConfigError
+
+    (tmp_path / "README.md").write_text("not a wheel")
+    (tmp_path.parent / "outside.whl").write_bytes(b"PK")
+    with pytest.raises(ConfigError) as e:
+        install_args(source, str(tmp_path), ("train", "ray"))
+    assert ("not on the package index" if source is None else "--install") in str(e.value)
 
 
 def test_every_skypilot_name_maps_to_a_gpu_of_the_table():
@@ -197,7 +224,7 @@ def test_launch_without_sky_names_the_extra_and_writes_nothing(tmp_path, capsys,
     args = ["sky", QWEN, "--accelerators", "H100:8", "--run-dir", str(run_dir), "--launch"]
     assert main(args, environ={"PATH": str(tmp_path)}) == 1
     err = capsys.readouterr().err
-    assert "pip install 'grpo-launch[sky]'" in err and not run_dir.exists()
+    assert "pip install '.[sky]'" in err and not run_dir.exists()
 
 
 def test_launch_runs_sky_launch_on_the_written_task(tmp_path, capsys, monkeypatch):

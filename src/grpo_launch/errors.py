@@ -87,6 +87,12 @@ def override_value(value: Any) -> str:
     return str(value)
 
 
+def install_hint(extras: str) -> str:
+    """How to install grpo-launch with ``extras`` ("ray", "train,vllm"): from its checkout, as the package is not on
+    the package index (README, Install)."""
+    return f"pip install '.[{extras}]' in grpo-launch's checkout (it is not on the package index)"
+
+
 def rank_fixes(fixes: Iterable[Fix]) -> tuple[Fix, ...]:
     """Distinct fixes, nearest first."""
     unique = {str(f): f for f in fixes}

@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         help="write a run's report: HTML with plots of reward, lengths, step time and memory",
         description="Write RUN_DIR/report/report.html (self-contained) and its PNGs: the reward and each reward "
         "function, completion lengths, the step time split against the plan's prediction, and the peak memory of "
-        "every rank against the estimate. Needs matplotlib (pip install 'grpo-launch[report]').",
+        "every rank against the estimate. Needs matplotlib (the report extra: pip install '.[report]' in "
+        "grpo-launch's checkout).",
     )
     p.add_argument("run_dir", nargs="?", help="the run directory (default: the newest under grpo_runs/)")
 

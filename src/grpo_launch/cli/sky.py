@@ -15,7 +15,8 @@ DESCRIPTION = (
     "node; setup installs grpo-launch with its extras; the run section starts a Ray cluster of its own on port 6379 "
     "(SkyPilot's is 6380): node 0 is the head and, once every node has joined, runs `grpo-launch run --ray`, whose "
     "exit code is the task's. HF_TOKEN, HUGGING_FACE_HUB_TOKEN and WANDB_API_KEY are declared as secrets by name "
-    "only and passed from this environment with sky launch --secret. Needs pip install 'grpo-launch[sky]' and a "
+    "only and passed from this environment with sky launch --secret. Needs the sky extra (pip install "
+    "'.[sky]' in grpo-launch's checkout) and a "
     "cloud SkyPilot can use (sky check). --managed writes a managed job (sky jobs launch): SkyPilot relaunches it "
     "after a preemption and it resumes from its run directory, which --bucket or --volume keeps off the nodes."
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.enums import VllmMode
-from grpo_launch.errors import ConfigError, LaunchError, size_text
+from grpo_launch.errors import ConfigError, LaunchError, install_hint, size_text
 from grpo_launch.planning.types import Plan
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.probe.pythons import interpreter_of, vllm_version_of
@@ -194,7 +194,7 @@ def check_vllm(plan: Plan) -> str | None:
             "vLLM is not ready for this run:",
             problems=problems,
             hint=f"Install the same vLLM ({TRL_VLLM_RANGE_TEXT}) where the trainers run and where the server runs: "
-            "pip install 'grpo-launch[train,vllm]', or point launch.vllm_command at the trainers' environment.",
+            f"{install_hint('train,vllm')}, or point launch.vllm_command at the trainers' environment.",
         )
     return list(versions.values())[-1]  # the server's in server mode, else the trainers'
 

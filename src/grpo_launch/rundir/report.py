@@ -7,7 +7,7 @@ Plots, from the trainers' ``metrics.jsonl`` and the plan's ``plan.json``: the re
 steps; completion lengths; the step time split into generation and training against the plan's prediction; the
 peak memory of every rank against the estimate; each rank's GPU utilisation when NVML was there. The series
 themselves are embedded in the HTML as JSON (``<script id="series">``), so what was plotted can be read back.
-matplotlib is an optional extra (``pip install 'grpo-launch[report]'``): the planner never imports it.
+matplotlib is an optional extra (the ``report`` extra): the planner never imports it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.errors import ConfigError
+from grpo_launch.errors import ConfigError, install_hint
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.records import LogRecord, MetricRecord, StartupRecord, StepRecord
@@ -111,7 +111,7 @@ def write_report(run_dir: str | Path | RunView) -> Path:
         import matplotlib.pyplot  # a missing matplotlib is said before any file is read
     except ImportError:
         raise ConfigError(
-            "the run report needs matplotlib", hint="pip install 'grpo-launch[report]' (or pip install matplotlib)."
+            "the run report needs matplotlib", hint=install_hint("report") + ", or pip install matplotlib."
         ) from None
     view = run_dir if isinstance(run_dir, RunView) else RunView.load(run_dir)
     series = series_of(view.curve())  # each step once: a resumed attempt's records win

@@ -13,7 +13,7 @@ driver has). Beside local, ssh and Slurm, on the same protocol:
   tells the driver through its GCS state only), and a restart after a lost or drained node runs on the nodes there
   are then: the node back, or one with the same GPUs in its place, within launch.node_wait_s (:mod:`.recover`).
 
-``ray`` is an optional extra (``grpo-launch[ray]``): nothing here imports it until a run uses Ray, and the planner
+``ray`` is an optional extra (the ``ray`` extra): nothing here imports it until a run uses Ray, and the planner
 never does.
 """
 
@@ -154,7 +154,7 @@ class RayBackend(BaseBackend[RayOptions]):
                 "the Ray nodes are not ready; nothing was started:",
                 problems=problems,
                 hint="Every node needs the same paths as this one: the Python environment "
-                f"({ctx.python}) with grpo-launch[ray], the working directory and the model/data (a shared file "
+                f"({ctx.python}) with grpo-launch's ray extra, the working directory and the model/data (a shared file "
                 "system).",
             )
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from grpo_launch.errors import LaunchError, ProbeError
+from grpo_launch.errors import LaunchError, ProbeError, install_hint
 from grpo_launch.machines.gpus import GIB, find_gpu_spec
 from grpo_launch.machines.topology import Gpu, Host, Topology
 from grpo_launch.probe.hosts import mixed_models_warning, reported_gpus
@@ -27,7 +27,7 @@ RAY_SUPPORTED = ((2, 52), (3, 0))  # [low, high)
 RAY_REQUIREMENT = f"ray[default]>={RAY_SUPPORTED[0][0]}.{RAY_SUPPORTED[0][1]},<{RAY_SUPPORTED[1][0]}"
 RAY_CVE = "CVE-2025-62593"
 NAMESPACE = "grpo-launch"
-INSTALL_HINT = "Install the Ray extra in this environment and on every node: pip install 'grpo-launch[ray]'."
+INSTALL_HINT = f"Install the Ray extra in this environment and on every node: {install_hint('ray')}."
 REPORT_TIMEOUT_S = 60.0
 RESERVE_TIMEOUT_S = 60.0
 

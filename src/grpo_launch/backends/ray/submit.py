@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from grpo_launch.backends.base import BackendOptions, option
 from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
-from grpo_launch.errors import LaunchError
+from grpo_launch.errors import LaunchError, install_hint
 from grpo_launch.machines.topology import Topology
 from grpo_launch.spec import frozen
 
@@ -195,7 +195,7 @@ class RaySubmitter(Submitter[RaySubmitOptions]):
         try:
             from ray.job_submission import JobSubmissionClient
         except ImportError:
-            raise LaunchError("Ray's job SDK is not installed here", hint="pip install 'grpo-launch[ray]'") from None
+            raise LaunchError("Ray's job SDK is not installed here", hint=install_hint("ray")) from None
         client = dict(job.client)
         client["headers"] = auth_headers(ctx.environ, client.get("headers"))
         try:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BackendOptions, option
 from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
-from grpo_launch.errors import ConfigError, LaunchError
+from grpo_launch.errors import ConfigError, LaunchError, install_hint
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import MAX_NODES, Gpu, Host, Topology
 from grpo_launch.spec import frozen
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
     from grpo_launch.spec import RunContext
 
-INSTALL_HINT = "pip install 'grpo-launch[sky]' and configure a cloud (sky check)"
+INSTALL_HINT = install_hint("sky") + "; and configure a cloud (sky check)"
 
 
 @frozen
@@ -66,6 +66,13 @@ class SkyOptions(BackendOptions):
     )  # fmt: skip
     spot: bool = option("--spot", "spot instances (use_spot; with --managed they are recovered)", default=False,
                         action="store_true")  # fmt: skip
+    install: str | None = option(
+        "--install",
+        "what every node installs grpo-launch from (it is not on the package index): a wheel or a source directory "
+        "inside the working directory, or a URL pip takes (git+https://…@REV, https://…/grpo_launch-….whl); "
+        "default: the working directory, when it is grpo-launch's checkout",
+        metavar="SOURCE",
+    )
 
 
 def default_cluster_name(recipe_path: str) -> str:
@@ -126,8 +133,7 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
             num_nodes=options.nodes,
             accelerators=accelerators,
             overrides=job.overrides,
-            extras=extras,
-            install_from_workdir=_is_grpo_launch_source(workdir),
+            install=install_args(options.install, workdir, extras),
             secrets=secrets_needed(plan, ctx.environ),
             disk_size=options.disk_size,
             storage=storage,
@@ -248,6 +254,32 @@ def _inside(path: str, workdir: str, what: str) -> str:
             hint="Run grpo-launch sky from a directory that holds the recipe (and its local files).",
         )
     return os.path.relpath(path, workdir)
+
+
+def install_args(source: str | None, workdir: str, extras: tuple[str, ...]) -> tuple[str, ...]:
+    """``pip install``'s arguments on every node (in the workdir's copy): grpo-launch with ``extras`` from
+    ``source`` (--install), or from the workdir when it is grpo-launch's checkout. grpo-launch is not on the package
+    index, so a node cannot install it by name: without either, the task is refused before it is written."""
+    with_extras = f"[{','.join(extras)}]"
+    if source is None:
+        if _is_grpo_launch_source(workdir):
+            return ("-e", "." + with_extras)
+        raise ConfigError(
+            f"the nodes cannot install grpo-launch: it is not on the package index, and the working directory "
+            f"{workdir} (what SkyPilot copies to them) is not its checkout",
+            hint="Build a wheel into the working directory (pip wheel --no-deps PATH/TO/grpo-launch -w wheels) and "
+            "pass --install wheels/grpo_launch-VERSION-py3-none-any.whl, or pass a URL (--install "
+            "git+https://HOST/grpo-launch@REV), or run grpo-launch sky from its checkout.",
+        )
+    if "://" in source:
+        return (f"grpo-launch{with_extras} @ {source}",)
+    path = os.path.join(workdir, source)
+    if not (os.path.isfile(path) and path.endswith(".whl")) and not _is_grpo_launch_source(path):
+        raise ConfigError(
+            f"--install {source}: neither a wheel (.whl) nor a grpo-launch source directory (its pyproject.toml)",
+            hint="A path is read from the working directory; a URL needs its scheme (git+https://…, https://…).",
+        )
+    return ("./" + _inside(path, workdir, "--install") + with_extras,)
 
 
 def _is_grpo_launch_source(workdir: str) -> bool:

@@ -97,8 +97,8 @@ class SkyTaskRequest:
     num_nodes: int = 1
     accelerators: str | None = None  # "H100:8"; None: CPU nodes
     overrides: tuple[str, ...] = ()
-    extras: tuple[str, ...] = ("train", "ray")
-    install_from_workdir: bool = False  # the workdir is grpo-launch's source: install it, else the same version
+    # pip install's arguments on every node (backends.skypilot.install_args): the workdir's checkout, or --install
+    install: tuple[str, ...] = ("-e", ".[train,ray]")
     secrets: tuple[str, ...] = ()
     disk_size: int | None = None
     envs: Mapping[str, str] = field(default_factory=dict)
@@ -172,13 +172,9 @@ def _block(text: str) -> list[str]:
 
 def render_setup(req: SkyTaskRequest) -> str:
     """Installs grpo-launch with its extras on every node (SkyPilot runs it once per node, in the workdir)."""
-    extras = ",".join(req.extras)
-    target = shlex.quote(f".[{extras}]") if req.install_from_workdir else shlex.quote(
-        f"grpo-launch[{extras}]=={__version__}")  # fmt: skip
-    editable = "-e " if req.install_from_workdir else ""
     return "\n".join([
         "set -euo pipefail",
-        f'"${{{NODE_PYTHON_ENV}:-python3}}" -m pip install ' + editable + target,
+        f'"${{{NODE_PYTHON_ENV}:-python3}}" -m pip install ' + shlex.join(req.install),
         f'"${{{NODE_PYTHON_ENV}:-python3}}" -m grpo_launch --version',
         "",
     ])  # fmt: skip
@@ -304,7 +300,7 @@ start_ray() {  # in a session of its own, so that stop_ray can reach every proce
 }
 [ -n "$head_ip" ] && [ -n "$node_ip" ] || fail "SKYPILOT_NODE_IPS has no line $((rank + 1)) for rank $rank"
 "$py" -c "import ray, grpo_launch" 2>/dev/null ||
-  fail "$py cannot import ray and grpo_launch: the setup installs grpo-launch[ray]"
+  fail "$py cannot import ray and grpo_launch: the setup installs grpo-launch with its ray extra"
 
 if [ "$rank" = 0 ]; then
   say "starting the Ray head on $head_ip:$port"
