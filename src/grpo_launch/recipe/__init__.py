@@ -12,10 +12,9 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.enums import VllmMode
 from grpo_launch.errors import ConfigError, short
-from grpo_launch.recipe.keys import OPEN_R1_UNUSED
 from grpo_launch.recipe.launch import LaunchSettings, build_launch, check_launch
+from grpo_launch.recipe.ledger import unused_notice
 from grpo_launch.recipe.parse import parse_override, read_recipe_file
 from grpo_launch.recipe.rewards import (
     OPEN_R1_INSTALL,
@@ -170,24 +169,12 @@ def build_recipe(
         # open-r1's demo recipes carry num_processes; on CPU it is the only hint of the wanted process count.
         launch = dataclasses.replace(launch, num_processes=data["num_processes"])
 
-    notices += _vllm_settings_unused(launch, given_launch, checked)
-    unused = sorted(k for k in values if k in OPEN_R1_UNUSED)
-    if unused:
-        notices.append(f"open-r1 keys accepted but not used by grpo-launch's training entry: {', '.join(unused)}")
+    if unused := unused_notice(checked, launch, given_launch):  # the key ledger: every key used, or named here
+        notices.append(unused)
     if problems:
         where = f"recipe {source!r}" if source else "recipe"
         raise ConfigError(f"{where} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:", problems=problems)
     return Recipe(values=values, launch=launch, source=source, notices=tuple(notices), warnings=tuple(unlikely(values)))
-
-
-def _vllm_settings_unused(launch: LaunchSettings, given: Sequence[str], values: Mapping[str, Any]) -> list[str]:
-    """A notice naming the vLLM settings the recipe makes where vLLM is off: they cannot take effect."""
-    off = launch.vllm is VllmMode.OFF or values.get("use_vllm") is False
-    named = [f"launch.{k}" for k in given if k.startswith("vllm_")] + sorted(k for k in values if k.startswith("vllm_"))
-    if not off or not named:
-        return []
-    why = "launch.vllm=off" if launch.vllm is VllmMode.OFF else "use_vllm=false"
-    return [f"vLLM is off ({why}): {', '.join(named)} cannot take effect"]
 
 
 def _convert(values: dict[str, Any], notices: list[str]) -> dict[str, Any]:
