@@ -61,7 +61,7 @@ def plan_submission(
 
     from grpo_launch.backends.submission import SubmitJob
     from grpo_launch.cli.tables import summary_lines
-    from grpo_launch.execute.preflight import preflight
+    from grpo_launch.execute.preflight import check_pass_env, preflight
     from grpo_launch.planning.splits.batch_target import batch_pins
     from grpo_launch.probe.local import probe_local
 
@@ -73,7 +73,10 @@ def plan_submission(
     topology = submitter_cls.requested_topology(options, probe_local(ctx.environ))
     plan = plan_on(topology, recipe, args, ctx)  # refuse before submitting what cannot run
     preflight(plan, ctx.workdir)
-    check_continuity(plan, args, ctx, "# " if getattr(args, "dry_run", False) else "")
+    prefix = "# " if getattr(args, "dry_run", False) else ""
+    # Said, not refused: the job's own `grpo-launch run` refuses it where the job's environment lacks it.
+    check_pass_env(plan, ctx.environ, warn=lambda w: ctx.emit(f"{prefix}warning: {w}"))
+    check_continuity(plan, args, ctx, prefix)
     resuming = getattr(args, "resuming", None)
     invocation = resuming.record if resuming else invocation_of(args, submitter_name, plan.run_dir, ctx)
     submitter = submitter_cls()
