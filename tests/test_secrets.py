@@ -143,6 +143,7 @@ HF = "hf_" + "a" * 30
         (["ssh", "h1", "--", f"cd /w && exec env A=1 S3_SECRET={VALUE} python -m x"], None),
         (["learning_rate=1e-3", "--hf-token", "--port", "8000", "--tokenizer", "t"], "same"),
         (["ssh", "h1", "--", "cd /w && exec env A=1 python -m x --flag 'a b'"], "same"),
+        (["reward_funcs=[accuracy, rewards.judge_key:score]", "launch.train_env={A: '1'}"], "same"),
     ],
 )  # fmt: skip
 def test_one_redaction_for_every_recorded_command_line(argv, kept):

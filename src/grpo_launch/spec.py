@@ -33,8 +33,9 @@ _SECRET_VALUE = re.compile(
     r"^(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|AKIA[0-9A-Z]{16}"
     r"|xox[abprs]-[A-Za-z0-9-]{10,})$"
 )
-# A secret name as a key inside a value: {WANDB_API_KEY: x} (a YAML mapping override), ALL,HF_TOKEN=x (--export=).
-_NAME_INSIDE = re.compile(r"(?:^|[{,])\s*[\"']?([A-Za-z_][A-Za-z0-9_.-]*)[\"']?\s*[:=]")
+# A secret name as a key inside a value: {WANDB_API_KEY: x} (a YAML mapping override), ALL,HF_TOKEN=x (--export=);
+# not an import path's colon ([rewards.judge_key:score]).
+_NAME_INSIDE = re.compile(r"(?:^|[{,])\s*[\"']?([A-Za-z_][A-Za-z0-9_.-]*)[\"']?\s*(?:=|:(?=[\s\"'{\[]|$))")
 
 
 def is_secret_name(name: str) -> bool:
