@@ -26,10 +26,11 @@ from grpo_launch.cli import main
 from grpo_launch.errors import ConfigError
 from grpo_launch.recipe import load_recipe
 from grpo_launch.render import render_files
+from grpo_launch.render.processes import all_processes
 from grpo_launch.rundir.files import RunLock
 from grpo_launch.rundir.invocation import Invocation
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.spec import REDACTED, ProcessSpec, is_secret_name, redact_argv, redact_env
+from grpo_launch.spec import REDACTED, ProcessSpec, RunContext, is_secret_name, redact_argv, redact_env
 
 from .helpers import ROOT, TINY_RECIPE, plan_recipe, ssh_hosts, tiny_overrides
 
@@ -205,6 +206,19 @@ def test_ssh_commands_carry_the_names_on_stdin_never_the_value(tmp_path, capsys)
     assert len(lines) == 2 and all(re.search(r"# on stdin: (\w+, )*JUDGE_API_KEY\b", line) for line in lines)
     assert VALUE not in out + err
     assert not [p for p in run.rglob("*") if p.is_file() and VALUE.encode() in p.read_bytes()]
+
+
+def test_ray_runners_carry_the_names_on_stdin_never_the_value():
+    """The Ray backend's placement (pure, no cluster): every runner names the variable for stdin."""
+    from grpo_launch.backends.ray import RayBackend
+
+    plan = plan_recipe(ROOT / "recipes" / "qwen7b-math.yaml", "2x8xH100", "launch.pass_env=[JUDGE_API_KEY]")
+    ctx = RunContext(sys.executable, str(ROOT), {"JUDGE_API_KEY": VALUE, "HF_TOKEN": "h"}, print)
+    backend = RayBackend("10.0.0.1:6379")
+    for spec in all_processes(plan):
+        placed = backend.place(spec, plan, ctx)
+        assert placed.stdin_env == ("HF_TOKEN", "JUDGE_API_KEY") and "--env-stdin" in placed.argv
+        assert not any(VALUE in a for a in placed.argv) and VALUE not in placed.shell()
 
 
 def test_skypilot_declares_the_names_as_secrets(tmp_path, capsys, monkeypatch):
