@@ -183,6 +183,27 @@ def test_the_lock_and_the_invocation_record_never_hold_a_secret(tmp_path, monkey
     assert record.redacted == ("launch.train_env", "--export")
 
 
+@pytest.mark.parametrize(
+    ("verb", "given", "named"),
+    [
+        (["sbatch", "--nodes", "1"], [f"system_prompt={HF}"], "system_prompt"),
+        (["sbatch", "--nodes", "1"], ["--", f"--export=ALL,JUDGE_TOKEN={VALUE}"], "--export"),
+        (["sky", "--nodes", "1"], [f"system_prompt={HF}"], "system_prompt"),
+    ],
+)
+def test_a_submission_never_writes_a_secret_into_its_script(verb, given, named, tmp_path, capsys, monkeypatch):
+    """The job's script runs the command as given, so it cannot be redacted: a secret on it is refused before
+    anything is written, with the way to pass it."""
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    extra = given if given[0] == "--" else []
+    args = [verb[0], "recipes/tiny-cpu.yaml", *verb[1:], *(g for g in given if g not in extra), "--run-dir", str(run)]
+    assert main([*args, *extra], environ={}) == 2
+    err = capsys.readouterr().err
+    assert f"the command holds a secret ({named})" in err and "launch.pass_env" in err
+    assert HF not in err and VALUE not in err and not run.exists()
+
+
 # ------------------------------------------------------------------------------------------ pass_env on backends
 
 

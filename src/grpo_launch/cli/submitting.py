@@ -79,6 +79,14 @@ def plan_submission(
     check_continuity(plan, args, ctx, prefix)
     resuming = getattr(args, "resuming", None)
     invocation = resuming.record if resuming else invocation_of(args, submitter_name, plan.run_dir, ctx)
+    if invocation.redacted:  # the job's script holds the command as given: it cannot be redacted and still run
+        from grpo_launch.errors import ConfigError
+
+        raise ConfigError(
+            f"the command holds a secret ({', '.join(invocation.redacted)}), which the submission would write into "
+            "the run directory (the job's script runs the command as given)",
+            hint="Export it and name it in `launch.pass_env` (the job gets it from the environment, by name).",
+        )
     submitter = submitter_cls()
     # The batch is the user's algorithm: the job plans again inside its allocation at this batch, or refuses.
     pins = [] if plan.train.device == "cpu" else batch_pins(plan.layout)
