@@ -326,21 +326,9 @@ def test_a_passed_secret_reaches_every_host_and_no_command_line_or_file(tmp_path
     console line."""
     from .test_ssh_hosts import command, hostfile
 
-    seen = tmp_path / "seen"
-    pkg = tmp_path / "judgerewards"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "r.py").write_text(
-        "import os, subprocess\n"
-        "def reward(completions, **kw):\n"
-        f"    base = {str(seen)!r} + '-' + os.uname().nodename\n"
-        "    with open(base, 'w') as f:\n"
-        "        f.write(os.environ.get('JUDGE_API_KEY', 'MISSING'))\n"
-        "    ps = subprocess.run(['ps', '-eww', '-o', 'args'], capture_output=True, text=True).stdout\n"
-        "    with open(base + '.ps', 'a') as f:\n"
-        "        f.write(ps)\n"
-        "    return [0.0] * len(completions)\n"
-    )
+    (tmp_path / "judgerewards").mkdir()
+    (tmp_path / "judgerewards" / "__init__.py").write_text("")
+    (tmp_path / "judgerewards" / "r.py").write_text(_REWARD.format(seen=str(tmp_path / "seen")))
     (tmp_path / "hosts").mkdir()
     with ssh_hosts(tmp_path / "hosts", 2) as hosts:
         run = tmp_path / "run"
@@ -352,6 +340,24 @@ def test_a_passed_secret_reaches_every_host_and_no_command_line_or_file(tmp_path
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
+    _assert_passed_and_never_written(tmp_path, run, out)
+
+
+# The recipe's reward on every host: the variable as the process got it, and every command line on the host while
+# the run's processes are all up (the namespace hosts share this machine's process table).
+_REWARD = """import os, subprocess
+def reward(completions, **kw):
+    base = {seen!r} + '-' + os.uname().nodename
+    with open(base, 'w') as f:
+        f.write(os.environ.get('JUDGE_API_KEY', 'MISSING'))
+    ps = subprocess.run(['ps', '-eww', '-o', 'args'], capture_output=True, text=True).stdout
+    with open(base + '.ps', 'a') as f:
+        f.write(ps)
+    return [0.0] * len(completions)
+"""
+
+
+def _assert_passed_and_never_written(tmp_path: Path, run: Path, out: str) -> None:
     for host in ("h1", "h2"):
         assert (tmp_path / f"seen-{host}").read_text() == VALUE, host
         ps = (tmp_path / f"seen-{host}.ps").read_text()
@@ -360,3 +366,26 @@ def test_a_passed_secret_reaches_every_host_and_no_command_line_or_file(tmp_path
     assert VALUE not in out
     leaked = [p for p in run.rglob("*") if p.is_file() and VALUE.encode() in p.read_bytes()]
     assert leaked == [], leaked
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_passed_secret_reaches_every_ray_node_and_no_command_line_or_file(tmp_path):
+    """A real Ray cluster (the head here, CPU nodes in the namespace hosts h1 and h2): the runner sends the named
+    variable on stdin to the actor on each node; the value arrives there and is in no ``ps`` line, no file of the
+    run directory and no console line."""
+    from .helpers import ray_cluster
+
+    (tmp_path / "judgerewards").mkdir()
+    (tmp_path / "judgerewards" / "__init__.py").write_text("")
+    (tmp_path / "judgerewards" / "r.py").write_text(_REWARD.format(seen=str(tmp_path / "seen")))
+    run = tmp_path / "run"
+    with ray_cluster(tmp_path / "ray", 0, 0) as address:
+        argv = [sys.executable, "-m", "grpo_launch", str(ROOT / "recipes" / "tiny-cpu.yaml"), "--ray", address,
+                "--run-dir", str(run), "--network-interface", "eth0", "max_steps=2",
+                "reward_funcs=[judgerewards.r:reward]", "launch.pass_env=[JUDGE_API_KEY]"]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{tmp_path}", "JUDGE_API_KEY": VALUE}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    _assert_passed_and_never_written(tmp_path, run, out)
