@@ -1,21 +1,96 @@
 """Data, below every stage: :func:`frozen`, how every value type of the package is declared; the ProcessSpec a plan's
 processes become (render makes them, backends place them on their hosts, the supervisor starts them), the
 RunContext a run gets from the process that starts it, and the RunResult a run ends with, with its Failure (the CLI
-turns it into an exit code)."""
+turns it into an exit code).
+
+And the one rule for secrets: :func:`is_secret_name` (the recipe refuses such names in its env blocks) and
+:func:`redact_argv` / :func:`redact_env`, which every command line and environment that is printed or written down
+goes through (plan.json, ``--dry-run``, the run lock, invocation.json, launcher.log)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import FrozenInstanceError, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from grpo_launch.enums import FailureKind, Role, RunState
 
 T = TypeVar("T")
+
+REDACTED = "<redacted>"
+# A name that ends so (hub_token, WANDB_API_KEY, OPENAI_KEY, launch.train_env.HF_TOKEN, --hf-token), not one with it
+# inside (PasswordAuth, TOKENIZERS_PARALLELISM, max_new_tokens).
+_SECRET_NAME = re.compile(
+    r"(token|secret|passw(or)?d|passphrase|(^|[_-])key|api[_-]?key|access[_-]?key|private[_-]?key|credentials?)$", re.I
+)
+# A value shaped like a Hugging Face, OpenAI, GitHub, AWS or Slack token, whatever its name.
+_SECRET_VALUE = re.compile(
+    r"^(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|AKIA[0-9A-Z]{16}"
+    r"|xox[abprs]-[A-Za-z0-9-]{10,})$"
+)
+# A secret name as a key inside a value: {WANDB_API_KEY: x} (a YAML mapping override), ALL,HF_TOKEN=x (--export=);
+# not an import path's colon ([rewards.judge_key:score]).
+_NAME_INSIDE = re.compile(r"(?:^|[{,])\s*[\"']?([A-Za-z_][A-Za-z0-9_.-]*)[\"']?\s*(?:=|:(?=[\s\"'{\[]|$))")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable, key or flag name says it holds a secret: the last part of a dotted key, without a flag's
+    dashes, ends in token, secret, password, key, api_key, credentials …"""
+    return bool(_SECRET_NAME.search(name.rsplit(".", 1)[-1].lstrip("-")))
+
+
+def _holds_secret(name: str, value: str) -> bool:
+    if is_secret_name(name) or _SECRET_VALUE.match(value):
+        return True
+    return any(is_secret_name(m.group(1)) for m in _NAME_INSIDE.finditer(value))
+
+
+def redact_arg(arg: str, names: list[str] | None = None) -> str:
+    """One word of a command line with its secret redacted: ``KEY=VALUE`` (an override, an env assignment,
+    ``--flag=VALUE``) when the key names a secret or the value holds one, a bare token-shaped word, or each word
+    of a shell line given as one argument (``ssh HOST -- 'cd … && exec …'``). ``names`` collects what was redacted."""
+    seen = names if names is not None else []
+    key, sep, value = arg.partition("=")
+    if sep and " " not in key and _holds_secret(key, value):
+        seen.append(key)
+        return f"{key}={REDACTED}"
+    if _SECRET_VALUE.match(arg):
+        seen.append("a positional argument")
+        return REDACTED
+    if " " in arg:
+        try:
+            words = shlex.split(arg)
+        except ValueError:
+            return arg
+        kept = redact_argv(words, seen)
+        return arg if kept == words else shlex.join(kept)
+    return arg
+
+
+def redact_argv(argv: Sequence[str], names: list[str] | None = None) -> list[str]:
+    """A command line as it may be printed or written down: each word through :func:`redact_arg`, and the value
+    after a flag that names a secret (``--hf-token VALUE``)."""
+    out: list[str] = []
+    after_secret_flag = False
+    for arg in argv:
+        if after_secret_flag and not arg.startswith("-"):
+            if names is not None:
+                names.append(out[-1])
+            out.append(REDACTED)
+        else:
+            out.append(redact_arg(arg, names))
+        after_secret_flag = arg.startswith("-") and "=" not in arg and is_secret_name(arg)
+    return out
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """An environment as it may be printed or written down: a secret's value redacted, its name kept."""
+    return {k: REDACTED if _holds_secret(k, v) else v for k, v in env.items()}
 
 
 def _compared(obj: Any) -> tuple[Any, ...]:
@@ -120,9 +195,10 @@ class ProcessSpec:
         return env
 
     def shell(self) -> str:
-        """The command as one shell line (env assignments first), for --dry-run and docs."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.launch_env.items())
-        line = (env + " " if env else "") + shlex.join(self.argv)
+        """The command as one shell line (env assignments first), for --dry-run and docs: secrets redacted (a
+        line to read, never to run)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(self.launch_env).items())
+        line = (env + " " if env else "") + shlex.join(redact_argv(self.argv))
         if self.stdin_env:
             line += f"  # on stdin: {', '.join(self.stdin_env)}"
         return line

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
 
 # Variables passed from the launcher's environment to every remote process (through stdin). Exact names, or
-# prefixes ending in ``*``. Anything else stays local; add more with launch.train_env / launch.vllm_env.
+# prefixes ending in ``*``. Anything else stays local; a recipe names more in launch.pass_env (secrets: by name
+# only), and sets values that are no secret in launch.train_env / launch.vllm_env.
 PASSED_ENV: tuple[str, ...] = (
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
@@ -44,11 +45,12 @@ PASSED_ENV: tuple[str, ...] = (
 )
 
 
-def passed_env_names(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """The names of :data:`PASSED_ENV` set in ``environ``, sorted."""
+def passed_env_names(environ: Mapping[str, str], named: Sequence[str] = ()) -> tuple[str, ...]:
+    """The names of :data:`PASSED_ENV` and of ``named`` (the recipe's launch.pass_env) set in ``environ``, sorted."""
     import fnmatch
 
-    return tuple(sorted(k for k in environ if any(fnmatch.fnmatchcase(k, p) for p in PASSED_ENV)))
+    wanted = (*PASSED_ENV, *named)
+    return tuple(sorted(k for k in environ if k in named or any(fnmatch.fnmatchcase(k, p) for p in wanted)))
 
 
 def kill_line(pgid: int, sig: int, *, run_id: str | None = None, python: str = "python3") -> str:

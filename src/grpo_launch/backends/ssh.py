@@ -3,7 +3,8 @@ grpo_launch.node.shim --announce-pgid --env-stdin --gpus P -- env K=V … COMMAN
 
 - the shim starts a new session and prints its process-group id, so teardown can signal the whole remote tree
   (``ssh HOST kill -TERM -- -PGID``): a killed ssh client does not stop a remote process that has no tty;
-- variables from :data:`.remote.PASSED_ENV` travel on ssh's stdin, never on a command line or in a file (HF_TOKEN, …);
+- variables from :data:`.remote.PASSED_ENV` and the recipe's launch.pass_env travel on ssh's stdin, never on a
+  command line or in a file (HF_TOKEN, …);
 - the planned GPU positions select from the host's own CUDA_VISIBLE_DEVICES.
 
 Before anything starts, every host is checked in parallel: ssh in batch mode, the same grpo-launch and Python,
@@ -237,7 +238,11 @@ class SshBackend(BaseBackend[SshOptions]):
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
         spec = _absolute_command(replace(spec, host=spec.host or plan.topology.hosts[0].name))
         return ssh_spec(
-            spec, self.options, python=ctx.python, workdir=ctx.workdir, stdin_env=passed_env_names(ctx.environ)
+            spec,
+            self.options,
+            python=ctx.python,
+            workdir=ctx.workdir,
+            stdin_env=passed_env_names(ctx.environ, plan.recipe.launch.pass_env),
         )
 
     def preflight(self, plan: Plan, ctx: RunContext) -> None:

@@ -118,8 +118,8 @@ def _record(run_dir: Path) -> Invocation:
         raise ConfigError(
             f"{paths.invocation}: the run's command had secrets on it ({', '.join(record.redacted)}), which are "
             f"never recorded (they read {REDACTED})",
-            hint=f"Give them through the environment (HF_TOKEN, WANDB_API_KEY, …) and run the command again with "
-            f"them filled in: {record.command}",
+            hint=f"Give them through the environment (HF_TOKEN, WANDB_API_KEY, …; any other variable by its name in "
+            f"launch.pass_env) and run the command again with them filled in: {record.command}",
         )
     return record
 

@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         formatter_class=formatter,
     )
     add_planning_args(p)
-    p.add_argument("--dry-run", action="store_true", help="print the commands that would run (per host); start nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the commands that would run (per host); start none of them (what runs: the hosts' "
+                   "probes and an isolated import check, python -I; nothing of the recipe's)")  # fmt: skip
     p.add_argument(
         "--resume",
         choices=[str(m) for m in ResumeMode],

@@ -14,11 +14,11 @@ DESCRIPTION = (
     "--launch runs `sky launch` on it, --dry-run prints it. SkyPilot copies this directory (the workdir) to every "
     "node; setup installs grpo-launch with its extras; the run section starts a Ray cluster of its own on port 6379 "
     "(SkyPilot's is 6380): node 0 is the head and, once every node has joined, runs `grpo-launch run --ray`, whose "
-    "exit code is the task's. HF_TOKEN, HUGGING_FACE_HUB_TOKEN and WANDB_API_KEY are declared as secrets by name "
-    "only and passed from this environment with sky launch --secret. Needs the sky extra (pip install "
-    "'.[sky]' in grpo-launch's checkout) and a "
-    "cloud SkyPilot can use (sky check). --managed writes a managed job (sky jobs launch): SkyPilot relaunches it "
-    "after a preemption and it resumes from its run directory, which --bucket or --volume keeps off the nodes."
+    "exit code is the task's. HF_TOKEN, HUGGING_FACE_HUB_TOKEN, WANDB_API_KEY and the recipe's launch.pass_env "
+    "names are declared as secrets by name only and passed from this environment with sky launch --secret. Needs "
+    "the sky extra (pip install '.[sky]' in grpo-launch's checkout) and a cloud SkyPilot can use (sky check). "
+    "--managed writes a managed job (sky jobs launch): SkyPilot relaunches it after a preemption and it resumes from "
+    "its run directory, which --bucket or --volume keeps off the nodes."
 )
 
 

@@ -61,7 +61,7 @@ def plan_submission(
 
     from grpo_launch.backends.submission import SubmitJob
     from grpo_launch.cli.tables import summary_lines
-    from grpo_launch.execute.preflight import preflight
+    from grpo_launch.execute.preflight import check_pass_env, preflight
     from grpo_launch.planning.splits.batch_target import batch_pins
     from grpo_launch.probe.local import probe_local
 
@@ -73,9 +73,20 @@ def plan_submission(
     topology = submitter_cls.requested_topology(options, probe_local(ctx.environ))
     plan = plan_on(topology, recipe, args, ctx)  # refuse before submitting what cannot run
     preflight(plan, ctx.workdir)
-    check_continuity(plan, args, ctx, "# " if getattr(args, "dry_run", False) else "")
+    prefix = "# " if getattr(args, "dry_run", False) else ""
+    # Said, not refused: the job's own `grpo-launch run` refuses it where the job's environment lacks it.
+    check_pass_env(plan, ctx.environ, warn=lambda w: ctx.emit(f"{prefix}warning: {w}"))
+    check_continuity(plan, args, ctx, prefix)
     resuming = getattr(args, "resuming", None)
     invocation = resuming.record if resuming else invocation_of(args, submitter_name, plan.run_dir, ctx)
+    if invocation.redacted:  # the job's script holds the command as given: it cannot be redacted and still run
+        from grpo_launch.errors import ConfigError
+
+        raise ConfigError(
+            f"the command holds a secret ({', '.join(invocation.redacted)}), which the submission would write into "
+            "the run directory (the job's script runs the command as given)",
+            hint="Export it and name it in `launch.pass_env` (the job gets it from the environment, by name).",
+        )
     submitter = submitter_cls()
     # The batch is the user's algorithm: the job plans again inside its allocation at this batch, or refuses.
     pins = [] if plan.train.device == "cpu" else batch_pins(plan.layout)

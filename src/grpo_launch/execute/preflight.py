@@ -52,31 +52,76 @@ def preflight(plan: Plan, workdir: str) -> None:
 
 def missing_reward_modules(plan: Plan, names: list[str], workdir: str) -> list[str]:
     """Import-path rewards whose top-level module the trainers' Python cannot find (from the working directory,
-    with the run's PYTHONPATH), found without importing anything; only for a run on this machine."""
-    import subprocess
-
+    with the run's PYTHONPATH), found without importing anything or running anything of the recipe's
+    (:func:`_not_found`); only for a run on this machine."""
     modules = sorted({n.partition(":")[0].split(".")[0] for n in names if is_import_path(n)})
     open_r1 = [n for n in names if is_open_r1_reward(n)]
     if open_r1:
         modules = sorted({*modules, "open_r1"})
     if not modules or len(plan.topology.hosts) > 1:
         return []
-    code = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
-    env = dict(os.environ) | dict(plan.recipe.launch.train_env)
-    try:
-        out = subprocess.run(
-            [plan.python, "-c", code, *modules], cwd=workdir, env=env, capture_output=True, text=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []  # the interpreter itself is checked when the trainers start
+    lacking = _not_found(plan, workdir, modules, [workdir, *_trainer_path(plan)])
     return [
         f"reward_funcs {', '.join(open_r1)}: open-r1's rewards, and open_r1 is not importable by {plan.python}; "
         f"install it there: {OPEN_R1_INSTALL}"
         if m == "open_r1" and open_r1
         else f"reward_funcs: module {m!r} is not importable from {workdir} by {plan.python} (check the name, or add "
         "its directory to PYTHONPATH: launch.train_env)"
-        for m in out.stdout.split()
+        for m in (lacking or [])
     ]
+
+
+def _trainer_path(plan: Plan) -> list[str]:
+    """The PYTHONPATH entries the trainers start with (the launcher's, or launch.train_env's in its place)."""
+    value = (dict(os.environ) | dict(plan.recipe.launch.train_env)).get("PYTHONPATH", "")
+    return [p for p in value.split(os.pathsep) if p]
+
+
+# The import probe, run in the trainers' Python isolated (``python -I``: no PYTHONPATH, no user site, no working
+# directory on sys.path), so that no sitecustomize.py, usercustomize.py or .pth file of the recipe's, and no module
+# of its, runs: a dry run (``run``, ``sbatch``, ``sky``, ``ray-submit``) runs nothing the recipe controls. The
+# directories the trainers would search besides the installation (their working directory, the run's PYTHONPATH,
+# the user site) come as an argument and are only searched: finding a module reads directories, and a dotted name's
+# packages are searched, not imported. Prints the arguments not found: "a|b" is either module, "a+b" both. wandb
+# must be a package (a leftover wandb/ run directory is a namespace package with no wandb.run, which
+# transformers' is_wandb_available would take for W&B).
+_PROBE = """
+import importlib.machinery, importlib.util, json, site, sys
+paths = json.loads(sys.argv[1])
+if sys.prefix == sys.base_prefix:
+    paths.append(site.getusersitepackages())
+sys.path[:0] = paths
+def find(name):
+    top, *rest = name.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    for i in range(len(rest)):
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(".".join([top, *rest[: i + 1]]),
+                                                        list(spec.submodule_search_locations))
+    return spec
+def found(name):
+    spec = find(name)
+    return spec is not None and (name != "wandb" or spec.origin not in (None, "namespace"))
+print(json.dumps([a for a in sys.argv[2:] if not any(all(found(m) for m in alt.split("+")) for alt in a.split("|"))]))
+"""
+
+
+def _not_found(plan: Plan, workdir: str, names: list[str], paths: list[str]) -> list[str] | None:
+    """Which of ``names`` the trainers' Python does not find, searching ``paths`` besides its installation (run in
+    ``workdir``, with the launcher's environment and none of the recipe's); None when the probe itself failed (the
+    interpreter is checked when the trainers start)."""
+    import subprocess
+
+    argv = [plan.python, "-I", "-c", _PROBE, json.dumps(paths), *names]
+    try:
+        out = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=120)
+        return [str(n) for n in json.loads(out.stdout.strip().splitlines()[-1])]
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
 
 
 # report_to's integrations as transformers finds them (transformers/integrations/integration_utils.py: the
@@ -97,25 +142,6 @@ REPORTERS: dict[str, tuple[str, str]] = {
     "trackio": ("trackio", "trackio"),
     "wandb": ("wandb", "wandb"),
 }
-# Run in the trainers' Python. It drops the working directory from sys.path before anything else, so no module of
-# the recipe's (reward files there) is found or run; it imports nothing but wandb, as transformers'
-# is_wandb_available does (a leftover wandb directory is found but has no wandb.run). Not ``python -I``: that also
-# drops PYTHONPATH and the user site, where the trainers may well find the package (pip install --user wandb).
-_PROBE = """
-import importlib.util, json, os, sys
-sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
-def found(name):
-    try:
-        if importlib.util.find_spec(name) is None:
-            return False
-    except (ImportError, ValueError):
-        return False
-    if name == "wandb":
-        import wandb
-        return hasattr(wandb, "run")
-    return True
-print(json.dumps([a for a in sys.argv[1:] if not any(all(found(m) for m in alt.split("+")) for alt in a.split("|"))]))
-"""
 
 
 def planned_reporters(values: Mapping[str, Any]) -> list[str]:
@@ -130,18 +156,12 @@ def missing_reporters(plan: Plan, workdir: str) -> list[str]:
     """report_to's integrations the trainers' Python cannot import (what otherwise fails in Trainer.__init__, after
     the queue wait and the model load), each with its install command. The launcher's Python stands for the
     trainers' on every host (plan.python: the hosts of an ssh or Slurm run have the same environment)."""
-    import subprocess
-
     names = planned_reporters(plan.trainer_values)
     if not names:
         return []
-    env = dict(os.environ) | dict(plan.recipe.launch.train_env)
-    try:
-        out = subprocess.run([plan.python, "-c", _PROBE, *(REPORTERS[n][0] for n in names)], cwd=workdir, env=env,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
-        lacking = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return []  # the interpreter itself is checked when the trainers start
+    # Not the working directory: a leftover directory named like a package there is not the package.
+    lacking = set(_not_found(plan, workdir, [REPORTERS[n][0] for n in names],
+                             [p for p in _trainer_path(plan) if p != workdir]) or [])  # fmt: skip
     return [
         f"report_to: {name} is not importable by the trainers' Python ({plan.python}); install it there: "
         f"{shlex.join([plan.python, '-m', 'pip', 'install', *REPORTERS[name][1].split()])}, or take {name} out of "
@@ -149,6 +169,30 @@ def missing_reporters(plan: Plan, workdir: str) -> list[str]:
         for name in names
         if REPORTERS[name][0] in lacking
     ]
+
+
+def unset_pass_env(plan: Plan, environ: Mapping[str, str]) -> str | None:
+    """What is wrong when a name of launch.pass_env is not set in ``environ`` (the launcher's environment, which
+    the processes get it from), or None."""
+    unset = [n for n in plan.recipe.launch.pass_env if n not in environ]
+    if not unset:
+        return None
+    return (
+        f"launch.pass_env names {', '.join(unset)}, not set in this environment: the processes would start without "
+        f"{'it' if len(unset) == 1 else 'them'}. Export {' and '.join(unset)} before grpo-launch (the value travels "
+        "by name, never written), or take the name out of launch.pass_env"
+    )
+
+
+def check_pass_env(plan: Plan, environ: Mapping[str, str], warn: Callable[[str], None] | None = None) -> None:
+    """A name of launch.pass_env not set in ``environ`` refuses the run (LaunchError), or with ``warn`` (a dry run,
+    a submission whose job has its own environment) is said there."""
+    problem = unset_pass_env(plan, environ)
+    if problem and warn is not None:
+        warn(problem)
+    elif problem:
+        raise LaunchError(problem, hint="A secret reaches every process by its name in launch.pass_env; its value "
+                          "comes from the environment grpo-launch starts in.")  # fmt: skip
 
 
 def check_vllm(plan: Plan) -> str | None:

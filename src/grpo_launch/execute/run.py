@@ -25,6 +25,7 @@ from grpo_launch.errors import size_text
 from grpo_launch.execute.policy import Action, Spent, next_action
 from grpo_launch.execute.preflight import (
     check_output_dir,
+    check_pass_env,
     check_vllm,
     output_dir_of,
     planned_reporters,
@@ -111,6 +112,7 @@ def run_plan(
     launch.stop_grace_s, and the run ends INTERRUPTED (128+N) with the checkpoint's step (:func:`_stopping`).
     """
     preflight(plan, ctx.workdir)
+    check_pass_env(plan, ctx.environ, warn=(lambda w: ctx.emit(f"# warning: {w}")) if dry_run else None)
     if dry_run:
         return _dry_run(plan, backend, ctx)
     check_vllm(plan)

@@ -12,7 +12,7 @@ from typing import Any
 from grpo_launch.enums import DistBackend, LaunchMode, Offload, OnOom, VllmMode
 from grpo_launch.errors import did_you_mean, short
 from grpo_launch.recipe.values import AUTO, ENV_NAME, finite
-from grpo_launch.spec import frozen
+from grpo_launch.spec import frozen, is_secret_name
 
 # A DNS name (RFC 1123 labels), an IPv4 address or an IPv6 address.
 HOST_PATTERN = (
@@ -63,6 +63,10 @@ class LaunchSettings:
     # partition's GraceTime, else KillWait), elsewhere DEFAULT_STOP_GRACE_S.
     stop_grace_s: float | None = field(default=None, metadata={"min": 1, "max": 7 * 86400, "kind": "float"})
     train_env: Mapping[str, str] = field(default_factory=dict)
+    # Names of variables passed from the launcher's environment to every training and vLLM process, on every backend,
+    # the way HF_TOKEN travels (ssh/Ray: stdin; SkyPilot: `secrets:`; Slurm and local: the environment): a secret
+    # (a judge reward's API key, storage keys) by name, never its value in a file or on a command line.
+    pass_env: tuple[str, ...] = field(default=(), metadata={"names": True})
     # The module `accelerate launch --module` runs in every training process, given `--recipe trainer_recipe.yaml`
     # (the planned TRL values, vLLM URL included): grpo_launch.train, or your own GRPO script.
     train_module: str = field(
@@ -141,6 +145,9 @@ def convert_launch(key: str, value: Any) -> tuple[str | None, Any]:
             return f"{name} must be a list of strings, got {short(value)}", None
         if meta.get("nonempty") and not value:
             return f"{name} must not be empty (e.g. [vllm, serve])", None
+        bad = [v for v in value if meta.get("names") and not (isinstance(v, str) and ENV_NAME.match(v))]
+        if bad:
+            return f"{name}: {short(bad[0])} is not an environment variable name (letters, digits, _)", None
         return None, tuple(str(v) for v in value)
     if isinstance(default, bool):
         if not isinstance(value, bool):
@@ -189,7 +196,47 @@ def check_launch(launch: LaunchSettings) -> list[str]:
             f"launch.vllm_port and launch.main_process_port are both {launch.vllm_port}: the vLLM server and the "
             "trainers' rendezvous need different ports"
         )
-    return problems + _server_auth_problems(launch)
+    return problems + _server_auth_problems(launch) + _secret_problems(launch)
+
+
+# Set per process from the plan: the launcher's own value, passed on, would be wrong on every host.
+_NOT_PASSED = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def _secret_problems(launch: LaunchSettings) -> list[str]:
+    """A secret is passed by name (launch.pass_env), never given as a value: train_env and vllm_env are written to
+    plan.json, printed by --dry-run and put on the remote command lines (``env K=V``, in every host's ``ps``). One
+    rule says what is a secret (:func:`grpo_launch.spec.is_secret_name`); VLLM_API_KEY and --api-key are refused
+    with their own reason (:func:`_server_auth_problems`)."""
+    problems = []
+    for block, env in (("train_env", launch.train_env), ("vllm_env", launch.vllm_env)):
+        for key in env:
+            if is_secret_name(key) and not (block == "vllm_env" and key == "VLLM_API_KEY"):
+                problems.append(
+                    f"launch.{block} sets {key}, a secret by its name: its value would be written to plan.json, "
+                    f"printed by --dry-run and shown in every host's process list. Remove it; export it and name it "
+                    f"in `launch.pass_env` (launch.pass_env=[{key}])"
+                )
+    args = launch.vllm_extra_args
+    for i, arg in enumerate(args):
+        flag = arg.partition("=")[0]
+        if flag.startswith("-") and flag != "--api-key" and is_secret_name(flag):
+            given = "=" in arg or (i + 1 < len(args) and not args[i + 1].startswith("-"))
+            if given:
+                problems.append(
+                    f"launch.vllm_extra_args gives {flag} a value: it would be on the server's command line (every "
+                    "host's process list) and in plan.json. Remove it; export the variable vLLM reads instead "
+                    "(HF_TOKEN for --hf-token) and name it in `launch.pass_env`"
+                )
+    for key in launch.pass_env:
+        if key in _NOT_PASSED:
+            problems.append(f"launch.pass_env names {key}, which grpo-launch sets for each process from the plan: "
+                            "remove it")  # fmt: skip
+        elif key in launch.train_env or key in launch.vllm_env:
+            problems.append(
+                f"launch.pass_env names {key}, which launch.train_env or launch.vllm_env also sets: keep one"
+            )
+    return problems
 
 
 def _server_auth_problems(launch: LaunchSettings) -> list[str]:

@@ -1,5 +1,6 @@
 """Plan → ``plan.json`` (pure): everything decided, with its reasons, the estimate and the commands, as plain
-JSON-able data."""
+JSON-able data. The commands are recorded as :func:`grpo_launch.spec.redact_argv` and ``redact_env`` show them:
+no secret in the run directory."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.planning.types import Candidate, Plan
 from grpo_launch.render.processes import trainers, vllm_server, vllm_servers
 from grpo_launch.rundir.records import Prediction
+from grpo_launch.spec import redact_argv, redact_env
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -64,11 +66,12 @@ def _vllm(plan: Plan) -> dict[str, Any]:
     return {
         **asdict(plan.vllm),
         "base_url": plan.vllm.base_url,
-        "command": list(vllm_spec.argv) if vllm_spec else None,
-        "env": vllm_spec.launch_env if vllm_spec else None,
+        "command": redact_argv(vllm_spec.argv) if vllm_spec else None,
+        "env": redact_env(vllm_spec.launch_env) if vllm_spec else None,
         "shell": vllm_spec.shell() if vllm_spec else None,
         "headless": [  # the server's other hosts (multi-node data parallel, or a replica's later stages)
-            {"name": w.name, "host": w.host, "argv": list(w.argv), "shell": w.shell()} for w in vllm_servers(plan)[1:]
+            {"name": w.name, "host": w.host, "argv": redact_argv(w.argv), "shell": w.shell()}
+            for w in vllm_servers(plan)[1:]
         ],
     }
 
@@ -86,7 +89,13 @@ def _train(plan: Plan) -> dict[str, Any]:
         "main_process_port": plan.train.main_process_port,
         "hosts": [asdict(h) for h in plan.train.hosts],
         "commands": [
-            {"name": s.name, "host": s.host, "argv": list(s.argv), "env": s.launch_env, "shell": s.shell()}
+            {
+                "name": s.name,
+                "host": s.host,
+                "argv": redact_argv(s.argv),
+                "env": redact_env(s.launch_env),
+                "shell": s.shell(),
+            }
             for s in trainers(plan)
         ],
     }

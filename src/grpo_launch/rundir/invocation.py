@@ -8,33 +8,26 @@ Written by ``grpo-launch run`` once the run holds its run directory (a run refus
 by ``sbatch``, ``ray-submit`` and ``sky --launch`` when they submit. Inside a submitted job, the job's own ``run``
 keeps the submitter's record: resuming such a run submits it again (:data:`SUBMITTED_BACKEND`).
 
-Never a secret: a value that looks like one (an override or ``--flag=`` whose name says token, secret, password or
-key; a value shaped like a Hugging Face, OpenAI, GitHub, AWS or Slack token) is written as :data:`REDACTED` and its
-name kept in ``redacted``. Tokens travel by environment variable name only. ``from_json`` is strict: a missing or
-mistyped key is a RunFileError naming the file and the key.
+Never a secret: a value that looks like one (by :func:`grpo_launch.spec.redact_arg`'s rule: an override or
+``--flag=`` whose name says token, secret, password or key, a mapping holding such a name, a value shaped like a
+Hugging Face, OpenAI, GitHub, AWS or Slack token) is written as ``<redacted>`` and its name kept in ``redacted``.
+Tokens travel by environment variable name only (launch.pass_env). ``from_json`` is strict: a missing or mistyped
+key is a RunFileError naming the file and the key.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 from grpo_launch.rundir.fields import Fields, file_error
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.spec import frozen
+from grpo_launch.spec import REDACTED, frozen, is_secret_name, redact_arg, redact_argv
 
-REDACTED = "<redacted>"
 # The verb that submitted a run → the backend its job's own `grpo-launch run` uses: that run keeps the record.
 SUBMITTED_BACKEND = {"sbatch": "slurm", "ray-submit": "ray", "sky": "ray"}
-# A name that ends so (hub_token, WANDB_API_KEY, launch.train_env.HF_TOKEN), not one with it inside (PasswordAuth).
-_SECRET_NAME = re.compile(r"(token|secret|passw(or)?d|api[_-]?key|access[_-]?key|private[_-]?key|credentials?)$", re.I)
-_SECRET_VALUE = re.compile(
-    r"^(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|AKIA[0-9A-Z]{16}"
-    r"|xox[abprs]-[A-Za-z0-9-]{10,})$"
-)
 
 
 @frozen
@@ -70,9 +63,9 @@ class Invocation:
     def of(cls, verb: str, recipe: str, overrides: list[str], flags: list[Flag], **rest: Any) -> Invocation:
         """A record of the command, each secret-looking value redacted (its name kept in ``redacted``)."""
         names: list[str] = []
-        kept = [_redact_pair(o, names) for o in overrides]
+        kept = [redact_arg(o, names) for o in overrides]
         kept_flags = [Flag(f.flag, _redact_value(f.flag, f.value, names)) for f in flags]  # --ssh-option K=V too
-        extra = [_redact_value(a, a, names) or a for a in rest.pop("extra_args", ())]  # --comment=…, --export=…
+        extra = redact_argv(rest.pop("extra_args", ()), names)  # --comment=…, --export=…
         return cls(verb, recipe, tuple(kept), tuple(kept_flags), tuple(extra), redacted=tuple(names), **rest)
 
     def flag(self, name: str) -> str | None:
@@ -138,27 +131,20 @@ def _strings(f: Fields, key: str) -> tuple[str, ...]:
     return tuple(values)
 
 
-def _redact_pair(text: str, names: list[str]) -> str:
-    """``key=value`` with the value redacted when the key names a secret or the value looks like one."""
-    key, _, value = text.partition("=")
-    if _SECRET_NAME.search(key.rsplit(".", 1)[-1]) or _SECRET_VALUE.match(value):
-        names.append(key)
-        return f"{key}={REDACTED}"
-    return text
-
-
 def _redact_value(name: str, value: str | None, names: list[str]) -> str | None:
-    if value is not None and "=" in value and not value.startswith("-"):
-        return _redact_pair(value, names)
-    if value is not None and _SECRET_VALUE.match(value.rpartition("=")[2]):
-        names.append(name if name != value else "a positional argument")
+    """A flag's value: all of it when the flag names a secret, else as :func:`redact_arg` reads a word."""
+    if value is None:
+        return None
+    if is_secret_name(name) and name.startswith("-") and not value.startswith("-"):
+        names.append(name)
         return REDACTED
-    return value
+    found: list[str] = []
+    kept = redact_arg(value, found)
+    names += [name if n == "a positional argument" else n for n in found]
+    return kept
 
 
-def redact_argv(argv: list[str]) -> list[str]:
-    """A command line with every secret-looking value redacted (the run lock's record of its holder's command)."""
-    return [_redact_value(a, a, []) or a for a in argv]
+__all__ = ["REDACTED", "Flag", "Invocation", "read_invocation", "redact_argv", "write_invocation"]
 
 
 def read_invocation(path: str | Path) -> Invocation | None:

@@ -113,7 +113,7 @@ class RayBackend(BaseBackend[RayOptions]):
         env = {**spec.env, RUN_ID_ENV: marker}  # each host's processes carry their own mark, as over ssh
         remote = [ctx.python, "-m", "grpo_launch.node.shim", "--announce-pgid", "--guard", marker, "--",
                   "env", *(f"{k}={v}" for k, v in env.items()), *spec.argv]  # fmt: skip
-        stdin_env = passed_env_names(ctx.environ)
+        stdin_env = passed_env_names(ctx.environ, plan.recipe.launch.pass_env)
         argv = [ctx.python, "-m", "grpo_launch.backends.ray.runner", "--address", self.address,
                 "--pg", pg_name(run_id, host), "--bundle", str(names.index(spec.name)), "--gpus", str(gpus),
                 "--cpus", f"{cpus:g}", "--name", spec.name, "--host", host, "--planned", ",".join(spec.gpus or ()),

@@ -229,16 +229,18 @@ def launch_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def secrets_needed(plan: Plan, environ: Mapping[str, str]) -> tuple[str, ...]:
-    """The secrets the task declares (by name only): those set here, and WANDB_API_KEY when the recipe reports to
-    Weights & Biases."""
+    """The secrets the task declares (by name only): those set here, WANDB_API_KEY when the recipe reports to
+    Weights & Biases, and every name in the recipe's launch.pass_env (the head's `grpo-launch run` passes them on to
+    every process, as the Ray backend passes HF_TOKEN)."""
     from grpo_launch.backends.skypilot.task import SECRET_NAMES
 
     report_to = plan.recipe.values.get("report_to") or ()
     report_to = [report_to] if isinstance(report_to, str) else list(report_to)
-    wanted = {n for n in SECRET_NAMES if environ.get(n)}
+    wanted = {n for n in SECRET_NAMES if environ.get(n)} | set(plan.recipe.launch.pass_env)
     if "wandb" in report_to or "all" in report_to:
         wanted.add("WANDB_API_KEY")
-    return tuple(n for n in SECRET_NAMES if n in wanted)
+    named = tuple(n for n in plan.recipe.launch.pass_env if n not in SECRET_NAMES)
+    return (*(n for n in SECRET_NAMES if n in wanted), *named)
 
 
 def _within(path: str, root: str) -> bool:
