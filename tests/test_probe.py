@@ -330,3 +330,22 @@ def test_a_peak_without_bandwidth_borrows_the_nearest_table_gpus_and_says_so():
     assert any("bandwidth assumed: A40's" in w and "@150TF@<TB/s>TBs" in w for w in t.warnings)
     assert parse_gpu_spec("4xFOO-48GB@150TF@1.2TBs").planning_gpu_spec.bandwidth_tbs == 1.2
     assert not parse_gpu_spec("4xFOO-48GB@150TF@1.2TBs").warnings
+
+
+def test_well_known_datasets_forecast_offline_with_their_source(tmp_path):
+    """Issue 41: qwen1.5b.yaml's whole-run forecast was "unknown" offline (NuminaMath-TIR's rows came only from the
+    Hub). The table's counts against what their sources publish: NuminaMath-TIR's train plus its 99-row test split
+    is the Hub's "72.5k rows"; MATH's train split is 7,500 (Hendrycks et al. 2021); GSM8K's, "7.5K training
+    problems" (Cobbe et al. 2021), is the card's 7,473."""
+    from grpo_launch.probe.dataset import KNOWN_ROWS, dataset_rows
+
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
+    rows, source = dataset_rows({"dataset_name": "AI-MO/NuminaMath-TIR"}, str(tmp_path), offline)
+    assert rows is not None and abs(rows + 99 - 72_500) <= 50 and "72,441" in source
+    math_rows, _ = dataset_rows({"dataset_name": "DigitalLearningGmbH/MATH-lighteval"}, str(tmp_path), offline)
+    assert math_rows == 7_500
+    gsm, _ = dataset_rows({"dataset_name": "openai/gsm8k", "dataset_config": "main"}, str(tmp_path), offline)
+    assert gsm is not None and abs(gsm - 7_500) / 7_500 < 0.01
+    assert all(source for _, source in KNOWN_ROWS.values())
+    unknown, why = dataset_rows({"dataset_name": "someone/unknown"}, str(tmp_path), offline)
+    assert unknown is None and "offline" in why

@@ -29,6 +29,19 @@ def looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~", ".")) or Path(path).exists()
 
 
+# The training splits of well-known datasets (id, config, split) → (rows, source), so the shipped recipes and
+# open-r1's forecast a whole run offline; a dataset not here is read from the cache or the Hub's metadata.
+KNOWN_ROWS: dict[tuple[str, str | None, str], tuple[int, str]] = {
+    ("AI-MO/NuminaMath-TIR", None, "train"): (
+        72_441, "the dataset card's split sizes (train 72,441; test 99; the Hub lists 72.5k rows in all)"),
+    ("DigitalLearningGmbH/MATH-lighteval", None, "train"): (
+        7_500, "MATH (Hendrycks et al. 2021): 7,500 train and 5,000 test problems"),
+    ("DigitalLearningGmbH/MATH-lighteval", "default", "train"): (
+        7_500, "MATH (Hendrycks et al. 2021): 7,500 train and 5,000 test problems"),
+    ("openai/gsm8k", "main", "train"): (
+        7_473, "GSM8K (Cobbe et al. 2021): 7,473 train and 1,319 test problems (the card's split sizes)"),
+}  # fmt: skip
+
 HUB_TIMEOUT_S = 3.0  # one small metadata request; plan must stay fast offline
 UNREACHABLE_S = 3600  # an unreachable Hub is not asked again for an hour
 
@@ -58,6 +71,8 @@ def dataset_rows(
     rows = _cached_rows(name, config, split, environ)
     if rows:
         return rows, "the datasets cache"
+    if known := KNOWN_ROWS.get((name, config, split)):
+        return known
     if environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or environ.get("HF_DATASETS_OFFLINE", "0") not in ("0", ""):
         return None, "not in the datasets cache, and offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)"
     return _hub_rows(name, config, split, environ, fetch or _http_get)
