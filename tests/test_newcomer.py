@@ -252,7 +252,8 @@ def test_a_gpu_hour_price_without_a_whole_run_says_why_there_is_no_cost(capsys, 
     monkeypatch.chdir(ROOT)
     unknown = "dataset_name=someone/rows-unknown-offline"  # not in probe.dataset.KNOWN_ROWS, and no Hub here
     offline = {"HF_HUB_OFFLINE": "1"}
-    assert main(["plan", QWEN, unknown, "--gpus", "8xH100", "--no-write", "--gpu-hour-price", "2"], environ=offline) == 0
+    args = ["plan", QWEN, unknown, "--gpus", "8xH100", "--no-write", "--gpu-hour-price", "2"]
+    assert main(args, environ=offline) == 0
     out = capsys.readouterr().out
     assert "notice: launch.gpu_hour_price=2 (--gpu-hour-price) shows no cost: 1 epoch(s) of a training set" in out
     assert main(["plan", QWEN, "--gpus", "8xH100", "--no-write", "--gpu-hour-price", "2", "max_steps=10"],
