@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import pickle
+import re
 import subprocess
 from pathlib import Path
 
@@ -455,3 +456,23 @@ def test_explain_shows_sync_and_async_side_by_side():
     assert "colocate (2 engine(s) × TP 4)" in section and "server on 4 GPU(s) (TP 4) · async" in section
     assert "1.21× the chosen step" in section and "overlap bound 1.86×" in section
     assert "Sync vs async" not in plain_text(explain_sections(plan_recipe(QWEN7B, "8xH100-80GB")))
+
+
+def test_an_async_plan_offers_two_ranks_and_says_why_its_backend_is_fsdp():
+    """Issue 41: the async plan picked 4 FSDP ranks while warning that TRL 1.16's full-weight sync deadlocks beyond
+    2, with no 2-rank alternative, and said "backend set in the recipe" for the FSDP async forces. The warning now
+    carries the best async plan of 2 ranks (its launch.vllm_gpus and predicted step, planned), and the backend's
+    reason is AsyncGRPOTrainer's."""
+    recipe = {"model_name_or_path": "Qwen/Qwen2.5-Math-7B", "launch": {"mode": "async", "vllm": "server"}}
+    plan = plan_recipe(recipe, "8xH100-80GB")
+    assert plan.train.num_processes > 2 and plan.asynchronous is not None
+    backend = next(d.why for d in plan.decisions if d.what.startswith("backend"))
+    assert "AsyncGRPOTrainer's only backend" in backend and "set in the recipe" not in backend.split(";")[0]
+    (said,) = [w for w in plan.warnings if "deadlock" in w]
+    m = re.search(r"2 ranks avoid it: launch\.vllm_gpus=(\d+) \(.*\), predicted ([\d.]+) s per step", said)
+    assert m, said
+    prompts = plan.layout.completions_per_optimizer_step // plan.layout.num_generations  # compared at one batch
+    two = plan_recipe({**recipe, "launch": {**recipe["launch"], "vllm_gpus": int(m[1]), "prompts_per_step": prompts}},
+                      "8xH100-80GB")  # fmt: skip
+    assert two.train.num_processes == 2 and f"{two.estimate.step.total_s:.1f}" == m[2]
+    assert not [w for w in two.warnings if "deadlock" in w]

@@ -53,7 +53,6 @@ def choose_async(
     *,
     lora_rank: int | None,
     dtype: str | None = None,
-    trainers: int = 1,
 ) -> AsyncSettings:
     """max_inflight_tasks, queue_maxsize, weight_sync_steps, max_staleness and token_budget for one async plan,
     each recorded with its reason; the recipe's own values are kept. ``dtype``: what the trainer values already
@@ -77,12 +76,6 @@ def choose_async(
         dtype = str(ASYNC_DEFAULTS["dtype"])
         trace.decide("dtype", dtype, "AsyncGRPOConfig's default (async_grpo_config.py:178-186)")
     sync_timeout = _decide(trace, "weight_sync_timeout", _sync_timeout(values, pace.sync))
-    if trainers > 2 and not lora_rank:
-        trace.warn(
-            f"{trainers} trainer ranks: TRL 1.16's full-weight sync to vLLM is reported to deadlock with more than 2 "
-            "FSDP ranks (huggingface/trl#6797, #7103; fixes in #6798/#7131 are not in 1.16): a hang raises after "
-            f"weight_sync_timeout={sync_timeout} s, and launch.hang_timeout_s stops the run with every rank's stack"
-        )
     max_loras = max_stale + 2 if lora_rank else None  # async_grpo_trainer.py:895-905
     return AsyncSettings(
         max_inflight_tasks=inflight,

@@ -74,7 +74,7 @@ def plan_modes(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
             why = (f"auto: sync {_per_prompt(sync):.3f} s per prompt ≤ async {_per_prompt(chosen):.3f} s (the "
                    f"recipe's batch on each: {_prompts(sync):g} and {_prompts(chosen):g} prompts)")  # fmt: skip
         return _merge(sync, chosen, Decision("launch.mode", LaunchMode.SYNC, why))
-    return _finish(chosen, sync, ctx)
+    return _finish(chosen, sync, ctx, _deadlock_warning(ctx, shared, chosen, target))
 
 
 def _step(plan: Plan) -> float:
@@ -92,8 +92,39 @@ def _per_prompt(plan: Plan) -> float:
     return _step(plan) / _prompts(plan)
 
 
-def _finish(plan: Plan, sync: Plan | None, ctx: Context) -> Plan:
+# TRL 1.16's AsyncGRPOTrainer full-weight sync is reported to deadlock beyond 2 FSDP ranks (huggingface/trl#6797,
+# #7103; the fixes, #6798 and #7131, are not in 1.16): an adapter-only (LoRA) sync is not affected.
+ASYNC_SAFE_RANKS = 2
+
+
+def _deadlock_warning(ctx: Context, shared: list[Split], chosen: Plan, target: Batch | None) -> str | None:
+    """The warning of an async plan with more than :data:`ASYNC_SAFE_RANKS` ranks syncing full weights, with the
+    best async plan of 2 ranks at most beside it (planned: its split and step), so the user chooses knowingly."""
+    n = chosen.train.num_processes
+    if n <= ASYNC_SAFE_RANKS or ctx.recipe.values.get("use_peft"):
+        return None
+    settings = chosen.asynchronous
+    timeout = settings.weight_sync_timeout if settings else None
+    said = (f"{n} trainer ranks: TRL 1.16's full-weight sync to vLLM is reported to deadlock with more than "
+            f"{ASYNC_SAFE_RANKS} FSDP ranks (huggingface/trl#6797, #7103; fixes in #6798/#7131 are not in 1.16): a "
+            f"hang raises after weight_sync_timeout={timeout} s, and launch.hang_timeout_s stops the run with every "
+            "rank's stack")  # fmt: skip
+    safe = [s for s in shared if s.trainers <= ASYNC_SAFE_RANKS]
+    try:
+        two = search_splits(ctx, safe, target) if safe else None
+    except PlanError:
+        two = None
+    if two is None or not (two.estimate and two.estimate.step and chosen.estimate and chosen.estimate.step):
+        return said + "; no async split of 2 trainers fits here (LoRA, use_peft=true, syncs only the adapter)"
+    return (said + f"; {two.train.num_processes} ranks avoid it: launch.vllm_gpus={two.vllm.parallelism.gpus} "
+            f"({two.split}), predicted {_step(two):.1f} s per step against {_step(chosen):.1f} s, or LoRA "
+            "(use_peft=true), whose adapter-only sync is not affected")  # fmt: skip
+
+
+def _finish(plan: Plan, sync: Plan | None, ctx: Context, deadlock: str | None = None) -> Plan:
     """The async plan with its speed-up over the best sync plan (the same work per step) and the warnings."""
+    if deadlock:
+        plan = dataclasses.replace(plan, warnings=(*plan.warnings, deadlock))
     settings = plan.asynchronous
     assert settings is not None
     said = "set in the recipe" if ctx.recipe.launch.mode is LaunchMode.ASYNC else "auto"

@@ -65,7 +65,7 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
         step = estimate.step if estimate else None
         settings = async_grpo.choose_async(recipe, vllm, step, layout.completions_per_optimizer_step, trace,
                                            lora_rank=async_grpo.lora_rank(recipe, vllm, trace),
-                                           dtype=values.get("dtype"), trainers=n)  # fmt: skip
+                                           dtype=values.get("dtype"))  # fmt: skip
         values = async_grpo.async_trainer_values(values, settings, vllm)
     else:
         lora_decision(recipe, vllm, trace)

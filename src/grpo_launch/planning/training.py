@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NoReturn
 
-from grpo_launch.enums import DistBackend, Offload, VllmMode
+from grpo_launch.enums import DistBackend, LaunchMode, Offload, VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
@@ -141,9 +141,13 @@ def _candidates(recipe: Recipe, n: int) -> list[Setting]:
 
 def _fit_why(recipe: Recipe, need: float, host: float, budget: float, mem: int, share: float) -> str:
     set_by = [x for x, v in (("backend", recipe.launch.backend), ("offload", recipe.launch.offload)) if v is not None]
+    said = f"{', '.join(set_by)} set in the recipe; " if set_by else "cheapest that fits: "
+    if recipe.launch.mode == LaunchMode.ASYNC:  # planning.async_grpo.async_recipe set the backend, not the user
+        said = "FSDP, AsyncGRPOTrainer's only backend (launch.mode=async)" + (
+            "; offload set in the recipe; " if recipe.launch.offload is not None else ", the cheapest that fits: "
+        )
     return (
-        (f"{', '.join(set_by)} set in the recipe; " if set_by else "cheapest that fits: ")
-        + f"{need / GIB:.1f} GiB per training GPU ≤ {budget / GIB:.1f} GiB "
+        said + f"{need / GIB:.1f} GiB per training GPU ≤ {budget / GIB:.1f} GiB "
         f"({HEADROOM:.0%} of {mem / GIB:.0f} GiB"
         + (f" minus the colocated vLLM's {share:.0%}" if share else "")
         + ")"
