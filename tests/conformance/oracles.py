@@ -111,6 +111,8 @@ def accelerate_launch_env(argv: list[str] | tuple[str, ...], env: Mapping[str, s
     from accelerate.commands.config.config_args import load_config_from_file
 
     argv = [str(a) for a in argv]
+    if argv[1:3] == ["-m", "grpo_launch.node.loopback_store"]:  # one machine: the same launch, its stores on 127.0.0.1
+        argv = [argv[0], *argv[4:]]
     if argv[1:3] != ["-m", "accelerate.commands.launch"]:
         raise ValueError(f"not an `accelerate launch` command: {argv[:3]}")
     ambient = dict(os.environ)

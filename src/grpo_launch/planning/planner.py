@@ -37,8 +37,15 @@ def plan_once(
 ) -> Plan:
     """Plan ``recipe`` on ``topology`` once (raises :class:`PlanError` naming the problem), with launch.adapt's
     notice when the recipe asks for it."""
-    plan = _plan(topology, recipe, model, calibration, runtime)
+    plan = _with_exposure_notice(_plan(topology, recipe, model, calibration, runtime))
     return _with_adapt_notice(plan) if recipe.launch.adapt else plan
+
+
+def _with_exposure_notice(plan: Plan) -> Plan:
+    from grpo_launch.planning.exposure import public_address_notice
+
+    notice = public_address_notice(plan)
+    return dataclasses.replace(plan, notices=(*plan.notices, notice)) if notice else plan
 
 
 def _with_adapt_notice(plan: Plan) -> Plan:

@@ -189,7 +189,11 @@ class TrainPlan:
 
     @property
     def main_process_ip(self) -> str:
-        return self.hosts[0].address
+        """Where the ranks reach the rendezvous store. On one machine that is 127.0.0.1 (torchrun's
+        ``--master-addr`` default, which accelerate keeps for one machine), the one address the store listens on
+        there (grpo_launch.node.loopback_store); over several machines it is the first host's address, and torch's
+        store listens on every interface of that host (README.md, "Ports")."""
+        return self.hosts[0].address if self.num_machines > 1 else "127.0.0.1"
 
 
 @frozen

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from grpo_launch.enums import Device, Role, VllmMode
+from grpo_launch.enums import Device, DistBackend, Role, VllmMode
 from grpo_launch.planning.types import Plan, TrainHost, VllmPlan
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.recipe.versions import TRL_VLLM_RANGE, version_tuple
@@ -173,10 +173,18 @@ def train_env(plan: Plan, host: TrainHost) -> dict[str, str]:
     # The trainers write their records there and watch it for a checkpoint-and-stop request (SIGUSR2 to
     # grpo-launch; Slurm preemption).
     env[RUN_DIR_ENV] = str(plan.run_dir)
-    if host.machine_rank == 0 and plan.vllm.mode == VllmMode.SERVER and len(plan.topology.hosts) > 1:
-        # TRL's rank 0 advertises vLLM's get_ip() for the weight-sync group: VLLM_HOST_IP, else the default-route
-        # address, which on a multi-homed node need not be the network the server reaches.
-        env["VLLM_HOST_IP"] = host.address
+    one_host = len(plan.topology.hosts) == 1
+    if host.machine_rank == 0 and plan.vllm.mode == VllmMode.SERVER:
+        # TRL's rank 0 hosts the weight-sync group's store on vLLM's get_ip() and vllm_group_port (vLLM's
+        # StatelessProcessGroup.create binds that address): VLLM_HOST_IP, else the default-route address, which on a
+        # multi-homed node need not be the network the server reaches, and on one host is reachable from outside
+        # while the server, on the same host, reaches 127.0.0.1.
+        env["VLLM_HOST_IP"] = "127.0.0.1" if one_host else host.address
+    if plan.train.num_machines == 1:
+        # The ranks' gloo pairs listen on the address of the host's name unless told an interface (a name that
+        # resolves to the LAN address opens them to it); on one machine every peer is local.
+        # launch.network_interface (below) wins.
+        env["GLOO_SOCKET_IFNAME"] = "lo"
     env.update(network_env(plan))
     env.update(plan.recipe.launch.train_env)
     return env
@@ -212,6 +220,7 @@ def trainers(plan: Plan) -> tuple[ProcessSpec, ...]:
     for h in train.hosts:
         argv = [
             plan.python,
+            *loopback_store(plan),
             "-m",
             "accelerate.commands.launch",
             "--config_file",
@@ -240,6 +249,17 @@ def trainers(plan: Plan) -> tuple[ProcessSpec, ...]:
             )
         )
     return tuple(specs)
+
+
+def loopback_store(plan: Plan) -> tuple[str, ...]:
+    """What goes before ``-m accelerate.commands.launch`` so that a one-host run's torch.distributed stores listen on
+    127.0.0.1 only (:mod:`grpo_launch.node.loopback_store`, which says why torch needs it), when the run has such
+    stores: torchrun hosts one for every launch but accelerate's simple launcher (DDP with one process, no store).
+    A run over several hosts keeps torch's every-interface store: the other hosts must reach it (README, "Ports")."""
+    train = plan.train
+    if train.num_machines > 1 or (train.num_processes == 1 and train.backend == DistBackend.DDP):
+        return ()
+    return ("-m", "grpo_launch.node.loopback_store", str(train.main_process_port))
 
 
 def all_processes(plan: Plan) -> tuple[ProcessSpec, ...]:
