@@ -398,17 +398,18 @@ ALL8 = "0,1,2,3,4,5,6,7"
           ("vllm_nodes", 4, NODE_PP)],
          dict(host="node4", address="node4", bind_host="0.0.0.0", pipeline_parallel_size=4, data_parallel_size=1),
          []),
-        # Colocated on both GPUs as one TP-2 engine, the recipe's utilization and sleep mode kept.
+        # Colocated on both GPUs as two TP-1 engines (TP 2 is predicted alike: within the model's uncertainty the
+        # fewer GPUs per engine), the recipe's utilization and sleep mode kept.
         ({"vllm_enable_sleep_mode": True, "vllm_gpu_memory_utilization": 0.5, "launch": {"vllm": "colocate"}},
          "2xH100-80GB", QWEN15,
-         [("vllm_tensor_parallel_size", 2, "colocate: 1 engine(s) of TP 2"),
+         [("vllm_tensor_parallel_size", 1, "colocate: 2 engine(s) of TP 1"),
           ("vllm_gpu_memory_utilization", 0.5, "vLLM shares each training GPU (colocate)"),
           ("vllm_enable_sleep_mode", True, "set in the recipe: vLLM frees its memory while the trainers train (a "
            "wake-up each step)")],
-         dict(mode="colocate", tensor_parallel_size=2, gpu_memory_utilization=0.5, sleep_mode=True), []),
+         dict(mode="colocate", tensor_parallel_size=1, gpu_memory_utilization=0.5, sleep_mode=True), []),
         # TRL's vllm_mode: colocate alone asks for colocate.
         ({"vllm_mode": "colocate"}, "2xH100-80GB", QWEN15,
-         [("vllm_tensor_parallel_size", 2, "colocate: 1 engine(s) of TP 2"),
+         [("vllm_tensor_parallel_size", 1, "colocate: 2 engine(s) of TP 1"),
           ("vllm_gpu_memory_utilization", 0.3, "vLLM shares each training GPU (colocate)"),
           ("vllm_enable_sleep_mode", False, "TRL's default: vLLM keeps its share while the trainers train, and the "
            "training budget leaves it")],
@@ -444,10 +445,10 @@ ALL8 = "0,1,2,3,4,5,6,7"
         # Any command ending in `serve` runs a server over whole hosts.
         ({"launch": {"vllm_gpus": 16, "vllm_command": ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]}},
          "3x8xH100-80GB", QWEN15,
-         [("vllm_tensor_parallel_size", 4, "16 server GPU(s) as TP 4 × DP 4"),
-          ("vllm_data_parallel_size", 4, "4 replicas of the model, each with its own KV cache and decode batch"),
-          ("server_gpus", f"node1:{ALL8} node2:{ALL8}", "2 whole host(s) serve (16 GPUs, TP 4 × DP 4)"),
-          ("vllm_nodes", 2, NODE_DP)],
+         [("vllm_tensor_parallel_size", 1, "16 server GPU(s) as TP 1 × DP 16"),
+          ("vllm_data_parallel_size", 16, "16 replicas of the model, each with its own KV cache and decode batch"),
+          ("server_gpus", f"node1:{ALL8} node2:{ALL8}", "2 whole host(s) serve (16 GPUs, TP 1 × DP 16)"),
+          ("vllm_nodes", 2, NODE_DP.replace("2 rank(s)", "8 rank(s)"))],
          dict(host="node1"), []),
         # The recipe's own port and vLLM length.
         ({"launch": {"vllm_gpus": 1, "vllm_port": 8123, "vllm_max_model_len": 4096}}, "2xH100-80GB", QWEN15,
@@ -465,7 +466,7 @@ ALL8 = "0,1,2,3,4,5,6,7"
          dict(tensor_parallel_size=4, pipeline_parallel_size=8), []),
         # A pipeline size of 1 is no pipeline: colocate accepts it.
         ({"launch": {"vllm": "colocate", "vllm_pipeline_parallel_size": 1}}, "2xH100-80GB", QWEN15,
-         [("vllm_tensor_parallel_size", 2, "colocate: 1 engine(s) of TP 2"),
+         [("vllm_tensor_parallel_size", 1, "colocate: 2 engine(s) of TP 1"),
           ("vllm_gpu_memory_utilization", 0.3, "vLLM shares each training GPU (colocate)"),
           ("vllm_enable_sleep_mode", False, "TRL's default: vLLM keeps its share while the trainers train, and the "
            "training budget leaves it")],

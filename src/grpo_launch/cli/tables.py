@@ -270,7 +270,10 @@ def explain_sections(plan: Plan) -> list[Section]:
     for c in plan.candidates:
         gpus = f"{c.server_gpus}/{c.trainers}" + (f"/{c.idle}" if c.idle else "")
         if c.step is None:
-            why = f"not possible: {c.rejected}" if c.rejected else f"lower bound {c.bound_s:.1f} s: cannot win"
+            if c.outscored:
+                why = f"outscored: {c.outscored}"
+            else:
+                why = f"not possible: {c.rejected}" if c.rejected else f"lower bound {c.bound_s:.1f} s: cannot win"
             rows.append((c.label, gpus, "-", "-", "-", "-", "-", why))
             continue
         note = "chosen" if c.chosen else ""

@@ -41,7 +41,7 @@ def why_not_adaptable(plan: Plan) -> str | None:
     if plan.asynchronous is not None:
         # AsyncGRPO overlaps them: a step's time is not generation plus training, which the calibration reads.
         return "an async plan: the calibration reads a synchronous step's generation and training times"
-    if len(plan.candidates) < 2:
+    if len([c for c in plan.candidates if c.outscored is None]) < 2:  # a size's other TP × DP variants aside
         return "the recipe and the model leave one split"
     return None
 

@@ -31,7 +31,7 @@ def better_batch(ctx: Context, misses: list[Split], best: Candidate, chosen_spli
         for prompts in {max(unit, unit * math.floor(best.prompts_per_step / unit)),
                         unit * math.ceil(best.prompts_per_step / unit)}:  # fmt: skip
             try:
-                bound = best_variant(ctx, [split], Batch(prompts, k), [])
+                bound = best_variant(ctx, [split], Batch(prompts, k), [], [])
             except LayoutError:
                 continue
             if bound is None or bound[0] / prompts >= chosen * (1 - WORTH_IT):

@@ -12,6 +12,7 @@ from grpo_launch.errors import PlanError
 from grpo_launch.planning import placement
 from grpo_launch.planning.batch_layout import solve_layout
 from grpo_launch.planning.context import Context
+from grpo_launch.planning.cost.constants import STEP_UNCERTAINTY
 from grpo_launch.planning.cost.steptime import old_logprobs_time, training_time
 from grpo_launch.planning.estimate import generation_part, workload
 from grpo_launch.planning.sizes import Batch
@@ -47,10 +48,13 @@ def candidate(
 
 
 def best_variant(
-    ctx: Context, variants: list[Split], target: Batch | None, rejected: list[Candidate]
+    ctx: Context, variants: list[Split], target: Batch | None, rejected: list[Candidate], outscored: list[Candidate]
 ) -> tuple[float, Split] | None:
     """The TP × DP of one server size (or colocated TP) with the shortest generation, and the lower bound of its
     step: that generation and sync, the old log-probs, and training at the cheapest setting (DDP, no offload).
+    Variants within the model's uncertainty (:data:`STEP_UNCERTAINTY`) of the fastest are not told apart: the one
+    with the fewest GPUs per engine is chosen (not in a plan calibrated on measurements, whose figures are fitted).
+    The others go to ``outscored`` with the figures they lost by.
     Raises LayoutError when no batch layout fits its trainers; None when no variant's vLLM fits."""
     s0 = variants[0]
     gpu, model = ctx.gpu, ctx.model
@@ -62,8 +66,7 @@ def best_variant(
         from grpo_launch.planning.async_grpo import async_workload  # only for async plans (one_split.plan_one)
 
         work = async_workload(work, ctx.recipe)
-    best: tuple[float, Split] | None = None
-    best_parts = (0.0, 0.0)
+    scored: list[tuple[float, float, Split]] = []  # (generation, sync, split)
     for split in variants:
         scratch = Trace()
         vllm, hosts = placement.place(ctx.topology, ctx.recipe, model, split, scratch)
@@ -73,10 +76,24 @@ def best_variant(
             rejected.append(candidate(split, None, rejected=reason(exc)))
             continue
         gen, sync, _ = generation_part(model, gpu, vllm, hosts, work)
-        if best is None or gen + sync < best[0]:
-            best, best_parts = (gen + sync, split), (gen, sync)
-    if best is None:
+        scored.append((gen, sync, split))
+    if not scored:
         return None
+    fastest = min(g + s for g, s, _ in scored)
+    # A plan calibrated on this run's own measurements (--calibrate-from, launch.adapt) is trusted as fitted.
+    window = 0.0 if ctx.calibration is not None else STEP_UNCERTAINTY
+    close = [v for v in scored if v[0] + v[1] <= fastest * (1 + window)]
+    gen, sync, chosen = min(close, key=lambda v: (v[2].par.tp * v[2].par.pp, v[0] + v[1]))
+    best, best_parts = (gen + sync, chosen), (gen, sync)
+    for g, s, split in scored:
+        if split is chosen:
+            continue
+        faster = g + s < gen + sync
+        why = f"generation + sync {g + s:.2f} s against {gen + sync:.2f} s for {chosen.label}"
+        if faster:
+            why += f": within the model's {window:.0%}, the layout with fewer GPUs per engine is chosen"
+        prompts = layout.completions_per_optimizer_step / layout.num_generations  # the batch it was compared at
+        outscored.append(dataclasses.replace(candidate(split, None, prompts=prompts), outscored=why))
     forced = ctx.recipe.get("gradient_checkpointing") is True
     cheapest = dataclasses.replace(work, gradient_checkpointing=forced)
     backend = DistBackend.FSDP if s0.asynchronous else DistBackend.DDP

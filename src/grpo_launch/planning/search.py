@@ -115,6 +115,7 @@ class _Tally:
     scored: list[tuple[Candidate, Plan]] = field(default_factory=list)
     planned: dict[str, Split] = field(default_factory=dict)
     skipped: list[Candidate] = field(default_factory=list)
+    outscored: list[Candidate] = field(default_factory=list)  # TP × DP variants that lost on generation alone
 
 
 def search_splits(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
@@ -146,7 +147,7 @@ def _bound(ctx: Context, variants: list[Split], target: Batch | None, tally: _Ta
     if target is not None and not feasible(target.completions, variants[0].trainers, ctx.request.per_device):
         tally.misses.append(variants[0])
     try:
-        found = best_variant(ctx, variants, target, tally.rejected)
+        found = best_variant(ctx, variants, target, tally.rejected, tally.outscored)
     except LayoutError as exc:
         tally.rejected += [candidate(s, None, rejected=reason(exc)) for s in variants]
         tally.layouts.append((variants[0].trainers, exc))
@@ -196,6 +197,7 @@ def _chosen(ctx: Context, tally: _Tally, target: Batch | None) -> Plan:
     others, skipped = [c for c, _ in tally.scored[1:]], tally.skipped
     decisions = [Decision("split", best.label, _why_split(best, others, skipped))]
     decisions += _idle_and_balance(best, others, skipped)
+    decisions += _simpler_variant(best, tally.outscored)
     notices: list[str] = []
     chosen_split = tally.planned[best.label]
     if tally.misses:
@@ -208,10 +210,21 @@ def _chosen(ctx: Context, tally: _Tally, target: Batch | None) -> Plan:
     if larger is not None:
         decisions.append(Decision("prompts_per_step_larger", larger[0], larger[1]))
         notices.append(larger[1])
-    candidates = (dataclasses.replace(best, chosen=True), *others, *skipped, *tally.rejected)
+    candidates = (dataclasses.replace(best, chosen=True), *others, *skipped, *tally.outscored, *tally.rejected)
     return dataclasses.replace(
         plan, decisions=(*decisions, *plan.decisions), candidates=candidates, notices=(*plan.notices, *notices)
     )
+
+
+def _simpler_variant(best: Candidate, outscored: list[Candidate]) -> list[Decision]:
+    """A Why row when a faster variant of the chosen size lost to it within the model's uncertainty."""
+    same = (best.mode, best.server_gpus, best.trainers)
+    passed = [c for c in outscored if (c.mode, c.server_gpus, c.trainers) == same and "within" in (c.outscored or "")]
+    if not passed:
+        return []
+    said = "; ".join(f"{c.label}: {c.outscored}" for c in passed)
+    return [Decision("vLLM engines", best.par.label, f"the fewest GPUs per engine among layouts predicted alike "
+                     f"({said})")]  # fmt: skip
 
 
 def _why_split(best: Candidate, others: list[Candidate], skipped: list[Candidate]) -> str:

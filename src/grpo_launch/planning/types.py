@@ -281,6 +281,7 @@ class Candidate:
     rejected: str | None = None
     chosen: bool = False
     bound_s: float | None = None
+    outscored: str | None = None  # a TP × DP variant of its size that lost on generation alone (bounds.best_variant)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -301,6 +302,8 @@ class Candidate:
             return "chosen"
         if self.rejected is not None:
             return "rejected"
+        if self.outscored is not None:
+            return "outscored"
         return "planned" if self.step is not None else "bounded"
 
     @property

@@ -119,6 +119,7 @@ def _candidate(c: Candidate) -> dict[str, Any]:
         "per_prompt_s": c.per_prompt_s,
         "chosen": c.chosen,
         "rejected": c.rejected,
+        "outscored": c.outscored,
     }
 
 

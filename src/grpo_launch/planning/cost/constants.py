@@ -51,6 +51,12 @@ CONSTANTS: dict[str, Constant] = {
         "the peak a run can reach: trl #3456 ran at 95.4 % (78,147 of 81,920 MiB), vllm #2031 "
         "at 96.9 %; compressed-tensors #587 failed at 98.6 %",
     ),
+    "step_uncertainty": Constant(
+        0.10,
+        "of a step",
+        "the step-time model's error per split, of the order of 10 % on the runs it is checked against "
+        "(tests/test_field_reports.py): two layouts predicted closer than this are not told apart",
+    ),
     "host_headroom": Constant(
         0.80, "of host RAM", "leave a fifth of a node's RAM to the OS, dataloaders and page cache"
     ),
@@ -227,6 +233,7 @@ OVERHEAD_FRACTION = _c("overhead_fraction")
 
 
 HEADROOM = _c("headroom")
+STEP_UNCERTAINTY = _c("step_uncertainty")
 
 
 HOST_HEADROOM = _c("host_headroom")
