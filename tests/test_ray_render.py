@@ -188,3 +188,19 @@ def test_ray_submit_reads_the_arguments_after_the_dashes_with_rays_own_parser():
                         (["echo", "hi"], "a command cannot be given there")):  # fmt: skip
         with pytest.raises(LaunchError, match=said):
             job_arguments(extra)
+
+
+def test_ray_submit_dry_runs_from_a_gpu_spec_without_a_cluster(tmp_path, capsys, monkeypatch):
+    """Issue 41: ``ray-submit --dry-run`` needed a live cluster (exit 1, "which Ray cluster?"), where sbatch and sky
+    take a GPU spec. --gpus plans from the spec for a dry run; submitting with it is refused (the job needs the
+    live cluster's plan)."""
+    from grpo_launch.cli import main
+
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "run"
+    argv = ["ray-submit", "recipes/qwen7b-math.yaml", "--gpus", "2x8xH100-80GB", "--run-dir", str(run)]
+    assert main([*argv, "--dry-run"], environ={"HF_HUB_OFFLINE": "1"}) == 0
+    out = capsys.readouterr().out
+    assert "Plan: 2 × 8 × H100-80GB" in out and "exec " in out and "# batch pinned:" in out
+    assert main(argv, environ={"HF_HUB_OFFLINE": "1"}) == 2
+    assert "it is for --dry-run" in capsys.readouterr().err

@@ -37,6 +37,13 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     import dataclasses
 
     def address(options, recipe):
+        if options.gpus and not args.dry_run:
+            from grpo_launch.errors import ConfigError
+
+            raise ConfigError(
+                "ray-submit --gpus plans without a cluster: it is for --dry-run",
+                hint="Submit with --ray HOST:PORT (the live cluster is probed and planned on).",
+            )
         if not options.address and ctx.environ.get("RAY_ADDRESS"):
             return dataclasses.replace(options, address=ctx.environ["RAY_ADDRESS"])
         return options

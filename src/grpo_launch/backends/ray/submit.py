@@ -55,6 +55,9 @@ class RaySubmitOptions(BackendOptions):
         "--ray-dashboard", f"the job server's address (default: http://HEAD:{DASHBOARD_PORT})", metavar="URL"
     )
     submission_id: str | None = option("--submission-id", "the Ray job's id (default: grpo-NAME-TIME)")
+    gpus: str | None = option(
+        "--gpus", "with --dry-run: plan for these GPUs (2x8xH100-80GB), not a live cluster's", metavar="SPEC"
+    )
 
 
 @frozen
@@ -173,19 +176,26 @@ class RaySubmitter(Submitter[RaySubmitOptions]):
 
         from grpo_launch.backends.ray.cluster import connect, probe_cluster
 
+        if options.gpus:  # a dry run from anywhere, as sbatch and sky plan from a GPU spec
+            from grpo_launch.machines.topology import parse_gpu_spec
+
+            return parse_gpu_spec(options.gpus)
         if not options.address:
-            raise LaunchError("which Ray cluster? Pass --ray HOST:PORT (the head's GCS address) or set RAY_ADDRESS")
+            raise LaunchError(
+                "which Ray cluster? Pass --ray HOST:PORT (the head's GCS address) or set RAY_ADDRESS",
+                hint="A dry run plans from a GPU spec instead: --gpus 2x8xH100-80GB --dry-run.",
+            )
         return probe_cluster(connect(options.address), sys.executable, {})
 
     def request(self, job: SubmitJob, plan: Plan, options: RaySubmitOptions, ctx: RunContext) -> Submission:
-        assert options.address
-        dashboard = dashboard_of(options, options.address)
+        address = options.address or "HEAD:6379"  # a dry run planned from --gpus: the cluster is named at submission
+        dashboard = dashboard_of(options, address)
         # the default id: the run directory's name in letters, digits and ._- (it names Ray's log files)
         name = options.submission_id or re.sub(r"[^A-Za-z0-9._-]+", "-", f"grpo-{Path(plan.run_dir).name}-{_stamp()}")
         path = str(Path(ctx.workdir, plan.paths.ray_job_script))  # the job server's cwd is not the workdir
         client, submit = job_arguments(job.extra_args)
         self.job = RayJob(dashboard, name, entrypoint_of(path), client, submit)
-        text = render_job_script(job, plan, ctx, address=options.address, dashboard=dashboard, name=name)
+        text = render_job_script(job, plan, ctx, address=address, dashboard=dashboard, name=name)
         return Submission(text, path, summary=name)
 
     def submit(self, submission: Submission, ctx: RunContext) -> str:
