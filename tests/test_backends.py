@@ -41,3 +41,27 @@ def test_select_passes_each_backend_its_own_options():
     assert select({}, {}).name == "local"
     chosen = select({"ssh": SshOptions(hostfile="hosts")}, {})
     assert chosen.name == "ssh" and chosen.options == SshOptions(hostfile="hosts")
+
+
+def test_every_backends_options_are_read_without_loading_the_backend():
+    """The CLI declares every backend's flags on each command: it reads them from backends.options, which names the
+    same class each backend says it takes, so ``plan --gpus`` loads no ssh, Ray or Slurm module (start-up)."""
+    import subprocess
+    import sys
+
+    from grpo_launch.backends import REGISTRY, load, option_classes
+
+    assert option_classes().keys() == REGISTRY.keys()
+    for name, options in option_classes().items():
+        assert load(name).Options is options, name
+    code = (
+        "import sys, io, contextlib\n"
+        "from grpo_launch.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['plan', 'recipes/qwen1.5b.yaml', '--gpus', '8xH100-80GB', '--no-write'], environ={})\n"
+        "print(sorted(m for m in sys.modules if m.startswith('grpo_launch.backends.')))\n"
+    )
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
+    loaded = eval(out.strip().splitlines()[-1])
+    assert not [m for m in loaded if m.split(".")[2] in ("ssh", "ray", "slurm", "remote")], loaded

@@ -43,8 +43,10 @@ def load_submitter(name: str) -> type[Submitter[Any]]:
 
 
 def option_classes() -> dict[str, type[BackendOptions]]:
-    """Every backend's options dataclass, by backend name."""
-    return {name: load(name).Options for name in REGISTRY}
+    """Every backend's options dataclass, by backend name (from :mod:`.options`: no backend module is loaded)."""
+    from grpo_launch.backends.options import OPTIONS
+
+    return dict(OPTIONS)
 
 
 def select(
@@ -64,12 +66,13 @@ def select(
 if TYPE_CHECKING:  # mypy checks every registered class against its protocol, typed by the class's own options
     from grpo_launch.backends.base import NoOptions
     from grpo_launch.backends.local import LocalBackend
-    from grpo_launch.backends.ray import RayBackend, RayOptions
+    from grpo_launch.backends.options import RayOptions, SlurmOptions, SshOptions
+    from grpo_launch.backends.ray import RayBackend
     from grpo_launch.backends.ray.submit import RaySubmitOptions, RaySubmitter
     from grpo_launch.backends.skypilot import SkyOptions, SkyPilotSubmitter
-    from grpo_launch.backends.slurm import SlurmBackend, SlurmOptions
+    from grpo_launch.backends.slurm import SlurmBackend
     from grpo_launch.backends.slurm.submit import SbatchOptions, SlurmSubmitter
-    from grpo_launch.backends.ssh import SshBackend, SshOptions
+    from grpo_launch.backends.ssh import SshBackend
 
     _ssh: type[Backend[SshOptions]] = SshBackend
     _ray: type[Backend[RayOptions]] = RayBackend

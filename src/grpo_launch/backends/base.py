@@ -42,6 +42,11 @@ def option(flag: str, help: str, *, default: Any = None, metavar: str | None = N
 class BackendOptions:
     """What every backend's and submitter's options derive from: a frozen dataclass of :func:`option` fields."""
 
+    def chooses_backend(self) -> bool:
+        """Whether these flags alone ask for their backend (--hostfile, --ray, --slurm): the part of its
+        ``detect`` that does not read the environment."""
+        return False
+
     def problems(self) -> list[str]:
         """What is wrong with the values given, each naming its flag: checked when the command line is read, before
         any plan, probe or dry run (a port out of range must not wait for the real run to fail)."""

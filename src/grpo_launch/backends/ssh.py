@@ -14,14 +14,13 @@ the working directory and the recipe's local paths (the check and the kill line 
 
 from __future__ import annotations
 
-import os
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses, option
+from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses
+from grpo_launch.backends.options import SshOptions
 from grpo_launch.backends.remote import (
     check_command,
     check_problem,
@@ -33,57 +32,10 @@ from grpo_launch.backends.remote import (
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.rundir.layout import RUN_ID_ENV
-from grpo_launch.spec import ProcessSpec, RunContext, frozen
+from grpo_launch.spec import ProcessSpec, RunContext
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
-
-SSH_GROUP = "hostfile hosts (ssh: probed, then run)"
-# ssh -o KEYWORD=VALUE, or KEYWORD VALUE (ssh_config(5): keywords are letters and digits).
-_SSH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9]*(=|[ \t]+)[^\x00-\x1f]+")
-
-
-@frozen
-class SshOptions(BackendOptions):
-    """The ssh backend's options: the hostfile, and how to reach its hosts."""
-
-    hostfile: str | None = option(
-        "--hostfile", "DeepSpeed-style hostfile (HOST slots=N [gpu=MODEL] per line)", metavar="FILE"
-    )
-    port: int | None = option("--ssh-port", "ssh port of the hosts", metavar="PORT", type=int, group=SSH_GROUP)
-    identity: str | None = option("--ssh-identity", "private key for ssh (ssh -i)", metavar="FILE", group=SSH_GROUP)
-    config: str | None = option("--ssh-config", "ssh client config file (ssh -F)", metavar="FILE", group=SSH_GROUP)
-    options: tuple[str, ...] = option(
-        "--ssh-option", "extra ssh -o option (repeatable)", default=(), metavar="KEY=VALUE", action="append",
-        group=SSH_GROUP,
-    )  # fmt: skip
-    connect_timeout_s: int = 10
-
-    def problems(self) -> list[str]:
-        out = []
-        if self.port is not None and not 1 <= self.port <= 65535:
-            out.append(f"--ssh-port {self.port}: a TCP port is 1-65535 (ssh's default is 22)")
-        for flag, path in (("--ssh-identity", self.identity), ("--ssh-config", self.config)):
-            if path is not None and not os.path.isfile(os.path.expanduser(path)):
-                out.append(f"{flag} {path!r}: no such file")
-        for o in self.options:
-            if not _SSH_OPTION.fullmatch(o):
-                out.append(f"--ssh-option {o!r}: ssh -o takes KEY=VALUE (for example StrictHostKeyChecking=accept-new)")
-        return out
-
-    def argv(self, host: str) -> list[str]:
-        """``ssh … HOST`` in batch mode (never a password prompt) with a connect timeout."""
-        argv = ["ssh"]
-        if self.config:
-            argv += ["-F", self.config]
-        argv += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout_s}", "-o", "LogLevel=ERROR"]
-        if self.port:
-            argv += ["-p", str(self.port)]
-        if self.identity:
-            argv += ["-i", self.identity, "-o", "IdentitiesOnly=yes"]
-        for o in self.options:
-            argv += ["-o", o]
-        return [*argv, host]
 
 
 def remote_command(
@@ -212,7 +164,7 @@ class SshBackend(BaseBackend[SshOptions]):
 
     @classmethod
     def detect(cls, options: SshOptions, environ: Mapping[str, str]) -> bool:
-        return bool(options.hostfile)
+        return options.chooses_backend()
 
     @classmethod
     def create(cls, options: SshOptions, environ: Mapping[str, str]) -> SshBackend:

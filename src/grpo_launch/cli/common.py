@@ -8,7 +8,6 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
-from grpo_launch.backends import load as load_backend
 from grpo_launch.backends import option_classes, select
 from grpo_launch.backends.base import Backend
 from grpo_launch.cli.options import add_options, read_options
@@ -186,7 +185,7 @@ def topology(
 
     options = {name: read_options(args, cls) for name, cls in option_classes().items()}
     if args.gpus is not None:
-        asked = [name for name, opts in options.items() if name != "local" and load_backend(name).detect(opts, {})]
+        asked = [name for name, opts in options.items() if opts.chooses_backend()]
         if asked:
             other = {"ssh": "--hostfile", "slurm": "--slurm", "ray": "--ray"}.get(
                 asked[0], f"the {asked[0]} backend's options"
@@ -196,14 +195,16 @@ def topology(
                 hint="Keep one: --gpus simulates GPUs; a hostfile line can name its own (node1 slots=8 gpu=H100-80GB).",
             )
     backend = select(options, ctx.environ, simulated=args.gpus is not None)
-    from grpo_launch.probe.local import probe_local
-
-    if args.gpus is not None:
+    if args.gpus is not None:  # this machine is not probed (plan's start-up: probe.local loads only to probe)
         cpu_processes = recipe.launch.num_processes if recipe else None
         simulated = parse_gpu_spec(args.gpus, cpu_processes=cpu_processes)
         if starts:  # processes start here: on this machine's GPUs, whatever --gpus says
+            from grpo_launch.probe.local import probe_local
+
             _refuse_simulated(args.gpus, simulated, probe_local(ctx.environ))
         return simulated, backend
+    from grpo_launch.probe.local import probe_local
+
     local = probe_local(ctx.environ)
     if recipe is not None and recipe.values.get("use_cpu") is True and local.is_cpu:
         local = dataclasses.replace(local, warnings=())  # the recipe asks for CPU: no GPU is not news

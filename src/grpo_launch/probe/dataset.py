@@ -3,7 +3,6 @@ train): counted in a local file, read from the datasets cache or the Hub's metad
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -123,6 +122,8 @@ def _hub_rows(
     if isinstance(known.get(down), (int, float)) and time.time() < known[down]:
         return None, f"the Hub could not be asked (unreachable within the last {UNREACHABLE_S // 60} min)"
     try:
+        import json  # here: a plan that asks no cache or Hub loads no json (plan's start-up)
+
         data = json.loads(fetch(url, HUB_TIMEOUT_S))
     except LookupError as exc:  # the Hub answered: no such (public) dataset
         return None, f"the Hub has no metadata for {name} ({exc})"
@@ -143,6 +144,8 @@ def _hub_rows(
 def _store(path: Path, data: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        import json
+
         path.write_text(json.dumps(data))
     except OSError:
         pass
@@ -168,6 +171,8 @@ def _http_get(url: str, timeout: float) -> bytes:
 
 def _read_json(path: Path) -> dict:
     try:
+        import json
+
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}

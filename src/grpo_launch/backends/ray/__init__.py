@@ -24,26 +24,18 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses, option
+from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses
+from grpo_launch.backends.options import RayOptions
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.rundir.layout import RUN_ID_ENV
-from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
+from grpo_launch.spec import ProcessSpec, RunContext, RunResult
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
 
-RAY_GROUP = "Ray cluster"
 SIGNAL_TIMEOUT_S = 20.0
 CHECK_TIMEOUT_S = 60.0
-
-
-@frozen
-class RayOptions(BackendOptions):
-    address: str | None = option(
-        "--ray", "attach to the Ray cluster at ADDRESS (the head's HOST:PORT, or 'auto' on a node of it); without "
-        "it, used when RAY_ADDRESS is set (as in a Ray job)", metavar="ADDRESS", group=RAY_GROUP,
-    )  # fmt: skip
 
 
 def host_bundles(plan: Plan) -> dict[str, list[tuple[str, int, float]]]:
@@ -74,7 +66,7 @@ class RayBackend(BaseBackend[RayOptions]):
 
     @classmethod
     def detect(cls, options: RayOptions, environ: Mapping[str, str]) -> bool:
-        return bool(options.address or environ.get("RAY_ADDRESS"))
+        return options.chooses_backend() or bool(environ.get("RAY_ADDRESS"))
 
     @classmethod
     def create(cls, options: RayOptions, environ: Mapping[str, str]) -> RayBackend:

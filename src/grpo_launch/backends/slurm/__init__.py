@@ -9,25 +9,16 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
-from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses, option
+from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses
+from grpo_launch.backends.options import SlurmOptions
 from grpo_launch.backends.slurm.env import SLURM_VARIABLES, run_scontrol, slurm_values
 from grpo_launch.enums import RunState
 from grpo_launch.machines.topology import Topology
-from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
+from grpo_launch.spec import ProcessSpec, RunContext, RunResult
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
     from grpo_launch.rundir.records import JobState
-
-
-@frozen
-class SlurmOptions(BackendOptions):
-    slurm: bool = option(
-        "--slurm",
-        "use the current Slurm allocation (an error outside one); without it, used when SLURM_JOB_ID is set",
-        default=False,
-        action="store_true",
-    )
 
 
 class SlurmBackend(BaseBackend[SlurmOptions]):
@@ -37,7 +28,7 @@ class SlurmBackend(BaseBackend[SlurmOptions]):
     @classmethod
     def detect(cls, options: SlurmOptions, environ: Mapping[str, str]) -> bool:
         values = slurm_values(environ)
-        return options.slurm or bool(values.get("job_id") and values.get("nodelist"))
+        return options.chooses_backend() or bool(values.get("job_id") and values.get("nodelist"))
 
     @classmethod
     def create(cls, options: SlurmOptions, environ: Mapping[str, str]) -> SlurmBackend:
