@@ -4,6 +4,7 @@ lost actor is classified, and that planning never imports Ray."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -204,3 +205,25 @@ def test_ray_submit_dry_runs_from_a_gpu_spec_without_a_cluster(tmp_path, capsys,
     assert "Plan: 2 × 8 × H100-80GB" in out and "exec " in out and "# batch pinned:" in out
     assert main(argv, environ={"HF_HUB_OFFLINE": "1"}) == 2
     assert "it is for --dry-run" in capsys.readouterr().err
+
+
+def test_a_ray_cpu_node_shows_the_cpus_it_was_started_with():
+    """Issue 41: ``inspect`` on a Ray cluster counted 1 CPU for a node started with 2 (the one training process a
+    CPU node runs was stored as its CPUs). The node's CPUs are Ray's resource; its one process is its slots. Ray's
+    node record as ray.nodes() gives it (data, not a cluster: tests/test_ray_placement.py probes a real one)."""
+    from grpo_launch.backends.ray.cluster import _host
+    from grpo_launch.cli.tables import topology_sections
+    from grpo_launch.machines.topology import Topology
+    from grpo_launch.planning.roles import cpu_train_hosts
+    from grpo_launch.planning.types import Trace
+    from grpo_launch.recipe import build_recipe
+
+    node = {"Resources": {"CPU": 2.0, "memory": 8e9, "node:10.0.0.2": 1.0}, "NodeManagerAddress": "10.0.0.2",
+            "NodeManagerHostname": "h2", "NodeID": "ab" * 28, "Alive": True}  # fmt: skip
+    host = _host(node, {"node": "h2", "memory_bytes": 8 * 2**30}, with_gpus=False)
+    assert (host.cpus, host.slots) == (2, 1)
+    topology = Topology((host, dataclasses.replace(host, name="h3", address="10.0.0.3")), "ray")
+    row = dict(zip(topology_sections(topology)[0].header or (), topology_sections(topology)[0].rows[0], strict=True))
+    assert row["CPUs"] == "2"
+    recipe = build_recipe({"model_name_or_path": "Qwen/Qwen2.5-0.5B-Instruct", "use_cpu": True}, [])
+    assert [h.processes for h in cpu_train_hosts(topology, recipe, Trace())] == [1, 1]  # one process per node

@@ -101,7 +101,7 @@ def probe_hostfile(
             "this machine has no GPU and the hostfile names no GPU model: its slots are planned as CPU processes "
             "(add gpu=MODEL to each line, e.g. node1 slots=8 gpu=H100-80GB, to plan the hosts' GPUs)"
         )
-        return Topology(tuple(Host(name=h, cpus=n) for h, n, _ in entries), "hostfile", (warn,))
+        return Topology(tuple(Host(name=h, slots=n) for h, n, _ in entries), "hostfile", (warn,))
     unnamed = [h for h, _, g in entries if g is None]
     if unnamed and cpu:
         raise ProbeError(
@@ -132,7 +132,7 @@ def topology_from_probes(entries: list[tuple[str, int, str | None]], probes: dic
             used = reported_gpus(info, slots)
             hosts.append(Host(name=name, gpus=used, cpus=info.get("cpus"), memory_bytes=ram))
         else:
-            hosts.append(Host(name=name, cpus=slots, memory_bytes=ram))
+            hosts.append(Host(name=name, cpus=info.get("cpus"), memory_bytes=ram, slots=slots))
     if len(kinds) > 1:
         raise ProbeError(f"{source}: some hosts have GPUs and some have none", hint="Use hosts of one kind.")
     return Topology(tuple(hosts), "hostfile", mixed_models_warning(models))

@@ -36,8 +36,9 @@ class Host:
     name: str
     gpus: tuple[Gpu, ...] = ()
     address: str | None = None  # reachable address (IP or resolvable name); None → the name
-    cpus: int | None = None
+    cpus: int | None = None  # its CPUs, when known
     memory_bytes: int | None = None  # host RAM, when known (offload needs it)
+    slots: int | None = None  # training processes on a GPU-less host (hostfile slots=N, one per Ray CPU node)
 
     @property
     def addr(self) -> str:

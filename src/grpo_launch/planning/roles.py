@@ -29,10 +29,10 @@ def cpu_train_hosts(topology: Topology, recipe: Recipe, trace: Trace) -> tuple[T
         per = total // len(hosts)
         why = f"launch.num_processes={total} over {len(hosts)} hosts"
     else:
-        counts = {h.cpus or 1 for h in hosts}
+        counts = {h.slots or h.cpus or 1 for h in hosts}
         if len(counts) > 1:
             raise PlanError(
-                "CPU hosts have different slot counts: " + ", ".join(f"{h.name}={h.cpus}" for h in hosts),
+                "CPU hosts have different slot counts: " + ", ".join(f"{h.name}={h.slots or h.cpus}" for h in hosts),
                 hint="Give every host the same slots=N, or set launch.num_processes.",
             )
         per = counts.pop()

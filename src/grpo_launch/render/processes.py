@@ -167,7 +167,7 @@ def train_env(plan: Plan, host: TrainHost) -> dict[str, str]:
         env["ACCELERATE_USE_CPU"] = "true"
     if plan.train.device == Device.CPU:
         env["DS_ACCELERATOR"] = "cpu"  # said, not detected: DeepSpeed (imported by transformers) warns when it guesses
-        cpus = next((h.cpus for h in plan.topology.hosts if h.name == host.name), None)
+        cpus = next((h.slots or h.cpus for h in plan.topology.hosts if h.name == host.name), None)
         if cpus:
             env["OMP_NUM_THREADS"] = str(max(1, cpus // host.processes))
     # The trainers write their records there and watch it for a checkpoint-and-stop request (SIGUSR2 to

@@ -8,6 +8,7 @@ Only the Ray backend's modules import this, and only when a run uses Ray: ``impo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -207,7 +208,7 @@ def probe_cluster(ray: Any, python: str, environ: Mapping[str, str], skip: Colle
             models[hosts[-1].name] = hosts[-1].gpus[0].name
     names = [h.name for h in hosts]
     if len(set(names)) < len(names):  # nodes sharing a host name (containers): name them by address
-        hosts = [Host(h.address or h.name, h.gpus, h.address, h.cpus, h.memory_bytes) for h in hosts]
+        hosts = [dataclasses.replace(h, name=h.address or h.name) for h in hosts]
     return Topology(tuple(hosts), "ray", (*warnings, *mixed_models_warning(models)))
 
 
@@ -215,8 +216,9 @@ def _host(node: Mapping[str, Any], report: Mapping[str, Any] | None, with_gpus: 
     resources, address = node["Resources"], str(node["NodeManagerAddress"])
     name = str((report or {}).get("node") or node_name(node))
     memory = (report or {}).get("memory_bytes")
+    cpus = int(resources.get("CPU", 0)) or None  # what the node was started with (ray start --num-cpus)
     if not with_gpus:  # CPU nodes: one training process each (CPU runs are for tests and demos)
-        return Host(name=name, address=address, cpus=1, memory_bytes=memory)
+        return Host(name=name, address=address, cpus=cpus, memory_bytes=memory, slots=1)
     count = int(resources.get("GPU", 0))
     gpus = reported_gpus(report, count) if report else ()
     if len(gpus) < count:  # no report, or NVML sees fewer than Ray hands out: Ray's accelerator type
@@ -224,7 +226,7 @@ def _host(node: Mapping[str, Any], report: Mapping[str, Any] | None, with_gpus: 
         spec = find_gpu_spec(kind) if kind else None
         name_, mem = (spec.name, int(spec.memory_gib * GIB)) if spec else (kind or "unknown", None)
         gpus = tuple(Gpu(visible_id=str(i), name=name_, memory_bytes=mem) for i in range(count))
-    return Host(name=name, gpus=gpus, address=address, cpus=int(resources.get("CPU", 0)) or None, memory_bytes=memory)
+    return Host(name=name, gpus=gpus, address=address, cpus=cpus, memory_bytes=memory)
 
 
 def node_ids(ray: Any) -> dict[str, str]:
