@@ -271,7 +271,7 @@ class Attempt:
             exit_code=whole(row.get("exit_code"), "exit_code"),
             failure=enum_or_none(FailureKind, row.get("failure")),
             side=enum_or_none(Role, row.get("side")),
-            cause=row.get("cause"),
+            cause=None if row.get("cause") is None else str(row.get("cause")),
             message=str(row.get("message") or ""),
             adaptations=tuple(AdaptRecord.from_json(a) for a in row.get("adaptations") or () if isinstance(a, dict)),
         )
