@@ -194,7 +194,7 @@ class Supervisor:
         assert stream is not None
         name = child.spec.name
         log_ok = True
-        first = child.spec.remote_group  # the shim's announcement counts only as the first line (_announced)
+        first = child.spec.remote_group  # a shim announces its pgid as its first line only (> 1: announced_pgid)
         for raw in iter(stream.readline, b""):
             if log_ok:
                 try:
@@ -204,10 +204,13 @@ class Supervisor:
                     log_ok = False
                     self.say(f"[grpo-launch] cannot write {child.log_path} ({exc.strerror}): log lost from here")
             line = raw.decode(errors="replace").rstrip("\n")
-            if first:
-                first = False
-                if self._announced(child, line):
-                    continue
+            if first and line.startswith(PGID_ANNOUNCE):
+                child.remote_pgid = announced_pgid(line)
+                if child.remote_pgid is None:
+                    self.say(f"[grpo-launch] warning: {name} announced no process group of its own: it is stopped "
+                             "through its connection and its host's guard only")  # fmt: skip
+                continue
+            first = False
             if faults.looks_like_error(line) and len(self.events) < 2000:
                 self.events.append(faults.Event(time.time(), name, line, child.spec.role))
             if not self.quiet:
@@ -215,24 +218,8 @@ class Supervisor:
         with contextlib.suppress(OSError):
             log_file.close()
 
-    def _announced(self, child: Child, line: str) -> bool:
-        """Whether the first line of a remote child is its shim's process-group announcement; teardown then signals
-        that group on its host. Accepted only there (a line the command prints later is the command's, whatever it
-        says) and only for a group of its own (> 1: ``kill -- -1`` would signal every process of the user)."""
-        if not line.startswith(PGID_ANNOUNCE):
-            return False
-        pgid = announced_pgid(line)
-        if pgid is None:
-            self.say(f"[grpo-launch] warning: {child.spec.name} announced no process group of its own "
-                     f"({line[len(PGID_ANNOUNCE):][:40]!r}): it is stopped through its connection and its host's "
-                     "guard only")  # fmt: skip
-            return True
-        child.remote_pgid = pgid
-        return True
-
     def say(self, line: str) -> None:
-        # The console may be gone (a closed pipe, a hung-up terminal): the logs go on. A child's output reaches it
-        # printable (no escape sequence from a log steers the terminal).
+        # Printable: no escape sequence from a log steers the terminal. The console may be gone: the logs go on.
         with self._emit_lock, contextlib.suppress(Exception):
             self.emit(printable(line))
 
