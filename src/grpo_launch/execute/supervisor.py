@@ -205,7 +205,7 @@ class Supervisor:
                     self.say(f"[grpo-launch] cannot write {child.log_path} ({exc.strerror}): log lost from here")
             line = raw.decode(errors="replace").rstrip("\n")
             if first and line.startswith(PGID_ANNOUNCE):
-                child.remote_pgid = announced_pgid(line)
+                first, child.remote_pgid = False, announced_pgid(line)
                 if child.remote_pgid is None:
                     self.say(f"[grpo-launch] warning: {name} announced no process group of its own: it is stopped "
                              "through its connection and its host's guard only")  # fmt: skip
