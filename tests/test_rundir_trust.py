@@ -117,6 +117,15 @@ class TestPlantedLinks:
         with pytest.raises(LaunchError, match="not a regular file"), RunLock(run):
             pass
 
+    def test_a_fifo_planted_as_the_lock_never_hangs_status_or_plan(self, tmp_path):
+        run = tmp_path / "run"
+        append(RunPaths(run).attempts, Attempt(1, time.time(), RunState.FAILED, 1, cause="boom"))
+        os.mkfifo(RunPaths(run).lock)  # reading who holds the lock opened it, and waited for a writer forever
+        status = _cli("status", str(run), timeout=60)
+        assert status.returncode == 0 and "not running" in status.stdout, status.stderr
+        plan = _cli("plan", TINY_RECIPE, "--run-dir", str(run), timeout=120)
+        assert plan.returncode == 0 and "plans for another directory" in plan.stdout, plan.stderr
+
     def test_a_process_log_is_never_written_through_a_link(self, tmp_path):
         """The Supervisor's log for each child is named by the time it starts: links planted for the next seconds'
         names are refused, before the process starts."""

@@ -82,7 +82,11 @@ def last_holder(run_dir: str | Path) -> dict:
     """What the run directory's lock file says about the last run that held it (pid, host, start, its backend and
     batch job)."""
     try:
-        info = json.loads(RunPaths(run_dir).lock.read_text())
+        fd = _open_lock(RunPaths(run_dir).lock)
+        try:
+            info = json.loads(os.read(fd, 1 << 16).decode(errors="replace"))
+        finally:
+            os.close(fd)
     except (OSError, ValueError):
         return {}
     return info if isinstance(info, dict) else {}
@@ -94,7 +98,7 @@ def lock_holder(run_dir: str | Path) -> str | None:
 
     path = RunPaths(run_dir).lock
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_lock(path)
     except OSError:
         return None
     try:
@@ -104,6 +108,15 @@ def lock_holder(run_dir: str | Path) -> str | None:
     finally:
         os.close(fd)
     return None
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file, to read who holds it (another user's run's too): never through a link, and never a FIFO
+    planted there (reading one would hang ``plan``, ``status`` and ``resume``). Any refusal is an OSError: no holder."""
+    try:
+        return nofollow_fd(path, os.O_RDONLY, own=False)
+    except LaunchError as exc:
+        raise OSError(exc.message) from None
 
 
 def _make_dir(root: Path) -> None:

@@ -54,11 +54,11 @@ def _linked(path: Path) -> LaunchError:
     )
 
 
-def nofollow_fd(path: str | Path, flags: int, mode: int = 0o644) -> int:
+def nofollow_fd(path: str | Path, flags: int, mode: int = 0o644, *, own: bool = True) -> int:
     """``os.open(path, flags)``, never through a symbolic link (O_NOFOLLOW: a link is refused, not followed), never
-    a FIFO or device that would block or misdirect the write, and only a file of this user's with one name (a hard
-    link to someone's file would be written through). Every file the launcher writes in a run directory is opened
-    here. A refusal is a LaunchError naming the file."""
+    a FIFO or device that would block or misdirect the write, and (``own``: to write it) only a file of this user's
+    with one name (a hard link to someone's file would be written through). Every file the launcher writes in a run
+    directory is opened here, and the lock when it is read. A refusal is a LaunchError naming the file."""
     p = Path(path)
     try:
         fd = os.open(p, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
@@ -72,9 +72,9 @@ def nofollow_fd(path: str | Path, flags: int, mode: int = 0o644) -> int:
     problem = None
     if not stat.S_ISREG(st.st_mode):
         problem = "is not a regular file"
-    elif st.st_nlink > 1:
+    elif own and st.st_nlink > 1:
         problem = f"has {st.st_nlink} names (a hard link to another file)"
-    elif st.st_uid != os.geteuid():
+    elif own and st.st_uid != os.geteuid():
         problem = f"is owned by {_owner(st.st_uid)}, not by you"
     if problem is not None:
         os.close(fd)
