@@ -219,11 +219,12 @@ class TestUntrustedDirectories:
             resume_checkpoint(job, str(output))
 
     def test_the_real_cli_refuses_a_world_writable_checkpoint_before_anything_starts(self, tmp_path):
-        from .helpers import tiny_overrides
+        from .helpers import free_port, tiny_overrides
 
         run = tmp_path / "run"
         _complete_checkpoint(run / "output").chmod(0o777)
-        out = _cli("run", TINY_RECIPE, *tiny_overrides(tmp_path), "max_steps=1", "--run-dir", str(run))
+        port = f"launch.main_process_port={free_port()}"  # other runs on this machine may hold 29500
+        out = _cli("run", TINY_RECIPE, *tiny_overrides(tmp_path), "max_steps=1", port, "--run-dir", str(run))
         assert out.returncode != 0 and "writable by every user" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr and "chmod o-w" in out.stderr
         assert not list((run / "logs").glob("train-*.log"))  # no trainer started
