@@ -113,8 +113,10 @@ def run_verb(args: argparse.Namespace, ctx: Any) -> Any:
 
 
 def _error(text: str) -> None:
+    from grpo_launch.rundir.text import printable
+
     try:
-        print(text, file=sys.stderr, flush=True)
+        print(printable(text), file=sys.stderr, flush=True)
     except (OSError, ValueError):
         drop(sys.stderr)
 

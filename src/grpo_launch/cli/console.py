@@ -10,6 +10,8 @@ import re
 import sys
 from typing import TextIO
 
+from grpo_launch.rundir.text import printable
+
 STEP_LINE = re.compile(r"^\[train[^\]]*\] step \d+/\d+ done")
 
 
@@ -50,6 +52,7 @@ class Console:
         self._open = False  # a live line is on screen, without its newline
 
     def __call__(self, line: str) -> None:
+        line = printable(line)  # a log line or a record's text never steers the terminal (this console's own do)
         try:
             if self.live and STEP_LINE.match(line):
                 width = terminal_columns(self.stream)

@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,8 @@ from grpo_launch.rundir.fields import RunFileError
 from grpo_launch.rundir.invocation import REDACTED, SUBMITTED_BACKEND, Invocation, read_invocation
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.plan_record import PlanRecord
+from grpo_launch.rundir.text import command_line
+from grpo_launch.rundir.trust import check_run_dir
 from grpo_launch.spec import RunContext, frozen
 
 EXAMPLES = """\
@@ -72,6 +73,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> Any:
     from grpo_launch.cli import run_verb
 
     run_dir = Path(args.run_dir)
+    check_run_dir(run_dir)  # before its record is read and run again: another user's directory, a planted link
     record = _record(run_dir)
     _refuse_foreign(record, run_dir)
     _refuse_running(run_dir)
@@ -96,7 +98,7 @@ def _record(run_dir: Path) -> Invocation:
     except RunFileError as exc:
         raise ConfigError(
             exc.message,
-            hint=f"Start the run again with its command and --run-dir {run_dir}: it "
+            hint=f"Start the run again with its command and {command_line(['--run-dir', run_dir])}: it "
             "continues from the newest complete checkpoint (and records its command anew).",
         ) from None
     if record is None:
@@ -107,13 +109,14 @@ def _record(run_dir: Path) -> Invocation:
             )
         raise ConfigError(
             f"{paths.invocation} is missing: the run was started by a grpo-launch that did not record its command",
-            hint=f"Run the command that started it again, with --run-dir {run_dir}: it continues from the newest "
+            hint=f"Run the command that started it again, with {command_line(['--run-dir', run_dir])}: it continues "
+            "from the newest "
             "complete checkpoint.",
         )
     if record.verb not in ("run", *SUBMITTED_BACKEND):
         raise ConfigError(f"{paths.invocation}: key 'verb' is {record.verb!r}, not a verb that starts a run",
                           hint=f"The file was written by hand or by another program: start the run again with its "
-                               f"command and --run-dir {run_dir}.")  # fmt: skip
+                               f"command and {command_line(['--run-dir', run_dir])}.")  # fmt: skip
     if record.redacted:
         raise ConfigError(
             f"{paths.invocation}: the run's command had secrets on it ({', '.join(record.redacted)}), which are "
@@ -131,8 +134,8 @@ def _refuse_foreign(record: Invocation, run_dir: Path) -> None:
         raise ConfigError(
             f"{paths.invocation} records a run in {record.run_dir}, not in {run_dir} (a copied or moved run "
             "directory?)",
-            hint=f"Resume it where it runs (grpo-launch resume {record.run_dir}), or start a run here with its "
-            f"command and --run-dir {run_dir}.",
+            hint=f"Resume it where it runs ({command_line(['grpo-launch', 'resume', record.run_dir])}), or start a "
+            f"run here with its command and {command_line(['--run-dir', run_dir])}.",
         )
     plan = _recorded_plan(paths)
     if plan is not None and plan.recipe is not None:
@@ -167,7 +170,8 @@ def _refuse_running(run_dir: Path) -> None:
     if state is not None and state.state in (JobStatus.PENDING, JobStatus.RUNNING):
         raise LaunchError(
             f"the run's {backend} job {job} is {state.said}: it continues the run by itself",
-            hint=f"Wait for it (grpo-launch status {run_dir}), or cancel it first (e.g. scancel {job}).",
+            hint=f"Wait for it ({command_line(['grpo-launch', 'status', run_dir])}), or cancel it first (e.g. "
+            f"{command_line(['scancel', job])}).",
         )
 
 
@@ -258,7 +262,7 @@ def _say_changes(
             f"resuming {paths.root} would change its algorithm or model ({paths.plan_json} → the recipe "
             f"{recipe} and overrides now):\n{lines}",
             hint="Restore the recipe's values, or continue the run's checkpoints with the new values: "
-            f"{shlex.join(['grpo-launch', 'resume', str(paths.root), '--force'])}; or start a new run with another "
+            f"{command_line(['grpo-launch', 'resume', paths.root, '--force'])}; or start a new run with another "
             "--run-dir.",
         )
     if resuming is not None:

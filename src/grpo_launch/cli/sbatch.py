@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from grpo_launch.cli.submitting import add_submit_args, emit_dry_run, plan_submission, write_submission
+from grpo_launch.rundir.text import command_line
 from grpo_launch.spec import RunContext
 
 DESCRIPTION = (
@@ -50,5 +51,6 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     ctx.emit(f"submitted Slurm job {job_id}: {submission.summary}")
     ctx.emit(f"  log:     {plan.run_dir}/slurm-{job_id}.out (and {plan.paths.logs}/ per process)")
     ctx.emit(f"  script:  {submission.path}")
-    ctx.emit(f"  follow:  tail -f {plan.run_dir}/slurm-{job_id}.out   cancel: scancel {job_id}")
+    follow = command_line(["tail", "-f", f"{plan.run_dir}/slurm-{job_id}.out"])
+    ctx.emit(f"  follow:  {follow}   cancel: {command_line(['scancel', job_id])}")
     return 0

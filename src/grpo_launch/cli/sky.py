@@ -42,10 +42,10 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     import dataclasses
     import os
-    import shlex
 
     from grpo_launch.rundir.files import write_run_files
     from grpo_launch.rundir.invocation import write_invocation
+    from grpo_launch.rundir.text import command_line
 
     def cpu_or_gpus(options, recipe):
         if options.accelerators is None and recipe.values.get("use_cpu") is not True:
@@ -69,7 +69,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     write_run_files(plan.run_dir, {os.path.basename(submission.path): submission.text})
     ctx.emit(f"wrote {submission.path}: {submission.summary}")
     verb = ["sky", "jobs", "launch", "-n"] if submitter.managed else ["sky", "launch", "-c"]
-    launch = shlex.join([*verb, submitter.cluster, submission.path, *(a for s in submitter.secrets
+    launch = command_line([*verb, submitter.cluster, submission.path, *(a for s in submitter.secrets
                                                                        for a in ("--secret", s))])  # fmt: skip
     if not args.launch:
         ctx.emit(f"  launch:  {launch}   (or grpo-launch sky … --launch)")
@@ -79,8 +79,13 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     if submitter.managed:
         ctx.emit(f"launched the SkyPilot managed job {cluster}: after a preemption SkyPilot relaunches it and it "
                  "resumes from its run directory")  # fmt: skip
-        ctx.emit(f"  follow:  sky jobs logs -n {cluster}   status: sky jobs queue   stop: sky jobs cancel -n {cluster}")
+        follow, stop = (
+            command_line(["sky", "jobs", "logs", "-n", cluster]),
+            command_line(["sky", "jobs", "cancel", "-n", cluster]),
+        )
+        ctx.emit(f"  follow:  {follow}   status: sky jobs queue   stop: {stop}")
         return 0
     ctx.emit(f"launched on SkyPilot cluster {cluster}")
-    ctx.emit(f"  follow:  sky logs {cluster}   status: sky status {cluster}   stop paying: sky down {cluster}")
+    follow, status, down = (command_line(["sky", verb, cluster]) for verb in ("logs", "status", "down"))
+    ctx.emit(f"  follow:  {follow}   status: {status}   stop paying: {down}")
     return 0

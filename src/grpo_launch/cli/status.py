@@ -18,6 +18,7 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.measured import Measured, Progress, measure, progress
 from grpo_launch.rundir.records import JobState
+from grpo_launch.rundir.text import command_line
 from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import RunContext, frozen
 
@@ -81,8 +82,6 @@ def _job_state(view: RunView) -> tuple[str | None, JobState | None]:
 def _resume_hint(view: RunView, workdir: str) -> tuple[str, str]:
     """The command that continues the run, shell-quoted, and where it would continue from. Without a record of the
     run's command (a run of an earlier grpo-launch) the command is rebuilt from plan.json and says what it lacks."""
-    import shlex
-
     from grpo_launch.rundir.continuity import resume_point
     from grpo_launch.rundir.fields import RunFileError
     from grpo_launch.rundir.invocation import read_invocation
@@ -98,8 +97,8 @@ def _resume_hint(view: RunView, workdir: str) -> tuple[str, str]:
     except RunFileError:
         recorded = True  # `resume` names the file and the fix
     if recorded:
-        return shlex.join(["grpo-launch", "resume", str(view.root)]), where
-    command = shlex.join(["grpo-launch", (plan.recipe if plan else None) or "RECIPE", "--run-dir", str(view.root)])
+        return command_line(["grpo-launch", "resume", view.root]), where
+    command = command_line(["grpo-launch", (plan.recipe if plan else None) or "RECIPE", "--run-dir", view.root])
     return command, f"{where}; the run's command was not recorded: add its overrides and flags"
 
 

@@ -4,6 +4,7 @@ only for a terminal and ``plan --json`` never imports it."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterable, Sequence
 from itertools import groupby
@@ -13,6 +14,7 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
 from grpo_launch.planning.types import Plan, Total
 from grpo_launch.render.processes import trainers, vllm_servers
+from grpo_launch.rundir.text import printable
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
@@ -327,10 +329,21 @@ def calibration_section(run_dir: str, rows: Sequence[Comparison]) -> Section:
     return Section(f"Calibrated from {run_dir} (the estimate above uses these)", table, header)
 
 
+def _printable(sec: Section) -> Section:
+    """The section with control characters escaped in every cell (a reward's name, a failure's cause and a log
+    line come from the run directory: none may reach the terminal raw); a cell is one line."""
+    return dataclasses.replace(
+        sec,
+        title=printable(sec.title),
+        rows=[tuple(printable(c, newlines=False) for c in row) for row in sec.rows],
+        header=tuple(printable(c, newlines=False) for c in sec.header) if sec.header else sec.header,
+    )
+
+
 def plain_text(sections: Iterable[Section]) -> str:
     """Aligned plain text: a title line, then the rows indented with padded columns."""
     lines: list[str] = []
-    for sec in sections:
+    for sec in map(_printable, sections):
         lines.append(sec.title)
         rows = [sec.header, *sec.rows] if sec.header else list(sec.rows)
         if not rows:
@@ -348,7 +361,7 @@ def _print_rich(sections: Iterable[Section]) -> None:
     from rich.text import Text
 
     console = Console(soft_wrap=True)
-    for sec in sections:
+    for sec in map(_printable, sections):
         if not sec.rows or not sec.table:
             console.print(Text(sec.title, style=sec.style or ("bold" if sec.rows else "")))
             for row in sec.rows:  # plain lines: no markup ([vllm] is text), no box around a command

@@ -267,7 +267,7 @@ def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], i
 
     out = output_dir_of(plan, workdir)
     try:  # as the trainers will: create it, write in it (permission bits say nothing for root or read-only mounts)
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(mode=0o775, parents=True, exist_ok=True)  # never writable by all (rundir/trust.py refuses that)
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as exc:

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import re
 import secrets
-import shlex
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -52,6 +51,7 @@ from grpo_launch.rundir.files import (
 )
 from grpo_launch.rundir.layout import RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV, VLLM_TOKEN_ENV
 from grpo_launch.rundir.records import Attempt, StepRecord, append, read_metrics
+from grpo_launch.rundir.text import command_line
 from grpo_launch.rundir.tracking import keep_tracking
 from grpo_launch.rundir.verdict import split_verdict
 from grpo_launch.rundir.view import RunView
@@ -336,7 +336,7 @@ def _how_it_stopped(plan: Plan, ctx: RunContext, result: RunResult) -> RunResult
     step saved), or on request (SIGUSR2, the allocation's end: STOPPED_FOR_CHECKPOINT)."""
     step = control.stopped_at(plan.run_dir)
     if result.state == RunState.INTERRUPTED and step is not None:  # the first Ctrl-C or SIGTERM, honoured
-        again = shlex.join(["grpo-launch", "resume", plan.run_dir])
+        again = command_line(["grpo-launch", "resume", plan.run_dir])
         ctx.emit(f"[grpo-launch] stopped after saving checkpoint-{step}; the same command resumes from it ({again})")
         saved = f"{result.message}: stopped after saving checkpoint-{step}"
         result = dataclasses.replace(result, stopped_at_step=step, message=saved)

@@ -31,7 +31,9 @@ from typing import IO
 from grpo_launch.errors import LaunchError
 from grpo_launch.execute import faults
 from grpo_launch.node import reaper
-from grpo_launch.rundir.layout import PGID_ANNOUNCE, RUN_ID_ENV
+from grpo_launch.rundir.layout import PGID_ANNOUNCE, RUN_ID_ENV, announced_pgid
+from grpo_launch.rundir.text import printable
+from grpo_launch.rundir.trust import open_nofollow
 from grpo_launch.spec import Failure, ProcessSpec
 
 POLL_S = 0.2
@@ -156,6 +158,7 @@ class Supervisor:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = self.log_dir / f"{spec.name.replace('@', '-')}-{stamp}.log"
         env = {**self.environ, **spec.launch_env, "PYTHONUNBUFFERED": "1", RUN_ID_ENV: self.run_id}
+        log_file = open_nofollow(log_path, "ab")  # before the start: never through a link planted in the run dir
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
@@ -167,6 +170,7 @@ class Supervisor:
                 start_new_session=True,
             )
         except FileNotFoundError:
+            log_file.close()
             raise LaunchError(
                 f"cannot start {spec.name}: command {spec.argv[0]!r} not found",
                 hint="Install it, or point grpo-launch at it (launch.vllm_command for the server).",
@@ -176,7 +180,6 @@ class Supervisor:
             with contextlib.suppress(BrokenPipeError):
                 proc.stdin.write((payload + "\n").encode())
                 proc.stdin.close()
-        log_file = log_path.open("ab")
         child = Child(spec, proc, log_path, threading.Thread(daemon=True))
         child.pump = threading.Thread(target=self._pump, args=(child, proc.stdout, log_file), daemon=True)
         child.pump.start()
@@ -191,6 +194,7 @@ class Supervisor:
         assert stream is not None
         name = child.spec.name
         log_ok = True
+        first = child.spec.remote_group  # a shim announces its pgid as its first line only (> 1: announced_pgid)
         for raw in iter(stream.readline, b""):
             if log_ok:
                 try:
@@ -200,10 +204,13 @@ class Supervisor:
                     log_ok = False
                     self.say(f"[grpo-launch] cannot write {child.log_path} ({exc.strerror}): log lost from here")
             line = raw.decode(errors="replace").rstrip("\n")
-            if child.remote_pgid is None and line.startswith(PGID_ANNOUNCE):
-                with contextlib.suppress(ValueError):
-                    child.remote_pgid = int(line[len(PGID_ANNOUNCE) :])
-                    continue
+            if first and line.startswith(PGID_ANNOUNCE):
+                first, child.remote_pgid = False, announced_pgid(line)
+                if child.remote_pgid is None:
+                    self.say(f"[grpo-launch] warning: {name} announced no process group of its own: it is stopped "
+                             "through its connection and its host's guard only")  # fmt: skip
+                continue
+            first = False
             if faults.looks_like_error(line) and len(self.events) < 2000:
                 self.events.append(faults.Event(time.time(), name, line, child.spec.role))
             if not self.quiet:
@@ -212,9 +219,9 @@ class Supervisor:
             log_file.close()
 
     def say(self, line: str) -> None:
-        # The console may be gone (a closed pipe, a hung-up terminal): the logs go on.
+        # Printable: no escape sequence from a log steers the terminal. The console may be gone: the logs go on.
         with self._emit_lock, contextlib.suppress(Exception):
-            self.emit(line)
+            self.emit(printable(line))
 
     def diagnose(self) -> Failure:
         """The run's root cause across every child, from the lines seen so far."""

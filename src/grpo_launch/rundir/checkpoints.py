@@ -22,6 +22,7 @@ from grpo_launch.enums import ResumeMode
 from grpo_launch.errors import ConfigError
 from grpo_launch.rundir.layout import COMPLETE_MARKER, NO_RESUME
 from grpo_launch.rundir.records import CompletionRecord
+from grpo_launch.rundir.trust import check_trusted, open_nofollow
 from grpo_launch.spec import frozen
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -102,7 +103,8 @@ def completed(output_dir: Path) -> CompletionRecord | None:
 
 def mark_complete(output_dir: str | Path, record: CompletionRecord) -> None:
     """The training entry's one way to write the completion marker (rank 0, after the final save)."""
-    Path(output_dir, COMPLETE_MARKER).write_text(json.dumps(record.to_json()) + "\n")
+    with open_nofollow(Path(output_dir, COMPLETE_MARKER), "w") as f:
+        f.write(json.dumps(record.to_json()) + "\n")
 
 
 def set_aside(path: Path, label: str) -> Path:
@@ -132,6 +134,7 @@ def decide_resume(output_dir: Path, mode: ResumeMode, max_steps: int | None) -> 
     the completion record are set aside. ``must``: the newest complete checkpoint, else an error."""
     if mode not in tuple(ResumeMode):
         raise ConfigError(f"--resume must be one of {', '.join(ResumeMode)}, got {mode!r}")
+    check_trusted(output_dir, "output_dir", flag="output_dir=DIR")  # before anything in it is read, moved or loaded
     notes: list[str] = []
     done = completed(output_dir)
     if mode == ResumeMode.NEVER:
@@ -151,6 +154,8 @@ def decide_resume(output_dir: Path, mode: ResumeMode, max_steps: int | None) -> 
             break
         aside = set_aside(path, "damaged")
         notes.append(f"skipped damaged checkpoint-{step} ({problems[0]}); set aside as {aside.name}")
+    if chosen is not None:
+        check_trusted(chosen, "checkpoint", flag="--resume never, or output_dir=DIR")  # the trainers unpickle it
     if mode == ResumeMode.MUST and chosen is None:
         raise ConfigError(
             f"--resume must: no complete checkpoint in {output_dir}",

@@ -16,12 +16,15 @@ from pathlib import Path
 
 from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.text import command_line
+from grpo_launch.rundir.trust import check_run_dir, nofollow_fd, open_nofollow
 
 
 def in_use(run_dir: Path, holder: str) -> LaunchError:
     return LaunchError(
         f"run directory {str(run_dir)!r} is in use by another grpo-launch run ({holder})",
-        hint="Wait for it to finish (grpo-launch status RUN_DIR), stop it, or use another --run-dir.",
+        hint=f"Wait for it to finish ({command_line(['grpo-launch', 'status', run_dir])}), stop it, or use another "
+        "--run-dir.",
     )
 
 
@@ -49,8 +52,9 @@ class RunLock:
 
         from grpo_launch.rundir.invocation import redact_argv
 
+        check_run_dir(self.run_dir)  # before anything is written there (a planted link, another user's directory)
         _make_dir(self.run_dir)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = nofollow_fd(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -78,7 +82,11 @@ def last_holder(run_dir: str | Path) -> dict:
     """What the run directory's lock file says about the last run that held it (pid, host, start, its backend and
     batch job)."""
     try:
-        info = json.loads(RunPaths(run_dir).lock.read_text())
+        fd = _open_lock(RunPaths(run_dir).lock)
+        try:
+            info = json.loads(os.read(fd, 1 << 16).decode(errors="replace"))
+        finally:
+            os.close(fd)
     except (OSError, ValueError):
         return {}
     return info if isinstance(info, dict) else {}
@@ -90,7 +98,7 @@ def lock_holder(run_dir: str | Path) -> str | None:
 
     path = RunPaths(run_dir).lock
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_lock(path)
     except OSError:
         return None
     try:
@@ -102,9 +110,18 @@ def lock_holder(run_dir: str | Path) -> str | None:
     return None
 
 
+def _open_lock(path: Path) -> int:
+    """The lock file, to read who holds it (another user's run's too): never through a link, and never a FIFO
+    planted there (reading one would hang ``plan``, ``status`` and ``resume``). Any refusal is an OSError: no holder."""
+    try:
+        return nofollow_fd(path, os.O_RDONLY, own=False)
+    except LaunchError as exc:
+        raise OSError(exc.message) from None
+
+
 def _make_dir(root: Path) -> None:
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o775, parents=True, exist_ok=True)  # never writable by all, whatever the umask
     except OSError as exc:
         raise ConfigError(
             f"cannot create run directory {str(root)!r}: {exc.strerror}", hint="Choose another with --run-dir DIR."
@@ -134,6 +151,7 @@ def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bo
     root = Path(run_dir)
     if not locked and (holder := lock_holder(root)) is not None:
         raise in_use(root, holder)
+    check_run_dir(root)
     _make_dir(root)
     paths = RunPaths(root)
     if paths.relative(paths.accelerate_config) in files:  # a whole plan's files: one plan's, none of an earlier one
@@ -240,7 +258,7 @@ class LauncherLog:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as f:
+            with open_nofollow(self.path, "a", encoding="utf-8") as f:
                 f.write(lines)
-        except OSError:
+        except (OSError, LaunchError):  # a link planted there: refused by the run's start, and never written through
             self._ok = False

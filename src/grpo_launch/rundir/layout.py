@@ -29,6 +29,21 @@ RAY_CLIENT_PORT_ENV = "GRPO_LAUNCH_RAY_CLIENT_PORT"  # the head's Ray client ser
 # grpo_launch.node.shim prints this, then its process-group id, so the launcher can stop the remote tree.
 PGID_ANNOUNCE = "[grpo-launch-task] pgid="
 
+
+def announced_pgid(line: str) -> int | None:
+    """The process group a shim's announcement names, or None. Only a group of its own is accepted: the launcher
+    later runs ``kill -- -PGID`` on that host, and ``kill -- -1`` signals every process of the user there (0, or a
+    negative or non-decimal value, is no group of the shim's either). The launcher reads it only from the first line
+    of the shim's output."""
+    if not line.startswith(PGID_ANNOUNCE):
+        return None
+    value = line[len(PGID_ANNOUNCE) :].strip()
+    if not (value.isascii() and value.isdigit()) or len(value) > 10:
+        return None
+    pgid = int(value)
+    return pgid if pgid > 1 else None
+
+
 # Written by the training entry into output_dir after the final save (a finished run is not trained again).
 COMPLETE_MARKER = "grpo_launch_complete.json"
 

@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.rundir.fields import Fields
+from grpo_launch.rundir.fields import Fields, file_error, number
 from grpo_launch.spec import frozen
 
 
@@ -57,12 +57,30 @@ class Prediction:
             training_s=times.real("training"),
             sync_s=times.real("sync"),
             train_memory_gib=memory.real("total") if memory is not None else None,
-            workload=dict(workload.data) if workload is not None else None,
+            workload=_workload(workload) if workload is not None else None,
         )
 
     @classmethod
     def from_json(cls, estimate: dict[str, Any] | None, file: str | Path = "plan.json") -> Prediction | None:
         return None if estimate is None else cls.read(Fields(estimate, file, "estimate"))
+
+
+# The keys planning's Workload cannot do without (planning/cost/workload.py): calibration rebuilds it from these.
+WORKLOAD_KEYS = ("prompt_len", "completion_len", "completions", "num_generations", "per_device",
+                 "gradient_checkpointing")  # fmt: skip
+
+
+def _workload(fields: Fields) -> dict[str, Any]:
+    """plan.json's estimate.workload: its required keys, and every value a finite number or a bool."""
+    for key in WORKLOAD_KEYS:
+        if key not in fields.data:
+            raise file_error(fields.file, "", f"key {fields.at + '.' + key!r} is missing")
+    for key, value in fields.data.items():
+        if not (number(value) or isinstance(value, bool)):
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise file_error(fields.file, "", f"key {fields.at + '.' + key!r} must be a number, got {shown}")
+    return dict(fields.data)
 
 
 @frozen

@@ -41,6 +41,7 @@ from grpo_launch.rundir.fields import (
     whole,
 )
 from grpo_launch.rundir.plan_record import PlanRecord, Prediction
+from grpo_launch.rundir.trust import open_nofollow
 from grpo_launch.spec import frozen
 
 __all__ = [
@@ -228,7 +229,7 @@ def append(path: str | Path, record: MetricRecord | Attempt) -> None:
     """Append one record as one line (the one way every writer writes)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with target.open("a+b") as f:
+    with open_nofollow(target, "a+b") as f:  # never through a link planted in the run directory
         # A line an earlier writer left cut short (it died mid-line) is ended first, so this record is whole.
         f.seek(0, 2)
         if f.tell() > 0:
@@ -270,7 +271,7 @@ class Attempt:
             exit_code=whole(row.get("exit_code"), "exit_code"),
             failure=enum_or_none(FailureKind, row.get("failure")),
             side=enum_or_none(Role, row.get("side")),
-            cause=row.get("cause"),
+            cause=None if row.get("cause") is None else str(row.get("cause")),
             message=str(row.get("message") or ""),
             adaptations=tuple(AdaptRecord.from_json(a) for a in row.get("adaptations") or () if isinstance(a, dict)),
         )

@@ -26,6 +26,7 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.records import LogRecord, MetricRecord, StartupRecord, StepRecord
 from grpo_launch.rundir.report_summary import log_links, plan_rows, summary_rows
+from grpo_launch.rundir.text import printable
 from grpo_launch.rundir.view import RunView
 
 
@@ -122,6 +123,12 @@ def write_report(run_dir: str | Path | RunView) -> Path:
     return path
 
 
+def _label(name: str) -> str:
+    """A series' name (a reward function's, from metrics.jsonl) as a legend shows it: control characters escaped,
+    and ``$`` kept literal (matplotlib reads ``$…$`` as mathematics, and a malformed formula fails the drawing)."""
+    return printable(name, newlines=False).replace("$", r"\$")
+
+
 def _plot_sections(series: dict[str, dict[str, Series]], plan: PlanRecord | None, out: Path) -> list[str]:
     """Each plot drawn into OUT/PLOT.png, with the plan's prediction dashed, and embedded as an HTML section."""
     import matplotlib.pyplot as plt
@@ -149,7 +156,8 @@ def draw(plot: str, lines: dict[str, Series], plan: PlanRecord | None) -> Any:
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
     colors = {}
     for s in lines.values():
-        (drawn,) = ax.plot(s.steps, s.values, marker="o" if len(s.steps) < 30 else None, markersize=3, label=s.name)
+        (drawn,) = ax.plot(s.steps, s.values, marker="o" if len(s.steps) < 30 else None, markersize=3,
+                           label=_label(s.name))  # fmt: skip
         colors[s.name] = drawn.get_color()
     for name, value in _predicted(plan, plot).items():  # a prediction in its measured line's colour
         color = colors.get(name.removeprefix("planned "), "gray")

@@ -9,6 +9,7 @@ wants more GPUs, and the other way round.
 from __future__ import annotations
 
 from grpo_launch.enums import VllmMode
+from grpo_launch.rundir.text import command_line
 
 IMBALANCE = 1.5  # one side this many times the other is worth a change
 OFF_PLAN = 1.5  # measured step this far from the plan's (either way): replan from the measurements
@@ -49,5 +50,5 @@ def split_verdict(
         if off > OFF_PLAN or off < 1 / OFF_PLAN:
             advice.append(f"the measured step is {off:.1f}× the plan's")
     if advice != ["balanced"] and not cpu:
-        advice.append(f"grpo-launch plan --calibrate-from {run_dir} replans with these times")
+        advice.append(f"{command_line(['grpo-launch', 'plan', '--calibrate-from', run_dir])} replans with these times")
     return line + ": " + "; ".join(advice)

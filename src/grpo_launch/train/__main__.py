@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.recipe.parse import yaml_load
+from grpo_launch.rundir.trust import open_nofollow
 from grpo_launch.train import async_entry, console
 from grpo_launch.train.callbacks import make_callbacks
 from grpo_launch.train.core import build_inputs, config_kwargs, train_and_finish
@@ -77,7 +78,7 @@ def prepare_process(job: JobEnvironment) -> None:
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(paths.tensorboard))
         os.environ.setdefault("WANDB_DIR", str(paths.root))
         paths.stacks.mkdir(parents=True, exist_ok=True)
-        _KEEP.append(open(paths.rank_stack(job.rank), "w"))  # noqa: SIM115
+        _KEEP.append(open_nofollow(paths.rank_stack(job.rank), "w"))
         faulthandler.register(signal.SIGUSR1, file=_KEEP[-1], all_threads=True)
     else:
         faulthandler.register(signal.SIGUSR1, all_threads=True)

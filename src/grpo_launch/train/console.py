@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from grpo_launch.errors import LaunchError
+from grpo_launch.rundir.trust import open_nofollow
 from grpo_launch.train.environment import JobEnvironment
 
 _REAL_STDERR: list[IO[str]] = []
@@ -54,8 +56,8 @@ def to_own_log(job: JobEnvironment) -> Path | None:
     path = job.paths.logs / f"train-rank{job.rank}-{job.node}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        out = path.open("ab")
-    except OSError:
+        out = open_nofollow(path, "ab")
+    except (OSError, LaunchError):
         return None
     _REAL_STDERR.append(os.fdopen(os.dup(2), "w", buffering=1))
     read_fd, write_fd = os.pipe()

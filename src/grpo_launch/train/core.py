@@ -34,6 +34,7 @@ from grpo_launch.rundir.checkpoints import mark_complete
 from grpo_launch.rundir.control import mark_stopped
 from grpo_launch.rundir.layout import NO_RESUME
 from grpo_launch.rundir.records import CompletionRecord
+from grpo_launch.rundir.trust import check_trusted
 from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset
 from grpo_launch.train.environment import JobEnvironment
 from grpo_launch.train.rewards import load_reward
@@ -126,10 +127,15 @@ def resume_checkpoint(job: JobEnvironment, output_dir: str) -> str | None:
     rank reads a checkpoint another is still writing), else the newest checkpoint in ``output_dir`` (the Trainer's
     ``get_last_checkpoint``), else None (a fresh start)."""
     if job.resume is not None:
-        return None if job.resume == NO_RESUME else job.resume
-    from transformers.trainer_utils import get_last_checkpoint
+        chosen = None if job.resume == NO_RESUME else job.resume
+    else:
+        from transformers.trainer_utils import get_last_checkpoint
 
-    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        chosen = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if chosen is not None:  # on this host, just before it loads (DeepSpeed and the Trainer unpickle it)
+        check_trusted(output_dir, "output_dir", flag="output_dir=DIR")
+        check_trusted(chosen, "checkpoint", flag="--resume never, or output_dir=DIR")
+    return chosen
 
 
 def write_complete_marker(output_dir: str, step: int, max_steps: int) -> None:

@@ -3,8 +3,9 @@ run from the launcher's machine. The launcher supervises this local process as i
 
 - it attaches to the cluster, creates a :class:`~grpo_launch.backends.ray.tasks.NodeProcess` actor in its host's
   placement group (bundle ``--bundle``, with ``--gpus`` GPUs), and has it start COMMAND there;
-- it prints what Ray gave the process (node, GPU ids: CUDA_VISIBLE_DEVICES is exactly those) beside the plan's GPU
-  positions, then COMMAND's output line by line (its first line announces the remote process group);
+- it prints COMMAND's first line (the shim's announcement of the remote process group: the launcher accepts it only
+  as the first line), then what Ray gave the process (node, GPU ids: CUDA_VISIBLE_DEVICES is exactly those) beside
+  the plan's GPU positions, then the rest of COMMAND's output line by line;
 - it exits with COMMAND's exit code; when the actor or its node dies, with 255 after one
   ``ray.exceptions.ActorDiedError: …`` line (an infrastructure failure to :mod:`grpo_launch.execute.faults`);
 - ``--env-stdin``: KEY=VALUE lines on stdin (secrets) go to the process through the actor call, never a command
@@ -79,15 +80,19 @@ def main(argv: list[str]) -> int:
     try:
         info = ray.get(actor.start.remote(command, env, args.cwd))
         given = ",".join(info["gpu_ids"])
-        print(f"[grpo-launch] ray: {args.name} runs on node {info['node']} ({info['address']}), pid {info['pid']}; "
-              f"planned GPUs [{args.planned}] are Ray's GPUs [{given}] there (CUDA_VISIBLE_DEVICES={given})",
-              flush=True)  # fmt: skip
+        where: str | None = (
+            f"[grpo-launch] ray: {args.name} runs on node {info['node']} ({info['address']}), pid {info['pid']}; "
+            f"planned GPUs [{args.planned}] are Ray's GPUs [{given}] there (CUDA_VISIBLE_DEVICES={given})"
+        )
         sent = 0
         while True:
             while sent < len(asked):
                 actor.signal.remote(asked[sent])
                 sent += 1
             lines, code = ray.get(actor.read.remote(1.0))
+            if where is not None and (lines or code is not None):
+                lines = [*lines[:1], where, *lines[1:]]  # the shim's announcement first, then where it runs
+                where = None
             for line in lines:
                 print(line, flush=True)
             if code is not None:

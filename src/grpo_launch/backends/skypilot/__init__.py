@@ -14,6 +14,7 @@ from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
 from grpo_launch.errors import ConfigError, LaunchError, install_hint
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import MAX_NODES, Gpu, Host, Topology
+from grpo_launch.rundir.text import command_line
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
@@ -160,7 +161,8 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
         if sky is None:
             raise LaunchError(
                 "the sky command is not installed here: --launch runs `sky launch`",
-                hint=f"{INSTALL_HINT}; or leave --launch out and launch the written task: sky launch {submission.path}",
+                hint=f"{INSTALL_HINT}; or leave --launch out and launch the written task: "
+                f"{command_line(['sky', 'launch', submission.path])}",
             )
         missing = [s for s in self.secrets if not ctx.environ.get(s)]
         if missing:
@@ -183,7 +185,8 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
         if done.returncode != 0:
             raise LaunchError(
                 f"sky launch exited with {done.returncode}",
-                hint=f"See its output above; the task is {submission.path} (sky logs {self.cluster}).",
+                hint=f"See its output above; the task is {submission.path} "
+                f"({command_line(['sky', 'logs', self.cluster])}).",
             )
         return self.cluster
 

@@ -24,6 +24,7 @@ from dataclasses import field
 
 from grpo_launch import __version__
 from grpo_launch.errors import ConfigError, LaunchError, ProbeError
+from grpo_launch.rundir.text import command_line
 from grpo_launch.spec import frozen
 
 PREEMPT_SIGNAL = "USR2"
@@ -193,7 +194,7 @@ def submit_batch_script(path: str, *, cwd: str) -> str:
     except FileNotFoundError:
         raise LaunchError(
             "sbatch not found: this machine is not a Slurm submit host",
-            hint=f"Run on a login node, or submit the written script there: sbatch {path}",
+            hint=f"Run on a login node, or submit the written script there: {command_line(['sbatch', path])}",
         ) from None
     except subprocess.TimeoutExpired:
         raise LaunchError("sbatch did not answer within 120 s", hint="Is slurmctld reachable? Try `sinfo`.") from None
