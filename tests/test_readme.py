@@ -208,3 +208,20 @@ def test_the_readmes_multi_host_statements_are_what_the_planner_does(claim, argv
     out = capsys.readouterr()
     for text in shown:
         assert text in out.out + out.err, (claim, (out.out + out.err)[-3000:])
+
+
+def test_every_launch_key_is_in_the_readmes_key_table():
+    """The README's launch-block table names every field of LaunchSettings (it lacked adapt, adapt_max_resplits and
+    adapt_warmup_steps), and no field that is not one."""
+    import dataclasses
+    import re
+
+    from grpo_launch.recipe.launch import LaunchSettings
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("| key | default | meaning |")
+    rows = [line for line in text[start:].split("\n\n", 1)[0].splitlines()[2:] if line.startswith("| ")]
+    named = {name for row in rows for name in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
+    fields = {f.name for f in dataclasses.fields(LaunchSettings)}
+    assert fields - named == set(), f"launch keys missing from the README's table: {sorted(fields - named)}"
+    assert named - fields == set(), f"README table rows that are no launch key: {sorted(named - fields)}"

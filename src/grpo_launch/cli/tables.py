@@ -279,14 +279,15 @@ def explain_sections(plan: Plan) -> list[Section]:
             rows.append((c.label, gpus, "-", "-", "-", "-", "-", why))
             continue
         note = "chosen" if c.chosen else ""
-        if not c.chosen and best is not None and best.step is not None:
-            note = f"{c.step.total_s / best.step.total_s:.2f}× slower"
+        if not c.chosen and best is not None and best.per_prompt_s and c.per_prompt_s:
+            note = f"{c.per_prompt_s / best.per_prompt_s:.2f}× slower per prompt"  # the step's ratio at one batch
         s = c.step
         times = (f"{s.trainer_generation_s:.1f}", f"{s.training_s:.1f}", f"{s.total_s:.1f}")
         balance = f"{c.balance:.2f}" if c.balance is not None else "-"
         rows.append((c.label, gpus, *times, balance, f"{c.prompts_per_step:g}", note))
     header = ("split", "vLLM/train/idle GPUs", "gen s", "train s", "step s", "gen÷train", "prompts", "vs chosen")
-    out.append(Section("Split candidates (all at the same prompts per step; the shortest step wins)", rows, header))
+    title = "Split candidates (the shortest time per prompt wins; prompts: the batch each split is planned at)"
+    out.append(Section(title, rows, header))
     return out + _modes_section(plan)
 
 
