@@ -126,6 +126,20 @@ class TestPlantedLinks:
         plan = _cli("plan", TINY_RECIPE, "--run-dir", str(run), timeout=120)
         assert plan.returncode == 0 and "plans for another directory" in plan.stdout, plan.stderr
 
+    @pytest.mark.parametrize("planted", ["metrics", "attempts"])
+    def test_a_fifo_planted_as_a_record_never_hangs_status_or_report(self, tmp_path, planted):
+        """The records are read as the lock is: a FIFO (or device) in a record's place is a file that does not read,
+        never a read that waits for a writer (status and report read other users' runs)."""
+        run = tmp_path / "run"
+        paths = RunPaths(run)
+        append(paths.attempts, Attempt(1, time.time(), RunState.FAILED, 1, cause="boom"))
+        target = paths.metrics if planted == "metrics" else paths.attempts
+        target.unlink(missing_ok=True)
+        os.mkfifo(target)
+        status = _cli("status", str(run), timeout=60)  # a hang is a TimeoutExpired here
+        assert "Traceback" not in status.stderr, status.stderr
+        assert status.returncode == 0 or str(target) in status.stderr, (status.stdout, status.stderr)
+
     def test_a_process_log_is_never_written_through_a_link(self, tmp_path):
         """The Supervisor's log for each child is named by the time it starts: links planted for the next seconds'
         names are refused, before the process starts."""

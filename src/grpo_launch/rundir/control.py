@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 
 from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.trust import read_text
 
 LAUNCHER = "checkpoint and stop"  # the launcher's own request (its text, for a reader of the file)
 
@@ -40,7 +41,7 @@ def request_stop(run_dir: str | Path, reason: str = LAUNCHER) -> None:
 def stop_reason(run_dir: str | Path) -> str | None:
     """Why a stop was requested (:data:`LAUNCHER`, or e.g. ``SIGTERM`` to the trainers), or None: no request."""
     try:
-        return RunPaths(run_dir).stop_request.read_text().strip() or LAUNCHER
+        return read_text(RunPaths(run_dir).stop_request).strip() or LAUNCHER
     except OSError:
         return None
 
@@ -53,7 +54,7 @@ def mark_stopped(run_dir: str | Path, step: int) -> None:
 def stopped_at(run_dir: str | Path) -> int | None:
     """The step the trainers stopped at on request, or None if they did not."""
     try:
-        return int(RunPaths(run_dir).stopped_marker.read_text().strip())
+        return int(read_text(RunPaths(run_dir).stopped_marker).strip())
     except (OSError, ValueError):
         return None
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from grpo_launch.rundir.fields import Fields, file_error
 from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.trust import read_text
 from grpo_launch.spec import REDACTED, frozen, is_secret_name, redact_arg, redact_argv
 
 # The verb that submitted a run → the backend its job's own `grpo-launch run` uses: that run keeps the record.
@@ -150,7 +151,7 @@ __all__ = ["REDACTED", "Flag", "Invocation", "read_invocation", "redact_argv", "
 def read_invocation(path: str | Path) -> Invocation | None:
     """The record at ``path``, None when there is none; one that does not read is a RunFileError naming it."""
     try:
-        text = Path(path).read_text()
+        text = read_text(path)
     except FileNotFoundError:
         return None
     except OSError as exc:

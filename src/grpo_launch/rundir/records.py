@@ -41,7 +41,7 @@ from grpo_launch.rundir.fields import (
     whole,
 )
 from grpo_launch.rundir.plan_record import PlanRecord, Prediction
-from grpo_launch.rundir.trust import open_nofollow
+from grpo_launch.rundir.trust import open_nofollow, read_text
 from grpo_launch.spec import frozen
 
 __all__ = [
@@ -194,7 +194,7 @@ def parse_lines(data: bytes | str) -> Iterator[dict[str, Any]]:
 def read_metrics(path: str | Path) -> list[MetricRecord]:
     """Every record of a metrics.jsonl, leniently (a line that does not read is left out). Raises OSError when it
     cannot be read."""
-    return [r for row in parse_lines(Path(path).read_text(errors="replace")) if (r := metric_record(row))]
+    return [r for row in parse_lines(read_text(path)) if (r := metric_record(row))]
 
 
 def load_lines(path: str | Path, text: str, parse: Callable[[dict[str, Any]], R | None]) -> list[R]:
@@ -285,7 +285,7 @@ def read_attempts(path: str | Path) -> list[Attempt]:
     """The attempts of a run ([] when none was recorded); a line that does not read is left out, but a launch.adapt
     decision this version does not know is an error naming the file (what follows a decision depends on it)."""
     try:
-        text = Path(path).read_text(errors="replace")
+        text = read_text(path)
     except OSError:
         return []
     return attempts_of(text, path)

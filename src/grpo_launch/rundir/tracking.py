@@ -15,6 +15,7 @@ from typing import Any
 from grpo_launch.rundir.fields import Fields, file_error, float_or_none
 from grpo_launch.rundir.files import write_run_files
 from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.trust import read_text
 from grpo_launch.spec import frozen
 
 ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"  # W&B's (wandb/sdk/lib/runid.py): lowercase letters, digits
@@ -47,7 +48,7 @@ class TrackingRecord:
 def read_tracking(paths: RunPaths) -> TrackingRecord | None:
     """The run's record, None when it has none yet; one that does not read is an error naming the file."""
     try:
-        text = paths.tracking.read_text()
+        text = read_text(paths.tracking)
     except FileNotFoundError:
         return None
     try:

@@ -83,6 +83,21 @@ def nofollow_fd(path: str | Path, flags: int, mode: int = 0o644, *, own: bool = 
     return fd
 
 
+def read_text(path: str | Path) -> str:
+    """A run file's text, as ``Path.read_text(errors="replace")`` reads it, but never blocking on a FIFO nor reading a
+    device planted in its place (``status`` and ``report`` read other users' runs): anything but a regular file is an
+    OSError naming it, which the readers treat as a file that does not read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, encoding="utf-8", errors="replace", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
 def _not_own(path: Path, problem: str) -> LaunchError:
     return LaunchError(
         f"{str(path)!r} {problem}: grpo-launch writes there only a file of its own",

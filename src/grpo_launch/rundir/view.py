@@ -31,6 +31,7 @@ from grpo_launch.rundir.records import (
     metric_record_strict,
     parse_lines,
 )
+from grpo_launch.rundir.trust import read_text
 from grpo_launch.spec import frozen
 
 
@@ -109,7 +110,7 @@ class RunView:
 def _read(path: Path) -> str | None:
     """The file's text, None when it is not there; any other failure to read it is an error naming it."""
     try:
-        return path.read_text(errors="replace")
+        return read_text(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
