@@ -241,9 +241,17 @@ def _reads(monkeypatch) -> dict[str, int]:
             count(file)
         return real_open(file, mode, *a, **k)
 
+    real_os_open = os.open
+
+    def os_open(path, flags, *a, **k):  # rundir.trust.read_text opens run files as the lock is read
+        if flags & os.O_ACCMODE == os.O_RDONLY and not inside:
+            count(path)
+        return real_os_open(path, flags, *a, **k)
+
     monkeypatch.setattr(pathlib.Path, "read_text", read_text)
     monkeypatch.setattr(pathlib.Path, "open", path_open)
     monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(os, "open", os_open)
     return counts
 
 
