@@ -188,3 +188,16 @@ def test_a_run_whose_metrics_port_is_taken_starts_nothing(tmp_path):
     assert f"cannot serve the run's metrics on 127.0.0.1:{port}" in proc.stderr and "launch.metrics_port" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "logs").exists()  # nothing was started
+
+
+def test_status_watch_draws_a_finished_run_once_and_ends(tmp_path, capsys):
+    """``status --watch`` on a run no launcher holds: one drawing, marked ended, exit 0; a bad interval is exit 2."""
+    from grpo_launch.cli import main
+
+    run = _run_dir(tmp_path)
+    assert main(["status", str(run), "--watch", "--interval", "0.1"], environ={}) == 0
+    shown = capsys.readouterr().out
+    assert "(ended)" in shown and "2/10" in shown and "failed (infra: NCCL timeout)" in shown
+    assert "generation 1.50 s (75%)" in shown and "0.5 ± 0.1" in shown
+    assert main(["status", str(run), "--watch", "--interval", "0"], environ={}) == 2
+    assert "--interval must be above 0" in capsys.readouterr().err

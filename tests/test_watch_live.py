@@ -77,6 +77,18 @@ def _prometheus(tmp_path: Path, metrics_port: int) -> tuple[subprocess.Popen, st
     pytest.fail("prometheus did not become ready: " + (tmp_path / "prometheus.log").read_text()[-2000:])
 
 
+def _listeners(port: int) -> set[str]:
+    """The addresses something listens on at ``port`` (/proc/net/tcp and tcp6, state 0A: LISTEN), as hex."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                found.add(address)
+    return found
+
+
 def _slow_reward(tmp_path: Path) -> dict[str, str]:
     pkg = tmp_path / "slow_rewards"
     pkg.mkdir()
@@ -106,6 +118,7 @@ def test_prometheus_and_status_watch_follow_a_real_run(tmp_path):
     )  # fmt: skip
     watch = f"{sys.executable} -m grpo_launch status --watch --interval 0.3 {run}; echo WATCH-ENDED rc=$?; sleep 60"
     panes: list[tuple[float, str, bool]] = []  # (when, the pane's text, the launcher still ran)
+    bound: set[str] = set()
     try:
         subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", "110", "-y", "30", watch], check=True,
                        env=env, cwd=ROOT)  # fmt: skip
@@ -113,6 +126,7 @@ def test_prometheus_and_status_watch_follow_a_real_run(tmp_path):
         while time.monotonic() < deadline:
             pane = subprocess.run([tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
             panes.append((time.monotonic(), pane, launcher.poll() is None))
+            bound |= _listeners(metrics_port)
             if "WATCH-ENDED" in pane:
                 break
             time.sleep(0.3)
@@ -140,8 +154,10 @@ def test_prometheus_and_status_watch_follow_a_real_run(tmp_path):
     assert {float(v) for _, v in reward_series["values"]} == logged
     assert {s["metric"]["phase"] for s in split} == {"generation", "training"}
     assert {t["labels"]["job"] for t in targets} == {"grpo-launch", "vllm"}  # vLLM's endpoint listed beside it
+    assert bound == {"0100007F"}, bound  # the endpoint listened on 127.0.0.1 alone
     # The report was written during the run, not only at its end.
-    assert re.search(r"\[grpo-launch\] run report at step [24]: ", out), out[-3000:]
+    during = re.search(r"\[grpo-launch\] run report at step ([2-5]): ", out)  # the first poll past step 2
+    assert during and during.start() < out.index("[grpo-launch] run report: "), out[-3000:]
     # status --watch: the step advanced on the screen while the run went, and the view ended when the run did.
     shown = [
         (int(m.group(1)), running) for _, pane, running in panes if (m := re.search(rf"step\W+(\d+)/{STEPS}", pane))

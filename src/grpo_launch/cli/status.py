@@ -260,7 +260,7 @@ def watch_rows(view: RunView, workdir: str) -> list[tuple[str, str]]:
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else newest_run(ctx.workdir)
-    if args.watch:
+    if getattr(args, "watch", False):  # a Namespace made by hand (tests, other verbs) has no --watch
         from grpo_launch.cli.watch import watch
 
         if not args.interval > 0:
