@@ -201,3 +201,16 @@ def test_status_watch_draws_a_finished_run_once_and_ends(tmp_path, capsys):
     assert "generation 1.50 s (75%)" in shown and "0.5 ± 0.1" in shown
     assert main(["status", str(run), "--watch", "--interval", "0"], environ={}) == 2
     assert "--interval must be above 0" in capsys.readouterr().err
+
+
+def test_the_plan_names_vllms_own_metrics_address():
+    """vLLM's /metrics is found, not served again: plan.json names it in server mode; no server, no address."""
+    from grpo_launch.render.plan_json import plan_to_dict
+
+    from .helpers import plan_recipe
+
+    server = plan_recipe({"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "launch": {"vllm": "server",
+                          "vllm_port": 8123}}, "8xH100-80GB")  # fmt: skip
+    assert plan_to_dict(server)["vllm"]["metrics_urls"] == ["http://127.0.0.1:8123/metrics"]
+    off = plan_recipe(TINY_RECIPE, "cpu", model=None)
+    assert plan_to_dict(off)["vllm"]["metrics_urls"] == []

@@ -155,6 +155,7 @@ def test_prometheus_and_status_watch_follow_a_real_run(tmp_path):
     assert {s["metric"]["phase"] for s in split} == {"generation", "training"}
     assert {t["labels"]["job"] for t in targets} == {"grpo-launch", "vllm"}  # vLLM's endpoint listed beside it
     assert bound == {"0100007F"}, bound  # the endpoint listened on 127.0.0.1 alone
+    assert _listeners(metrics_port) == set()  # and stopped with the run
     # The report was written during the run, not only at its end.
     during = re.search(r"\[grpo-launch\] run report at step ([2-5]): ", out)  # the first poll past step 2
     assert during and during.start() < out.index("[grpo-launch] run report: "), out[-3000:]
