@@ -2,7 +2,7 @@
 # System packages for the multi-node tests: Debian's slurm-wlm (a private Slurm cluster, scripts/slurm_cluster.sh)
 # and openssh-server + pdsh (sshd hosts in network namespaces, scripts/ssh_hosts.sh), and chromium (the run
 # report is read in a headless browser by tests/test_report.py), prometheus (a real server scrapes a run's metrics
-# endpoint, tests/test_metrics_live.py) and tmux (`status --watch` read in a real terminal). Idempotent; ~1 min when missing. Needs root (CI runs as root); prints what to do otherwise and exits 1.
+# endpoint, tests/test_watch_live.py) and tmux (`status --watch` read in a real terminal). Idempotent; ~1 min when missing. Needs root (CI runs as root); prints what to do otherwise and exits 1.
 set -euo pipefail
 need=()
 command -v slurmctld >/dev/null || need+=(slurm-wlm munge)

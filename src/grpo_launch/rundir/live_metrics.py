@@ -1,5 +1,5 @@
 """The run's live metrics, as Prometheus names them: the one list (:data:`METRICS`) that the launcher's endpoint
-serves (execute/metrics_endpoint.py), the shipped scrape config and Grafana dashboard are generated from
+serves (execute/live.py), the shipped scrape config and Grafana dashboard are generated from
 (render/monitoring.py), and ``status --watch`` reads. Standard library only.
 
 The run directory is the source of truth: :func:`samples` reads a :class:`~grpo_launch.rundir.view.RunView`
