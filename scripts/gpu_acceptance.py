@@ -166,7 +166,8 @@ def assets(out: Path) -> int:
 
             torch.manual_seed(0)
             config = Qwen2Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
-            Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(target)
+            weights: Any = Qwen2ForCausalLM(config)
+            weights.to(torch.bfloat16).save_pretrained(target)
         recipe = out / f"recipe-{name}.yaml"
         allowed = [i for i in range(len(tok)) if i not in (tok.eos_token_id, tok.pad_token_id)]
         recipe.write_text(_recipe(target, tiny_dir / "data" / "train.jsonl", out / "run", allowed))
@@ -249,7 +250,7 @@ def _run_values(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | 
 def report(out: Path, path: Path) -> int:
     from importlib import metadata
 
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in NEEDS:
         try:
             versions[name] = metadata.version(name)
