@@ -1,5 +1,6 @@
 """The activation-memory model (grpo_launch.planning.activations) against measured peaks of real forward +
-backward passes on CPU: small Qwen2-shaped models and a Qwen3-MoE (8 experts, top-2) in float32 with TRL 1.16's
+backward passes on CPU: small Qwen2-shaped models, a Qwen3-MoE (8 experts, top-2) and a dense Qwen3 at two head
+sizes (its query width twice the hidden size, then equal to it) in float32 with TRL 1.16's
 fused LM head, at several batch × length points, with and without gradient checkpointing, at two vocabulary sizes
 (8k and Qwen's 152k, where the embedding gradient and the LM head dominate). Measured over predicted must lie
 within PEAK_BAND: the measured ratios are 0.985–1.070 (CPU, float32, glibc malloc with a 64 KiB mmap threshold), so
