@@ -138,3 +138,35 @@ def test_the_run_recipe_plans_colocated_on_one_h100(tmp_path):
     plan = plan_recipe(values, "1xH100-80GB")
     assert plan.vllm.mode == "colocate" and plan.layout.num_generations == 8
     assert plan.estimate.workload.mean_completion_len == 256 and values["max_steps"] == acceptance.RUN_STEPS
+
+
+def test_the_report_reads_a_run_directory_as_the_launcher_wrote_it(tmp_path):
+    """The report's reading of the 5-step run: plan.json written by the real `grpo-launch plan` of the script's recipe
+    (the random model stood in by its built-in shape), metrics.jsonl with a GPU run's step lines (fake numbers:
+    the real ones need a GPU). The measured means leave out the first step (it warms up), as `status` does."""
+    import yaml
+
+    from grpo_launch.cli import main
+
+    recipe = acceptance._recipe(tmp_path / "m", tmp_path / "d.jsonl", tmp_path / "run", [0, 1, 2])
+    values = yaml.safe_load(recipe) | {"model_name_or_path": acceptance.RUN_MODEL}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(values))
+    assert main(["plan", str(tmp_path / "recipe.yaml"), "--gpus", "1xH100-80GB"], environ={}) == 0
+    gib = 2**30
+    steps = [
+        {"step": s, "step_s": 9.0 if s == 1 else 2.0, "generation_s": 1.5, "training_s": 0.5, "max_steps": 5,
+         "peak_memory_bytes": [int((30 + s) * gib)], "memory_kind": "cuda_max_allocated"}
+        for s in range(1, 6)
+    ]  # fmt: skip
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    (tmp_path / "phases.jsonl").write_text(json.dumps({"phase": "run", "status": "ok", "seconds": 100}) + "\n")
+    assert acceptance.report(tmp_path, tmp_path / "out.json") == 0
+    doc = json.loads((tmp_path / "out.json").read_text())
+    measured, predicted = doc["run"]["measured"], doc["run"]["predicted"]
+    assert measured["steps"] == 5 and measured["step_s"] == pytest.approx(2.0) and measured["peak_memory_gib"] == 35
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())["estimate"]
+    assert predicted["step_s"] == pytest.approx(plan["time_s"]["step"])
+    assert predicted["train_memory_gib"] == pytest.approx(plan["memory_per_training_gpu_gib"]["total"])
+    assert predicted["vllm_memory_gib"] == pytest.approx(plan["vllm_memory_per_gpu_gib"]["total"])
+    assert doc["comparison"]["step_s"] == pytest.approx(2.0 / predicted["step_s"])
+    assert doc["phases"] == [{"phase": "run", "status": "ok", "seconds": 100}] and doc["within_budget"]
