@@ -89,6 +89,14 @@ CONSTANTS: dict[str, Constant] = {
     "tp_allreduce_s_per_mib_tp2": Constant(18.5e-6, "s/MiB", "TP 2: (26.6 − 8.7) µs over 1 MiB − 32 KiB, ibid."),
     "tp_allreduce_s_per_mib_tp4": Constant(32.0e-6, "s/MiB", "TP 4: (40.2 − 9.2) µs over 1 MiB − 32 KiB, ibid."),
     "tp_allreduce_s_per_mib_tp8": Constant(34.3e-6, "s/MiB", "TP 8: (45.0 − 11.8) µs over 1 MiB − 32 KiB, ibid."),
+    # Beyond 1 MiB (a decode batch of a few hundred sequences: 512 × 3584 × 2 B is 3.5 MiB for a 7B) vLLM no longer
+    # runs the one-shot custom all-reduce those slopes measure: since vLLM 0.11 (PR #24111, on by default) it
+    # dispatches by size to two-shot or symmetric-memory all-reduces. vLLM PR #24111's own benchmark (H100, TP 4,
+    # the best of its dispatch): 0.015 ms at 1 MB, 0.029 ms at 4 MB; PR #24532 (H100, TP 4): 0.014 ms at 1 MB,
+    # 0.028 ms at 4 MB. The slope past 1 MiB is about 4.7 µs/MiB, 7× below the one-shot slope.
+    "tp_allreduce_s_per_mib_large": Constant(
+        4.7e-6, "s/MiB", "NVLink, past 1 MiB: vLLM PR #24111 (H100 TP 4, 15 µs at 1 MB, 29 µs at 4 MB), PR #24532"
+    ),
     # NCCL all-reduce without NVLink (vLLM's custom all-reduce is off on more than two PCIe GPUs, vllm issue
     # #56128): nccl-tests issue #287 (4 × RTX 5090, NCCL 2.26.2) 31.64 µs at 32 KB, 93.45 µs at 1 MB; sglang-V100
     # PR #2 (4 × V100 behind one PCIe switch, in a CUDA graph) 24.2 µs at 32 KB; b12x PR #139 (16 × RTX PRO 6000)
