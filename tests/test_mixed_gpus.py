@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from grpo_launch.errors import ProbeError
+from grpo_launch.errors import PlanError, ProbeError
 from grpo_launch.machines.topology import parse_gpu_spec
+from grpo_launch.models.builtin import find_model_shape
+from grpo_launch.planning.planner import plan_split
+from grpo_launch.planning.splits.split import SplitKind, enumerate_splits
+from grpo_launch.planning.types import Candidate
+from grpo_launch.recipe import load_recipe
+
+from .helpers import plan_recipe
 
 
 @pytest.mark.parametrize(
@@ -52,3 +61,109 @@ def test_a_bad_group_is_named(spec, names):
     with pytest.raises(ProbeError) as err:
         parse_gpu_spec(spec)
     assert names in err.value.message
+
+
+# --- roles by GPU type, scored -------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN7, QWEN15 = ROOT / "recipes" / "qwen7b-math.yaml", ROOT / "recipes" / "qwen1.5b.yaml"
+
+
+def _chosen(plan) -> Candidate:
+    return next(c for c in plan.candidates if c.chosen)
+
+
+def _roles(plan) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for r in plan.roles:
+        out.setdefault(r.host, set()).add(str(r.role))
+    return out
+
+
+def _colocate_on_all(spec: str, recipe: Path, *overrides: str) -> float:
+    """Today's plan of a mixed cluster (every GPU colocates, priced at the slowest type): its best time per prompt."""
+    topology = parse_gpu_spec(spec)
+    loaded = load_recipe(recipe, list(overrides))
+    model = find_model_shape(loaded.values["model_name_or_path"])
+    n, per = len(topology.hosts), topology.gpus_per_host[0]
+    times = []
+    for split in enumerate_splits(n, per, model):
+        if split.kind != SplitKind.COLOCATE:
+            continue
+        plan = plan_split(topology, loaded, model, split)
+        assert plan.estimate is not None and plan.estimate.step is not None
+        times.append(plan.estimate.step.total_s / (plan.layout.completions_per_optimizer_step / 8))
+    return min(times)
+
+
+def test_h20_serves_and_h100_trains_at_over_twice_the_colocate_on_all_throughput():
+    """The issue's target: qwen7b-math on 8×H100 + 8×H20, the H20 host serving, ≥ 2× today's colocate-on-all
+    throughput (launch.mode=auto: a server on its own type overlaps its decoding with the training)."""
+    plan = plan_recipe(QWEN7, "8xH100-80GB+8xH20-96GB", "launch.mode=auto")
+    assert _roles(plan) == {"node0": {"train"}, "node1": {"vllm"}}
+    assert plan.vllm.host == "node1" and [h.name for h in plan.train.hosts] == ["node0"]
+    best = _chosen(plan)
+    assert best.label.startswith("H20 serves, H100-80GB trains")
+    assert _colocate_on_all("8xH100-80GB+8xH20-96GB", QWEN7) / best.per_prompt_s >= 2.0
+    said = {d.what: d.why for d in plan.decisions}
+    assert "H20 serves vLLM" in said["gpu_types"] and "H100-80GB trains" in said["gpu_types"]
+
+
+def test_a_server_on_the_bandwidth_type_is_priced_on_its_bandwidth_and_the_training_on_the_flops_type():
+    """The same server split, its types swapped: the H20 serving must decode faster than the H100 serving (4.0 vs
+    3.35 TB/s), and the H100 training must train faster than the H20 training (989 vs 148 TF)."""
+    h20_serves = plan_recipe(QWEN7, "8xH100-80GB+8xH20-96GB", "launch.vllm=server")
+    h100_serves = plan_recipe(QWEN7, "8xH20-96GB+8xH100-80GB", "launch.vllm=server")
+    a, b = h20_serves.estimate.step, h100_serves.estimate.step
+    assert h20_serves.vllm.host == "node1" and h100_serves.vllm.host == "node0"  # the H20 host both times
+    # per spec: the same split chosen on both orders (the H20 serves), priced the same
+    assert a.training_s == pytest.approx(b.training_s) and a.generation_s == pytest.approx(b.generation_s)
+    forced = {c.label: c for c in h20_serves.candidates if c.step is not None}
+    assert any(lbl.startswith("H20 serves") for lbl in forced)
+    # the training on H100s: as on an 8×H100 host alone, not at the H20's speed
+    alone = plan_recipe(QWEN7, "2x8xH100-80GB", "launch.vllm=server", "launch.vllm_gpus=8")
+    assert a.training_s == pytest.approx(alone.estimate.step.training_s, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("spec", "fast", "recipe"),
+    [
+        ("8xH100-80GB+8xH20-96GB", "8xH100-80GB", QWEN7),
+        ("8xH100-80GB+8xL40S-48GB", "8xH100-80GB", QWEN7),
+        ("8xH100-80GB+8xL40S-48GB", "8xH100-80GB", QWEN15),
+        ("4xA100-80GB+4xA10G-24GB", "4xA100-80GB", QWEN15),
+        ("8xH100-80GB+8xH20-96GB+8xL40S-48GB", "8xH100-80GB", QWEN7),
+    ],
+)
+def test_a_mixed_cluster_is_never_predicted_slower_than_its_faster_part_alone(spec, fast, recipe):
+    mixed, alone = plan_recipe(recipe, spec), plan_recipe(recipe, fast)
+    assert _chosen(mixed).per_prompt_s <= _chosen(alone).per_prompt_s * 1.001
+    assert "gpu_types" in {d.what for d in mixed.decisions}
+
+
+def test_hosts_left_idle_are_named_with_the_reason():
+    plan = plan_recipe(QWEN7, "8xH100-80GB+8xH20-96GB")  # sync: the H100s alone beat every use of the H20s
+    assert _roles(plan)["node1"] == {"idle"}
+    said = {d.what: d.why for d in plan.decisions}
+    assert "idle: node1" in said["gpu_types"] and "idle_gpus" in said
+    assert any("node1" in n and "mixed GPU types" in n for n in plan.notices)
+
+
+def test_trainers_stay_on_one_type_unless_every_gpu_colocates():
+    plan = plan_recipe(QWEN7, "8xH100-80GB+8xH20-96GB+8xL40S-48GB", "launch.vllm=server")
+    types = {parse_gpu_spec("8xH100-80GB+8xH20-96GB+8xL40S-48GB").hosts[int(h.name[4:])].gpus[0].name
+             for h in plan.train.hosts}  # fmt: skip
+    assert len(types) == 1
+
+
+def test_uneven_hosts_of_one_type_plan_as_before():
+    plan = plan_recipe(QWEN15, "4xH100-80GB+2xH100-80GB")
+    assert plan.topology.gpu_types == ("H100-80GB",)
+    assert "gpu_types" not in {d.what for d in plan.decisions}
+    assert plan.vllm.mode == "server"
+
+
+def test_a_mixed_cluster_where_nothing_fits_is_refused_with_fixes():
+    with pytest.raises(PlanError) as err:
+        plan_recipe(ROOT / "recipes" / "llama70b.yaml", "1xA10G-24GB+1xL4-24GB")
+    assert err.value.fixes or err.value.hint

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import field
@@ -69,6 +70,15 @@ class Topology:
     def gpu_types(self) -> tuple[str, ...]:
         """The GPU models of the hosts, in the order their first host comes (one for a uniform cluster)."""
         return tuple(dict.fromkeys(g.name for h in self.hosts for g in h.gpus))
+
+    def only(self, names: tuple[str, ...] | list[str]) -> Topology:
+        """The same topology restricted to the hosts named (in its order): what one role's GPUs are priced on. All
+        of it when ``names`` is empty or names every host."""
+        wanted = set(names)
+        kept = tuple(h for h in self.hosts if h.name in wanted)
+        if not kept or len(kept) == len(self.hosts):
+            return self
+        return dataclasses.replace(self, hosts=kept)
 
     def hosts_of(self, name: str) -> tuple[Host, ...]:
         """The hosts whose GPUs are all of model ``name``."""
@@ -217,18 +227,16 @@ def _parse_groups(text: str) -> Topology:
             parts.append(_parse_group(group, group))
         except ProbeError as err:
             raise ProbeError(f"{where}: {err.message}", hint=err.hint) from None
-    hosts = [h for part in parts for h in part.hosts]
-    if len(hosts) == 1:
-        named = hosts
-    else:
-        named = [Host(name=f"node{n}", gpus=h.gpus) for n, h in enumerate(hosts)]
+    named = [Host(name=f"node{n}", gpus=h.gpus) for n, h in enumerate(h for part in parts for h in part.hosts)]
     given: dict[str, GpuSpec] = {}
     for part in parts:
         if part.given_spec is not None:
             earlier = given.get(part.given_spec.name)
             if earlier is not None and earlier != part.given_spec:
-                raise ProbeError(f"--gpus {short(text)}: {part.given_spec.name} is described twice, differently",
-                                 hint="Give one model's peak and bandwidth once, or name the two models apart.")  # fmt: skip
+                raise ProbeError(
+                    f"--gpus {short(text)}: {part.given_spec.name} is described twice, differently",
+                    hint="Give one model's peak and bandwidth once, or name the two models apart.",
+                )
             given[part.given_spec.name] = part.given_spec
     specs = tuple(given.values())
     return Topology(

@@ -25,6 +25,7 @@ from grpo_launch.planning.splits.split import (
     Split,
     SplitKind,
     enumerate_splits,
+    enumerate_type_splits,
     enumerate_uneven_splits,
     off_split,
     server_weights,
@@ -100,6 +101,8 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     refuse_server_size(topology, model, gpus, tp)
     pp = recipe.launch.vllm_pipeline_parallel_size
     every = enumerate_uneven_splits(topology.gpus_per_host, model) if uneven else enumerate_splits(n, g, model, tp)
+    if len(topology.gpu_types) > 1:
+        every = _by_type(topology, model, every)
     if uneven and not every:
         refuse_uneven_counts(topology)
     splits = [s for s in every if (tp is None or s.tp == tp) and s.pp == (pp or s.pp)]
@@ -128,6 +131,25 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     if not fitting and not colocated and model is not None and mem is not None:
         refuse_unfit(topology, model, served)
     return colocated + fitting
+
+
+def _by_type(topology: Topology, model: ModelShape | None, every: list[Split]) -> list[Split]:
+    """A mixed cluster: the splits by GPU type (one type serves, another trains; one type alone), and of the
+    others colocating on every GPU (priced at the slowest type) and those whose trainers are all of one type."""
+    types = [h.gpus[0].name if h.gpus and len({g.name for g in h.gpus}) == 1 else "mixed" for h in topology.hosts]
+    if "mixed" in types:  # a host of several GPU types: priced at the slowest, as before
+        return every
+
+    def one_type(s: Split) -> bool:
+        return s.kind == SplitKind.COLOCATE or len({types[i] for i in s.train_hosts}) == 1
+
+    by_type = enumerate_type_splits(topology.gpus_per_host, types, model)
+
+    def where(s: Split) -> tuple[object, ...]:
+        return (s.kind, s.train_hosts, s.server_hosts, s.server_gpus_per_host, s.par)
+
+    named = {where(s) for s in by_type}  # the same split under its type's name ("H20 serves, H100 trains")
+    return [s for s in every if one_type(s) and where(s) not in named] + by_type
 
 
 def _fitting_servers(served: list[Split], model: ModelShape | None, mem: int | None, pp: int | None) -> list[Split]:
