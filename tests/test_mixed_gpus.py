@@ -167,3 +167,41 @@ def test_a_mixed_cluster_where_nothing_fits_is_refused_with_fixes():
     with pytest.raises(PlanError) as err:
         plan_recipe(ROOT / "recipes" / "llama70b.yaml", "1xA10G-24GB+1xL4-24GB")
     assert err.value.fixes or err.value.hint
+
+
+# --- costs: the weight sync between types, vLLM's memory per type --------------------------------------------------
+
+# verl docs/advance/delta_weight_sync.md ("Measured results", H100 nodes): its nccl engine's full broadcast.
+VERL_FULL_BROADCAST = [("Qwen/Qwen2.5-7B-Instruct", 5.5, 6.0), ("Qwen/Qwen2.5-32B-Instruct", 14.2, 18.1)]
+
+
+@pytest.mark.parametrize(("model", "low", "high"), VERL_FULL_BROADCAST)
+def test_the_cross_node_sync_stays_under_verls_full_broadcast_and_within_its_engine_overhead(model, low, high):
+    """verl's nccl engine also all-gathers full tensors and stages them on rank 0 (offload on for the 7B): its
+    figures bound TRL's path from above. The prediction must stay under them, and within the ~5× that engine's
+    overhead explains (verl: about 5 GB/s; TRL #7131: about 28 GB/s), never a free sync."""
+    from grpo_launch.planning.cost.steptime import sync_time
+
+    shape = find_model_shape(model)
+    predicted = sync_time(shape, across_nodes=True)
+    assert low / 8 <= predicted <= low
+    assert sync_time(shape, across_nodes=False) <= predicted
+
+
+def test_the_trl_anchor_between_nodes_holds_for_the_sync_a_mixed_split_pays():
+    """TRL PR #7131: Qwen3-32B synced in about 2.3 s from 16 H200 trainers to 16 H200 samplers (other nodes)."""
+    from grpo_launch.planning.cost.steptime import sync_time
+
+    assert sync_time(find_model_shape("Qwen3-32B"), across_nodes=True) == pytest.approx(2.3, rel=0.5)
+
+
+def test_a_server_on_the_other_type_syncs_between_nodes_and_sizes_its_kv_cache_on_its_own_memory():
+    plan = plan_recipe(QWEN7, "8xH100-80GB+8xH20-96GB", "launch.vllm=server")
+    from grpo_launch.planning.cost.steptime import sync_time
+
+    assert plan.estimate.step.sync_s == pytest.approx(sync_time(find_model_shape(plan.model.name), across_nodes=True))
+    h20 = parse_gpu_spec("8xH20-96GB").hosts[0].gpus[0].memory_bytes / 2**30
+    h100 = parse_gpu_spec("8xH100-80GB").hosts[0].gpus[0].memory_bytes / 2**30
+    # vLLM's share is of the H20's memory, the training budget of the H100's
+    assert plan.estimate.vllm_memory_gib == pytest.approx(plan.vllm.gpu_memory_utilization * h20)
+    assert plan.estimate.gpu_memory_gib == pytest.approx(h100)
