@@ -205,3 +205,14 @@ def test_a_server_on_the_other_type_syncs_between_nodes_and_sizes_its_kv_cache_o
     # vLLM's share is of the H20's memory, the training budget of the H100's
     assert plan.estimate.vllm_memory_gib == pytest.approx(plan.vllm.gpu_memory_utilization * h20)
     assert plan.estimate.gpu_memory_gib == pytest.approx(h100)
+
+
+def test_the_batch_does_not_depend_on_the_splits_by_type():
+    """The batch rule: a recipe that leaves its batch to the planner gets the one the topology gives (every GPU a
+    trainer), the same as a cluster of one type with as many GPUs, whichever splits by type were compared."""
+    values = {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "num_generations": 8}
+    mixed = plan_recipe(values, "8xH100-80GB+8xH20-96GB")
+    uniform = plan_recipe(values, "2x8xH100-80GB")
+    asked = {d.what: d.value for d in mixed.decisions}["prompts_per_step"]
+    assert asked == {d.what: d.value for d in uniform.decisions}["prompts_per_step"]
+    assert mixed.layout.completions_per_optimizer_step == asked * 8
