@@ -9,6 +9,7 @@ import pytest
 from grpo_launch.errors import PlanError, ProbeError
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
+from grpo_launch.planning import make_plan
 from grpo_launch.planning.planner import plan_split
 from grpo_launch.planning.splits.split import SplitKind, enumerate_splits
 from grpo_launch.planning.types import Candidate
@@ -216,3 +217,30 @@ def test_the_batch_does_not_depend_on_the_splits_by_type():
     asked = {d.what: d.value for d in mixed.decisions}["prompts_per_step"]
     assert asked == {d.what: d.value for d in uniform.decisions}["prompts_per_step"]
     assert mixed.layout.completions_per_optimizer_step == asked * 8
+
+
+def test_the_serving_type_in_the_middle_of_a_hostfile_serves_and_the_others_train_in_rank_order(tmp_path):
+    """ssh hostfile order may put the serving type anywhere: h1 and h3 are H100s, h2 the H20. The rendered processes
+    (as every backend runs them): the server on h2 with its GPUs, the trainers on h1 (machine rank 0, the main
+    process) and h3 (rank 1), every trainer reaching the server at h2's address. (launch.vllm=server: left to
+    choose, one H20 host cannot keep 16 H100 trainers fed and the H100s alone win.)"""
+    from grpo_launch.backends.hostfile import probe_hostfile
+    from grpo_launch.enums import Role
+    from grpo_launch.render.processes import all_processes
+
+    hf = tmp_path / "hosts"
+    hf.write_text("h1 slots=8 gpu=H100-80GB\nh2 slots=8 gpu=H20-96GB\nh3 slots=8 gpu=H100-80GB\n")
+    topology = probe_hostfile(hf, cpu=True)
+    recipe = load_recipe(QWEN7, ["launch.vllm=server"])
+    plan = make_plan(topology, recipe, find_model_shape(str(recipe.values["model_name_or_path"])))
+    assert plan.vllm.host == "h2" and plan.vllm.gpus == tuple(str(i) for i in range(8))
+    assert [(h.name, h.machine_rank) for h in plan.train.hosts] == [("h1", 0), ("h3", 1)]
+    procs = all_processes(plan)
+    assert {p.host for p in procs if p.role == Role.VLLM} == {"h2"}
+    trainers = [p for p in procs if p.role == Role.TRAIN]
+    assert [p.host for p in trainers] == ["h1", "h3"]
+    for p in trainers:
+        argv = " ".join(p.argv)
+        assert "--main_process_ip h1" in argv and "--num_machines 2" in argv
+        assert f"--machine_rank {['h1', 'h3'].index(p.host)}" in argv
+    assert plan.vllm.base_url is not None and "h2" in plan.vllm.base_url
