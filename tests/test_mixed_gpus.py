@@ -244,3 +244,11 @@ def test_the_serving_type_in_the_middle_of_a_hostfile_serves_and_the_others_trai
         assert "--main_process_ip h1" in argv and "--num_machines 2" in argv
         assert f"--machine_rank {['h1', 'h3'].index(p.host)}" in argv
     assert plan.vllm.base_url is not None and "h2" in plan.vllm.base_url
+
+
+def test_a_server_fits_in_its_own_types_memory_not_the_smallest_of_the_cluster():
+    """Qwen2.5-Math-7B's 15 GB of weights do not fit half an A10G (22 GiB), but fit an A100-80GB: the A100 host
+    serves (checked against the smallest GPU of the cluster, no server would fit at all)."""
+    plan = plan_recipe(QWEN7, "1xA100-80GB+1xA10G-24GB", "launch.vllm=server")
+    assert plan.vllm.host == "node0" and [h.name for h in plan.train.hosts] == ["node1"]
+    assert "A100-80GB serves vLLM" in {d.what: d.why for d in plan.decisions}["gpu_types"]
