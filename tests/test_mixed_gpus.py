@@ -252,3 +252,18 @@ def test_a_server_fits_in_its_own_types_memory_not_the_smallest_of_the_cluster()
     plan = plan_recipe(QWEN7, "1xA100-80GB+1xA10G-24GB", "launch.vllm=server")
     assert plan.vllm.host == "node0" and [h.name for h in plan.train.hosts] == ["node1"]
     assert "A100-80GB serves vLLM" in {d.what: d.why for d in plan.decisions}["gpu_types"]
+
+
+def test_a_server_over_two_types_decodes_at_the_lower_bandwidth_and_trainers_train_at_the_lower_flops():
+    """An H20 (148 TF, 4.0 TB/s) and an L40S (362 TF, 0.86 TB/s): serving together they decode at the L40S's
+    bandwidth; training together they train at the H20's FLOPs (each the slowest for its work)."""
+    from grpo_launch.enums import VllmMode
+    from grpo_launch.planning.gpu_types import role_specs
+    from grpo_launch.planning.types import ServerNode, TrainHost, VllmPlan
+
+    topology = parse_gpu_spec("8xH20-96GB+8xL40S-48GB+8xH100-80GB")
+    server = VllmPlan(VllmMode.SERVER, host="node0", nodes=(ServerNode("node1", "node1", ("0",)),))
+    serve, train = role_specs(topology, server, (TrainHost("node2", "node2", 0, ("0",), 8),))
+    assert (serve.name, train.name) == ("L40S", "H100-80GB")
+    both = (TrainHost("node0", "node0", 0, ("0",), 8), TrainHost("node1", "node1", 1, ("0",), 8))
+    assert role_specs(topology, VllmPlan(VllmMode.COLOCATE), both)[1].name == "H20"

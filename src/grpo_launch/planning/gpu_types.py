@@ -28,8 +28,17 @@ def serve_topology(topology: Topology, vllm: VllmPlan, hosts: tuple[TrainHost, .
 def role_specs(
     topology: Topology, vllm: VllmPlan, hosts: tuple[TrainHost, ...]
 ) -> tuple[GpuSpec | None, GpuSpec | None]:
-    """(serving GPU, training GPU) the step time is priced on: each role's slowest GPU the table (or --gpus) knows."""
-    return serve_topology(topology, vllm, hosts).planning_gpu_spec, train_topology(topology, hosts).planning_gpu_spec
+    """(serving GPU, training GPU) the step time is priced on: each role's slowest GPU the table (or --gpus) knows,
+    slowest to decode (memory bandwidth) for the server, slowest to train (FLOPs) for the trainers."""
+    return _slowest_to_decode(serve_topology(topology, vllm, hosts)), train_topology(topology, hosts).planning_gpu_spec
+
+
+def _slowest_to_decode(topology: Topology) -> GpuSpec | None:
+    """The GPU of the least memory bandwidth among the topology's models (all of one model: its spec)."""
+    specs = [topology.spec_of(name) for name in topology.gpu_types]
+    if len(specs) < 2 or any(s is None for s in specs):
+        return topology.planning_gpu_spec
+    return min((s for s in specs if s is not None), key=lambda s: (s.bandwidth_tbs, s.bf16_tflops, s.name))
 
 
 def roles_line(topology: Topology, vllm: VllmPlan, hosts: tuple[TrainHost, ...]) -> str | None:
