@@ -127,7 +127,12 @@ CONSTANTS: dict[str, Constant] = {
     # one node): "~0.18s" for Qwen3-0.6B; TRL PR #5249: 0.15 s for Qwen2 0.5B; verl PR #116 (8 × L20, PCIe, the
     # broadcast alone): 0.70 s for Llama-3-8B, 0.79 s for Qwen2.5-7B; verl PR #7263 (2 nodes, AWS EFA): 3.01 s for
     # 27B; TRL PR #7131 (16 + 16 H200): "~2.3s" for Qwen3-32B; verl issue #7167: one sender's broadcast between
-    # nodes "capped at ~25 GB/s".
+    # nodes "capped at ~25 GB/s". Between nodes, an upper bound rather than an anchor: verl's own ``nccl`` checkpoint
+    # engine (docs/advance/delta_weight_sync.md, "Measured results", H100 nodes) takes 5.5–6.0 s for Qwen2.5-7B
+    # over 1+1 nodes with param/optimizer offload on, 14.2 s for Qwen2.5-32B over 2+2 with offload off: about 5 GB/s,
+    # since that engine also pays "the full-tensor all-gather and rank-0 staging costs" the TRL path above does not
+    # (TRL #7131 gathers on every rank first, then rank 0 sends at ~28 GB/s). A mixed cluster's server on one GPU
+    # type and trainers on another always syncs between nodes: sync_bytes_per_s_net.
     "sync_fixed_s": Constant(0.1, "s per sync", "TRL PR #5892 (0.18 s at 0.6B), PR #5249 (0.15 s at 0.5B)"),
     "sync_bytes_per_s_node": Constant(20e9, "B/s", "NCCL broadcast within a node: verl PR #116 (19–23 GB/s)"),
     "sync_bytes_per_s_net": Constant(
