@@ -20,6 +20,7 @@ from grpo_launch.recipe import Recipe, load_recipe
 from grpo_launch.spec import RunContext
 
 if TYPE_CHECKING:  # a record is read or written only by a run that keeps one (plan's start-up)
+    from grpo_launch.models.shape import ModelShape
     from grpo_launch.rundir.invocation import Flag, Invocation
 
 EPILOG = """\
@@ -262,7 +263,30 @@ def plan_on(
         dataset_rows_source=rows_source,
         warnings=(warning,) if warning else (),
     )
+    if model is not None:
+        calibration, notes = stored_calibration(topo, recipe, model, runtime, ctx, calibration)
+        runtime = dataclasses.replace(runtime, notices=notes)
     return make_plan(topo, recipe, model, runtime=runtime, calibration=calibration)
+
+
+def stored_calibration(
+    topo: Topology, recipe: Recipe, model: ModelShape, runtime: Runtime, ctx: RunContext, run: Calibration | None
+) -> tuple[Calibration | None, tuple[str, ...]]:
+    """The calibration a plan uses: the stored ``grpo-launch calibrate`` file for this machine, model, dtype and
+    library versions first (its measured terms), a run's scales (``--calibrate-from``, the adapt loop) on top. A
+    stored one for another GPU model or library version is not used, and the plan's notices say why."""
+    from grpo_launch.probe.calibration import calibration_key, find_calibration
+
+    found = find_calibration(calibration_key(topo, model, recipe, runtime.vllm_version), ctx.environ)
+    notes = [f"calibration not used: {why}" for why in found.ignored]
+    if found.record is not None:
+        notes.insert(0, f"calibration: {found.path} (measured: {', '.join(found.record.measured_terms())}; "
+                        "every other term from the GPU table)")  # fmt: skip
+    if found.record is None:
+        return run, tuple(notes)
+    return dataclasses.replace(run or Calibration(), measured=found.record.terms, measured_source=found.path), tuple(
+        notes
+    )
 
 
 def plan_for(
