@@ -223,3 +223,64 @@ def test_a_real_cpu_run_is_within_a_quarter_of_the_calibrated_prediction(calibra
 def _overheads(folder: Path) -> float:
     t = read_calibration(next(folder.glob("cpu-*.json"))).terms
     return t.overhead_generation_s + t.overhead_training_s
+
+
+GPU_RECIPE = {"model_name_or_path": "Qwen/Qwen2.5-0.5B-Instruct", "num_generations": 8,
+              "per_device_train_batch_size": 8, "max_prompt_length": 256, "max_completion_length": 512,
+              "max_steps": 100}  # fmt: skip
+AT = (("per_device_train_batch_size", 8.0), ("prompt_len", 256.0), ("completion_len", 512.0))
+
+
+def _gpu_calibration(folder: Path, recipe: Path, *, decode: float, train: float) -> None:
+    """A calibration for one H100 whose decode is ``decode`` × and whose training ``train`` × the table's time
+    (no GPU here: the record is written as `calibrate` would write it on one)."""
+    from grpo_launch.machines.topology import parse_gpu_spec
+    from grpo_launch.planning.calibration import measured_against_table
+    from grpo_launch.probe.calibration import calibration_key
+    from grpo_launch.probe.model import resolve_model_shape
+    from grpo_launch.probe.pythons import vllm_version_here
+    from grpo_launch.recipe import load_recipe
+
+    topo = parse_gpu_spec("1xH100-80GB")
+    model, _ = resolve_model_shape(GPU_RECIPE["model_name_or_path"])
+    assert model is not None
+    probe = MeasuredTerms(device=topo.planning_gpu_name, decode=((8, 1.0),), decode_path="vllm",
+                          train_tokens_per_s=1.0)  # fmt: skip
+    rows, _, _ = measured_against_table(model, topo.planning_gpu_spec, probe, 8, 256, 512)
+    table_decode, table_rate = rows[0].predicted, rows[1].predicted
+    assert table_decode and table_rate
+    terms = dataclasses.replace(probe, decode=((8, table_decode * decode),), train_tokens_per_s=table_rate / train)
+    key = calibration_key(topo, model, load_recipe(str(recipe), []), vllm_version_here())
+    save_calibration(CalibrationRecord(key, terms, (), AT), {CALIBRATIONS_ENV: str(folder)})
+
+
+def test_on_a_gpu_the_measured_terms_scale_the_table_and_explain_shows_each(tmp_path):
+    """Failed before: plan read no calibration file; the step was the table's whatever the GPU measured."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(json.dumps(GPU_RECIPE))
+    base = ["plan", str(recipe), "--gpus", "1xH100-80GB", "--no-write"]
+    plain = json.loads(_cli(*base, "--json", env=_env(tmp_path / "none")).stdout)["estimate"]["time_s"]
+    _gpu_calibration(tmp_path / "cal", recipe, decode=1.5, train=2.0)
+    out = _cli(*base, "--json", env=_env(tmp_path / "cal"))
+    data = json.loads(out.stdout)
+    timed = data["estimate"]["time_s"]
+    assert timed["training"] == pytest.approx(2.0 * plain["training"], rel=1e-6)
+    assert timed["generation"] == pytest.approx(1.5 * plain["generation"], rel=1e-6)
+    assert any("× 1.50" in n and "× 2.00" in n for n in data["notices"])
+    terms = {t["term"]: t for t in data["measured_by_calibrate"]["terms"]}
+    assert terms["decode step at batch 8 (vllm)"]["ratio"] == pytest.approx(1.5)
+    explain = _cli(*base, "--explain", env=_env(tmp_path / "cal")).stdout
+    assert "Measured by grpo-launch calibrate" in explain and "measured/table" in explain
+
+
+def test_a_runs_scales_compose_on_top_of_the_calibration_file_without_counting_it_twice():
+    """The adapt loop and --calibrate-from read a plan's recorded calibration as the run's part alone: the file's
+    part (measured ÷ table) comes from the file again at the next plan."""
+    from grpo_launch.planning.calibration import prior_calibration
+    from grpo_launch.rundir.plan_record import RecordedCalibration
+
+    class Plan:  # the one field prior_calibration reads of a PlanRecord
+        calibration = RecordedCalibration(3.0, 4.0, 1.0, None, "run", measured_generation=1.5, measured_training=2.0)
+
+    prior = prior_calibration(Plan())  # type: ignore[arg-type]
+    assert (prior.generation, prior.training) == (2.0, 2.0)

@@ -284,9 +284,21 @@ def stored_calibration(
                         "every other term from the GPU table)")  # fmt: skip
     if found.record is None:
         return run, tuple(notes)
-    return dataclasses.replace(run or Calibration(), measured=found.record.terms, measured_source=found.path), tuple(
-        notes
-    )
+    gpu = topo.planning_gpu_spec
+    base = run or Calibration()
+    gen = train = 1.0
+    if gpu is not None:  # on GPUs the table's structure stays: its speed is scaled to what was measured
+        from grpo_launch.planning.calibration import measured_against_table
+
+        at = {k: int(v) for k, v in found.record.at}
+        point = (at.get("per_device_train_batch_size", 1), at.get("prompt_len", 1), at.get("completion_len", 1))
+        _, gen, train = measured_against_table(model, gpu, found.record.terms, *point)
+        notes.append(f"calibration: on {gpu.name} the table's generation time × {gen:.2f} and training time × "
+                     f"{train:.2f} (measured ÷ table; plan --explain shows each term)")  # fmt: skip
+    scaled = dataclasses.replace(base, generation=base.generation * gen, training=base.training * train,
+                                 measured=found.record.terms, measured_source=found.path, measured_generation=gen,
+                                 measured_training=train)  # fmt: skip
+    return scaled, tuple(notes)
 
 
 def plan_for(

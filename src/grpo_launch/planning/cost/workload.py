@@ -25,6 +25,10 @@ class Calibration:
     source: str = ""
     measured: MeasuredTerms | None = None
     measured_source: str = ""  # the calibration file the measured terms came from
+    # On GPUs, the measured terms over the table's at the point calibrate measured (generation, training): already
+    # multiplied into ``generation`` and ``training``; kept apart so a run's own scales can be told from them.
+    measured_generation: float = 1.0
+    measured_training: float = 1.0
 
 
 @frozen
