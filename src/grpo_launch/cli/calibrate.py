@@ -1,4 +1,4 @@
-"""``grpo-launch calibrate [RECIPE]``: measure this machine (the first GPU it sees, or the CPU) in minutes and store
+"""``grpo-launch calibrate RECIPE``: measure this machine (the first GPU it sees, or the CPU) in minutes and store
 what it measured where ``plan`` finds it (probe/calibration.py): model load, decode seconds per step against batch
 size at the recipe's completion length, a prompt pass, one optimizer step with and without activation
 checkpointing, a forward alone, the peak memory; vLLM's start-up and decode in vLLM's Python when the recipe uses
@@ -14,10 +14,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.cli.common import add_planning_args, load, plan_on, topology
+from grpo_launch.cli.common import add_recipe_args, load, plan_on
 from grpo_launch.errors import ConfigError
+from grpo_launch.rundir.layout import CALIBRATIONS_ENV
 from grpo_launch.spec import RunContext
 
+DESCRIPTION = f"""\
+Measure this machine (the first GPU it sees, or the CPU) for the recipe's model, in minutes: model load; decode
+seconds per step at batch 1, the planned micro-batch and twice it, at the recipe's completion length; a prompt
+pass; one optimizer step at the planned micro-batch and sequence length, with and without activation
+checkpointing; a forward alone; the peak memory; vLLM's start-up and decode (in vLLM's Python) when the recipe uses
+vLLM; TRL's own time per step from a 4-step run of the recipe (not with --random-weights). Each phase stops at its
+share of --minutes. What is not measured (the weight sync; all GPUs of a multi-GPU machine) is said, and stored as
+such. The calibration is stored per device, model shape, dtype and library versions in
+$XDG_CACHE_HOME/grpo-launch/calibrations ({CALIBRATIONS_ENV} overrides), and plan uses a matching one by
+itself."""
 DEFAULT_MINUTES = 5.0
 MAX_MINUTES = 60.0
 
@@ -26,11 +37,15 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
     p = sub.add_parser(
         "calibrate",
         help="measure this machine's GPU (or CPU) for the recipe's model in minutes; plan then uses it",
-        description=__doc__,
+        description=DESCRIPTION,
         epilog=epilog,
         formatter_class=formatter,
     )
-    add_planning_args(p)
+    add_recipe_args(p)
+    p.add_argument("--run-dir", help="also write RUN_DIR/calibration.json (the cache copy is always written)")
+    p.add_argument("--gpus", metavar="SPEC",
+                   help="refused: calibrate measures the GPUs this machine sees (plan --gpus SPEC then uses a "
+                   "calibration stored for that GPU model)")  # fmt: skip
     p.add_argument("--minutes", type=float, default=DEFAULT_MINUTES, metavar="N",
                    help=f"time budget, shared out between the phases (default {DEFAULT_MINUTES:g}, at most "
                    f"{MAX_MINUTES:g})")  # fmt: skip
@@ -50,6 +65,18 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("calibrate measures the GPUs this machine sees; --gpus describes other machines",
                           hint="Run calibrate on a machine with the GPU model to measure (one GPU of the kind is "
                           "enough), without --gpus.")  # fmt: skip
+
+
+def _here(ctx: RunContext, recipe: Any) -> Any:
+    """This machine as probed (its GPUs, else its CPU), as ``run`` would plan for it."""
+    import dataclasses
+
+    from grpo_launch.probe.local import probe_local
+
+    local = probe_local(ctx.environ)
+    if recipe.values.get("use_cpu") is True and local.is_cpu:
+        local = dataclasses.replace(local, warnings=())
+    return local
 
 
 def _weights(model: str, random_weights: bool) -> None:
@@ -101,7 +128,6 @@ def _trainer_overhead(
     import tempfile
 
     from grpo_launch.planning.cost.measured_time import measured_step_time
-    from grpo_launch.rundir.layout import CALIBRATIONS_ENV
     from grpo_launch.rundir.measured import read_run
 
     what = "TRL's own time per step (a short real run)"
@@ -141,7 +167,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     _check(args)
     started = time.monotonic()
     recipe = load(args)
-    topo, _ = topology(args, ctx, recipe)
+    topo = _here(ctx, recipe)
     plan = plan_on(topo, recipe, args, ctx)
     if plan.model is None:
         hint = "Calibrate a local model directory, or one whose config is in the hub cache."

@@ -33,6 +33,7 @@ examples:
   grpo-launch status grpo_runs/qwen1.5b                        state, step, ETA and last metrics of a run
   grpo-launch resume grpo_runs/qwen1.5b                        continue a stopped run as it was started
   grpo-launch plan recipes/qwen1.5b.yaml --calibrate-from grpo_runs/qwen1.5b   replan with a run's measurements
+  grpo-launch calibrate recipes/qwen1.5b.yaml --random-weights  measure this GPU (or CPU) in minutes; plan uses it
 """
 
 
