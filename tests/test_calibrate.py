@@ -244,12 +244,12 @@ def _gpu_calibration(folder: Path, recipe: Path, *, decode: float, train: float)
     topo = parse_gpu_spec("1xH100-80GB")
     model, _ = resolve_model_shape(GPU_RECIPE["model_name_or_path"])
     assert model is not None
-    probe = MeasuredTerms(device=topo.planning_gpu_name, decode=((8, 1.0),), decode_path="vllm",
+    probe = MeasuredTerms(device=topo.planning_gpu_name, decode=(), vllm_decode=((8, 1.0),),
                           train_tokens_per_s=1.0)  # fmt: skip
     rows, _, _ = measured_against_table(model, topo.planning_gpu_spec, probe, 8, 256, 512)
     table_decode, table_rate = rows[0].predicted, rows[1].predicted
     assert table_decode and table_rate
-    terms = dataclasses.replace(probe, decode=((8, table_decode * decode),), train_tokens_per_s=table_rate / train)
+    terms = dataclasses.replace(probe, vllm_decode=((8, table_decode * decode),), train_tokens_per_s=table_rate / train)
     key = calibration_key(topo, model, load_recipe(str(recipe), []), vllm_version_here())
     save_calibration(CalibrationRecord(key, terms, (), AT), {CALIBRATIONS_ENV: str(folder)})
 

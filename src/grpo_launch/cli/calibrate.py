@@ -102,15 +102,27 @@ def _vllm_phase(python: str | None, spec: Any, seconds: float) -> tuple[dict[str
     job = {"model": spec.model, "dtype": spec.dtype, "prompt_len": spec.prompt_len,
            "completion_len": spec.completion_len, "random_weights": spec.random_weights,
            "batches": decode_batches(spec.per_device), "seconds": seconds / 2}  # fmt: skip
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    try:
-        done = subprocess.run([python, bench_vllm.__file__, json.dumps(job)], capture_output=True, text=True,
-                              timeout=seconds, env=env)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return None, f"vLLM start-up and decode: not done within its {seconds:.0f} s (raise --minutes)"
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="grpo-calibrate-vllm-") as tmp:
+        # vLLM leaves socket files in TMPDIR; its engine core and workers are children of their own: the whole
+        # session is stopped on a timeout
+        kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TMPDIR": tmp,
+               "VLLM_CACHE_ROOT": f"{tmp}/cache", "VLLM_CPU_KVCACHE_SPACE": kv}  # fmt: skip
+        cmd = [python, bench_vllm.__file__, json.dumps(job)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
+                                start_new_session=True)  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return None, f"vLLM start-up and decode: not done within its {seconds:.0f} s (raise --minutes)"
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        tail = (err.strip().splitlines() or ["no output"])[-1][:200]
         return None, f"vLLM start-up and decode: vLLM failed here ({tail})"
     return json.loads(lines[-1]), ""
 
@@ -181,9 +193,10 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     device = "cpu" if topo.is_cpu else "cuda"
     seconds = args.minutes * 60
     uses_vllm = plan.vllm.mode != VllmMode.OFF
+    measures_vllm = uses_vllm or bool(args.vllm_python)
     spec = BenchSpec(model_path, work.prompt_len, work.completion_len, work.per_device, recipe_dtype(recipe), device,
                      max(1, cpus // n) if device == "cpu" else 0, args.random_weights,
-                     seconds * (0.3 if uses_vllm else 0.5))  # fmt: skip
+                     seconds * (0.2 if measures_vllm else 0.5))  # fmt: skip
     not_measured = [
         "weight sync trainer → vLLM: not measured (TRL's NCCL path needs a trainer and a vLLM server on GPUs; "
         + ("vLLM is off in this recipe)" if not uses_vllm else "this version does not run it yet)"),
@@ -194,18 +207,19 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         not_measured.append("peak memory: this process's resident set (a CPU run's, not the GPU memory model's)")
     result = _measure(spec, PHASES)
     vllm_data: dict[str, Any] | None = None
-    if uses_vllm:
+    if measures_vllm:
         python = args.vllm_python or (sys.executable if vllm_version_here() else None)
-        left = max(30.0, (seconds - (time.monotonic() - started)) / 2)
+        left = max(60.0, (seconds - (time.monotonic() - started)) * 0.7)
         vllm_data, why = _vllm_phase(python, spec, left)
         if why:
             not_measured.append(why)
     else:
-        not_measured.append("vLLM start-up and decode: vLLM is off in this recipe (the trainers' generate measured)")
+        not_measured.append("vLLM start-up and decode: vLLM is off in this recipe (the trainers' generate measured; "
+                            "--vllm-python PYTHON measures it too)")  # fmt: skip
     terms = MeasuredTerms(
         device="cpu" if device == "cpu" else topo.planning_gpu_name,
-        decode=tuple(vllm_data["decode"] if vllm_data else result["decode"]),
-        decode_path="vllm" if vllm_data else "transformers",
+        decode=tuple(result["decode"]),
+        vllm_decode=tuple(tuple(p) for p in vllm_data["decode"]) if vllm_data else (),
         prefill_s=result["prefill_s"],
         train_tokens_per_s=result["train_tokens_per_s"],
         train_tokens_per_s_ckpt=result["train_tokens_per_s_ckpt"],
@@ -265,7 +279,11 @@ def _measure(spec: Any, phases: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _measured_lines(t: Any) -> list[str]:
-    lines = [f"decode ({t.decode_path}): " + ", ".join(f"batch {b}: {s * 1000:.1f} ms/step" for b, s in t.decode)]
+    lines = [
+        f"decode ({path}): " + ", ".join(f"batch {b}: {s * 1000:.1f} ms/step" for b, s in points)
+        for path, points in (("transformers", t.decode), ("vLLM", t.vllm_decode))
+        if points
+    ]
     lines.append(f"prefill (one micro-batch's prompts): {t.prefill_s * 1000:.1f} ms")
     lines.append(
         f"training step: {t.train_tokens_per_s:,.0f} tokens/s; with activation checkpointing "

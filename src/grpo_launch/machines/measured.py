@@ -13,15 +13,16 @@ class MeasuredTerms:
     """The time terms ``grpo-launch calibrate`` measured on this machine, in place of the GPU table's (on CPU,
     where the table has none, the only step time there is). Per process, at ``threads`` threads on CPU.
 
-    ``decode``: (batch, seconds per decode step) pairs at the recipe's completion length, through ``decode_path``
-    ("transformers": TRL's generate without vLLM; "vllm"); ``prefill_s``: one batch's prompt pass at the largest
-    batch; ``train_tokens_per_s`` (``_ckpt``: with activation checkpointing) and ``forward_tokens_per_s``: one
-    optimizer step's forward/backward, and a forward alone, over padded tokens; ``sync_s``, ``load_s``,
+    ``decode``: (batch, seconds per decode step) pairs at the recipe's completion length through transformers'
+    generate (TRL's path without vLLM); ``vllm_decode``: the same through vLLM (empty: not measured);
+    ``prefill_s``: one micro-batch's prompt pass; ``train_tokens_per_s`` (``_ckpt``: with activation
+    checkpointing) and ``forward_tokens_per_s``: one optimizer step's forward/backward, and a forward alone, over
+    padded tokens; ``sync_s``, ``load_s``,
     ``engine_start_s``: None where not measured; ``overhead_*``: TRL's own per-step time, from a short real run."""
 
     device: str
     decode: tuple[tuple[int, float], ...] = ()
-    decode_path: str = "transformers"
+    vllm_decode: tuple[tuple[int, float], ...] = ()
     prefill_s: float = 0.0
     train_tokens_per_s: float = 0.0
     train_tokens_per_s_ckpt: float = 0.0
@@ -37,10 +38,11 @@ class MeasuredTerms:
     overhead_training_s: float = 0.0  # per optimizer step
     overhead_steps: int = 0  # the real steps it was measured over (0: not measured)
 
-    def decode_step_s(self, batch: int) -> float:
-        """Seconds per decode step at ``batch``: the measured batch nearest it, scaled linearly between the two
-        measured batches around it (beyond the largest: per sequence, as at the largest)."""
-        points = sorted(self.decode)
+    def decode_step_s(self, batch: int, *, vllm: bool = False) -> float:
+        """Seconds per decode step at ``batch`` (``vllm``: vLLM's, when measured): the measured batch nearest it,
+        scaled linearly between the two measured batches around it (beyond the largest: per sequence, as at the
+        largest)."""
+        points = sorted(self.vllm_decode if vllm and self.vllm_decode else self.decode)
         b = max(1, batch)
         if b <= points[0][0]:
             return points[0][1]

@@ -150,18 +150,20 @@ def measured_against_table(
                   per_device=b, gradient_checkpointing=False)  # fmt: skip
     rows: list[Comparison] = []
     gen_ratio = train_ratio = 1.0
-    for batch, seconds in terms.decode:
-        table = None
-        if gpu is not None:
-            one = dataclasses.replace(at, completions=batch, num_generations=batch, per_device=batch)
-            if terms.decode_path == "vllm":
-                table = generation_time(model, gpu, Parallelism(), batch, one)[0] / completion_len
-            else:
-                table = transformers_generation_time(model, gpu, 1, one) / completion_len
-        row = Comparison(f"decode step at batch {batch} ({terms.decode_path})", table, seconds, "s")
-        rows.append(row)
-        if batch == max(1, per_device) and row.ratio:
-            gen_ratio = row.ratio
+    # vLLM's decode speaks for generation where it was measured (a plan with vLLM on a GPU), else transformers'
+    for path, points in (("transformers", terms.decode), ("vllm", terms.vllm_decode)):
+        for batch, seconds in points:
+            table = None
+            if gpu is not None:
+                one = dataclasses.replace(at, completions=batch, num_generations=batch, per_device=batch)
+                if path == "vllm":
+                    table = generation_time(model, gpu, Parallelism(), batch, one)[0] / completion_len
+                else:
+                    table = transformers_generation_time(model, gpu, 1, one) / completion_len
+            row = Comparison(f"decode step at batch {batch} ({path})", table, seconds, "s")
+            rows.append(row)
+            if batch == max(1, per_device) and row.ratio:
+                gen_ratio = row.ratio
     for ckpt, rate in ((False, terms.train_tokens_per_s), (True, terms.train_tokens_per_s_ckpt)):
         if not rate:
             continue

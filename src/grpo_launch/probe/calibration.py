@@ -93,7 +93,8 @@ class CalibrationRecord:
             key = CalibrationKey(str(k["device"]), str(k["model_shape"]), str(k["dtype"]),
                                  tuple(sorted((str(a), str(b)) for a, b in k["versions"].items())))  # fmt: skip
             t = dict(data["terms"])
-            t["decode"] = tuple((int(b), float(s)) for b, s in t.get("decode", ()))
+            for name in ("decode", "vllm_decode"):
+                t[name] = tuple((int(b), float(s)) for b, s in t.get(name, ()))
             terms = MeasuredTerms(**t)
             at = tuple((str(a), float(b)) for a, b in dict(data.get("at", {})).items())
             return cls(key, terms, tuple(data.get("not_measured", ())), at, str(data.get("recipe", "")),
@@ -105,7 +106,8 @@ class CalibrationRecord:
     def measured_terms(self) -> list[str]:
         """The terms measured, in words (what ``plan`` says it took from this file)."""
         t = self.terms
-        names = [f"decode ({t.decode_path}, batches {', '.join(str(b) for b, _ in t.decode)})"] if t.decode else []
+        names = [f"decode (transformers, batches {', '.join(str(b) for b, _ in t.decode)})"] if t.decode else []
+        names += [f"decode (vLLM, batches {', '.join(str(b) for b, _ in t.vllm_decode)})"] if t.vllm_decode else []
         names += ["prefill"] if t.prefill_s else []
         names += ["training step"] if t.train_tokens_per_s else []
         names += ["training step with activation checkpointing"] if t.train_tokens_per_s_ckpt else []

@@ -14,10 +14,14 @@ from grpo_launch.planning.cost.steptime import StepTime, padded_tokens
 from grpo_launch.planning.cost.workload import Workload
 
 
-def measured_generation_s(terms: MeasuredTerms, n: int, work: Workload) -> float:
-    """One generation round without vLLM: each of ``n`` processes decodes its completions per_device at a time,
-    each batch to its longest completion, after one prompt pass."""
+def measured_generation_s(terms: MeasuredTerms, n: int, work: Workload, *, vllm: bool = False) -> float:
+    """One generation round. Without vLLM each of ``n`` processes decodes its completions per_device at a time,
+    each batch to its longest completion, after one prompt pass; with vLLM (its decode measured) one engine decodes
+    the round's completions together."""
     one = work.per_generation()
+    if vllm and terms.vllm_decode:
+        batch = one.completions
+        return work.longest_of(batch) * terms.decode_step_s(batch, vllm=True)
     batches = math.ceil(one.completions / max(1, n * work.per_device))
     per_batch = work.longest_of(work.per_device) * terms.decode_step_s(work.per_device) + terms.prefill_s
     return batches * per_batch
@@ -26,7 +30,11 @@ def measured_generation_s(terms: MeasuredTerms, n: int, work: Workload) -> float
 def measured_step_time(terms: MeasuredTerms, n: int, work: Workload, *, vllm: bool) -> tuple[StepTime, list[str]]:
     """One optimizer step on ``n`` processes from the measured rates, and the arithmetic."""
     rounds = work.generations_per_step
-    gen = (measured_generation_s(terms, n, work) + terms.overhead_generation_s) * rounds * work.scale.generation
+    gen = (
+        (measured_generation_s(terms, n, work, vllm=vllm) + terms.overhead_generation_s)
+        * rounds
+        * work.scale.generation
+    )
     rate = terms.train_tokens_per_s_ckpt if work.gradient_checkpointing else terms.train_tokens_per_s
     tokens = padded_tokens(work) / max(1, n)
     train = (tokens / rate + terms.overhead_training_s) * work.scale.training
@@ -36,10 +44,16 @@ def measured_step_time(terms: MeasuredTerms, n: int, work: Workload, *, vllm: bo
         old *= work.scale.training
     sync = (terms.sync_s or 0.0) * rounds if vllm else 0.0
     where = f"measured on {terms.device}" + (f" at {terms.threads} threads per process" if terms.threads else "")
+    if vllm and terms.vllm_decode:
+        batch = work.per_generation().completions
+        how = (f"vLLM, {where}): {work.longest_of(batch):.1f} decode steps × "
+               f"{terms.decode_step_s(batch, vllm=True) * 1000:.1f} ms at batch {batch}")  # fmt: skip
+    else:
+        how = (f"transformers, {where}): {work.longest_of(work.per_device):.1f} decode steps × "
+               f"{terms.decode_step_s(work.per_device) * 1000:.1f} ms at batch {work.per_device} + "
+               f"{terms.prefill_s:.2f} s prefill per batch")  # fmt: skip
     lines = [
-        f"generation ({terms.decode_path}, {where}): {work.longest_of(work.per_device):.1f} decode steps × "
-        f"{terms.decode_step_s(work.per_device) * 1000:.1f} ms at batch {work.per_device} + {terms.prefill_s:.2f} s "
-        f"prefill per batch"
+        f"generation ({how}"
         + (f" + {terms.overhead_generation_s:.2f} s TRL's own per round" if terms.overhead_steps else "")
         + f", {rounds:.3g} round(s) = {gen:.2f} s"
         + (f" (× {work.scale.generation:.2f} from a run)" if work.scale.generation != 1.0 else ""),
