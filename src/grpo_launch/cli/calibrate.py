@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -61,6 +62,9 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 < args.minutes <= MAX_MINUTES:
         raise ConfigError(f"--minutes {args.minutes:g}: the budget must be above 0 and at most {MAX_MINUTES:g}",
                           hint="e.g. --minutes 5")  # fmt: skip
+    if args.vllm_python and not (os.access(args.vllm_python, os.X_OK) or shutil.which(args.vllm_python)):
+        hint = "Give the Python of the environment vLLM is installed in, e.g. .venv-vllm/bin/python."
+        raise ConfigError(f"--vllm-python {args.vllm_python}: no such program", hint=hint)
     if args.gpus is not None:
         raise ConfigError("calibrate measures the GPUs this machine sees; --gpus describes other machines",
                           hint="Run calibrate on a machine with the GPU model to measure (one GPU of the kind is "
@@ -99,7 +103,8 @@ def _vllm_phase(python: str | None, spec: Any, seconds: float) -> tuple[dict[str
 
     if python is None:
         return None, "vLLM start-up and decode: no vLLM in this Python (give --vllm-python)"
-    job = {"model": spec.model, "dtype": spec.dtype, "prompt_len": spec.prompt_len,
+    model = os.path.abspath(spec.model) if os.path.exists(spec.model) else spec.model  # vLLM runs in a temp dir
+    job = {"model": model, "dtype": spec.dtype, "prompt_len": spec.prompt_len,
            "completion_len": spec.completion_len, "random_weights": spec.random_weights,
            "batches": decode_batches(spec.per_device), "seconds": seconds / 2}  # fmt: skip
     import signal
@@ -209,6 +214,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     vllm_data: dict[str, Any] | None = None
     if measures_vllm:
         python = args.vllm_python or (sys.executable if vllm_version_here() else None)
+        python = os.path.abspath(os.path.join(ctx.workdir, python)) if python and os.sep in python else python
         left = max(60.0, (seconds - (time.monotonic() - started)) * 0.7)
         vllm_data, why = _vllm_phase(python, spec, left)
         if why:
