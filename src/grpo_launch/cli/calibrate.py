@@ -211,11 +211,13 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     if device == "cpu":
         not_measured.append("peak memory: this process's resident set (a CPU run's, not the GPU memory model's)")
     result = _measure(spec, PHASES)
+    not_measured += result["failed"]
     vllm_data: dict[str, Any] | None = None
     if measures_vllm:
         python = args.vllm_python or (sys.executable if vllm_version_here() else None)
         python = os.path.abspath(os.path.join(ctx.workdir, python)) if python and os.sep in python else python
         left = max(60.0, (seconds - (time.monotonic() - started)) * 0.7)
+        print(f"calibrate: vLLM start-up and decode ({python}, at most {left:.0f} s)", file=sys.stderr, flush=True)
         vllm_data, why = _vllm_phase(python, spec, left)
         if why:
             not_measured.append(why)
@@ -233,9 +235,13 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         load_s=result["load_s"],
         engine_start_s=vllm_data["engine_start_s"] if vllm_data else None,
         peak_memory_bytes=result["peak_memory_bytes"],
+        peak_memory_bytes_ckpt=result["peak_memory_bytes_ckpt"],
         threads=spec.threads,
     )
     left = seconds - (time.monotonic() - started)
+    if not args.random_weights:
+        print(f"calibrate: TRL's own time per step ({OVERHEAD_STEPS} real steps of the recipe)", file=sys.stderr,
+              flush=True)  # fmt: skip
     overhead, why = _trainer_overhead(args, ctx, terms, n, work, uses_vllm, max(30.0, left))
     if overhead is None:
         not_measured.append(why)
@@ -300,7 +306,8 @@ def _measured_lines(t: Any) -> list[str]:
     if t.engine_start_s is not None:
         lines.append(f"vLLM start-up: {t.engine_start_s:.1f} s")
     if t.peak_memory_bytes:
-        lines.append(f"peak memory: {t.peak_memory_bytes / 2**30:.2f} GiB")
+        lines.append(f"peak memory of the training step: {t.peak_memory_bytes / 2**30:.2f} GiB; with activation "
+                     f"checkpointing {(t.peak_memory_bytes_ckpt or 0) / 2**30:.2f} GiB")  # fmt: skip
     if t.overhead_steps:
         lines.append(
             f"TRL's own time per step ({t.overhead_steps} real steps): generation + "

@@ -30,7 +30,8 @@ class MeasuredTerms:
     sync_s: float | None = None
     load_s: float | None = None
     engine_start_s: float | None = None
-    peak_memory_bytes: int | None = None
+    peak_memory_bytes: int | None = None  # the training step's peak (GPU: CUDA's max allocated; CPU: the RSS)
+    peak_memory_bytes_ckpt: int | None = None  # the same with activation checkpointing
     threads: int = 0
     # What TRL's trainer adds per step beyond these kernels (prompt handling, rewards, gathering, logging, the
     # gradient all-reduce between processes), from a few real steps of the recipe: measured − the terms above.

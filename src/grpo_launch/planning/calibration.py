@@ -185,10 +185,10 @@ def measured_against_table(
                         ("weight sync", terms.sync_s)):  # fmt: skip
         if value is not None:
             rows.append(Comparison(name, None, value, "s"))
-    if terms.peak_memory_bytes:
-        rows.append(
-            Comparison("peak memory (one process, one micro-batch)", None, terms.peak_memory_bytes / GIB, "GiB")
-        )
+    for ckpt, peak in ((False, terms.peak_memory_bytes), (True, terms.peak_memory_bytes_ckpt)):
+        if peak:
+            name = "peak memory (one process, one micro-batch" + (", checkpointing)" if ckpt else ")")
+            rows.append(Comparison(name, None, peak / GIB, "GiB"))
     return rows, max(FLOOR, gen_ratio), max(FLOOR, train_ratio)
 
 
