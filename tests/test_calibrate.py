@@ -305,3 +305,17 @@ def test_a_runs_scales_compose_on_top_of_the_calibration_file_without_counting_i
 
     prior = prior_calibration(Plan())  # type: ignore[arg-type]
     assert (prior.generation, prior.training) == (2.0, 2.0)
+
+
+def test_the_adapt_loops_replan_keeps_the_calibration_file_under_the_runs_scales():
+    """Failed before (no file part existed): launch.adapt re-plans through make_plan, which reads no file; the
+    running plan's file part (measured terms, measured ÷ table) is put back under the run's own scales."""
+    from grpo_launch.planning.calibration import with_file_part
+    from grpo_launch.planning.cost.workload import Calibration
+
+    used = Calibration(3.0, 4.0, measured=TERMS, measured_source="f.json", measured_generation=1.5,
+                       measured_training=2.0)  # fmt: skip
+    run = Calibration(2.0, 1.0, source="run")
+    both = with_file_part(run, used)
+    assert (both.generation, both.training, both.measured, both.source) == (3.0, 2.0, TERMS, "run")
+    assert with_file_part(run, Calibration()) == run == with_file_part(run, None)

@@ -76,6 +76,18 @@ def prior_calibration(plan: PlanRecord | None) -> Calibration:
                        recorded.mean_completion_len, recorded.source)  # fmt: skip
 
 
+def with_file_part(run: Calibration, used: Calibration | None) -> Calibration:
+    """A run's scales (:func:`calibration_from`) with the stored ``grpo-launch calibrate`` part of the calibration
+    the running plan used (``used``) put back on: the file's measured terms and its measured ÷ table ratios. The
+    adapt loop re-plans through make_plan, which reads no file itself."""
+    if used is None or used.measured is None:
+        return run
+    return dataclasses.replace(run, generation=run.generation * used.measured_generation,
+                               training=run.training * used.measured_training, measured=used.measured,
+                               measured_source=used.measured_source, measured_generation=used.measured_generation,
+                               measured_training=used.measured_training)  # fmt: skip
+
+
 def calibrate_from_run(view: RunView) -> tuple[Calibration, list[Comparison]]:
     """``plan --calibrate-from RUN_DIR``: the scales a run's measurements give, and the terms compared."""
     return calibration_from(measure(view))
