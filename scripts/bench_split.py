@@ -14,7 +14,12 @@ trainers (the batch rule, DESIGN.md) and every layout is compared per prompt (pe
 Prints a table, the worst chosen/exhaustive ratio of time per prompt (target ≥ 0.95) and the worst chosen/hand ratio
 of time per prompt (target ≤ 1.0), then the predicted against the published measurements of tests/published_cases.py.
 
-    .venv/bin/python scripts/bench_split.py
+Mixed GPU types (issue 38; ``--mixed`` prints only these): the shipped 1.5B and 7B recipes on 8×H100 + 8×H20 and
+8×H100 + 8×L40S, sync and launch.mode=auto: the chosen split's time per prompt against the best single-type use of the
+same cluster, colocating on every GPU (priced at the slowest type, what the planner did before) and the H100s alone
+(the others idle). Target: chosen ≤ both.
+
+    .venv/bin/python scripts/bench_split.py [--mixed]
 """
 
 from __future__ import annotations
@@ -140,6 +145,54 @@ def main() -> None:
     published()
 
 
+MIXED_CLUSTERS = [("8xH100-80GB+8xH20-96GB", "8xH100-80GB"), ("8xH100-80GB+8xL40S-48GB", "8xH100-80GB")]
+MIXED_RECIPES = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "recipes").glob("qwen1.5b*.yaml"))
+MIXED_RECIPES.append("qwen7b-math.yaml")
+
+
+def colocate_on_all(topology, recipe, model) -> float | None:
+    """The best time per prompt of colocating on every GPU of a mixed cluster (priced at its slowest type)."""
+    from grpo_launch.planning.splits.split import enumerate_splits
+
+    times = []
+    for split in enumerate_splits(len(topology.hosts), topology.gpus_per_host[0], model):
+        if split.kind != SplitKind.COLOCATE:
+            continue
+        try:
+            plan = plan_split(topology, recipe, model, split)
+        except PlanError:
+            continue
+        times.append(plan.estimate.step.total_s / prompts_of(plan))
+    return min(times) if times else None
+
+
+def mixed() -> None:
+    """Chosen split on a mixed cluster against colocate-on-all and the fast type alone, time per prompt."""
+    from grpo_launch.recipe import load_recipe
+
+    root = Path(__file__).resolve().parents[1] / "recipes"
+    print(f"{'recipe':22} {'cluster':24} {'mode':5} {'chosen s/P':>10} {'colocate-all':>12} {'fast alone':>10} "
+          f"{'×colocate':>9} {'×alone':>6}  chosen")  # fmt: skip
+    for name in MIXED_RECIPES:
+        for spec, fast in MIXED_CLUSTERS:
+            for mode in ("sync", "auto"):
+                recipe = load_recipe(root / name, [f"launch.mode={mode}"])
+                model = find_model_shape(str(recipe.values["model_name_or_path"]))
+                topology = parse_gpu_spec(spec)
+                try:
+                    chosen = make_plan(topology, recipe, model)
+                    alone = make_plan(parse_gpu_spec(fast), recipe, model)
+                except PlanError as exc:
+                    print(f"{name:22} {spec:24} {mode:5} refused: {exc.message[:80]}")
+                    continue
+                c = chosen.estimate.step.total_s / prompts_of(chosen)
+                a = alone.estimate.step.total_s / prompts_of(alone)
+                everyone = colocate_on_all(topology, load_recipe(root / name), model)
+                e = everyone or float("nan")
+                print(f"{name:22} {spec:24} {mode:5} {c:10.3f} {e:12.3f} {a:10.3f} {e / c:9.2f} {a / c:6.2f}  "
+                      f"{chosen.split}")  # fmt: skip
+
+
 def published() -> None:
     """Predicted against published measurements (the table and sources: tests/published_cases.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -153,4 +206,9 @@ def published() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--mixed" in sys.argv[1:]:
+        mixed()
+    else:
+        main()
+        print()
+        mixed()

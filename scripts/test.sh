@@ -17,5 +17,6 @@ if [ "$(id -u)" = 0 ]; then
   # Root can mount the small tmpfs of the full-disk test.
   export GRPO_LAUNCH_REQUIRE_SLURM=1 GRPO_LAUNCH_REQUIRE_SSHD=1 GRPO_LAUNCH_REQUIRE_BROWSER=1 GRPO_LAUNCH_REQUIRE_MOUNT=1
   export GRPO_LAUNCH_REQUIRE_RAY=1  # a real Ray cluster over the namespace hosts (scripts/ray_hosts.sh)
+  export GRPO_LAUNCH_REQUIRE_PROMETHEUS=1  # Prometheus scrapes a real run, status --watch in tmux (test_watch_live.py)
 fi
 exec .venv/bin/python -m pytest tests -q "$@"

@@ -259,11 +259,11 @@ RAY_DASHBOARD = "http://10.77.0.1:8290"
 
 
 @contextlib.contextmanager
-def ray_cluster(directory: Path, *gpus: int) -> Iterator[str]:
+def ray_cluster(directory: Path, *gpus: int, models: Mapping[str, tuple[str, int]] | None = None) -> Iterator[str]:
     """A real Ray cluster (scripts/ray_hosts.sh): the head here, one worker node per entry of ``gpus`` in the
     namespace hosts h1, h2, … with that many fake GPUs (a pynvml stand-in on the nodes' PYTHONPATH: NVML needs a
-    GPU; 0 = a CPU node). Yields the head's GCS address. Needs root, iproute2 and sshd, else skips (fails under
-    GRPO_LAUNCH_REQUIRE_RAY=1)."""
+    GPU; 0 = a CPU node), each an L4 unless ``models`` gives a host its own (name, bytes): a mixed cluster. Yields
+    the head's GCS address. Needs root, iproute2 and sshd, else skips (fails under GRPO_LAUNCH_REQUIRE_RAY=1)."""
     import importlib.util
 
     present = importlib.util.find_spec("ray") is not None and shutil.which("ip") is not None
@@ -273,7 +273,10 @@ def ray_cluster(directory: Path, *gpus: int) -> Iterator[str]:
     standin = directory / "standin"
     standin.mkdir(parents=True, exist_ok=True)
     count = "int(os.environ.get('GRPO_TEST_GPUS', '0'))"
-    (standin / "pynvml.py").write_text(pynvml_stand_in('return ("NVIDIA L4", 23034 * 1024 * 1024)', count))
+    body = 'return ("NVIDIA L4", 23034 * 1024 * 1024)'
+    if models:  # keyed by the node's own host name (each namespace host has its own)
+        body = f'return {dict(models)!r}.get(socket.gethostname(), ("NVIDIA L4", 23034 * 1024 * 1024))'
+    (standin / "pynvml.py").write_text(pynvml_stand_in(body, count))
     script = ROOT / "scripts" / "ray_hosts.sh"
     env = {**os.environ, "STANDIN": str(standin)}
     done = subprocess.run(["bash", str(script), "start", str(directory), *map(str, gpus)], env=env,

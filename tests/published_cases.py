@@ -256,10 +256,17 @@ DISAGREEMENTS: tuple[Disagreement, ...] = (
         BLOG + ", experiment 4",
         "colocated 7B gains with TP, reaching up to 1.73× (the blog's metric)",
         lambda: tuple(blog_speedup(MEDIUM, BATCHES[-1], tp) for tp in TPS),
-        (1.355, 1.423, 1.373, 1.178),
-        "At the sweep's largest batch (64 completions per device) the predicted gain peaks at TP 2 (1.42×, 0.82 of "
-        "1.73) and falls at TP 4 and 8: the model charges TP's all-reduces per decoded token and shrinks each "
-        "engine's batch, while the post's TP sweep rose to 1.73×. At the smallest batch (8) the model does rise to "
-        "1.81× at TP 4, so the post's sweep may have run a small batch; its batch is not in its text.",
+        (1.355, 1.423, 1.436, 1.361),
+        "At the sweep's largest batch (64 completions per device) the predicted gain rises to TP 4 (1.44×, 0.83 of "
+        "1.73) and falls at TP 8. Issue 39 re-sourced the all-reduce of a large decode batch: past 1 MiB vLLM "
+        "dispatches to two-shot / symmetric-memory all-reduces (vLLM PR #24111: 15 µs at 1 MB, 29 µs at 4 MB on H100 "
+        "TP 4), not the one-shot slope sglang PR #2904 measured up to 1 MB; the TP 8 gain rose from 1.18× to 1.36×. "
+        "What is left: (1) the small-message terms (≤ 1 MiB) are sglang PR #2904's, measured without CUDA graphs, "
+        "while vLLM decodes in CUDA graphs, where vLLM's own benchmark (benchmark_device_communicators.py, graphed) "
+        "reads 10 µs at 0.5 MB and 15 µs at 1 MB on TP 4 against sglang's 26.9 and 40.2: TP 8's 56 all-reduces per "
+        "token are overcharged by up to 2.7×, TP 2 and TP 8 graphed figures not yet found to re-source them; (2) the "
+        "post's recipe and batch are not in its text: at the smallest batch (8) the model rises to 1.81× at TP 4, and "
+        "a generation-heavier recipe (longer completions) weighs the decode TP speeds up more. `grpo-launch "
+        "calibrate` measures the decode step per TP size on the user's GPUs (issue 39 item 1).",
     ),
 )

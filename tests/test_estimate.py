@@ -289,6 +289,23 @@ def test_tp_allreduce_time_matches_the_published_measurement(tp, nbytes):
     assert allreduce_time(tp, nbytes) == pytest.approx(measured, rel=0.25)
 
 
+# vLLM's own all-reduce benchmark (benchmarks/kernels/benchmark_device_communicators.py, in CUDA graphs), H100 TP 4,
+# the best of vLLM's size dispatch: PR #24111 (15 µs at 1 MB, 29 µs at 4 MB) and PR #24532 (14 µs, 28 µs).
+VLLM_LARGE_ALLREDUCE_US = {"vllm PR #24111": (15.0, 29.0), "vllm PR #24532": (14.0, 28.0)}
+
+
+@pytest.mark.parametrize("source", list(VLLM_LARGE_ALLREDUCE_US))
+def test_a_large_tp_allreduce_grows_as_vllm_measured_past_one_mib(source):
+    """Issue 39: a decode batch of hundreds of sequences all-reduces MiBs (512 × 3584 × 2 B = 3.5 MiB for a 7B).
+    Past 1 MiB vLLM leaves its one-shot kernel for two-shot / symmetric-memory all-reduces: the time from 1 to 4 MiB
+    grows as vLLM's benchmark measured (14 µs over 3 MiB), within 15 %; the one-shot slope charged 96 µs."""
+    from grpo_launch.planning.cost.steptime import allreduce_time
+
+    at_1mb, at_4mb = VLLM_LARGE_ALLREDUCE_US[source]
+    predicted = allreduce_time(4, 4 * 2**20) - allreduce_time(4, 2**20)
+    assert predicted == pytest.approx((at_4mb - at_1mb) * 1e-6, rel=0.15)
+
+
 def test_tp_communication_is_charged_per_layer_and_step():
     """Decode at TP 2 costs 2 × layers all-reduces per step more than the same engine's share of memory reads."""
     from grpo_launch.planning.cost.steptime import allreduce_time

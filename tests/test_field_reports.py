@@ -64,3 +64,25 @@ def test_the_field_table_is_large_and_mostly_agreed_with():
     assert outcomes >= {"ran", OOM_TRAIN, LAYOUT}
     agreeing = [r for r in JUDGED if not r.disagrees]
     assert len(JUDGED) >= 20 and len(agreeing) / len(JUDGED) >= 0.90, [r.id for r in JUDGED if r.disagrees]
+
+
+def test_the_qwen3_1_7b_disagreement_is_the_fragmentation_term_at_the_gpu_limit():
+    """Issue 39: trl #3456's 1.7B run read 95.4 % of its A100, where PyTorch's allocator frees its cache and retries
+    rather than fail, so its peak carries little allocator fragmentation. Planned on a GPU large enough to plan it:
+    the tensors and the CUDA context alone are within 10 % above the reading, while the whole prediction (with the
+    15 % fragmentation) is more than 15 % above it; the 0.6B run, at 59 % of the GPU, measured above its tensors
+    (its fragmentation is there) and within the band of the whole prediction."""
+    from grpo_launch.planning.cost.constants import OVERHEAD_FRACTION
+
+    from .field_reports import REPORTS
+
+    def tensors_and_total(rid: str) -> tuple[float, float, float]:
+        r = next(x for x in REPORTS if x.id == rid)
+        m = plan_recipe(r.values, "1xGPU-200GB").estimate.train_memory
+        tensors = (m.total / m.scale - m.overhead) / (1 + OVERHEAD_FRACTION) + m.overhead
+        return tensors / 2**30, m.total / 2**30, float(r.peak_gib)
+
+    tensors, total, peak = tensors_and_total("trl-3456-qwen3-1.7b-a100")
+    assert 1.0 <= tensors / peak <= 1.10 and total / peak > 1 + PEAK_BAND, (tensors, total, peak)
+    tensors, total, peak = tensors_and_total("trl-3456-qwen3-0.6b-a100")
+    assert tensors < peak and abs(total / peak - 1) <= PEAK_BAND, (tensors, total, peak)

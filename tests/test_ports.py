@@ -205,10 +205,13 @@ def test_weight_sync_store_binds_what_the_plan_sets(tmp_path):
 # ------------------------------------------------------------------------------------------------ rendering
 
 
-def _server_plan(addresses: tuple[str, ...], **values):
+def _server_plan(addresses: tuple[str, ...], metrics: tuple[str, int] | None = None, **values):
     gpus = tuple(Gpu(str(i), "H100-80GB", 80 * 2**30) for i in range(8))
     topo = Topology(tuple(Host(f"h{i}", gpus, a) for i, a in enumerate(addresses)), "hostfile")
-    recipe = {"model_name_or_path": MODEL, **values, "launch": {"vllm": "server", "vllm_gpus": 8}}
+    launch = {"vllm": "server", "vllm_gpus": 8}
+    if metrics:
+        launch |= {"metrics_host": metrics[0], "metrics_port": metrics[1]}
+    recipe = {"model_name_or_path": MODEL, **values, "launch": launch}
     return make_plan(topo, build_recipe(recipe), find_model_shape(MODEL))
 
 
@@ -288,6 +291,16 @@ def test_public_addresses_of_a_multi_host_plan_get_a_notice(addresses, public):
     assert "8000 (the vLLM server" in note and "51999 (TRL's weight sync" in note
     if plan.train.num_machines > 1:
         assert f"{plan.train.main_process_port} (the trainers' rendezvous store" in note
+
+
+def test_a_metrics_endpoint_beyond_loopback_is_named_in_the_notice():
+    """launch.metrics_host bound beyond loopback: the run's metrics port is among those a firewall must keep (issue
+    40); on loopback (the default) it is not."""
+    plan = _server_plan(("1.2.3.4", "1.2.3.5"), vllm_group_port=51999)
+    assert not any("metrics endpoint" in n for n in plan.notices)
+    wide = _server_plan(("1.2.3.4", "1.2.3.5"), vllm_group_port=51999, metrics=("0.0.0.0", 9464))
+    (note,) = [n for n in wide.notices if "public address" in n]
+    assert "9464 (the run's metrics endpoint on the launcher's host" in note
 
 
 def test_one_host_plan_has_no_exposure_notice():

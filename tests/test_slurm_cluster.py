@@ -515,3 +515,38 @@ def test_adapt_resplits_inside_the_allocation_and_resumes(cluster, tmp_path):
     assert plan["topology"]["source"] == "slurm" and len(plan["topology"]["hosts"]) == 1  # the same allocation
     assert plan["topology"]["description"] == "3 × NVIDIA L4 22 GiB"
     assert wait_no_processes(run) == []
+
+
+# Mixed GPU types (issue 38): the same stand-in keyed by SLURMD_NODENAME, n1 an H20 (memory bandwidth), n2 an H100
+# (FLOPs). The fake gres has no types (gres.conf names gpu only): the models come from each node's own probe step.
+MIXED_GPU = {"n1": ("NVIDIA H20", 102641664000), "n2": ("NVIDIA H100 80GB HBM3", 85520809984)}
+
+
+def test_a_mixed_allocation_serves_on_its_bandwidth_node_and_trains_on_its_flops_node(cluster, tmp_path):
+    """`plan --slurm` inside a 2-node job whose nodes report different GPU models: the server goes to n1 (the H20),
+    the trainers to n2 (the H100, machine rank 0), the sbatch steps are rendered for those nodes, and the plan says
+    why."""
+    import json
+
+    fake = tmp_path / "fake_nvml"
+    fake.mkdir()
+    (fake / "pynvml.py").write_text(
+        f"NODE_GPU = {MIXED_GPU!r}\n" + pynvml_stand_in('return NODE_GPU[os.environ["SLURMD_NODENAME"]]', "4")
+    )
+    out = tmp_path / "job.out"
+    cmd = (f"{sys.executable} -m grpo_launch plan --slurm {ROOT}/recipes/qwen1.5b.yaml launch.vllm=server --json "
+           "--no-write")  # fmt: skip
+    env = {**cluster, "PYTHONPATH": f"{fake}:{cluster.get('PYTHONPATH', '')}"}
+    job = sh(env, "sbatch", "--parsable", "-N2", "--exclusive", "--gpus-per-node=4", "--mem=1500",
+             f"--output={out}", f"--chdir={ROOT}", "--wrap", cmd).strip()  # fmt: skip
+    assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 120) == "COMPLETED", out.read_text()
+    text = out.read_text()
+    plan = json.loads(text[text.index("{") :])
+    assert [(h["name"], {g["name"] for g in h["gpus"]}) for h in plan["topology"]["hosts"]] == [
+        ("n1", {"NVIDIA H20"}),
+        ("n2", {"NVIDIA H100 80GB HBM3"}),
+    ]
+    assert plan["vllm"]["host"] == "n1"
+    assert [(h["name"], h["machine_rank"]) for h in plan["train"]["hosts"]] == [("n2", 0)]
+    why = {d["what"]: d["why"] for d in plan["decisions"]}
+    assert "H20 serves vLLM" in why["gpu_types"] and "H100-80GB trains" in why["gpu_types"]

@@ -342,3 +342,69 @@ def test_a_pipeline_over_two_hosts_serves_the_third(hosts, tmp_path):
     assert head["argv"][head["argv"].index("--node-rank") + 1] == "1"
     check_dedicated_node_run(run, ["h2", "h3"], ["h1"], per_host=1, server_world=2)
     assert leftovers(run) == []
+
+
+# Mixed GPU types (issue 38): each namespace host reports its own model through the pynvml stand-in (keyed by its
+# UTS hostname, as above); NVML cannot run without a GPU, everything else is real (ssh, the remote probe, the vLLM
+# CPU server, accelerate). h1, first in the hostfile, is the H20 (memory bandwidth): it must serve; h2 the H100
+# (FLOPs): it must train.
+MIXED_GPU = {"h1": ("NVIDIA H20", 102641664000), "h2": ("NVIDIA H100 80GB HBM3", 85520809984)}
+
+
+def vllm_python_with_mixed_nvml(tmp_path: Path) -> str:
+    """A venv of the vLLM environment's Python (TRL's server mode needs vLLM where it trains) that sees the mixed
+    pynvml stand-in first: the launcher, its remote probe and the trainers run it; the vLLM server runs its own."""
+    from .test_slurm_cluster import VLLM_PY
+
+    root, fake = tmp_path / "mixedpy", tmp_path / "mixed_nvml"
+    subprocess.run([str(VLLM_PY), "-m", "venv", "--without-pip", "--symlinks", str(root)], check=True, timeout=60)
+    fake.mkdir()
+    stand_in = pynvml_stand_in(
+        'if socket.gethostname() not in NODE_GPU:\n    raise NVMLError("Driver Not Loaded")\n'
+        "return NODE_GPU[socket.gethostname()]",
+        "1",
+        init="_gpu()",
+    )
+    (fake / "pynvml.py").write_text(f"NODE_GPU = {MIXED_GPU!r}\n" + stand_in)
+    here = subprocess.run([str(VLLM_PY), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
+                          text=True, check=True, timeout=60).stdout.strip()  # fmt: skip
+    target = next((root / "lib").glob("python3*/site-packages"))
+    (target / "00-fake-nvml.pth").write_text(f"{fake}\nimport site; site.addsitedir({here!r})\n")
+    return str(root / "bin" / "python")
+
+
+@pytest.mark.vllm
+def test_mixed_gpu_types_the_bandwidth_host_serves_and_the_flops_host_trains(hosts, tmp_path):
+    """h1 (an H20 by its probe) and h2 (an H100), no gpu= in the hostfile: the plan puts the vLLM server on h1 and
+    the trainer on h2 (machine rank 0), says why, and the run does it: the server's log is h1's, the trainer's
+    record comes from h2 and got completions from h1's server."""
+    import json
+
+    from .helpers import free_port
+    from .test_slurm_cluster import check_dedicated_node_run, dedicated_node_recipe
+
+    python = vllm_python_with_mixed_nvml(tmp_path)
+    run = tmp_path / "run"
+    recipe = dedicated_node_recipe(tmp_path / "recipe.yaml", ensure_tiny_assets(), free_port(), vllm_gpus=1,
+                                   dp_here=None)  # fmt: skip
+    hf = hostfile(tmp_path, "h1 slots=1", "h2 slots=1")
+    argv = [python, "-m", "grpo_launch", str(recipe), "--hostfile", str(hf), "--run-dir", str(run),
+            "--network-interface", "eth0", *ssh_args(hosts)]  # fmt: skip
+    t0 = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=480, cwd=ROOT,
+                          env={**os.environ, "SSH_AUTH_SOCK": ""})  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    plan = json.loads((run / "plan.json").read_text())
+    assert [(h["name"], {g["name"] for g in h["gpus"]}) for h in plan["topology"]["hosts"]] == [
+        ("h1", {"NVIDIA H20"}),
+        ("h2", {"NVIDIA H100 80GB HBM3"}),
+    ]
+    why = {d["what"]: d["why"] for d in plan["decisions"]}
+    assert "H20 serves vLLM" in why["gpu_types"] and "H100-80GB trains" in why["gpu_types"], why.get("gpu_types")
+    assert "[vllm@h1]" in out or "[vllm]" in out
+    check_dedicated_node_run(run, ["h1"], ["h2"], per_host=1, server_world=1)
+    records = [json.loads(p.read_text()) for p in (run / "standin").glob("rank*.json")]
+    assert {r["host"] for r in records} == {"h2"}  # the trainer ran on the H100 host
+    assert leftovers(run) == []
+    print(f"mixed ssh run: {time.monotonic() - t0:.0f} s")

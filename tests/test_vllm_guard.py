@@ -77,8 +77,10 @@ def test_other_routes_are_refused_even_with_the_token(method, path):
 
 
 def test_health_answers_without_the_token():
-    assert {("GET", "/health")} == OPEN
+    assert {("GET", "/health"), ("GET", "/metrics")} == OPEN
     assert _status("GET", "/health", token=None) == 200
+    # vLLM's Prometheus counters: read-only and open, so a scraper needs no per-attempt token (issue 40)
+    assert _status("GET", "/metrics", token=None) == 200
 
 
 def test_websocket_is_closed_and_lifespan_passes():

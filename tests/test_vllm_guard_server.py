@@ -4,8 +4,8 @@ with vLLM's ``--middleware``):
 * bound to a veth address of this machine, with a second host made of a network namespace of this test's own
   (``grpo-guard-<pid>``, a private /30 in 10.231.0.0/16 that is routed nowhere, deleted at the end): without the
   token, from localhost and from the other host, every route vLLM registers (read from vLLM's own source, dev routes
-  included) is refused but /health, which answers; with it, TRL's client generates from the other host and the
-  routes TRL does not call stay refused;
+  included) is refused but /health and GET /metrics (vLLM's Prometheus counters, for a scraper), which answer;
+  with it, TRL's client generates from the other host and the routes TRL does not call stay refused;
 * a real GRPO run (``grpo-launch run``, tests/cpu_server_trainer.py: the real training entry with TRL's NCCL
   transfer made a no-op, since NCCL needs CUDA) trains through the guarded server (the weights change), while its
   control plane refuses a client without the token; the attempt's token is in no file of the run directory, no
@@ -146,7 +146,8 @@ def namespace_host() -> Iterator[tuple[str, str, str]]:
 def test_guarded_server_answers_only_its_token_from_any_host(tmp_path):
     require_vllm()
     routes = vllm_routes()
-    asked = [r for r in routes if r != ("GET", "/health")] + NAMED + [("GET", "/health")]
+    opened = [("GET", "/health"), ("GET", "/metrics")]
+    asked = [r for r in routes if r not in opened] + NAMED + opened
     with_token = [("GET", "/server_info"), ("GET", "/v1/models"), ("POST", "/collective_rpc"), ("POST", "/sleep"),
                   ("POST", "/abort_requests"), ("POST", "/wake_up"), ("GET", "/openapi.json")]  # fmt: skip
     with namespace_host() as (ns, local, _remote):
@@ -168,6 +169,7 @@ def test_guarded_server_answers_only_its_token_from_any_host(tmp_path):
     for where in ("local", "remote"):
         got = data[where]
         assert got.pop("GET /health") == 200
+        assert got.pop("GET /metrics") == 200  # vLLM's Prometheus counters: a scraper holds no token (issue 40)
         assert {k: v for k, v in got.items() if v != 401} == {}, where  # every other route: no token, no answer
         assert all(f"{m} {p}" in got for m, p in NAMED)
     token = data["remote_token"]

@@ -113,6 +113,13 @@ GRID: tuple[Case, ...] = (
     ),
     Case("gpt-oss-20b-2x8xH100", MOE, "2x8xH100-80GB", ("model_name_or_path=openai/gpt-oss-20b",)),
     Case("moe-zero3-3x8xH100", MOE, "3x8xH100-80GB", ("launch.backend=zero3",)),
+    # Mixed GPU types (issue 38): a server on one type and trainers on another, one type alone, uneven counts.
+    Case("mixed-h100-h20-server", QWEN7, "8xH100-80GB+8xH20-96GB", ("launch.vllm=server",)),
+    Case("mixed-h100-h20", QWEN7, "8xH100-80GB+8xH20-96GB"),
+    Case("mixed-h100-l40s", QWEN15, "8xH100-80GB+8xL40S-48GB"),
+    Case("mixed-a100-a10g", QWEN15, "4xA100-80GB+4xA10G-24GB", ("launch.vllm=server",)),
+    Case("mixed-uneven-h100", QWEN15, "4xH100-80GB+2xH100-80GB"),
+    Case("mixed-three-types", QWEN7, "8xH100-80GB+8xH20-96GB+8xL40S-48GB", ("launch.vllm=server",)),
 )
 
 

@@ -1,7 +1,8 @@
 """Measure the peak memory of real training micro-batches on CPU (run as a script, one process for all points).
 
 argv[1]: a JSON list of points: Qwen2 dimensions (vocab, h, i, layers, heads, kv_heads), batch, prompt, completion,
-ckpt; with ``experts`` and ``top_k`` a Qwen3-MoE of those dimensions (``i`` is then each expert's width). For each
+ckpt; with ``experts`` and ``top_k`` a Qwen3-MoE of those dimensions (``i`` is then each expert's width); with
+``head_dim`` alone a dense Qwen3 (per-head q/k norms, heads × head_dim wider than h, as Qwen3-0.6B's). For each
 point the model is built in float32, TRL 1.16's fused LM head is added as GRPOTrainer adds it (log-probs and
 entropy, ``trl.trainer.utils.add_fused_lm_head``), the gradients are allocated (steady state after a first step),
 and one forward + backward runs on a left-padded batch scored on the completion tokens, with the GRPO loss's shape
@@ -68,6 +69,10 @@ def measure(point: dict) -> dict:
         }
         config = Qwen3MoeConfig(**dims, **moe, head_dim=point["h"] // point["heads"])
         model = Qwen3MoeForCausalLM(config).float().train()
+    elif point.get("head_dim"):  # a dense Qwen3 whose heads × head_dim is not the hidden size (Qwen3-0.6B's kind)
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**dims, head_dim=point["head_dim"])).float().train()
     else:
         model = Qwen2ForCausalLM(Qwen2Config(**dims)).float().train()
     if point["ckpt"]:

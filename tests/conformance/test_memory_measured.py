@@ -1,5 +1,6 @@
 """The activation-memory model (grpo_launch.planning.activations) against measured peaks of real forward +
-backward passes on CPU: small Qwen2-shaped models and a Qwen3-MoE (8 experts, top-2) in float32 with TRL 1.16's
+backward passes on CPU: small Qwen2-shaped models, a Qwen3-MoE (8 experts, top-2) and a dense Qwen3 at two head
+sizes (its query width twice the hidden size, then equal to it) in float32 with TRL 1.16's
 fused LM head, at several batch × length points, with and without gradient checkpointing, at two vocabulary sizes
 (8k and Qwen's 152k, where the embedding gradient and the LM head dominate). Measured over predicted must lie
 within PEAK_BAND: the measured ratios are 0.985–1.070 (CPU, float32, glibc malloc with a 64 KiB mmap threshold), so
@@ -29,6 +30,9 @@ pytestmark = pytest.mark.conformance
 SMALL = {"vocab": 8000, "h": 256, "i": 704, "layers": 8, "heads": 4, "kv_heads": 2}
 BIG_VOCAB = {"vocab": 151936, "h": 128, "i": 352, "layers": 4, "heads": 4, "kv_heads": 2}
 MID = {"vocab": 32000, "h": 256, "i": 704, "layers": 6, "heads": 4, "kv_heads": 2}
+# Qwen3-0.6B's proportions: heads × head_dim (4 × 64 = 256) twice the hidden size, per-head q/k RMSNorms
+QWEN3_WIDE = {"vocab": 8000, "h": 128, "i": 384, "layers": 8, "heads": 4, "kv_heads": 2, "head_dim": 64}
+QWEN3_NARROW = QWEN3_WIDE | {"head_dim": 32}  # the same model with heads × head_dim = h
 MOE = {"vocab": 2000, "h": 256, "i": 128, "layers": 8, "heads": 4, "kv_heads": 2, "experts": 8, "top_k": 2}
 POINTS = [
     SMALL | {"batch": 4, "prompt": 128, "completion": 384, "ckpt": False},
@@ -37,6 +41,8 @@ POINTS = [
     BIG_VOCAB | {"batch": 2, "prompt": 128, "completion": 384, "ckpt": False},
     BIG_VOCAB | {"batch": 2, "prompt": 128, "completion": 384, "ckpt": True},
     MID | {"batch": 8, "prompt": 64, "completion": 192, "ckpt": False},
+    QWEN3_WIDE | {"batch": 4, "prompt": 128, "completion": 384, "ckpt": False},
+    QWEN3_NARROW | {"batch": 4, "prompt": 128, "completion": 384, "ckpt": False},
     MOE | {"batch": 8, "prompt": 128, "completion": 384, "ckpt": False},
     MOE | {"batch": 8, "prompt": 128, "completion": 384, "ckpt": True},
 ]
@@ -68,6 +74,8 @@ def _shape(point: dict, params: int) -> ModelShape:
         "vocab_size": point["vocab"],
         "tie_word_embeddings": True,
     }
+    if point.get("head_dim") and not point.get("experts"):
+        config |= {"model_type": "qwen3", "head_dim": point["head_dim"]}
     if point.get("experts"):
         config |= {
             "model_type": "qwen3_moe",
@@ -119,3 +127,21 @@ def test_lm_head_tiles_are_trls_own():
 
     assert chunked_logprob.TOKEN_CHUNK_SIZE == TRL_TOKEN_CHUNK
     assert utils._CHUNKED_LOGPROB_CHUNK_SIZE == TRL_VOCAB_CHUNK
+
+
+def test_attention_memory_follows_the_query_width_not_the_hidden_size():
+    """Issue 39: two Qwen3 models alike but for head_dim (heads × head_dim 256 against 128, the hidden size 128).
+    The attention tensors (rotated queries, repeated keys and values, SDPA's output) are q_proj's output wide, as
+    Qwen3-0.6B's are twice its hidden size. The measured difference is 56 MiB; counted at the hidden size (the model
+    before) it was 36 MiB predicted (measured 1.56× that), counted at the query width 64 MiB (0.87×)."""
+    m = _measured()
+    wide = next(i for i, p in enumerate(POINTS) if p.get("head_dim") == QWEN3_WIDE["head_dim"])
+    narrow = next(i for i, p in enumerate(POINTS) if p.get("head_dim") == QWEN3_NARROW["head_dim"])
+
+    def predicted(i: int) -> float:
+        p = POINTS[i]
+        shape = _shape(p, m[i]["params"])
+        return activation_memory(shape, p["batch"], p["prompt"] + p["completion"], p["completion"], p["ckpt"], CPU).peak
+
+    ratio = (m[wide]["peak_bytes"] - m[narrow]["peak_bytes"]) / (predicted(wide) - predicted(narrow))
+    assert 0.8 <= ratio <= 1.2, f"measured ÷ predicted difference {ratio:.2f}"

@@ -91,8 +91,8 @@ def probe_hostfile(
 ) -> Topology:
     """Hosts from a hostfile (or its lines already read); slots are GPUs of the model a line names (gpu=MODEL) or
     of this machine's model; with ``cpu`` (this machine has none) and no model named, training processes on CPU
-    hosts, with a warning. Lines naming different models are planned for the smallest and slowest, with a warning;
-    some lines naming a model and others none (on a machine without GPUs) is an error."""
+    hosts, with a warning. Lines naming different models are planned by role (each role on its own hosts' GPUs),
+    with a warning; some lines naming a model and others none (on a machine without GPUs) is an error."""
     p = Path(path)
     entries = read_hostfile(p) if entries is None else entries
     local_name, local_mem = local_gpu_model(local)

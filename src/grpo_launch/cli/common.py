@@ -63,7 +63,8 @@ def add_topology_args(p: argparse.ArgumentParser) -> None:
         "--gpus",
         metavar="SPEC",
         help="plan for simulated GPUs instead of probing: 4xL20-48GB, 8xH100-80GB, 2x8xH100-80GB, cpu; a GPU not in "
-        "the table: 4xFOO-48GB@150TF@0.9TBs (dense bf16 peak, memory bandwidth)",
+        "the table: 4xFOO-48GB@150TF@0.9TBs (dense bf16 peak, memory bandwidth); mixed GPU types, a group each "
+        "joined by +: 8xH100-80GB+8xH20-96GB",
     )
     groups: dict = {}
     for options in option_classes().values():

@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
     )
     p.add_argument("run_dir", nargs="?", help="the run directory (default: the newest under grpo_runs/)")
     p.add_argument("--json", action="store_true", help="print as JSON")
+    p.add_argument("--watch", action="store_true",
+                   help="a live view redrawn from the run directory until the run ends (step, ETA, split, reward, "
+                   "restarts)")  # fmt: skip
+    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="--watch: seconds between drawings")
 
 
 def newest_run(workdir: str) -> Path:
@@ -215,8 +219,53 @@ def text_rows(s: Standing) -> list[tuple[str, str]]:
     return rows
 
 
+WATCH_BAR = 30  # characters of the step bar
+
+
+def _bar(step: int, total: int | None) -> str:
+    if not total:
+        return ""
+    done = min(WATCH_BAR, round(WATCH_BAR * step / total))
+    return "█" * done + "░" * (WATCH_BAR - done) + f" {100 * step / total:.0f}%"
+
+
+def watch_rows(view: RunView, workdir: str) -> list[tuple[str, str]]:
+    """The live view's rows: what matters while a run goes, in the order the eye wants it."""
+    s = assess(view, workdir)
+    m, p = s.measured, s.progress
+    rows = [("state", f"{p.state}: {p.detail}")]
+    if m is not None:
+        rows.append(("step", f"{m.last_step}/{m.max_steps or '?'}  {_bar(m.last_step, m.max_steps)}"))
+        gen_share = 100 * m.generation_s / m.step_s if m.step_s else 0.0
+        rows.append(("step time", f"{m.step_s:.2f} s: generation {m.generation_s:.2f} s ({gen_share:.0f}%), "
+                                  f"training {m.training_s:.2f} s ({100 - gen_share:.0f}%)"))  # fmt: skip
+        pred = m.prediction
+        if pred is not None:
+            rows.append(("planned split", f"generation {pred.trainer_generation_s:.2f} s, training "
+                                          f"{pred.training_s:.2f} s per step"))  # fmt: skip
+    if p.eta_s is not None or p.planned_eta_s is not None:
+        eta = _hours(p.eta_s) if p.eta_s is not None and p.eta_s >= 60 else f"{p.eta_s or 0:.0f} s"
+        rows.append(("ETA", f"{eta} at the measured step time; planned {_hours(p.planned_eta_s)}"))
+    if m is not None and "reward" in m.last_log:
+        std = m.last_log.get("reward_std")
+        rows.append(("reward", f"{m.last_log['reward']:.4g}" + (f" ± {std:.3g}" if std is not None else "")))
+    restarts = [a for a in view.attempts if a.failure]
+    rows.append(("attempts", f"{len(view.attempts) + (1 if view.holder else 0)}, restarts after a failure: "
+                             f"{len(restarts) if view.holder or len(view.attempts) > 1 else 0}"))  # fmt: skip
+    for a in view.attempts[-5:]:
+        why = f"{a.failure}: {a.why}" if a.failure else (a.why or f"exit code {a.exit_code}")
+        rows.append((f"attempt {a.attempt}", f"{a.state} ({why})"[:200]))
+    return rows
+
+
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else newest_run(ctx.workdir)
+    if getattr(args, "watch", False):  # a Namespace made by hand (tests, other verbs) has no --watch
+        from grpo_launch.cli.watch import watch
+
+        if not args.interval > 0:
+            raise ConfigError(f"--interval must be above 0 seconds, got {args.interval}", hint="e.g. --interval 2")
+        return watch(run_dir, args.interval, lambda view: watch_rows(view, ctx.workdir))
     standing = assess(RunView.load(run_dir), ctx.workdir)
     if args.json:
         ctx.emit(json.dumps(as_json(standing), indent=2))

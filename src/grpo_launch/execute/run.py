@@ -21,6 +21,7 @@ from pathlib import Path
 from grpo_launch.backends.base import Backend
 from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState, VllmMode
 from grpo_launch.errors import size_text
+from grpo_launch.execute.live import live_run
 from grpo_launch.execute.policy import Action, Spent, next_action
 from grpo_launch.execute.preflight import (
     check_output_dir,
@@ -117,7 +118,7 @@ def run_plan(
         return _dry_run(plan, backend, ctx)
     check_vllm(plan)
     limit = plan.recipe.launch.max_restarts if max_restarts is None else max_restarts
-    with RunLock(plan.run_dir, backend=backend.name, job_id=backend.job_id(ctx)):
+    with RunLock(plan.run_dir, backend=backend.name, job_id=backend.job_id(ctx)), live_run(plan, ctx):
         warnings = check_output_dir(plan, ctx.workdir)
         backend.preflight(plan, ctx)
         if log is not None:  # every check passed: the run starts here

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import field
@@ -54,6 +55,34 @@ class Topology:
     warnings: tuple[str, ...] = field(default=(), compare=False)
     # A GPU the table does not know, with the peak and bandwidth the user gave (--gpus 4xFOO-48GB@150TF@0.9TBs).
     given_spec: GpuSpec | None = None
+    # Every such GPU of a mixed spec (--gpus 8xH100-80GB+8xFOO-48GB@150TF@0.9TBs), one per group that gave one.
+    given_specs: tuple[GpuSpec, ...] = ()
+
+    def spec_of(self, name: str) -> GpuSpec | None:
+        """The GPU table's entry for a model name, else the one the user described for it; None when neither."""
+        known = find_gpu_spec(name)
+        if known is not None:
+            return known
+        given = (*self.given_specs, *((self.given_spec,) if self.given_spec else ()))
+        return next((g for g in given if g.name == name), None)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        """The GPU models of the hosts, in the order their first host comes (one for a uniform cluster)."""
+        return tuple(dict.fromkeys(g.name for h in self.hosts for g in h.gpus))
+
+    def only(self, names: tuple[str, ...] | list[str]) -> Topology:
+        """The same topology restricted to the hosts named (in its order): what one role's GPUs are priced on. All
+        of it when ``names`` is empty or names every host."""
+        wanted = set(names)
+        kept = tuple(h for h in self.hosts if h.name in wanted)
+        if not kept or len(kept) == len(self.hosts):
+            return self
+        return dataclasses.replace(self, hosts=kept)
+
+    def hosts_of(self, name: str) -> tuple[Host, ...]:
+        """The hosts whose GPUs are all of model ``name``."""
+        return tuple(h for h in self.hosts if h.gpus and all(g.name == name for g in h.gpus))
 
     @property
     def is_rocm(self) -> bool:
@@ -70,7 +99,7 @@ class Topology:
         user described; None when neither (time is then not estimated, memory still is)."""
         if self.is_cpu:
             return None
-        return find_gpu_spec(self.planning_gpu_name) or self.given_spec
+        return self.spec_of(self.planning_gpu_name) or self.given_spec
 
     @property
     def time_missing(self) -> str | None:
@@ -112,7 +141,7 @@ class Topology:
         names = {g.name for h in self.hosts for g in h.gpus}
         if len(names) < 2:
             return self.gpu_name
-        specs = {n: find_gpu_spec(n) for n in names}
+        specs = {n: self.spec_of(n) for n in names}
         if any(s is None for s in specs.values()):
             return "mixed"
         return min(names, key=lambda n: (specs[n].bf16_tflops, specs[n].bandwidth_tbs, n))  # type: ignore[union-attr]
@@ -131,12 +160,24 @@ class Topology:
     def describe(self) -> str:
         if self.is_cpu:
             return f"{len(self.hosts)} host(s), no GPU (CPU)"
-        counts = set(self.gpus_per_host)
-        per = f"{counts.pop()}" if len(counts) == 1 else "/".join(map(str, self.gpus_per_host))
-        mem = self.min_gpu_memory_bytes
+        if len(self.gpu_types) > 1:  # mixed: each type's share, in host order
+            return " + ".join(self._describe_hosts(self.hosts_of(t)) or t for t in self.gpu_types) or "mixed"
+        return self._describe_hosts(self.hosts)
+
+    @staticmethod
+    def _describe_hosts(hosts: tuple[Host, ...]) -> str:
+        if not hosts:
+            return ""
+        names = {g.name for h in hosts for g in h.gpus}
+        name = names.pop() if len(names) == 1 else "mixed"
+        per_host = tuple(len(h.gpus) for h in hosts)
+        counts = set(per_host)
+        per = f"{counts.pop()}" if len(counts) == 1 else "/".join(map(str, per_host))
+        mems = [g.memory_bytes for h in hosts for g in h.gpus]
+        mem = None if None in mems else min(m for m in mems if m is not None)
         mem_s = f" {mem / GIB:.0f} GiB" if mem else ""
-        prefix = f"{len(self.hosts)} × " if len(self.hosts) > 1 else ""
-        return f"{prefix}{per} × {self.gpu_name}{mem_s}"
+        prefix = f"{len(hosts)} × " if len(hosts) > 1 else ""
+        return f"{prefix}{per} × {name}{mem_s}"
 
 
 # The model: a table name (hyphens included: H100-PCIe, RTX6000-Ada), or any name without hyphens plus its memory.
@@ -153,7 +194,8 @@ MAX_NODES, MAX_GPUS_PER_NODE = 4096, 64
 MAX_TFLOPS, MAX_TBS = 20_000, 100  # a B200 is 2,250 dense bf16 TF and 8 TB/s
 SPEC_HELP = (
     "Examples: --gpus 4xL20-48GB, --gpus 8xH100-80GB, --gpus 2x8xH100-80GB (nodes × GPUs), --gpus cpu; a GPU the "
-    "table lacks: --gpus 4xFOO-48GB@150TF@0.9TBs (dense bf16 TFLOP/s, memory TB/s)."
+    "table lacks: --gpus 4xFOO-48GB@150TF@0.9TBs (dense bf16 TFLOP/s, memory TB/s); mixed GPU types, one group "
+    "each joined by +: --gpus 8xH100-80GB+8xH20-96GB, --gpus 2x8xH100-80GB+1x8xL40S-48GB."
 )
 
 
@@ -168,6 +210,46 @@ def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
         raise ProbeError("--gpus is empty", hint=SPEC_HELP)
     if text.lower() in ("cpu", "0", "none"):
         return Topology(hosts=(Host(name="localhost", cpus=cpu_processes),), source="spec")
+    if "+" in text:
+        return _parse_groups(text)
+    return _parse_group(text, spec)
+
+
+def _parse_groups(text: str) -> Topology:
+    """``8xH100-80GB+8xH20-96GB``: the hosts of each group in order, named node0, node1, … across the groups."""
+    groups = [g.strip() for g in text.split("+")]
+    parts: list[Topology] = []
+    for i, group in enumerate(groups, 1):
+        where = f"--gpus {short(text)}: group {i} ({short(group) if group else 'empty'})"
+        if not group or group.lower() in ("cpu", "0", "none"):
+            raise ProbeError(f"{where} names no GPUs; every group of a mixed spec is NxMODEL", hint=SPEC_HELP)
+        try:
+            parts.append(_parse_group(group, group))
+        except ProbeError as err:
+            raise ProbeError(f"{where}: {err.message}", hint=err.hint) from None
+    named = [Host(name=f"node{n}", gpus=h.gpus) for n, h in enumerate(h for part in parts for h in part.hosts)]
+    given: dict[str, GpuSpec] = {}
+    for part in parts:
+        if part.given_spec is not None:
+            earlier = given.get(part.given_spec.name)
+            if earlier is not None and earlier != part.given_spec:
+                raise ProbeError(
+                    f"--gpus {short(text)}: {part.given_spec.name} is described twice, differently",
+                    hint="Give one model's peak and bandwidth once, or name the two models apart.",
+                )
+            given[part.given_spec.name] = part.given_spec
+    specs = tuple(given.values())
+    return Topology(
+        hosts=tuple(named),
+        source="spec",
+        warnings=tuple(w for part in parts for w in part.warnings),
+        given_spec=specs[0] if specs else None,
+        given_specs=specs,
+    )
+
+
+def _parse_group(text: str, spec: str) -> Topology:
+    """One group: ``[NODESx]COUNTxMODEL[-MEM][@TF][@TBs]``."""
     m = SPEC_PATTERN.match(text)
     if not m:
         raise ProbeError(f"cannot read --gpus {short(spec)}", hint=SPEC_HELP)

@@ -17,9 +17,9 @@ comes from the environment (:data:`~grpo_launch.rundir.layout.VLLM_TOKEN_ENV`), 
 attempt (locally the process environment, on ssh/Ray hosts stdin like HF_TOKEN): never argv, never a file. A
 server started without it refuses to start (fail closed).
 
-Every request but ``GET /health`` needs ``Authorization: Bearer <token>`` (compared with hmac.compare_digest, in
-constant time): 401 without it or with a wrong one. With it, only the endpoints TRL 1.16's clients call pass
-(:data:`ALLOWED`); anything else is 403. TRL's callers, by endpoint:
+Every request but ``GET /health`` and ``GET /metrics`` needs ``Authorization: Bearer <token>`` (compared with
+hmac.compare_digest, in constant time): 401 without it or with a wrong one. With it, only the endpoints TRL 1.16's
+clients call pass (:data:`ALLOWED`); anything else is 403. TRL's callers, by endpoint:
 
 ==================================  ==========================================================================
 ``GET /health`` (no token)          trl/generation/vllm_client.py ``VLLMClient.check_server`` (plain requests.get);
@@ -47,9 +47,14 @@ constant time): 401 without it or with a wrong one. With it, only the endpoints 
                                     ``WeightTransfer.pause``/``resume``)
 ``POST /v1/load_lora_adapter``,     async vllm_client.py ``load_lora_adapter``, ``unload_lora_adapter`` (the
 ``POST /v1/unload_lora_adapter``    adapter-only sync of an async LoRA run)
-``GET /metrics``                    no TRL caller: vLLM's read-only Prometheus counters, for the run's owner
-                                    (tests/test_vllm_server.py reads the prefix-cache counters there)
 ==================================  ==========================================================================
+
+Open without the token (:data:`OPEN`): ``GET /health`` (TRL's and the launcher's readiness probe) and ``GET
+/metrics``, vLLM's read-only Prometheus counters (queue, KV-cache use, preemptions, tokens/s; no TRL caller). The
+token is drawn per attempt and never written down, so a Prometheus server could not carry it: scraping needs the
+endpoint open, as Prometheus endpoints are. It reads counters and the served model's name, changes nothing, and
+answers GET alone (``POST /metrics`` is 403 with the token, 401 without). The plan names the address
+(``vllm.metrics_urls`` in plan.json) and monitoring/prometheus.yml lists it beside the run's own endpoint.
 
 Refused even with the token: ``/collective_rpc``, ``/sleep``, ``/wake_up``, ``/is_sleeping``, ``/abort_requests``,
 ``/tokenize``, ``/v1/responses``, the docs, and every other route. WebSocket connections are closed (TRL opens none).
@@ -71,7 +76,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-OPEN = frozenset({("GET", "/health")})  # the readiness probe (TRL's and the launcher's), without the token
+# Without the token: the readiness probe (TRL's and the launcher's), and vLLM's read-only Prometheus counters (a
+# scraper cannot hold a token drawn per attempt; see above).
+OPEN = frozenset({("GET", "/health"), ("GET", "/metrics")})
 ALLOWED = frozenset(
     {
         ("GET", "/v1/models"),
@@ -90,7 +97,6 @@ ALLOWED = frozenset(
         ("POST", "/resume"),
         ("POST", "/v1/load_lora_adapter"),
         ("POST", "/v1/unload_lora_adapter"),
-        ("GET", "/metrics"),  # read-only counters; no TRL caller (see above)
     }
 )
 

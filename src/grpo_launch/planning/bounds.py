@@ -9,12 +9,14 @@ import dataclasses
 
 from grpo_launch.enums import DistBackend, Offload, VllmMode
 from grpo_launch.errors import PlanError
+from grpo_launch.machines.gpus import GpuSpec
 from grpo_launch.planning import placement
 from grpo_launch.planning.batch_layout import solve_layout
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.cost.constants import STEP_UNCERTAINTY
 from grpo_launch.planning.cost.steptime import old_logprobs_time, training_time
 from grpo_launch.planning.estimate import generation_part, workload
+from grpo_launch.planning.gpu_types import role_specs, serve_topology
 from grpo_launch.planning.sizes import Batch
 from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.types import Candidate, Plan, Trace
@@ -57,8 +59,9 @@ def best_variant(
     The others go to ``outscored`` with the figures they lost by.
     Raises LayoutError when no batch layout fits its trainers; None when no variant's vLLM fits."""
     s0 = variants[0]
-    gpu, model = ctx.gpu, ctx.model
-    assert model is not None and gpu is not None
+    model, ctx_gpu = ctx.model, ctx.gpu
+    assert model is not None and ctx_gpu is not None
+    gpu: GpuSpec = ctx_gpu
     completions = target.completions if target else None
     layout, _ = solve_layout(s0.trainers, ctx.request, completions=completions)
     work = workload(ctx.recipe, layout, ctx.calibration)
@@ -71,11 +74,13 @@ def best_variant(
         scratch = Trace()
         vllm, hosts = placement.place(ctx.topology, ctx.recipe, model, split, scratch)
         try:
-            vllm, _ = size_vllm(ctx.topology, model, vllm, work, scratch, split.trainers)
+            vllm, _ = size_vllm(serve_topology(ctx.topology, vllm, hosts), model, vllm, work, scratch, split.trainers)
         except PlanError as exc:
             rejected.append(candidate(split, None, rejected=reason(exc)))
             continue
-        gen, sync, _ = generation_part(model, gpu, vllm, hosts, work)
+        serve_gpu, train_gpu = role_specs(ctx.topology, vllm, hosts)  # a mixed cluster: each role on its own type
+        serve_gpu, gpu = serve_gpu or ctx_gpu, train_gpu or ctx_gpu  # a split's variants share their trainers
+        gen, sync, _ = generation_part(model, serve_gpu, vllm, hosts, work)
         scored.append((gen, sync, split))
     if not scored:
         return None

@@ -34,6 +34,7 @@ from grpo_launch.planning.cost.steptime import (
     transformers_generation_time,
 )
 from grpo_launch.planning.cost.workload import Calibration, Workload
+from grpo_launch.planning.gpu_types import role_specs, serve_topology, train_topology
 from grpo_launch.planning.lengths import prompt_bound
 from grpo_launch.planning.training import Training
 from grpo_launch.planning.types import Estimate, StepTime, Total, TrainHost, TrainPlan, VllmPlan
@@ -192,11 +193,12 @@ def generation_part(
 
 
 def _range(
-    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, train: TrainPlan, work: Workload, step: StepTime
-) -> tuple[StepTime, tuple[StepTime, str]]:
+    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, train: TrainPlan, work: Workload, step: StepTime,
+    serve_gpu: GpuSpec | None = None,
+) -> tuple[StepTime, tuple[StepTime, str]]:  # fmt: skip
     """The step with every completion at the maximum length, and the step at the expected mean with its source."""
     if work.expected_completion_len:
-        top = step_time(model, gpu, vllm, train, _at(work, 0.0))[0]
+        top = step_time(model, gpu, vllm, train, _at(work, 0.0), serve_gpu)[0]
         said = "measured (--calibrate-from)" if work.scale.mean_completion_len else "launch.expected_completion_length"
         return top, (step, f"mean completion {work.mean_completion_len:.0f} tokens, {said}")
     share = EXPECTED_COMPLETION_SHARE
@@ -205,7 +207,7 @@ def _range(
         f"mean completion {at.mean_completion_len:.0f} tokens: the prior {share:.0%} of the maximum (TRL #5697, "
         "#6263; set launch.expected_completion_length or plan --calibrate-from)"
     )
-    return step, (step_time(model, gpu, vllm, train, at)[0], said)
+    return step, (step_time(model, gpu, vllm, train, at, serve_gpu)[0], said)
 
 
 def _at(work: Workload, mean_len: float) -> Workload:
@@ -214,14 +216,16 @@ def _at(work: Workload, mean_len: float) -> Workload:
 
 
 def step_time(
-    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, train: TrainPlan, work: Workload
-) -> tuple[StepTime, list[str]]:
-    """One optimizer step's times for ``work``, and their arithmetic."""
+    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, train: TrainPlan, work: Workload,
+    serve_gpu: GpuSpec | None = None,
+) -> tuple[StepTime, list[str]]:  # fmt: skip
+    """One optimizer step's times for ``work``, and their arithmetic: training on ``gpu``, generation on
+    ``serve_gpu`` (a server on GPUs of another type; None: the same)."""
     n = train.num_processes
     # Generation, the weight sync and the old log-probs happen once per generation round, which may serve several
     # optimizer steps (steps_per_generation > gradient_accumulation_steps, num_iterations > 1) or be one of several.
     rounds, one = work.generations_per_step, work.per_generation()
-    gen, sync, lines = generation_part(model, gpu, vllm, train.hosts, one)
+    gen, sync, lines = generation_part(model, serve_gpu or gpu, vllm, train.hosts, one)
     if rounds != 1:
         lines.append(
             f"generation rounds per optimizer step: {rounds:.3g} (TRL generates {one.completions} completions every "
@@ -243,8 +247,10 @@ def estimate_plan(draft: Draft) -> Estimate | None:
     """Predicted memory, when the model and the GPUs' memory are known, and step time when the GPU's speed is too
     (the table's entry, or the peak and bandwidth given with --gpus)."""
     topology, model, vllm, train, training = draft.topology, draft.model, draft.vllm, draft.train, draft.training
-    gpu = topology.planning_gpu_spec
-    mem = topology.min_gpu_memory_bytes
+    # Each role priced on its own GPUs (a mixed cluster): training on the trainers', decoding on the server's.
+    serve_gpu, gpu = role_specs(topology, vllm, train.hosts)
+    mem = train_topology(topology, train.hosts).min_gpu_memory_bytes
+    vllm_mem = serve_topology(topology, vllm, train.hosts).min_gpu_memory_bytes or mem
     terms = draft.workload.scale.measured
     if topology.is_cpu and terms is not None and terms.device == "cpu" and terms.decode and terms.train_tokens_per_s:
         return _measured_cpu(draft, terms)
@@ -258,17 +264,17 @@ def estimate_plan(draft: Draft) -> Estimate | None:
     memory = functools.partial(
         Estimate,
         train_memory_gib=train_mem.total / GIB if train_mem else None,
-        vllm_memory_gib=_vllm_gib(vllm, mem),
+        vllm_memory_gib=_vllm_gib(vllm, vllm_mem or mem),
         gpu_memory_gib=mem / GIB,
         train_memory=train_mem,
         vllm_memory=draft.sizing,
         host_memory_per_node_gib=training.host_memory / GIB,
         workload=draft.workload,
     )
-    if gpu is None:
+    if gpu is None or serve_gpu is None:
         explain.append(topology.time_missing or "no step time")
         return memory(step=None, explain=tuple(explain), time_missing=topology.time_missing)
-    step, lines = step_time(model, gpu, vllm, train, draft.workload)
+    step, lines = step_time(model, gpu, vllm, train, draft.workload, serve_gpu)
     explain += lines
     across = bool(vllm.nodes) or vllm.host != train.hosts[0].name  # the first sync between hosts
     startup, startup_lines = startup_time(model, vllm.mode, deepspeed=train.backend.is_deepspeed,
@@ -276,7 +282,7 @@ def estimate_plan(draft: Draft) -> Estimate | None:
     explain += [*startup_lines, _step_line(step)]
     if training.host_memory:
         explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
-    total, missing = _whole_run(draft, gpu, step, startup)
+    total, missing = _whole_run(draft, gpu, step, startup, serve_gpu)
     return memory(step=step, explain=tuple(explain), total=total, total_missing=missing, startup_s=startup)
 
 
@@ -329,13 +335,15 @@ def _step_line(step: StepTime) -> str:
     )
 
 
-def _whole_run(draft: Draft, gpu: GpuSpec, step: StepTime, startup: float) -> tuple[Total | None, str | None]:
+def _whole_run(
+    draft: Draft, gpu: GpuSpec, step: StepTime, startup: float, serve_gpu: GpuSpec | None = None
+) -> tuple[Total | None, str | None]:
     """The whole run as a range when the step count is known; else why there is none."""
     recipe, rows = draft.recipe, draft.rows
     total = None
     if int(recipe.get("max_steps") or -1) > 0 or rows:  # a step count: the whole run, as a range
         assert draft.model is not None
-        top, expected = _range(draft.model, gpu, draft.vllm, draft.train, draft.workload, step)
+        top, expected = _range(draft.model, gpu, draft.vllm, draft.train, draft.workload, step, serve_gpu)
         total = run_total(draft.topology, recipe, draft.layout, top, rows, expected, startup_s=startup)
     if total is not None:
         return total, None

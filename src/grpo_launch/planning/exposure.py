@@ -50,8 +50,19 @@ def run_ports(plan: Plan) -> tuple[str, ...]:
             ports.append(f"{v.master_port} (vLLM's group over its hosts, on {v.host})")
         group = plan.trainer_values.get("vllm_group_port") or TRL_DEFAULTS["vllm_group_port"]
         ports.append(f"{group} (TRL's weight sync, on {train.hosts[0].name})")
+    launch = plan.recipe.launch
+    if launch.metrics_port is not None and not _loopback(launch.metrics_host):
+        ports.append(f"{launch.metrics_port} (the run's metrics endpoint on the launcher's host, read-only, "
+                     "no authentication: only your Prometheus server needs it)")  # fmt: skip
     ports.append("the ports gloo and NCCL pick between the hosts")
     return tuple(ports)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def public_address_notice(plan: Plan) -> str | None:

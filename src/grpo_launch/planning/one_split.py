@@ -14,9 +14,10 @@ from grpo_launch.planning import placement, roles
 from grpo_launch.planning.batch_layout import Layout, solve_layout
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.estimate import Draft, estimate_plan, off_policy_lag, workload
+from grpo_launch.planning.gpu_types import roles_line, serve_topology, train_topology, types_text
 from grpo_launch.planning.sizes import Batch
 from grpo_launch.planning.splits.allowed import colocate_weights_warning
-from grpo_launch.planning.splits.split import Split
+from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.trainer_values import lora_decision, trainer_values
 from grpo_launch.planning.training import choose_training
 from grpo_launch.planning.types import Plan, Trace, TrainHost, TrainPlan, VllmPlan
@@ -54,6 +55,10 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
         vllm, train_hosts = placement.place(ctx.topology, recipe, ctx.model, split, trace)
         if said := colocate_weights_warning(ctx.topology, recipe, ctx.model, split):
             trace.warn(said)
+        if said := roles_line(ctx.topology, vllm, train_hosts):
+            trace.decide("gpu_types", split.types or _types_value(ctx, split), said)
+            if "; idle: " in said:
+                trace.notice(f"mixed GPU types: {said.split('; idle: ')[1]}; they run nothing in this plan")
     n = sum(h.processes for h in train_hosts)
     layout = _layout(ctx, recipe, vllm, n, batch, trace)
     draft = _draft(ctx, recipe, vllm, train_hosts, layout, is_async, trace)
@@ -90,6 +95,14 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
         split=split.label if split is not None else "no vLLM (CPU)",
         asynchronous=settings,
     )
+
+
+def _types_value(ctx: Context, split: Split) -> str:
+    """Which GPU types serve and train in a split not made by type (a mixed cluster's other splits)."""
+    train = types_text(ctx.topology, split.train_hosts)
+    if split.kind == SplitKind.COLOCATE:
+        return f"{train} colocate (at the slowest)"
+    return f"{types_text(ctx.topology, split.server_hosts)} serves, {train} trains"
 
 
 def _layout(ctx: Context, recipe: Recipe, vllm: VllmPlan, n: int, batch: Batch | None, trace: Trace) -> Layout:
@@ -136,8 +149,9 @@ def _draft(
         from grpo_launch.planning.async_grpo import async_workload  # only for async plans (see plan_one)
 
         work = async_workload(work, recipe)
-    training = choose_training(topology, recipe, model, n, vllm, work, trace, nodes=len(hosts))
-    vllm, sizing = size_vllm(topology, model, vllm, work, trace, n)
+    # Each side's memory on its own GPUs (a mixed cluster: the trainers' type, the server's type).
+    training = choose_training(train_topology(topology, hosts), recipe, model, n, vllm, work, trace, nodes=len(hosts))
+    vllm, sizing = size_vllm(serve_topology(topology, vllm, hosts), model, vllm, work, trace, n)
     device = Device.CPU if topology.is_cpu else Device.CUDA
     train = TrainPlan(
         device=device,

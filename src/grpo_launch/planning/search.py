@@ -120,9 +120,9 @@ class _Tally:
 
 def search_splits(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
     """The best of ``splits`` at ``target`` per step (None: the recipe's own, one trainer count)."""
-    groups: dict[tuple[SplitKind, int, int], list[Split]] = {}
-    for s in splits:
-        groups.setdefault((s.kind, s.server_gpus, s.trainers), []).append(s)
+    groups: dict[tuple[SplitKind, int, int, str], list[Split]] = {}
+    for s in splits:  # one server size's TP × DP variants (on a mixed cluster, of one assignment of types)
+        groups.setdefault((s.kind, s.server_gpus, s.trainers, s.types), []).append(s)
     tally = _Tally()
     for variants in groups.values():
         _bound(ctx, variants, target, tally)

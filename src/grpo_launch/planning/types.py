@@ -156,6 +156,13 @@ class VllmPlan:
     def health_url(self) -> str | None:
         return f"{self.base_url}/health" if self.base_url else None
 
+    @property
+    def metrics_urls(self) -> tuple[str, ...]:
+        """vLLM's own Prometheus endpoint on each API server (one: the other hosts run headless engines). The
+        guard lets ``GET /metrics`` through without the token (grpo_launch.node.vllm_guard), so it is scraped as
+        it is: grpo-launch serves none of vLLM's metrics again."""
+        return (f"{self.base_url}/metrics",) if self.base_url else ()
+
 
 @frozen
 class TrainHost:

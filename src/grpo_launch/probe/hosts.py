@@ -73,9 +73,12 @@ def reported_gpus(report: Mapping[str, Any], count: int) -> tuple[Gpu, ...]:
 
 
 def mixed_models_warning(models: Mapping[str, str]) -> tuple[str, ...]:
-    """A warning when hosts (name → GPU model) differ: the planner sizes for the smallest GPU memory and times
-    steps on the slowest GPU."""
+    """A warning when hosts (name → GPU model) differ: the planner prices each role on its own hosts' GPUs, and a
+    role over several models at the smallest memory and the slowest GPU among them."""
     if len(set(models.values())) < 2:
         return ()
     listed = ", ".join(f"{h}: {m}" for h, m in list(models.items())[:6])
-    return (f"the hosts' GPU models differ ({listed}): planned for the smallest GPU memory and the slowest GPU",)
+    return (
+        f"the hosts' GPU models differ ({listed}): each role is planned on its own hosts' GPUs (the plan's gpu_types "
+        "row), a role over several models for the smallest GPU memory and the slowest GPU among them",
+    )

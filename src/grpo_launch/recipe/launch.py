@@ -100,6 +100,13 @@ class LaunchSettings:
     adapt: bool = False
     adapt_max_resplits: int = field(default=2, metadata={"min": 0, "max": 20})
     adapt_warmup_steps: int | None = field(default=None, metadata={"min": 2, "max": 10_000})  # None: from step time
+    # Watching a run (execute/live.py): the run's Prometheus endpoint on the launcher's host (off unless set),
+    # bound to metrics_host (loopback unless the recipe says otherwise); the run report rewritten every N steps.
+    metrics_port: int | None = field(default=None, metadata={"min": 1, "max": 65535})
+    metrics_host: str = field(
+        default="127.0.0.1", metadata={"kind": "str", "pattern": HOST_PATTERN, "what": "a host name or IP address"}
+    )
+    report_every_steps: int | None = field(default=None, metadata={"min": 1, "max": 10**9})
 
 
 LAUNCH_FIELDS = {f.name: f for f in dataclasses.fields(LaunchSettings)}
@@ -196,7 +203,25 @@ def check_launch(launch: LaunchSettings) -> list[str]:
             f"launch.vllm_port and launch.main_process_port are both {launch.vllm_port}: the vLLM server and the "
             "trainers' rendezvous need different ports"
         )
-    return problems + _server_auth_problems(launch) + _secret_problems(launch)
+    return problems + _metrics_port_problems(launch) + _server_auth_problems(launch) + _secret_problems(launch)
+
+
+PRIVILEGED_PORTS = 1024  # below this, binding needs root (or CAP_NET_BIND_SERVICE): never the run's endpoint
+
+
+def _metrics_port_problems(launch: LaunchSettings) -> list[str]:
+    """launch.metrics_port: not a privileged port, not one of the run's other ports."""
+    port = launch.metrics_port
+    if port is None:
+        return []
+    if port < PRIVILEGED_PORTS:
+        return [f"launch.metrics_port {port} is a privileged port (below {PRIVILEGED_PORTS}: binding it needs root): "
+                "pick one from 1024 to 65535, e.g. launch.metrics_port=9464"]  # fmt: skip
+    taken = {"launch.main_process_port": launch.main_process_port}
+    if launch.vllm is not VllmMode.OFF:
+        taken["launch.vllm_port"] = launch.vllm_port
+    return [f"launch.metrics_port and {key} are both {port}: the run's metrics endpoint needs a port of its own"
+            for key, value in taken.items() if value == port]  # fmt: skip
 
 
 # Set per process from the plan: the launcher's own value, passed on, would be wrong on every host.

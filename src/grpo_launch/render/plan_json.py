@@ -66,6 +66,7 @@ def _vllm(plan: Plan) -> dict[str, Any]:
     return {
         **asdict(plan.vllm),
         "base_url": plan.vllm.base_url,
+        "metrics_urls": list(plan.vllm.metrics_urls),  # vLLM's own /metrics, scraped beside the run's endpoint
         "command": redact_argv(vllm_spec.argv) if vllm_spec else None,
         "env": redact_env(vllm_spec.launch_env) if vllm_spec else None,
         "shell": vllm_spec.shell() if vllm_spec else None,

@@ -7,9 +7,12 @@ width (4 when float32 weights run under bf16 autocast) and ``h``/``i`` the hidde
 - two RMSNorms: the float32 upcast of their input (4h, the input itself when it already is float32), the
   normalised input the weight multiplies (w·h) and the output the next projection reads (b·h): 4h + w·h + b·h each;
 - attention with a padding mask (GRPO batches are padded, so transformers passes a mask and repeats the KV heads
-  for SDPA): the rotated queries, the repeated keys and values, SDPA's output and the contiguous copy o_proj reads
-  (5·b·h) plus SDPA's float32 log-sum-exp (4 bytes per head); Qwen3's per-head query and key RMSNorms like the
-  other norms, at the query and key widths;
+  for SDPA): the rotated queries, the repeated keys and values, SDPA's output and the contiguous copy o_proj reads,
+  each ``heads × head_dim`` wide (``q_proj``'s output width, transformers' Qwen3Attention/LlamaAttention: it is
+  the hidden size only where ``head_dim`` is ``hidden / heads``; Qwen3-0.6B's is 16 × 128 = 2048 over a hidden
+  1024, Qwen3-4B's 32 × 128 = 4096 over 2560): 5·b·heads·head_dim, plus SDPA's float32 log-sum-exp (4 bytes per
+  head); Qwen3's per-head query and key RMSNorms at the query and key widths, like the other norms less their
+  output: RoPE multiplies it by cos and sin, which need no gradient, so nothing keeps it (4w + w·width each);
 - the SwiGLU MLP: gate output, its SiLU, up output and their product (4·b·i); in a mixture-of-experts layer the
   router's logits and softmax, and per routed expert the token's dispatched copy, the expert's intermediates and
   its weighted output (k·b·(2h + 4·i_expert)), plus the shared experts.
@@ -74,14 +77,16 @@ def layer_bytes_per_token(model: ModelShape, prec: Precision) -> float:
     layers of a mixture of experts (its dense layers and its MoE layers differ)."""
     h, i, b = model.hidden, model.intermediate or 4 * model.hidden, prec.activation_bytes
 
-    def norm_bytes(width: int) -> int:  # an RMSNorm: float32 upcast of its input, normalised input, output
-        return 4 * width + prec.param_bytes * width + b * width
+    def norm_bytes(width: int, output: bool = True) -> int:  # float32 upcast of its input, normalised input, output
+        return 4 * width + prec.param_bytes * width + (b * width if output else 0)
 
     norm = norm_bytes(h)
+    head_dim = model.head_dim or h // model.heads
+    # the attention tensors' width: q_proj's output (heads × head_dim); multi-head latent attention kept at h
+    q_width = model.heads * head_dim if not model.kv_lora_rank else h
     qk_norms = 0
     if model.qk_norm:  # Qwen3's per-head RMSNorms on the queries and keys
-        head_dim = model.head_dim or h // model.heads
-        qk_norms = norm_bytes(model.heads * head_dim) + norm_bytes(model.kv_heads * head_dim)
+        qk_norms = norm_bytes(model.heads * head_dim, False) + norm_bytes(model.kv_heads * head_dim, False)
     dense_mlp = 4 * b * i
     mlp = float(dense_mlp)
     if model.is_moe:
@@ -90,7 +95,7 @@ def layer_bytes_per_token(model: ModelShape, prec: Precision) -> float:
         e, k, mi = model.experts, model.experts_per_token, model.moe_intermediate or i
         moe_mlp = e * (b + 4) + k * b * (2 * h + 4 * mi) + 4 * b * model.shared_intermediate
         mlp = (model.moe_layers * moe_mlp + (model.layers - model.moe_layers) * dense_mlp) / model.layers
-    return 2 * norm + qk_norms + 5 * b * h + 4 * model.heads + mlp
+    return 2 * norm + qk_norms + 5 * b * q_width + 4 * model.heads + mlp
 
 
 def activation_memory(

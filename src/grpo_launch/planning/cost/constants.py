@@ -89,6 +89,14 @@ CONSTANTS: dict[str, Constant] = {
     "tp_allreduce_s_per_mib_tp2": Constant(18.5e-6, "s/MiB", "TP 2: (26.6 − 8.7) µs over 1 MiB − 32 KiB, ibid."),
     "tp_allreduce_s_per_mib_tp4": Constant(32.0e-6, "s/MiB", "TP 4: (40.2 − 9.2) µs over 1 MiB − 32 KiB, ibid."),
     "tp_allreduce_s_per_mib_tp8": Constant(34.3e-6, "s/MiB", "TP 8: (45.0 − 11.8) µs over 1 MiB − 32 KiB, ibid."),
+    # Beyond 1 MiB (a decode batch of a few hundred sequences: 512 × 3584 × 2 B is 3.5 MiB for a 7B) vLLM no longer
+    # runs the one-shot custom all-reduce those slopes measure: since vLLM 0.11 (PR #24111, on by default) it
+    # dispatches by size to two-shot or symmetric-memory all-reduces. vLLM PR #24111's own benchmark (H100, TP 4,
+    # the best of its dispatch): 0.015 ms at 1 MB, 0.029 ms at 4 MB; PR #24532 (H100, TP 4): 0.014 ms at 1 MB,
+    # 0.028 ms at 4 MB. The slope past 1 MiB is about 4.7 µs/MiB, 7× below the one-shot slope.
+    "tp_allreduce_s_per_mib_large": Constant(
+        4.7e-6, "s/MiB", "NVLink, past 1 MiB: vLLM PR #24111 (H100 TP 4, 15 µs at 1 MB, 29 µs at 4 MB), PR #24532"
+    ),
     # NCCL all-reduce without NVLink (vLLM's custom all-reduce is off on more than two PCIe GPUs, vllm issue
     # #56128): nccl-tests issue #287 (4 × RTX 5090, NCCL 2.26.2) 31.64 µs at 32 KB, 93.45 µs at 1 MB; sglang-V100
     # PR #2 (4 × V100 behind one PCIe switch, in a CUDA graph) 24.2 µs at 32 KB; b12x PR #139 (16 × RTX PRO 6000)
@@ -119,7 +127,12 @@ CONSTANTS: dict[str, Constant] = {
     # one node): "~0.18s" for Qwen3-0.6B; TRL PR #5249: 0.15 s for Qwen2 0.5B; verl PR #116 (8 × L20, PCIe, the
     # broadcast alone): 0.70 s for Llama-3-8B, 0.79 s for Qwen2.5-7B; verl PR #7263 (2 nodes, AWS EFA): 3.01 s for
     # 27B; TRL PR #7131 (16 + 16 H200): "~2.3s" for Qwen3-32B; verl issue #7167: one sender's broadcast between
-    # nodes "capped at ~25 GB/s".
+    # nodes "capped at ~25 GB/s". Between nodes, an upper bound rather than an anchor: verl's own ``nccl`` checkpoint
+    # engine (docs/advance/delta_weight_sync.md, "Measured results", H100 nodes) takes 5.5–6.0 s for Qwen2.5-7B
+    # over 1+1 nodes with param/optimizer offload on, 14.2 s for Qwen2.5-32B over 2+2 with offload off: about 5 GB/s,
+    # since that engine also pays "the full-tensor all-gather and rank-0 staging costs" the TRL path above does not
+    # (TRL #7131 gathers on every rank first, then rank 0 sends at ~28 GB/s). A mixed cluster's server on one GPU
+    # type and trainers on another always syncs between nodes: sync_bytes_per_s_net.
     "sync_fixed_s": Constant(0.1, "s per sync", "TRL PR #5892 (0.18 s at 0.6B), PR #5249 (0.15 s at 0.5B)"),
     "sync_bytes_per_s_node": Constant(20e9, "B/s", "NCCL broadcast within a node: verl PR #116 (19–23 GB/s)"),
     "sync_bytes_per_s_net": Constant(

@@ -97,12 +97,15 @@ def generation_time(
 
 def allreduce_time(tp: int, nbytes: float, *, nvlink: bool = True) -> float:
     """Seconds of one tensor-parallel all-reduce of ``nbytes`` within a node: a fixed latency plus a cost per MiB
-    (constants.py). With NVLink vLLM's custom all-reduce (the TP 8 figures beyond 8); without it NCCL over PCIe."""
+    (constants.py). With NVLink vLLM's custom all-reduce up to 1 MiB (the TP 8 figures beyond 8) and its
+    size-dispatched two-shot / symmetric-memory all-reduces past it; without NVLink NCCL over PCIe."""
     if not nvlink:
         latency = _c("tp_allreduce_latency_s_pcie" if tp <= 4 else "tp_allreduce_latency_s_pcie_tp8")
         return latency + nbytes / 2**20 * _c("tp_allreduce_s_per_mib_pcie")
     key = 2 if tp <= 2 else 4 if tp <= 4 else 8
-    return _c(f"tp_allreduce_latency_s_tp{key}") + nbytes / 2**20 * _c(f"tp_allreduce_s_per_mib_tp{key}")
+    mib = nbytes / 2**20  # the one-shot slope up to 1 MiB, vLLM's size-dispatched all-reduces past it
+    small = min(mib, 1.0) * _c(f"tp_allreduce_s_per_mib_tp{key}")
+    return _c(f"tp_allreduce_latency_s_tp{key}") + small + max(0.0, mib - 1.0) * _c("tp_allreduce_s_per_mib_large")
 
 
 def p2p_time(nbytes: float, *, across_nodes: bool) -> float:

@@ -25,6 +25,7 @@ from grpo_launch.planning.splits.split import (
     Split,
     SplitKind,
     enumerate_splits,
+    enumerate_type_splits,
     enumerate_uneven_splits,
     off_split,
     server_weights,
@@ -100,6 +101,8 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     refuse_server_size(topology, model, gpus, tp)
     pp = recipe.launch.vllm_pipeline_parallel_size
     every = enumerate_uneven_splits(topology.gpus_per_host, model) if uneven else enumerate_splits(n, g, model, tp)
+    if len(topology.gpu_types) > 1:
+        every = _by_type(topology, model, every)
     if uneven and not every:
         refuse_uneven_counts(topology)
     splits = [s for s in every if (tp is None or s.tp == tp) and s.pp == (pp or s.pp)]
@@ -116,13 +119,13 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     served = [s for s in splits if s.kind != SplitKind.COLOCATE and (gpus is None or s.server_gpus == gpus)]
     if mode != VllmMode.COLOCATE and gpus is None and tp is None and n * g == 1:
         served = []  # one GPU: nothing left to train beside a server
-    fitting = _fitting_servers(served, model, mem, pp)
+    fitting = _fitting_servers(served, model, mem, pp, topology)
     if mode == VllmMode.SERVER:
         if not fitting:
             refuse_no_server(topology, model, served, gpus, pp, headless)
         return fitting
     if mode == VllmMode.COLOCATE or gpus is None:
-        colocated = _fitting_colocate(colocated, recipe, model, mem)
+        colocated = _fitting_colocate(colocated, recipe, model, mem, topology)
     if mode == VllmMode.COLOCATE:
         return colocated
     if not fitting and not colocated and model is not None and mem is not None:
@@ -130,20 +133,56 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     return colocated + fitting
 
 
-def _fitting_servers(served: list[Split], model: ModelShape | None, mem: int | None, pp: int | None) -> list[Split]:
-    """The servers whose weights fit; a pipeline only where no server of TP alone fits that size (unless the recipe
-    sets the stages): within a host TP reads the weights faster, and each stage adds a hop (over the network
-    between hosts)."""
-    fitting = [s for s in served if weights_fit(server_weights(model, s), mem)]
+def _by_type(topology: Topology, model: ModelShape | None, every: list[Split]) -> list[Split]:
+    """A mixed cluster: the splits by GPU type (one type serves, another trains; one type alone), and of the
+    others colocating on every GPU (priced at the slowest type) and those whose trainers are all of one type."""
+    types = [h.gpus[0].name if h.gpus and len({g.name for g in h.gpus}) == 1 else "mixed" for h in topology.hosts]
+    if "mixed" in types:  # a host of several GPU types: priced at the slowest, as before
+        return every
+
+    def one_type(s: Split) -> bool:
+        return s.kind == SplitKind.COLOCATE or len({types[i] for i in s.train_hosts}) == 1
+
+    by_type = enumerate_type_splits(topology.gpus_per_host, types, model)
+
+    def where(s: Split) -> tuple[object, ...]:
+        return (s.kind, s.train_hosts, s.server_hosts, s.server_gpus_per_host, s.par)
+
+    named = {where(s) for s in by_type}  # the same split under its type's name ("H20 serves, H100 trains")
+    return [s for s in every if one_type(s) and where(s) not in named] + by_type
+
+
+def _memory_of(topology: Topology | None, hosts: tuple[int, ...], mem: int | None) -> int | None:
+    """The smallest GPU memory of the hosts at ``hosts`` (a mixed cluster: each role's own), else ``mem``."""
+    if topology is None or len(topology.gpu_types) < 2 or not hosts:
+        return mem
+    return topology.only([topology.hosts[i].name for i in hosts]).min_gpu_memory_bytes or mem
+
+
+def _fitting_servers(
+    served: list[Split], model: ModelShape | None, mem: int | None, pp: int | None, topology: Topology | None = None
+) -> list[Split]:
+    """The servers whose weights fit (on a mixed cluster, in their own hosts' memory); a pipeline only where no
+    server of TP alone fits that size (unless the recipe sets the stages): within a host TP reads the weights faster,
+    and each stage adds a hop (over the network between hosts)."""
+    fitting = [s for s in served if weights_fit(server_weights(model, s), _memory_of(topology, s.server_hosts, mem))]
     tp_only = {(s.kind, s.server_gpus) for s in fitting if s.pp == 1}
     return [s for s in fitting if s.pp == 1 or pp or (s.kind, s.server_gpus) not in tp_only]
 
 
-def _fitting_colocate(splits: list[Split], recipe: Recipe, model: ModelShape | None, mem: int | None) -> list[Split]:
-    """Colocated engines whose weights take at most the allowed share of their vLLM share of a GPU; when none
-    does, the largest TP (:func:`colocate_weights_warning` then warns, if that split is the one chosen)."""
+def _fitting_colocate(
+    splits: list[Split], recipe: Recipe, model: ModelShape | None, mem: int | None, topology: Topology | None = None
+) -> list[Split]:
+    """Colocated engines whose weights take at most the allowed share of their vLLM share of a GPU (on a mixed
+    cluster, of their own hosts' GPUs); when none does, the largest TP (:func:`colocate_weights_warning` then warns,
+    if that split is the one chosen)."""
     util = colocate_utilization(recipe)
-    fits = [s for s in splits if model is None or not mem or weights_fit(model.weight_bytes_bf16 / s.tp, mem, util)]
+
+    def fits_on(s: Split) -> bool:
+        own = _memory_of(topology, s.train_hosts, mem)
+        return model is None or not own or weights_fit(model.weight_bytes_bf16 / s.tp, own, util)
+
+    fits = [s for s in splits if fits_on(s)]
     if fits or not splits:
         return fits
     last = splits[-1]

@@ -58,6 +58,8 @@ class Split:
     server_gpus_per_host: int = 0
     asynchronous: bool = False  # AsyncGRPOTrainer on this split: generation and training overlap (launch.mode)
     total_gpus: int = 0  # hosts with different GPU counts: all their GPUs (0: hosts × gpus_per_host)
+    # A mixed cluster's split by GPU type: which type does what, in its label ("H20 serves, H100-80GB trains").
+    types: str = ""
 
     @property
     def tp(self) -> int:
@@ -85,7 +87,9 @@ class Split:
 
     @property
     def idle(self) -> int:
-        if self.kind in (SplitKind.COLOCATE, SplitKind.OFF):
+        if self.kind == SplitKind.COLOCATE:  # every GPU of its hosts; other hosts idle (one type of a mixed cluster)
+            return self.gpus - self.trainers
+        if self.kind == SplitKind.OFF:
             return 0
         return self.gpus - self.trainers - self.server_gpus
 
@@ -100,7 +104,7 @@ class Split:
 
     @property
     def label(self) -> str:
-        return self._where + (" · async" if self.asynchronous else "")
+        return (f"{self.types}: " if self.types else "") + self._where + (" · async" if self.asynchronous else "")
 
     @property
     def disjoint(self) -> bool:
@@ -210,6 +214,43 @@ def enumerate_uneven_splits(counts: Sequence[int], model: ModelShape | None) -> 
             par = Parallelism(t, dp=d * len(bigger))
             out.append(Split(SplitKind.SPREAD, n, max(counts), least, tuple(range(n)), par, bigger, k,
                              total_gpus=total))  # fmt: skip
+    return out
+
+
+def enumerate_type_splits(counts: Sequence[int], types: Sequence[str], model: ModelShape | None) -> list[Split]:
+    """A mixed cluster's splits by GPU type (``types`` per host, ``counts`` its GPUs): (1) every host of one type
+    serves as whole hosts (TP within a host × DP over them) while every host of another type trains, the rest idle;
+    (2) one type alone colocates (the others idle), so the cluster is never planned slower than a part of it.
+    Trainers stay on one type (they step together: a faster GPU waits for the slowest); hosts of one type that
+    differ in GPU count are left to the other splits."""
+    n, total, out = len(counts), sum(counts), []
+    order = list(dict.fromkeys(types))
+    if len(order) < 2:
+        return []
+    of = {t: tuple(i for i in range(n) if types[i] == t) for t in order}
+    even = {t: len({counts[i] for i in of[t]}) == 1 for t in order}
+    for serve_type in order:
+        serve = of[serve_type]
+        if not even[serve_type]:
+            continue
+        per_serve = counts[serve[0]]
+        for train_type in order:
+            train = of[train_type]
+            if train_type == serve_type or not even[train_type]:
+                continue
+            per_train = counts[train[0]]
+            label = f"{serve_type} serves, {train_type} trains"
+            for t, d in server_shapes(model, per_serve, per_serve):
+                out.append(Split(SplitKind.NODES, n, max(counts), per_train, train, Parallelism(t, dp=d * len(serve)),
+                                 serve, per_serve, total_gpus=total, types=label))  # fmt: skip
+    for alone in order:
+        hosts = of[alone]
+        if not even[alone]:
+            continue
+        per = counts[hosts[0]]
+        for t, _ in server_shapes(model, per, per):
+            out.append(Split(SplitKind.COLOCATE, n, max(counts), per, hosts, Parallelism(t, dp=per * len(hosts) // t),
+                             total_gpus=total, types=f"{alone} alone"))  # fmt: skip
     return out
 
 

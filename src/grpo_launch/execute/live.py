@@ -1,0 +1,143 @@
+"""What the launcher serves and writes while a run goes, asked for by the recipe and nothing otherwise: the run's
+Prometheus endpoint (``launch.metrics_port``, bound to ``launch.metrics_host``, 127.0.0.1 unless set) and the run
+report rewritten every ``launch.report_every_steps`` steps.
+
+Both are threads of the launcher process, so they work the same for every backend: on a run over several hosts the
+endpoint serves from the launcher's host, reading the run directory the trainers write (metrics.jsonl is the source
+of truth; :mod:`grpo_launch.rundir.live_metrics` is the one metric list). The port is bound before anything of the
+run starts: one in use is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from grpo_launch.errors import LaunchError
+from grpo_launch.planning.types import Plan
+from grpo_launch.rundir.live_metrics import METRICS, samples
+from grpo_launch.rundir.view import RunView
+from grpo_launch.spec import RunContext
+
+REPORT_POLL_S = 2.0  # how often the report thread looks for a new step
+
+
+class RunCollector:
+    """A prometheus_client collector over a run directory: every scrape reads it once (:class:`RunView`)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        try:
+            found = samples(RunView.load(self.run_dir, strict=False))
+        except Exception:  # a run file being replaced mid-read: this scrape serves nothing, the next reads again
+            found = []
+        for metric in METRICS:
+            kind = CounterMetricFamily if metric.kind == "counter" else GaugeMetricFamily
+            family = kind(metric.name, metric.help, labels=list(metric.labels))
+            for name, labels, value in found:
+                if name == metric.name:
+                    family.add_metric([labels.get(k, "") for k in metric.labels], value)
+            yield family
+
+
+def serve_metrics(run_dir: str | Path, host: str, port: int) -> http.server.ThreadingHTTPServer:
+    """A started HTTP server on ``host:port`` answering ``GET /metrics`` with the run's metrics. Raises LaunchError
+    when the port cannot be bound."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(run_dir))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404, "the run's metrics are at /metrics")
+                return
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:  # scrapes are not the launcher's news
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        daemon_threads = True
+        allow_reuse_address = False  # another listener on the port must be an error, not shared
+
+    try:
+        server = Server((host, port), Handler)
+    except OSError as exc:
+        raise LaunchError(
+            f"cannot serve the run's metrics on {host}:{port}: {exc.strerror or exc}",
+            hint=f"Set launch.metrics_port to a free port (or launch.metrics_host to an address of this host): "
+            f"launch.metrics_port={port + 1}.",
+        ) from None
+    threading.Thread(target=server.serve_forever, name="grpo-launch-metrics", daemon=True).start()
+    return server
+
+
+def _report_loop(plan: Plan, ctx: RunContext, every: int, stop: threading.Event) -> None:
+    """Write the run report each time the run passes another ``every`` steps."""
+    from grpo_launch.errors import GrpoLaunchError
+    from grpo_launch.rundir.report import write_report
+
+    written = 0
+    while not stop.wait(REPORT_POLL_S):
+        try:
+            steps = RunView.load(plan.run_dir, strict=False).steps()
+        except Exception:  # mid-write: read again at the next poll
+            continue
+        if not steps or steps[-1].step // every <= written:
+            continue
+        written = steps[-1].step // every
+        try:
+            path = write_report(plan.run_dir)
+        except (GrpoLaunchError, OSError, ValueError) as exc:
+            ctx.emit(f"[grpo-launch] no report at step {steps[-1].step}: {exc}")
+            return  # matplotlib missing or the like: it will not come later
+        ctx.emit(f"[grpo-launch] run report at step {steps[-1].step}: {path}")
+
+
+@contextlib.contextmanager
+def live_run(plan: Plan, ctx: RunContext) -> Iterator[None]:
+    """The run's endpoint and report thread for as long as the run goes (none of them unless the recipe asks)."""
+    launch = plan.recipe.launch
+    server = None
+    if launch.metrics_port is not None:
+        server = serve_metrics(plan.run_dir, launch.metrics_host, launch.metrics_port)
+        ctx.emit(f"[grpo-launch] metrics: http://{_url_host(launch.metrics_host)}:{launch.metrics_port}/metrics")
+    stop = threading.Event()
+    reporter = None
+    if launch.report_every_steps:
+        reporter = threading.Thread(
+            target=_report_loop, args=(plan, ctx, launch.report_every_steps, stop), name="grpo-launch-report",
+            daemon=True,
+        )  # fmt: skip
+        reporter.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if reporter is not None:
+            reporter.join(timeout=30)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
