@@ -10,6 +10,9 @@ import pytest
 # Hermetic: nothing is downloaded here, and plan's one Hub metadata request (the training set's rows) is not made;
 # tests/test_dataset_rows.py serves the Hub's API locally where it tests that request.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Nor is a `grpo-launch calibrate` of the developer's machine (~/.cache/grpo-launch/calibrations) read by a plan here:
+# tests/test_calibrate.py gives each test its own folder.
+os.environ.setdefault("GRPO_LAUNCH_CALIBRATIONS", os.path.join(os.sep, "nonexistent", "grpo-launch-test-calibrations"))
 
 from .helpers import ensure_tiny_assets, plan_recipe
 

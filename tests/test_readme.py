@@ -78,6 +78,8 @@ NOT_HERE = {
     "grpo-launch sky recipes/qwen7b-math.yaml --accelerators H100:8 --nodes 2 --spot --managed --bucket "
     "s3://my-bucket/grpo output_dir=/grpo-runs/qwen7b-math/output --launch":
         "rents cloud GPUs (tests/test_sky_task.py: a managed task, SkyPilot's parser)",
+    "grpo-launch calibrate recipes/qwen1.5b.yaml --random-weights":
+        "measures this machine's GPU for a 1.5B model (tests/test_calibrate.py calibrates the tiny recipe on this CPU)",
 }  # fmt: skip
 # Lines that plan for this machine's GPUs run here with --gpus added (the README's own run directory stands in).
 WITH_GPUS = {"grpo-launch plan recipes/qwen1.5b.yaml --calibrate-from grpo_runs/qwen1.5b": ["--gpus", "8xH100-80GB"]}

@@ -20,7 +20,7 @@ from grpo_launch import __version__
 from grpo_launch.cli.console import Console, drop, terminal_columns
 from grpo_launch.errors import GrpoLaunchError
 
-VERBS = ("run", "plan", "inspect", "sbatch", "ray-submit", "sky", "status", "report", "resume")
+VERBS = ("run", "plan", "calibrate", "inspect", "sbatch", "ray-submit", "sky", "status", "report", "resume")
 SUBMIT_VERBS = ("sbatch", "ray-submit")  # their own arguments after "--" go to the batch system unchanged
 VALUE_OPTIONS = ("--gpus", "--hostfile", "--run-dir", "--nodes", "--gpus-per-node")
 

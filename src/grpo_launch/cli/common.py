@@ -20,6 +20,7 @@ from grpo_launch.recipe import Recipe, load_recipe
 from grpo_launch.spec import RunContext
 
 if TYPE_CHECKING:  # a record is read or written only by a run that keeps one (plan's start-up)
+    from grpo_launch.models.shape import ModelShape
     from grpo_launch.rundir.invocation import Flag, Invocation
 
 EPILOG = """\
@@ -32,6 +33,7 @@ examples:
   grpo-launch status grpo_runs/qwen1.5b                        state, step, ETA and last metrics of a run
   grpo-launch resume grpo_runs/qwen1.5b                        continue a stopped run as it was started
   grpo-launch plan recipes/qwen1.5b.yaml --calibrate-from grpo_runs/qwen1.5b   replan with a run's measurements
+  grpo-launch calibrate recipes/qwen1.5b.yaml --random-weights  measure this GPU (or CPU) in minutes; plan uses it
 """
 
 
@@ -263,7 +265,42 @@ def plan_on(
         dataset_rows_source=rows_source,
         warnings=(warning,) if warning else (),
     )
+    if model is not None:
+        calibration, notes = stored_calibration(topo, recipe, model, runtime, ctx, calibration)
+        runtime = dataclasses.replace(runtime, notices=notes)
     return make_plan(topo, recipe, model, runtime=runtime, calibration=calibration)
+
+
+def stored_calibration(
+    topo: Topology, recipe: Recipe, model: ModelShape, runtime: Runtime, ctx: RunContext, run: Calibration | None
+) -> tuple[Calibration | None, tuple[str, ...]]:
+    """The calibration a plan uses: the stored ``grpo-launch calibrate`` file for this machine, model, dtype and
+    library versions first (its measured terms), a run's scales (``--calibrate-from``, the adapt loop) on top. A
+    stored one for another GPU model or library version is not used, and the plan's notices say why."""
+    from grpo_launch.probe.calibration import calibration_key, find_calibration
+
+    found = find_calibration(calibration_key(topo, model, recipe, runtime.vllm_version), ctx.environ)
+    notes = [f"calibration not used: {why}" for why in found.ignored]
+    if found.record is not None:
+        notes.insert(0, f"calibration: {found.path} (measured: {', '.join(found.record.measured_terms())}; "
+                        "every other term from the GPU table)")  # fmt: skip
+    if found.record is None:
+        return run, tuple(notes)
+    gpu = topo.planning_gpu_spec
+    base = run or Calibration()
+    gen = train = 1.0
+    if gpu is not None:  # on GPUs the table's structure stays: its speed is scaled to what was measured
+        from grpo_launch.planning.calibration import measured_against_table
+
+        at = {k: int(v) for k, v in found.record.at}
+        point = (at.get("per_device_train_batch_size", 1), at.get("prompt_len", 1), at.get("completion_len", 1))
+        _, gen, train = measured_against_table(model, gpu, found.record.terms, *point)
+        notes.append(f"calibration: on {gpu.name} the table's generation time × {gen:.2f} and training time × "
+                     f"{train:.2f} (measured ÷ table; plan --explain shows each term)")  # fmt: skip
+    scaled = dataclasses.replace(base, generation=base.generation * gen, training=base.training * train,
+                                 measured=found.record.terms, measured_source=found.path, measured_generation=gen,
+                                 measured_training=train)  # fmt: skip
+    return scaled, tuple(notes)
 
 
 def plan_for(

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_launch.cli.common import add_planning_args, plan_for
 from grpo_launch.spec import RunContext
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from grpo_launch.cli.tables import Section
+    from grpo_launch.planning import Plan
     from grpo_launch.planning.calibration import Comparison
     from grpo_launch.planning.cost.workload import Calibration
 
@@ -57,6 +62,11 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         from grpo_launch.render.plan_json import plan_to_dict
 
         data = plan_to_dict(plan)
+        measured = _measured_rows(plan)
+        if measured:
+            from grpo_launch.planning.calibration import comparison_to_dict
+
+            data["measured_by_calibrate"] = {"file": measured[0], "terms": comparison_to_dict(measured[1])}
         if rows:
             from grpo_launch.planning.calibration import comparison_to_dict
 
@@ -70,10 +80,55 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
             where = os.path.dirname(written[0]) or "."
             print(f"grpo-launch plan: wrote {len(written)} files to {where} (--no-write writes none)", file=sys.stderr)
         return 0
-    from grpo_launch.cli.tables import Section, calibration_section, explain_sections, plan_sections, print_sections
+    from grpo_launch.cli.tables import (
+        Section,
+        calibration_section,
+        explain_sections,
+        plan_sections,
+        print_sections,
+    )
 
     sections = plan_sections(plan, written) + (explain_sections(plan) if args.explain else [])
+    measured = _measured_rows(plan) if args.explain else None
+    if measured:
+        sections.append(measured_section(*measured))
     if kept:
         sections.append(Section(f"notice: {kept}", style="cyan"))
     print_sections(sections + ([calibration_section(args.calibrate_from, rows)] if rows else []))
     return 0
+
+
+def _measured_rows(plan: Plan) -> tuple[str, list[Comparison]] | None:
+    """The stored calibration the plan used (``grpo-launch calibrate``): each measured term beside the table's."""
+    est = plan.estimate
+    cal = est.workload.scale if est is not None and est.workload is not None else None
+    if cal is None or cal.measured is None or plan.model is None:
+        return None
+    from grpo_launch.planning.calibration import measured_against_table
+    from grpo_launch.probe.calibration import read_calibration
+
+    at = dict(read_calibration(Path(cal.measured_source)).at) if cal.measured_source else {}
+    rows, _, _ = measured_against_table(plan.model, plan.topology.planning_gpu_spec, cal.measured,
+                                        int(at.get("per_device_train_batch_size", 1)), int(at.get("prompt_len", 1)),
+                                        int(at.get("completion_len", 1)))  # fmt: skip
+    return cal.measured_source, rows
+
+
+def measured_section(path: str, rows: Sequence[Comparison]) -> Section:
+    """``grpo-launch calibrate``'s terms beside the GPU table's at the point they were measured, and the ratio."""
+
+    def fmt(x: float | None, unit: str) -> str:
+        if x is None:
+            return "-"
+        return (
+            f"{x:,.0f} {unit}"
+            if unit == "tok/s"
+            else (f"{x * 1000:.2f} ms" if unit == "s" and x < 1 else f"{x:.2f} {unit}")
+        )
+
+    table = [(r.term, fmt(r.predicted, r.unit), fmt(r.measured, r.unit), f"{r.ratio:.2f}" if r.ratio else "-")
+             for r in rows]  # fmt: skip
+    from grpo_launch.cli.tables import Section
+
+    header = ("term", "table", "measured", "measured/table")
+    return Section(f"Measured by grpo-launch calibrate ({path}; '-': the table has no value here)", table, header)

@@ -23,10 +23,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from grpo_launch.enums import DistBackend, Offload
 from grpo_launch.errors import ConfigError
-from grpo_launch.machines.gpus import GIB
-from grpo_launch.planning.cost.steptime import padded_tokens
+from grpo_launch.machines.gpus import GIB, GpuSpec
+from grpo_launch.machines.measured import MeasuredTerms
+from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.cost.steptime import (
+    generation_time,
+    old_logprobs_time,
+    padded_tokens,
+    training_time,
+    transformers_generation_time,
+)
 from grpo_launch.planning.cost.workload import Calibration, Workload
+from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.rundir.measured import Measured, measure
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.view import RunView
@@ -59,8 +69,23 @@ def prior_calibration(plan: PlanRecord | None) -> Calibration:
     def scale(value: float) -> float:
         return value if value > 0 else 1.0
 
-    return Calibration(scale(recorded.generation), scale(recorded.training), scale(recorded.memory),
+    # A stored calibrate file's part is left out: the next plan takes it from the file again (calibration file
+    # first, a run's scales on top), so it is not counted twice.
+    return Calibration(scale(recorded.generation) / recorded.measured_generation,
+                       scale(recorded.training) / recorded.measured_training, scale(recorded.memory),
                        recorded.mean_completion_len, recorded.source)  # fmt: skip
+
+
+def with_file_part(run: Calibration, used: Calibration | None) -> Calibration:
+    """A run's scales (:func:`calibration_from`) with the stored ``grpo-launch calibrate`` part of the calibration
+    the running plan used (``used``) put back on: the file's measured terms and its measured ÷ table ratios. The
+    adapt loop re-plans through make_plan, which reads no file itself."""
+    if used is None or used.measured is None:
+        return run
+    return dataclasses.replace(run, generation=run.generation * used.measured_generation,
+                               training=run.training * used.measured_training, measured=used.measured,
+                               measured_source=used.measured_source, measured_generation=used.measured_generation,
+                               measured_training=used.measured_training)  # fmt: skip
 
 
 def calibrate_from_run(view: RunView) -> tuple[Calibration, list[Comparison]]:
@@ -124,6 +149,59 @@ def calibration_from(m: Measured) -> tuple[Calibration, list[Comparison]]:
     scaled = Calibration(gen * prior.generation, train * prior.training, memory * prior.memory,
                          mean or prior.mean_completion_len, source)  # fmt: skip
     return scaled, rows
+
+
+def measured_against_table(
+    model: ModelShape, gpu: GpuSpec | None, terms: MeasuredTerms, per_device: int, prompt_len: int, completion_len: int
+) -> tuple[list[Comparison], float, float]:
+    """Each term ``grpo-launch calibrate`` measured beside the GPU table's value at the same point (one process,
+    ``per_device`` sequences of ``prompt_len`` + ``completion_len`` tokens), and the generation and training time
+    ratios (measured ÷ table) the plan applies on that GPU. On CPU (``gpu`` None) the table has no value: 1, 1."""
+    b = max(1, per_device)
+    at = Workload(prompt_len=prompt_len, completion_len=completion_len, completions=b, num_generations=b,
+                  per_device=b, gradient_checkpointing=False)  # fmt: skip
+    rows: list[Comparison] = []
+    gen_ratio = train_ratio = 1.0
+    # vLLM's decode speaks for generation where it was measured (a plan with vLLM on a GPU), else transformers'
+    for path, points in (("transformers", terms.decode), ("vllm", terms.vllm_decode)):
+        for batch, seconds in points:
+            table = None
+            if gpu is not None:
+                one = dataclasses.replace(at, completions=batch, num_generations=batch, per_device=batch)
+                if path == "vllm":
+                    table = generation_time(model, gpu, Parallelism(), batch, one)[0] / completion_len
+                else:
+                    table = transformers_generation_time(model, gpu, 1, one) / completion_len
+            row = Comparison(f"decode step at batch {batch} ({path})", table, seconds, "s")
+            rows.append(row)
+            if batch == max(1, per_device) and row.ratio:
+                gen_ratio = row.ratio
+    for ckpt, rate in ((False, terms.train_tokens_per_s), (True, terms.train_tokens_per_s_ckpt)):
+        if not rate:
+            continue
+        work = dataclasses.replace(at, gradient_checkpointing=ckpt)
+        tokens = padded_tokens(work)
+        table = None
+        if gpu is not None:
+            table = tokens / training_time(model, gpu, 1, DistBackend.DDP, Offload.NONE, work)[0]
+        # a rate: the time ratio is the table's rate over the measured one
+        row = Comparison("training tokens/s" + (" (activation checkpointing)" if ckpt else ""), table, rate, "tok/s")
+        rows.append(row)
+        if not ckpt and table:
+            train_ratio = table / rate
+    if terms.forward_tokens_per_s:
+        work = dataclasses.replace(at, old_logprobs=True)
+        table = padded_tokens(work) / old_logprobs_time(model, gpu, 1, work) if gpu is not None else None
+        rows.append(Comparison("forward tokens/s (old log-probs)", table, terms.forward_tokens_per_s, "tok/s"))
+    for name, value in (("model load", terms.load_s), ("vLLM start-up", terms.engine_start_s),
+                        ("weight sync", terms.sync_s)):  # fmt: skip
+        if value is not None:
+            rows.append(Comparison(name, None, value, "s"))
+    for ckpt, peak in ((False, terms.peak_memory_bytes), (True, terms.peak_memory_bytes_ckpt)):
+        if peak:
+            name = "peak memory (one process, one micro-batch" + (", checkpointing)" if ckpt else ")")
+            rows.append(Comparison(name, None, peak / GIB, "GiB"))
+    return rows, max(FLOOR, gen_ratio), max(FLOOR, train_ratio)
 
 
 def comparison_to_dict(rows: list[Comparison]) -> list[dict[str, Any]]:

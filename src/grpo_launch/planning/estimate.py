@@ -11,6 +11,7 @@ import math
 
 from grpo_launch.enums import VllmMode
 from grpo_launch.machines.gpus import GIB, GpuSpec
+from grpo_launch.machines.measured import MeasuredTerms
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_layout import Layout
@@ -250,6 +251,9 @@ def estimate_plan(draft: Draft) -> Estimate | None:
     serve_gpu, gpu = role_specs(topology, vllm, train.hosts)
     mem = train_topology(topology, train.hosts).min_gpu_memory_bytes
     vllm_mem = serve_topology(topology, vllm, train.hosts).min_gpu_memory_bytes or mem
+    terms = draft.workload.scale.measured
+    if topology.is_cpu and terms is not None and terms.device == "cpu" and terms.decode and terms.train_tokens_per_s:
+        return _measured_cpu(draft, terms)
     if model is None or mem is None or topology.is_cpu:
         return None
     train_mem = training.memory
@@ -280,6 +284,18 @@ def estimate_plan(draft: Draft) -> Estimate | None:
         explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
     total, missing = _whole_run(draft, gpu, step, startup, serve_gpu)
     return memory(step=step, explain=tuple(explain), total=total, total_missing=missing, startup_s=startup)
+
+
+def _measured_cpu(draft: Draft, terms: MeasuredTerms) -> Estimate:
+    """On CPU the table has no speed: the step time is the one ``grpo-launch calibrate`` measured here, alone."""
+    from grpo_launch.planning.cost.measured_time import measured_step_time
+
+    work = draft.workload
+    step, lines = measured_step_time(terms, draft.train.num_processes, work, vllm=draft.vllm.mode != VllmMode.OFF)
+    explain = [*_workload_lines(work), *lines, _step_line(step)]
+    return Estimate(step=step, train_memory_gib=None, vllm_memory_gib=None, gpu_memory_gib=0.0,
+                    explain=tuple(explain), workload=work, startup_s=terms.load_s,
+                    total_missing="the whole run is not forecast on CPU")  # fmt: skip
 
 
 def _workload_lines(work: Workload) -> list[str]:

@@ -89,7 +89,7 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
         trainer_values=values,
         roles=roles.gpu_roles(ctx.topology, vllm, train_hosts),
         decisions=tuple(trace.decisions),
-        notices=tuple(trace.notices),
+        notices=(*trace.notices, *runtime.notices),
         warnings=(*trace.warnings, *runtime.warnings),
         estimate=estimate,
         split=split.label if split is not None else "no vLLM (CPU)",

@@ -51,6 +51,7 @@ class Runtime:
     dataset_rows: int | None = None
     dataset_rows_source: str = ""  # where the rows came from, or why they are unknown (when dataset_rows is None)
     warnings: tuple[str, ...] = ()
+    notices: tuple[str, ...] = ()  # what the plan should say of where its terms came from (a stored calibration)
 
 
 @frozen

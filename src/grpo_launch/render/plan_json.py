@@ -145,7 +145,9 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
         "vllm_memory_per_gpu_gib": None,
         "explain": list(est.explain),
         "total": asdict(est.total) if est.total else None,
-        "calibration": asdict(est.workload.scale) if est.workload and est.workload.scale.source else None,
+        "calibration": asdict(est.workload.scale)
+        if est.workload and (est.workload.scale.source or est.workload.scale.measured_source)
+        else None,
     }
     if est.train_memory is not None:
         m = est.train_memory

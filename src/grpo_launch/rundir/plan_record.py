@@ -92,11 +92,19 @@ class RecordedCalibration:
     memory: float
     mean_completion_len: float | None
     source: str
+    # the part of generation and training that a stored ``grpo-launch calibrate`` file gave (its measured terms
+    # over the table's): a run's own scales are the rest (absent in plan.json before calibrate existed)
+    measured_generation: float = 1.0
+    measured_training: float = 1.0
 
     @classmethod
     def read(cls, f: Fields) -> RecordedCalibration:
+        def ratio(key: str) -> float:
+            value = f.real_or_none(key) if key in f.data else None
+            return value if value and value > 0 else 1.0
+
         return cls(f.real("generation"), f.real("training"), f.real("memory"), f.real_or_none("mean_completion_len"),
-                   f.text("source"))  # fmt: skip
+                   f.text("source"), ratio("measured_generation"), ratio("measured_training"))  # fmt: skip
 
 
 @frozen

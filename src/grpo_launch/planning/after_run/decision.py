@@ -27,7 +27,7 @@ from typing import Any
 from grpo_launch.enums import AdaptAction
 from grpo_launch.errors import GrpoLaunchError
 from grpo_launch.planning.adapt_terms import MIN_GAIN
-from grpo_launch.planning.calibration import calibration_from
+from grpo_launch.planning.calibration import calibration_from, with_file_part
 from grpo_launch.planning.plan import make_plan
 from grpo_launch.planning.types import Plan
 from grpo_launch.rundir.measured import Measured
@@ -109,6 +109,8 @@ def decide(plan: Plan, measured: Measured, *, tried: Sequence[str], resplits: in
     if resplits >= limit:
         return _keep(f"no re-split left (launch.adapt_max_resplits={limit})", **keep)
     calibration, _ = calibration_from(measured)
+    used = plan.estimate.workload.scale if plan.estimate is not None and plan.estimate.workload is not None else None
+    calibration = with_file_part(calibration, used)  # the calibrate file first, the run's scales on top
     pinned = dataclasses.replace(plan.recipe.launch, prompts_per_step=prompts)
     recipe = dataclasses.replace(plan.recipe, launch=pinned)
     try:

@@ -6,19 +6,29 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from grpo_launch.machines.measured import MeasuredTerms
 from grpo_launch.spec import frozen
+
+__all__ = ["Calibration", "MeasuredTerms", "Workload"]
 
 
 @frozen
 class Calibration:
     """Measured over predicted, from a previous run (``grpo-launch plan --calibrate-from RUN_DIR``): generation
-    and training time, peak training memory, and the mean completion length measured."""
+    and training time, peak training memory, and the mean completion length measured; and the time terms
+    ``grpo-launch calibrate`` measured on this machine (``measured``), which the scales multiply."""
 
     generation: float = 1.0
     training: float = 1.0
     memory: float = 1.0
     mean_completion_len: float | None = None
     source: str = ""
+    measured: MeasuredTerms | None = None
+    measured_source: str = ""  # the calibration file the measured terms came from
+    # On GPUs, the measured terms over the table's at the point calibrate measured (generation, training): already
+    # multiplied into ``generation`` and ``training``; kept apart so a run's own scales can be told from them.
+    measured_generation: float = 1.0
+    measured_training: float = 1.0
 
 
 @frozen

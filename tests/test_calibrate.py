@@ -1,0 +1,321 @@
+"""`grpo-launch calibrate` measures this machine, stores one JSON per device, model shape, dtype and library
+versions, and `plan` uses the matching one by itself (a CPU plan then predicts a step time, which it cannot
+without one) and says why it ignored any other.
+
+The slow tests are the real thing end to end on CPU: the real `calibrate` of the tiny recipe (transformers on the
+CPU, gloo; vLLM is off in that recipe, so its vLLM phase is reported as not measured), and a real 10-step CPU run
+compared with the calibrated plan's prediction. One calibration serves them all (a session fixture)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_launch.machines.measured import MeasuredTerms
+from grpo_launch.planning.cost.measured_time import measured_step_time
+from grpo_launch.planning.cost.workload import Workload
+from grpo_launch.probe.calibration import (
+    CalibrationKey,
+    CalibrationRecord,
+    calibration_dir,
+    find_calibration,
+    read_calibration,
+    save_calibration,
+)
+from grpo_launch.rundir.layout import CALIBRATIONS_ENV
+
+from .helpers import ROOT, TINY_RECIPE, VLLM_PY, ensure_tiny_assets, require_vllm
+
+TERMS = MeasuredTerms(
+    device="cpu",
+    decode=((1, 0.002), (4, 0.003), (8, 0.005)),
+    prefill_s=0.01,
+    train_tokens_per_s=10_000.0,
+    train_tokens_per_s_ckpt=7_000.0,
+    forward_tokens_per_s=30_000.0,
+    load_s=2.0,
+    threads=1,
+    overhead_generation_s=0.05,
+    overhead_training_s=0.02,
+    overhead_steps=3,
+)
+
+
+def _env(folder: Path) -> dict[str, str]:
+    return {**os.environ, CALIBRATIONS_ENV: str(folder), "HF_HUB_OFFLINE": "1"}
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "grpo_launch", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=timeout)  # fmt: skip
+
+
+def _this_key() -> CalibrationKey:
+    """The key `plan recipes/tiny-cpu.yaml` looks its calibration up by on this machine."""
+    from grpo_launch.machines.topology import Host, Topology
+    from grpo_launch.probe.calibration import calibration_key
+    from grpo_launch.probe.model import resolve_model_shape
+    from grpo_launch.probe.pythons import vllm_version_here
+    from grpo_launch.recipe import load_recipe
+
+    ensure_tiny_assets()
+    recipe = load_recipe(TINY_RECIPE, [])
+    model, _ = resolve_model_shape(str(ROOT / ".cache" / "tiny" / "model"))
+    assert model is not None
+    return calibration_key(Topology(hosts=(Host(name="localhost"),), source="spec"), model, recipe, vllm_version_here())
+
+
+# --- fast: the record, the store, the arithmetic ---------------------------------------------------------------
+
+
+def test_decode_seconds_between_and_beyond_the_measured_batches():
+    assert TERMS.decode_step_s(1) == 0.002
+    assert TERMS.decode_step_s(6) == pytest.approx(0.004)  # halfway between batch 4 and 8
+    assert TERMS.decode_step_s(16) == pytest.approx(0.010)  # beyond the largest: per sequence as at 8
+
+
+def test_measured_step_time_is_the_measured_rates_arithmetic():
+    work = Workload(prompt_len=64, completion_len=16, completions=8, num_generations=4, per_device=4,
+                    gradient_checkpointing=False)  # fmt: skip
+    step, lines = measured_step_time(TERMS, 2, work, vllm=False)
+    # one batch of 4 per process: 16 decode steps × 3 ms + 10 ms prefill + 50 ms TRL's own
+    assert step.generation_s == pytest.approx(16 * 0.003 + 0.01 + 0.05)
+    # 8 × 80 tokens over 2 processes at 10k tokens/s, + 20 ms TRL's own
+    assert step.training_s == pytest.approx(320 / 10_000 + 0.02)
+    ckpt, _ = measured_step_time(TERMS, 2, dataclasses.replace(work, gradient_checkpointing=True), vllm=False)
+    assert ckpt.training_s == pytest.approx(320 / 7_000 + 0.02)
+    assert any("TRL's own" in line for line in lines)
+
+
+def test_a_record_round_trips_through_its_file(tmp_path):
+    key = CalibrationKey("cpu", "abc", "float32", (("torch", "2.9"), ("trl", "1.16")))
+    record = CalibrationRecord(key, TERMS, ("weight sync: not measured",), (("processes", 2.0),), "r.yaml")
+    paths = save_calibration(record, {CALIBRATIONS_ENV: str(tmp_path / "cache")}, str(tmp_path / "run"))
+    assert [p.parent.name for p in paths] == ["cache", "run"]
+    assert read_calibration(paths[0]) == record == read_calibration(paths[1])
+
+
+def test_the_cache_directory_follows_xdg_and_the_override():
+    assert calibration_dir({CALIBRATIONS_ENV: "/x"}) == Path("/x")
+    assert calibration_dir({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == Path("/c/grpo-launch/calibrations")
+    assert calibration_dir({"HOME": "/h"}) == Path("/h/.cache/grpo-launch/calibrations")
+
+
+def test_a_damaged_calibration_is_refused_with_the_fix(tmp_path):
+    bad = tmp_path / "cpu-x-float32-0.json"
+    bad.write_text(json.dumps({"format": 1, "key": {"device": "cpu"}}))
+    from grpo_launch.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not a calibration") as exc:
+        read_calibration(bad)
+    assert "grpo-launch calibrate" in (exc.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda k: dataclasses.replace(k, device="NVIDIA H100 80GB HBM3"), "measured on NVIDIA H100 80GB HBM3"),
+        (
+            lambda k: dataclasses.replace(
+                k, versions=tuple((lib, "0.0.1" if lib == "trl" else v) for lib, v in k.versions)
+            ),
+            "trl 0.0.1 when measured",
+        ),
+    ],
+    ids=["other-gpu-model", "other-library-version"],
+)
+def test_a_mismatched_calibration_is_ignored_and_the_plan_says_why(tmp_path, change, said):
+    """Failed before: plan read no calibration at all (no `calibration not used` notice could appear)."""
+    key = change(_this_key())
+    save_calibration(CalibrationRecord(key, TERMS), {CALIBRATIONS_ENV: str(tmp_path)})
+    assert find_calibration(_this_key(), {CALIBRATIONS_ENV: str(tmp_path)}).record is None
+    out = _cli("plan", TINY_RECIPE, "--no-write", "--json", env=_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    notices = " ".join(data.get("notices", []))
+    assert "calibration not used" in notices and said in notices
+    assert data.get("estimate") is None  # nothing measured is used: a CPU plan still predicts no time
+
+
+def test_a_matching_calibration_gives_a_cpu_plan_its_step_time(tmp_path):
+    """Failed before: a CPU plan had no estimate at all (Topology.planning_gpu_spec is None on CPU)."""
+    save_calibration(CalibrationRecord(_this_key(), TERMS), {CALIBRATIONS_ENV: str(tmp_path)})
+    out = _cli("plan", TINY_RECIPE, "--no-write", "--json", env=_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert any(n.startswith("calibration: ") and "measured: decode" in n for n in data["notices"])
+    assert data["estimate"]["time_s"]["step"] > 0
+    assert data["estimate"]["calibration"]["measured"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--minutes", "0"], "--minutes 0"),
+        (["--gpus", "1xH100-80GB"], "--gpus describes other machines"),
+        (["--vllm-python", "/nowhere/python"], "--vllm-python /nowhere/python: no such program"),
+        (["model_name_or_path=CONFIG_ONLY"], "has a config but no weights"),
+    ],
+)
+def test_calibrate_refuses_bad_input_in_one_line(tmp_path, args, said):
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((ensure_tiny_assets() / "model" / "config.json").read_text())
+    args = [a.replace("CONFIG_ONLY", str(config_only)) for a in args]
+    out = _cli("calibrate", TINY_RECIPE, *args, env=_env(tmp_path), timeout=120)
+    assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+
+# --- slow: the real calibrate and a real run -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def calibrated(tmp_path_factory) -> tuple[Path, float]:
+    """One real `calibrate` of the tiny recipe on this CPU: the calibration folder, and its wall time."""
+    ensure_tiny_assets()
+    folder = tmp_path_factory.mktemp("calibrations")
+    t0 = time.monotonic()
+    # vLLM's CPU build measured in the same calibration where it is installed (one calibrate for every test)
+    vllm = ["--vllm-python", str(VLLM_PY)] if VLLM_PY.exists() else []
+    out = _cli("calibrate", TINY_RECIPE, "--minutes", "4", *vllm, env=_env(folder))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return folder, time.monotonic() - t0
+
+
+@pytest.mark.slow
+def test_calibrate_writes_a_calibration_and_plan_picks_it_up(calibrated):
+    folder, seconds = calibrated
+    files = list(folder.glob("cpu-*.json"))
+    assert len(files) == 1
+    record = read_calibration(files[0])
+    assert record.key == _this_key()
+    t = record.terms
+    assert t.decode and t.train_tokens_per_s > 0 and t.train_tokens_per_s_ckpt > 0 and t.load_s
+    assert t.overhead_steps >= 1  # TRL's own per-step time, from the short real run
+    assert any("weight sync" in n for n in record.not_measured)
+    assert seconds < 300, f"calibrate took {seconds:.0f} s on the tiny CPU model"
+    out = _cli("plan", TINY_RECIPE, "--no-write", "--explain", env=_env(folder))
+    assert out.returncode == 0, out.stderr
+    assert f"calibration: {files[0]}" in out.stdout.replace("\n", " ") or "calibration:" in out.stdout
+    assert "measured on cpu" in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_calibrate_measures_vllms_cpu_build_beside_transformers(calibrated):
+    """vLLM's CPU build (.venv-vllm): its engine start-up and decode against batch size, stored beside
+    transformers' decode (the tiny recipe runs without vLLM: its plan keeps using transformers')."""
+    require_vllm()
+    folder, _ = calibrated
+    t = read_calibration(next(folder.glob("cpu-*.json"))).terms
+    assert [b for b, _ in t.vllm_decode] == [1, 4, 8] and all(s > 0 for _, s in t.vllm_decode)
+    assert t.engine_start_s and t.engine_start_s > 1
+    assert [b for b, _ in t.decode] == [1, 4, 8]
+
+
+@pytest.mark.slow
+def test_a_real_cpu_run_is_within_a_quarter_of_the_calibrated_prediction(calibrated, tmp_path):
+    folder, _ = calibrated
+    run = tmp_path / "run"
+    out = _cli(TINY_RECIPE, "max_steps=10", "save_strategy=no", "--run-dir", str(run), env=_env(folder))
+    assert out.returncode == 0, out.stderr[-3000:]
+    predicted = json.loads((run / "plan.json").read_text())["estimate"]["time_s"]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    measured = [s["step_s"] for s in steps if "step_s" in s][1:]  # the first step warms up
+    mean = sum(measured) / len(measured)
+    kernels_only = predicted["step"] - _overheads(folder)
+    ratio = mean / predicted["step"]
+    print(
+        f"\nmeasured {mean:.3f} s/step; calibrated plan {predicted['step']:.3f} s (x {ratio:.2f}); uncalibrated: "
+        f"no prediction on CPU; the kernels alone {kernels_only:.3f} s (x {mean / kernels_only:.2f})"
+    )
+    assert 0.75 <= ratio <= 1.25, f"measured {mean:.3f} s against {predicted['step']:.3f} s predicted"
+    assert abs(mean / kernels_only - 1) > abs(ratio - 1)
+
+
+def _overheads(folder: Path) -> float:
+    t = read_calibration(next(folder.glob("cpu-*.json"))).terms
+    return t.overhead_generation_s + t.overhead_training_s
+
+
+GPU_RECIPE = {"model_name_or_path": "Qwen/Qwen2.5-0.5B-Instruct", "num_generations": 8,
+              "per_device_train_batch_size": 8, "max_prompt_length": 256, "max_completion_length": 512,
+              "max_steps": 100}  # fmt: skip
+AT = (("per_device_train_batch_size", 8.0), ("prompt_len", 256.0), ("completion_len", 512.0))
+
+
+def _gpu_calibration(folder: Path, recipe: Path, *, decode: float, train: float) -> None:
+    """A calibration for one H100 whose decode is ``decode`` × and whose training ``train`` × the table's time
+    (no GPU here: the record is written as `calibrate` would write it on one)."""
+    from grpo_launch.machines.topology import parse_gpu_spec
+    from grpo_launch.planning.calibration import measured_against_table
+    from grpo_launch.probe.calibration import calibration_key
+    from grpo_launch.probe.model import resolve_model_shape
+    from grpo_launch.probe.pythons import vllm_version_here
+    from grpo_launch.recipe import load_recipe
+
+    topo = parse_gpu_spec("1xH100-80GB")
+    model, _ = resolve_model_shape(GPU_RECIPE["model_name_or_path"])
+    assert model is not None
+    probe = MeasuredTerms(device=topo.planning_gpu_name, decode=(), vllm_decode=((8, 1.0),),
+                          train_tokens_per_s=1.0)  # fmt: skip
+    rows, _, _ = measured_against_table(model, topo.planning_gpu_spec, probe, 8, 256, 512)
+    table_decode, table_rate = rows[0].predicted, rows[1].predicted
+    assert table_decode and table_rate
+    terms = dataclasses.replace(probe, vllm_decode=((8, table_decode * decode),), train_tokens_per_s=table_rate / train)
+    key = calibration_key(topo, model, load_recipe(str(recipe), []), vllm_version_here())
+    save_calibration(CalibrationRecord(key, terms, (), AT), {CALIBRATIONS_ENV: str(folder)})
+
+
+def test_on_a_gpu_the_measured_terms_scale_the_table_and_explain_shows_each(tmp_path):
+    """Failed before: plan read no calibration file; the step was the table's whatever the GPU measured."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(json.dumps(GPU_RECIPE))
+    base = ["plan", str(recipe), "--gpus", "1xH100-80GB", "--no-write"]
+    plain = json.loads(_cli(*base, "--json", env=_env(tmp_path / "none")).stdout)["estimate"]["time_s"]
+    _gpu_calibration(tmp_path / "cal", recipe, decode=1.5, train=2.0)
+    out = _cli(*base, "--json", env=_env(tmp_path / "cal"))
+    data = json.loads(out.stdout)
+    timed = data["estimate"]["time_s"]
+    assert timed["training"] == pytest.approx(2.0 * plain["training"], rel=1e-6)
+    assert timed["generation"] == pytest.approx(1.5 * plain["generation"], rel=1e-6)
+    assert any("× 1.50" in n and "× 2.00" in n for n in data["notices"])
+    terms = {t["term"]: t for t in data["measured_by_calibrate"]["terms"]}
+    assert terms["decode step at batch 8 (vllm)"]["ratio"] == pytest.approx(1.5)
+    explain = _cli(*base, "--explain", env=_env(tmp_path / "cal")).stdout
+    assert "Measured by grpo-launch calibrate" in explain and "measured/table" in explain
+
+
+def test_a_runs_scales_compose_on_top_of_the_calibration_file_without_counting_it_twice():
+    """The adapt loop and --calibrate-from read a plan's recorded calibration as the run's part alone: the file's
+    part (measured ÷ table) comes from the file again at the next plan."""
+    from grpo_launch.planning.calibration import prior_calibration
+    from grpo_launch.rundir.plan_record import RecordedCalibration
+
+    class Plan:  # the one field prior_calibration reads of a PlanRecord
+        calibration = RecordedCalibration(3.0, 4.0, 1.0, None, "run", measured_generation=1.5, measured_training=2.0)
+
+    prior = prior_calibration(Plan())  # type: ignore[arg-type]
+    assert (prior.generation, prior.training) == (2.0, 2.0)
+
+
+def test_the_adapt_loops_replan_keeps_the_calibration_file_under_the_runs_scales():
+    """Failed before (no file part existed): launch.adapt re-plans through make_plan, which reads no file; the
+    running plan's file part (measured terms, measured ÷ table) is put back under the run's own scales."""
+    from grpo_launch.planning.calibration import with_file_part
+    from grpo_launch.planning.cost.workload import Calibration
+
+    used = Calibration(3.0, 4.0, measured=TERMS, measured_source="f.json", measured_generation=1.5,
+                       measured_training=2.0)  # fmt: skip
+    run = Calibration(2.0, 1.0, source="run")
+    both = with_file_part(run, used)
+    assert (both.generation, both.training, both.measured, both.source) == (3.0, 2.0, TERMS, "run")
+    assert with_file_part(run, Calibration()) == run == with_file_part(run, None)
