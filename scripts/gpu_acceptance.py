@@ -56,8 +56,8 @@ def stack_problems(versions: Mapping[str, str | None], cuda_devices: int) -> lis
     return problems
 
 
-def check() -> int:
-    """Exit 0 when the stack is installed and a GPU is visible, else 3 with what is missing (no traceback)."""
+def installed_versions() -> dict[str, str | None]:
+    """The installed version of each package the run needs (None: missing)."""
     from importlib import metadata
 
     versions: dict[str, str | None] = {}
@@ -66,6 +66,12 @@ def check() -> int:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
+    return versions
+
+
+def check() -> int:
+    """Exit 0 when the stack is installed and a GPU is visible, else 3 with what is missing (no traceback)."""
+    versions = installed_versions()
     devices = 0
     if versions.get("torch"):
         import torch
@@ -248,14 +254,7 @@ def _run_values(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | 
 
 
 def report(out: Path, path: Path) -> int:
-    from importlib import metadata
-
-    versions: dict[str, str | None] = {}
-    for name in NEEDS:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
+    versions = installed_versions()
     device = "unknown"
     try:
         import torch
