@@ -9,17 +9,14 @@ Skipped without root, Ray, iproute2 or sshd, unless GRPO_LAUNCH_REQUIRE_RAY=1 (C
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from .helpers import ROOT, ray_cluster
-from .test_ray_placement import PLACED
+from .test_ray_placement import PLACED, run_placed
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 MODELS = {"h1": ("NVIDIA H20", 102641664000), "h2": ("NVIDIA H100 80GB HBM3", 85520809984)}
@@ -38,9 +35,6 @@ def test_the_h20_node_serves_the_h100_node_trains_and_each_process_runs_on_its_r
     from grpo_launch.planning.types import Runtime
     from grpo_launch.probe.local import probe_local
     from grpo_launch.recipe import load_recipe
-    from grpo_launch.render.processes import all_processes
-    from grpo_launch.rundir.layout import RUN_ID_ENV
-    from grpo_launch.spec import RunContext
 
     t0 = time.monotonic()
     backend = RayBackend(cluster)
@@ -56,29 +50,7 @@ def test_the_h20_node_serves_the_h100_node_trains_and_each_process_runs_on_its_r
     assert plan.vllm.host == "h1" and [(h.name, h.machine_rank) for h in plan.train.hosts] == [("h2", 0)], said
     assert "H20 serves vLLM" in {d.what: d.why for d in plan.decisions}["gpu_types"]
     assert plan.vllm.address == "10.77.0.11"  # the trainers reach the server at the H20 node's address
-    lines: list[str] = []
-    ctx = RunContext(sys.executable, str(ROOT), dict(os.environ), lines.append)
-    show = "echo CVD=$CUDA_VISIBLE_DEVICES on $(hostname); sleep 2"
-    env = {RUN_ID_ENV: "mixedtest"}
-    specs = [dataclasses.replace(s, argv=("sh", "-c", show), env=env) for s in all_processes(plan)]
-    placed = [backend.place(s, plan, ctx) for s in specs]
-    outputs: dict[str, str] = {}
-
-    def run(spec) -> None:
-        outputs[spec.name] = subprocess.run(list(spec.argv), capture_output=True, text=True, timeout=120,
-                                            env={**os.environ, RUN_ID_ENV: "mixedtest"}, cwd=ROOT).stdout  # fmt: skip
-
-    try:
-        with backend.attempt(placed, plan, ctx):
-            threads = [threading.Thread(target=run, args=(s,)) for s in placed]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-    finally:
-        import ray
-
-        ray.shutdown()
+    specs, outputs = run_placed(backend, plan, "mixedtest")
     where = {}
     for spec in specs:
         out = outputs[spec.name]

@@ -68,37 +68,13 @@ def test_each_process_gets_exactly_the_gpus_ray_assigns_in_its_hosts_placement_g
     from grpo_launch.planning.types import Runtime
     from grpo_launch.probe.local import probe_local
     from grpo_launch.recipe import load_recipe
-    from grpo_launch.render.processes import all_processes
-    from grpo_launch.rundir.layout import RUN_ID_ENV
-    from grpo_launch.spec import RunContext
 
     backend = RayBackend(cluster)
     topology = backend.probe(os.environ, probe_local(os.environ))
     recipe = load_recipe(ROOT / "recipes" / "qwen1.5b.yaml", [])
     shape = find_model_shape(str(recipe.get("model_name_or_path")))
     plan = make_plan(topology, recipe, shape, runtime=Runtime(run_dir=str(tmp_path / "run"), python=sys.executable))
-    lines: list[str] = []
-    ctx = RunContext(sys.executable, str(ROOT), dict(os.environ), lines.append)
-    show = "echo CVD=$CUDA_VISIBLE_DEVICES on $(hostname); sleep 2"
-    specs = [dataclasses.replace(s, argv=("sh", "-c", show), env={RUN_ID_ENV: "gputest"}) for s in all_processes(plan)]
-    placed = [backend.place(s, plan, ctx) for s in specs]
-    outputs: dict[str, str] = {}
-
-    def run(spec) -> None:
-        outputs[spec.name] = subprocess.run(list(spec.argv), capture_output=True, text=True, timeout=120,
-                                            env={**os.environ, RUN_ID_ENV: "gputest"}, cwd=ROOT).stdout  # fmt: skip
-
-    try:
-        with backend.attempt(placed, plan, ctx):
-            threads = [threading.Thread(target=run, args=(s,)) for s in placed]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-    finally:
-        import ray
-
-        ray.shutdown()
+    specs, outputs = run_placed(backend, plan, "gputest")
     given: dict[str, list[str]] = {}
     for spec in specs:
         out = outputs[spec.name]
@@ -119,3 +95,37 @@ def test_a_recipe_asking_for_more_gpus_than_the_cluster_has_starts_nothing(clust
     assert not (run / "logs").exists()
     left = subprocess.run(["pgrep", "-af", "grpo_launch.backends.ray.runner"], capture_output=True, text=True).stdout
     assert str(run) not in left
+
+
+def run_placed(backend, plan, run_id: str) -> tuple[list, dict[str, str]]:
+    """Every process of ``plan`` placed by the Ray ``backend`` and run as a shell that prints its
+    CUDA_VISIBLE_DEVICES and host: the specs, and each one's output by name."""
+    import os
+
+    from grpo_launch.render.processes import all_processes
+    from grpo_launch.rundir.layout import RUN_ID_ENV
+    from grpo_launch.spec import RunContext
+
+    lines: list[str] = []
+    ctx = RunContext(sys.executable, str(ROOT), dict(os.environ), lines.append)
+    show = "echo CVD=$CUDA_VISIBLE_DEVICES on $(hostname); sleep 2"
+    specs = [dataclasses.replace(s, argv=("sh", "-c", show), env={RUN_ID_ENV: run_id}) for s in all_processes(plan)]
+    placed = [backend.place(s, plan, ctx) for s in specs]
+    outputs: dict[str, str] = {}
+
+    def run(spec) -> None:
+        outputs[spec.name] = subprocess.run(list(spec.argv), capture_output=True, text=True, timeout=120,
+                                            env={**os.environ, RUN_ID_ENV: run_id}, cwd=ROOT).stdout  # fmt: skip
+
+    try:
+        with backend.attempt(placed, plan, ctx):
+            threads = [threading.Thread(target=run, args=(s,)) for s in placed]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        import ray
+
+        ray.shutdown()
+    return specs, outputs
