@@ -311,23 +311,30 @@ NODE_GPU = {"n1": ("NVIDIA H100 80GB HBM3", 85520809984), "n2": ("NVIDIA A100-SX
 FAKE_PYNVML = f"NODE_GPU = {NODE_GPU!r}\n" + pynvml_stand_in('return NODE_GPU[os.environ["SLURMD_NODENAME"]]', "4")
 
 
-def test_every_node_of_the_allocation_is_probed_in_its_own_step(cluster, tmp_path):
-    """`plan --slurm` inside a 2-node job: each node reports its own GPU model (n1 H100, n2 A100-40GB, from a pynvml
-    stand-in keyed by the node the srun step runs on), the plan is sized for the smaller GPU with a warning naming
-    both, and host RAM is the job's --mem (below the nodes' RealMemory=2000 and their /proc/meminfo)."""
+def plan_in_two_node_job(cluster, tmp_path: Path, stand_in: str, *overrides: str) -> dict:
+    """`plan --slurm recipes/qwen1.5b.yaml OVERRIDES --json` run by sbatch in a 2-node job (4 GPUs a node, --mem
+    1500), each node's NVML answered by ``stand_in`` (pynvml's source): the plan.json it printed."""
+    import json
+
     fake = tmp_path / "fake_nvml"
     fake.mkdir()
-    (fake / "pynvml.py").write_text(FAKE_PYNVML)
+    (fake / "pynvml.py").write_text(stand_in)
     out = tmp_path / "job.out"
-    cmd = f"{sys.executable} -m grpo_launch plan --slurm {ROOT}/recipes/qwen1.5b.yaml --json --no-write"
+    cmd = " ".join([sys.executable, "-m", "grpo_launch", "plan", "--slurm", f"{ROOT}/recipes/qwen1.5b.yaml",
+                    *overrides, "--json", "--no-write"])  # fmt: skip
     env = {**cluster, "PYTHONPATH": f"{fake}:{cluster.get('PYTHONPATH', '')}"}
     job = sh(env, "sbatch", "--parsable", "-N2", "--exclusive", "--gpus-per-node=4", "--mem=1500",
              f"--output={out}", f"--chdir={ROOT}", "--wrap", cmd).strip()  # fmt: skip
     assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 120) == "COMPLETED", out.read_text()
-    import json
-
     text = out.read_text()
-    plan = json.loads(text[text.index("{") :])
+    return json.loads(text[text.index("{") :])
+
+
+def test_every_node_of_the_allocation_is_probed_in_its_own_step(cluster, tmp_path):
+    """`plan --slurm` inside a 2-node job: each node reports its own GPU model (n1 H100, n2 A100-40GB, from a pynvml
+    stand-in keyed by the node the srun step runs on), the plan is sized for the smaller GPU with a warning naming
+    both, and host RAM is the job's --mem (below the nodes' RealMemory=2000 and their /proc/meminfo)."""
+    plan = plan_in_two_node_job(cluster, tmp_path, FAKE_PYNVML)
     hosts = plan["topology"]["hosts"]
     assert [(h["name"], {g["name"] for g in h["gpus"]}, len(h["gpus"])) for h in hosts] == [
         ("n1", {"NVIDIA H100 80GB HBM3"}, 4),
@@ -526,22 +533,8 @@ def test_a_mixed_allocation_serves_on_its_bandwidth_node_and_trains_on_its_flops
     """`plan --slurm` inside a 2-node job whose nodes report different GPU models: the server goes to n1 (the H20),
     the trainers to n2 (the H100, machine rank 0), the sbatch steps are rendered for those nodes, and the plan says
     why."""
-    import json
-
-    fake = tmp_path / "fake_nvml"
-    fake.mkdir()
-    (fake / "pynvml.py").write_text(
-        f"NODE_GPU = {MIXED_GPU!r}\n" + pynvml_stand_in('return NODE_GPU[os.environ["SLURMD_NODENAME"]]', "4")
-    )
-    out = tmp_path / "job.out"
-    cmd = (f"{sys.executable} -m grpo_launch plan --slurm {ROOT}/recipes/qwen1.5b.yaml launch.vllm=server --json "
-           "--no-write")  # fmt: skip
-    env = {**cluster, "PYTHONPATH": f"{fake}:{cluster.get('PYTHONPATH', '')}"}
-    job = sh(env, "sbatch", "--parsable", "-N2", "--exclusive", "--gpus-per-node=4", "--mem=1500",
-             f"--output={out}", f"--chdir={ROOT}", "--wrap", cmd).strip()  # fmt: skip
-    assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 120) == "COMPLETED", out.read_text()
-    text = out.read_text()
-    plan = json.loads(text[text.index("{") :])
+    stand_in = f"NODE_GPU = {MIXED_GPU!r}\n" + pynvml_stand_in('return NODE_GPU[os.environ["SLURMD_NODENAME"]]', "4")
+    plan = plan_in_two_node_job(cluster, tmp_path, stand_in, "launch.vllm=server")
     assert [(h["name"], {g["name"] for g in h["gpus"]}) for h in plan["topology"]["hosts"]] == [
         ("n1", {"NVIDIA H20"}),
         ("n2", {"NVIDIA H100 80GB HBM3"}),
