@@ -132,6 +132,22 @@ def test_plan_path_imports_no_heavy_module():
     assert "HEAVY []" in proc.stderr
 
 
+def test_plan_without_a_stored_calibration_reads_no_library_versions(tmp_path):
+    """With no calibration stored, `plan` does not build a calibration key: reading the installed libraries' versions
+    (importlib.metadata, with email and zipfile) and hashing the model's shape cost about a fifth of its start-up
+    (scripts/bench_plan.py: 4.0× `import yaml` with them, 3.0× without)."""
+    code = (
+        "import sys; from grpo_launch.cli import main; "
+        f"rc = main(['plan', {QWEN!r}, '--gpus', '8xH100-80GB', '--no-write', '--json']); "
+        "print('LOADED', [m for m in ('importlib.metadata', 'hashlib') if m in sys.modules], file=sys.stderr); "
+        "sys.exit(rc)"
+    )
+    env = {**os.environ, "GRPO_LAUNCH_CALIBRATIONS": str(tmp_path / "none-here"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED []" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_run_slurm_outside_an_allocation(capsys):
     assert main(["run", "--slurm", QWEN, "--dry-run"], environ={"CUDA_VISIBLE_DEVICES": ""}) == 2
     err = capsys.readouterr().err

@@ -277,8 +277,10 @@ def stored_calibration(
     """The calibration a plan uses: the stored ``grpo-launch calibrate`` file for this machine, model, dtype and
     library versions first (its measured terms), a run's scales (``--calibrate-from``, the adapt loop) on top. A
     stored one for another GPU model or library version is not used, and the plan's notices say why."""
-    from grpo_launch.probe.calibration import calibration_key, find_calibration
+    from grpo_launch.probe.calibration import any_stored, calibration_key, find_calibration
 
+    if not any_stored(ctx.environ):
+        return run, ()
     found = find_calibration(calibration_key(topo, model, recipe, runtime.vllm_version), ctx.environ)
     notes = [f"calibration not used: {why}" for why in found.ignored]
     if found.record is not None:

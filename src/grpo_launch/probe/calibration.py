@@ -10,7 +10,6 @@ library version); nothing is used silently."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -41,6 +40,8 @@ class CalibrationKey:
 
     @property
     def file_name(self) -> str:
+        import hashlib  # here, not at the top: a plan on a machine with no calibration never needs it
+
         digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
         device = "".join(c if c.isalnum() else "-" for c in self.device.lower())
         return f"{device}-{self.model_shape}-{self.dtype}-{digest}.json"
@@ -126,8 +127,16 @@ def calibration_dir(environ: Mapping[str, str]) -> Path:
     return Path(cache) / "grpo-launch" / "calibrations"
 
 
+def any_stored(environ: Mapping[str, str]) -> bool:
+    """Whether the calibration folder holds any calibration. Most machines have none, and a plan then skips building
+    its key: reading the library versions (importlib.metadata) costs about a fifth of ``plan``'s start-up."""
+    return any(calibration_dir(environ).glob("*.json"))
+
+
 def shape_id(model: ModelShape) -> str:
     """A short name for a model's shape (two checkpoints of one architecture share it: weights do not matter)."""
+    import hashlib
+
     fields = dataclasses.asdict(model)
     fields.pop("name", None)
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:10]
