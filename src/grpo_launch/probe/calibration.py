@@ -10,7 +10,6 @@ library version); nothing is used silently."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,7 +39,8 @@ class CalibrationKey:
 
     @property
     def file_name(self) -> str:
-        import hashlib  # here, not at the top: a plan on a machine with no calibration never needs it
+        import hashlib  # here and below, not at the top: a plan on a machine with no calibration needs neither
+        import json
 
         digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
         device = "".join(c if c.isalnum() else "-" for c in self.device.lower())
@@ -136,6 +136,7 @@ def any_stored(environ: Mapping[str, str]) -> bool:
 def shape_id(model: ModelShape) -> str:
     """A short name for a model's shape (two checkpoints of one architecture share it: weights do not matter)."""
     import hashlib
+    import json
 
     fields = dataclasses.asdict(model)
     fields.pop("name", None)
@@ -161,6 +162,8 @@ def library_versions(vllm: str | None) -> tuple[tuple[str, str], ...]:
 
 def save_calibration(record: CalibrationRecord, environ: Mapping[str, str], run_dir: str | None = None) -> list[Path]:
     """Write the record to the cache directory (and ``run_dir``/calibration.json); the paths written."""
+    import json
+
     text = json.dumps(record.to_dict(), indent=2) + "\n"
     paths = [calibration_dir(environ) / record.key.file_name]
     if run_dir:
@@ -174,6 +177,8 @@ def save_calibration(record: CalibrationRecord, environ: Mapping[str, str], run_
 
 
 def read_calibration(path: Path) -> CalibrationRecord:
+    import json
+
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
