@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import field
@@ -66,7 +67,7 @@ class Topology:
         given = (*self.given_specs, *((self.given_spec,) if self.given_spec else ()))
         return next((g for g in given if g.name == name), None)
 
-    @property
+    @functools.cached_property
     def gpu_types(self) -> tuple[str, ...]:
         """The GPU models of the hosts, in the order their first host comes (one for a uniform cluster)."""
         return tuple(dict.fromkeys(g.name for h in self.hosts for g in h.gpus))
@@ -117,7 +118,7 @@ class Topology:
             f"e.g. --gpus {per}x{name}{size}@150TF@0.9TBs"
         )
 
-    @property
+    @functools.cached_property
     def num_gpus(self) -> int:
         return sum(len(h.gpus) for h in self.hosts)
 
@@ -125,16 +126,16 @@ class Topology:
     def is_cpu(self) -> bool:
         return self.num_gpus == 0
 
-    @property
+    @functools.cached_property
     def gpus_per_host(self) -> tuple[int, ...]:
         return tuple(len(h.gpus) for h in self.hosts)
 
-    @property
+    @functools.cached_property
     def gpu_name(self) -> str:
         names = {g.name for h in self.hosts for g in h.gpus}
         return names.pop() if len(names) == 1 else ("mixed" if names else "cpu")
 
-    @property
+    @functools.cached_property
     def planning_gpu_name(self) -> str:
         """The GPU model step times are planned for: the only one, or of mixed models the slowest the table knows
         (every GPU steps together); "mixed" when one of them is not in the table."""
@@ -152,7 +153,7 @@ class Topology:
         mems = [h.memory_bytes for h in self.hosts]
         return None if not mems or None in mems else min(m for m in mems if m is not None)
 
-    @property
+    @functools.cached_property
     def min_gpu_memory_bytes(self) -> int | None:
         mems = [g.memory_bytes for h in self.hosts for g in h.gpus]
         return None if not mems or None in mems else min(m for m in mems if m is not None)
