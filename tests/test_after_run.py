@@ -11,6 +11,7 @@ from grpo_launch.planning.adapt_terms import warmup_steps
 from grpo_launch.planning.after_run.decision import Adaptation, split_key
 from grpo_launch.planning.after_run.oom import next_frugal_plan
 from grpo_launch.planning.after_run.resplit import Course, decision_due
+from grpo_launch.planning.cost.workload import Calibration
 
 from .helpers import ROOT, plan_recipe
 
@@ -70,3 +71,16 @@ def test_after_an_oom_each_next_plan_is_one_step_more_frugal_and_plans():
     assert said == ["gradient_checkpointing=true", zero3, f"{zero3} launch.offload=optimizer",
                     f"{zero3} launch.offload=optimizer+params"]  # fmt: skip
     assert plan.train.gradient_checkpointing is True and plan.train.offload == Offload.OPTIMIZER_PARAMS
+
+
+def test_an_oom_re_plan_prices_its_candidates_with_the_plan_s_calibration():
+    """A plan made with a calibration (a run's measured scales, on top of a stored calibrate file's) re-plans after
+    an out-of-memory failure with the same calibration: the new plan says it, and its step time is the calibrated
+    one, not the table's."""
+    slow = Calibration(generation=2.0, training=3.0, source="a run measured slower")
+    plan = plan_recipe(QWEN15B, "8xH100-80GB", "gradient_checkpointing=false", calibration=slow)
+    assert plan.calibration == slow
+    new, _ = next_frugal_plan(plan, vllm_side=False) or (None, "")
+    assert new is not None and new.calibration == slow
+    same_change = plan_recipe(QWEN15B, "8xH100-80GB", "gradient_checkpointing=true")
+    assert new.estimate.step.training_s > 2 * same_change.estimate.step.training_s

@@ -14,6 +14,7 @@ from grpo_launch.enums import FailureKind, RunState
 from grpo_launch.machines.topology import Gpu, Host, Topology
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import make_plan
+from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.recipe import build_recipe
 from grpo_launch.spec import Failure, RunResult
 
@@ -160,3 +161,15 @@ def test_a_stop_for_a_drain_is_a_restart_within_max_restarts(plan):
     assert step.note == f"restart 1/2 after {why}: resuming from checkpoint-7"
     assert next_action(plan, stopped, Spent(restarts=2), max_restarts=2, leaving=why).action == Action.STOP
     assert next_action(plan, stopped, Spent(), max_restarts=2).action == Action.STOP  # no drain: the run ends
+
+
+def test_a_replaced_node_re_plans_with_the_plan_s_calibration(plan):
+    """The plan made again on the replacement keeps the calibration the run was planned with (its step time stays
+    the calibrated one)."""
+    topo = Topology((host("h1", "10.0.0.1"), host("h2", "10.0.0.2")), "ray")
+    slow = Calibration(generation=2.0, training=3.0, source="a run measured slower")
+    calibrated = make_plan(topo, plan.recipe, plan.model, calibration=slow)
+    moved = moved_plan(calibrated, {"h2": host("h3", "10.0.0.3")})
+    assert moved is not None and moved.calibration == slow
+    assert moved.estimate.step.total_s == pytest.approx(calibrated.estimate.step.total_s)
+    assert moved.estimate.step.total_s > plan.estimate.step.total_s * 1.5

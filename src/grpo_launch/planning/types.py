@@ -13,7 +13,7 @@ from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.cost.memory import TrainMemory, VllmMemory
 from grpo_launch.planning.cost.steptime import StepTime
-from grpo_launch.planning.cost.workload import Workload
+from grpo_launch.planning.cost.workload import Calibration, Workload
 from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.recipe import Recipe
 from grpo_launch.rundir.layout import RunPaths
@@ -354,6 +354,14 @@ class Plan:
     runtime: Runtime = Runtime()  # what the plan was made with (a replan after an OOM reuses it)
     split: str = ""  # how the GPUs are split, as the search labels it (a candidate's label)
     asynchronous: AsyncSettings | None = None  # launch.mode async (or auto choosing it): AsyncGRPOTrainer
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The calibration the plan was made with (a stored ``grpo-launch calibrate`` file's measured terms, a run's
+        scales; None: the plan has no estimate), so a re-plan after a run (out of memory, a Ray node replaced, adapt)
+        prices its candidates as this plan did."""
+        work = self.estimate.workload if self.estimate is not None else None
+        return work.scale if work is not None else None
 
     @property
     def paths(self) -> RunPaths:

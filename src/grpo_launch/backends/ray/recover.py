@@ -74,7 +74,7 @@ def moved_plan(plan: Plan, chosen: Mapping[str, Host]) -> Plan | None:
     runtime = dataclasses.replace(plan.runtime, run_dir=plan.run_dir, python=plan.python,
                                   vllm_version=plan.vllm_version)  # fmt: skip
     try:
-        new_plan = make_plan(topology, plan.recipe, plan.model, runtime=runtime)
+        new_plan = make_plan(topology, plan.recipe, plan.model, runtime=runtime, calibration=plan.calibration)
     except PlanError:
         return None
     same = (new_plan.split, new_plan.vllm.mode, new_plan.train.num_processes, new_plan.train.num_machines) == (

@@ -109,8 +109,7 @@ def decide(plan: Plan, measured: Measured, *, tried: Sequence[str], resplits: in
     if resplits >= limit:
         return _keep(f"no re-split left (launch.adapt_max_resplits={limit})", **keep)
     calibration, _ = calibration_from(measured)
-    used = plan.estimate.workload.scale if plan.estimate is not None and plan.estimate.workload is not None else None
-    calibration = with_file_part(calibration, used)  # the calibrate file first, the run's scales on top
+    calibration = with_file_part(calibration, plan.calibration)  # the calibrate file first, the run's scales on top
     pinned = dataclasses.replace(plan.recipe.launch, prompts_per_step=prompts)
     recipe = dataclasses.replace(plan.recipe, launch=pinned)
     try:

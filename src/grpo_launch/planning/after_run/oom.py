@@ -69,7 +69,7 @@ def next_frugal_plan(plan: Plan, *, vllm_side: bool, cause: str = "") -> tuple[P
             runtime = dataclasses.replace(
                 plan.runtime, run_dir=plan.run_dir, python=plan.python, vllm_version=plan.vllm_version
             )
-            new = make_plan(plan.topology, recipe, plan.model, runtime=runtime)
+            new = make_plan(plan.topology, recipe, plan.model, runtime=runtime, calibration=plan.calibration)
         except PlanError:
             continue
         said = " ".join(f"{k}={override_value(v)}" for k, v in assignments)
