@@ -1,8 +1,11 @@
-"""``grpo-launch calibrate RECIPE``: measure this machine (the first GPU it sees, or the CPU) in minutes and store
+"""``grpo-launch calibrate [RECIPE]``: measure this machine (the first GPU it sees, or the CPU) in minutes and store
 what it measured where ``plan`` finds it (probe/calibration.py): model load, decode seconds per step against batch
 size at the recipe's completion length, a prompt pass, one optimizer step with and without activation
-checkpointing, a forward alone, the peak memory; vLLM's start-up and decode in vLLM's Python when the recipe uses
-vLLM. Each phase stops at its share of ``--minutes``; what is not measured is said, and stored as such."""
+checkpointing, a forward alone, the peak memory, one micro-batch's activation memory against the memory model's, the
+weight sync trainer → server (probe/bench_sync.py); vLLM's start-up and decode in vLLM's Python when the recipe uses
+vLLM. Each phase stops at its share of ``--minutes``; what is not measured is said, and stored as such. Without
+RECIPE: the shipped recipe of the README's main command on CPU, recipes/qwen1.5b.yaml's model with random weights
+on a GPU."""
 
 from __future__ import annotations
 
@@ -20,16 +23,20 @@ from grpo_launch.errors import ConfigError
 from grpo_launch.rundir.layout import CALIBRATIONS_ENV
 from grpo_launch.spec import RunContext
 
+DEFAULT_RECIPES = {"cpu": "recipes/tiny-cpu.yaml", "gpu": "recipes/qwen1.5b.yaml"}  # in the working directory
 DESCRIPTION = f"""\
 Measure this machine (the first GPU it sees, or the CPU) for the recipe's model, in minutes: model load; decode
 seconds per step at batch 1, the planned micro-batch and twice it, at the recipe's completion length; a prompt
 pass; one optimizer step at the planned micro-batch and sequence length, with and without activation
 checkpointing; a forward alone; the peak memory; vLLM's start-up and decode (in vLLM's Python) when the recipe uses
-vLLM; TRL's own time per step from a 4-step run of the recipe (not with --random-weights). Each phase stops at its
-share of --minutes. What is not measured (the weight sync; all GPUs of a multi-GPU machine) is said, and stored as
-such. The calibration is stored per device, model shape, dtype and library versions in
-$XDG_CACHE_HOME/grpo-launch/calibrations ({CALIBRATIONS_ENV} overrides), and plan uses a matching one by
-itself."""
+vLLM; one micro-batch's activation memory as GRPOTrainer runs it, beside the memory model's; the weight sync, the
+model's weights packed and sent from one process to another (NCCL between the first two GPUs, TRL's path within a
+node; gloo on CPU); TRL's own time per step from a 4-step run of the recipe (not with --random-weights). Each phase
+stops at its share of --minutes. What is not measured (all GPUs of a multi-GPU machine; the sync across nodes) is
+said, and stored as such. Without RECIPE: {DEFAULT_RECIPES["cpu"]} on CPU (the README's demo), and
+{DEFAULT_RECIPES["gpu"]}'s model with random weights on a GPU. The calibration is stored per device, model shape,
+dtype and library versions in $XDG_CACHE_HOME/grpo-launch/calibrations ({CALIBRATIONS_ENV} overrides), and plan uses
+a matching one by itself."""
 DEFAULT_MINUTES = 5.0
 MAX_MINUTES = 60.0
 
@@ -37,12 +44,12 @@ MAX_MINUTES = 60.0
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
     p = sub.add_parser(
         "calibrate",
-        help="measure this machine's GPU (or CPU) for the recipe's model in minutes; plan then uses it",
+        help="measure this machine's GPU (or CPU) for a recipe's model in minutes; plan then uses it",
         description=DESCRIPTION,
         epilog=epilog,
         formatter_class=formatter,
     )
-    add_recipe_args(p)
+    add_recipe_args(p, optional=f"{DEFAULT_RECIPES['cpu']} on CPU, {DEFAULT_RECIPES['gpu']} on a GPU")
     p.add_argument("--run-dir", help="also write RUN_DIR/calibration.json (the cache copy is always written)")
     p.add_argument("--gpus", metavar="SPEC",
                    help="refused: calibrate measures the GPUs this machine sees (plan --gpus SPEC then uses a "
@@ -71,16 +78,26 @@ def _check(args: argparse.Namespace) -> None:
                           "enough), without --gpus.")  # fmt: skip
 
 
-def _here(ctx: RunContext, recipe: Any) -> Any:
-    """This machine as probed (its GPUs, else its CPU), as ``run`` would plan for it."""
-    import dataclasses
-
-    from grpo_launch.probe.local import probe_local
-
-    local = probe_local(ctx.environ)
-    if recipe.values.get("use_cpu") is True and local.is_cpu:
-        local = dataclasses.replace(local, warnings=())
-    return local
+def _with_recipe(args: argparse.Namespace, ctx: RunContext, cpu: bool) -> argparse.Namespace:
+    """``args`` with RECIPE given: the shipped default for this device when none is (a first word with "=" that
+    names no file is an override). On a GPU the default's model is measured with random weights (its shapes: nothing
+    is downloaded, and the weights' values do not change the time)."""
+    overrides = list(args.overrides)
+    recipe = args.recipe
+    if recipe is not None and "=" in recipe and not (Path(ctx.workdir) / recipe).exists():
+        overrides.insert(0, recipe)
+        recipe = None
+    if recipe is not None:
+        return argparse.Namespace(**{**vars(args), "overrides": overrides})
+    name = DEFAULT_RECIPES["cpu" if cpu else "gpu"]
+    if not (Path(ctx.workdir) / name).is_file():
+        raise ConfigError(f"calibrate: no RECIPE given, and the default {name} is not in {ctx.workdir}",
+                          hint="Give the recipe whose model to measure: grpo-launch calibrate RECIPE, or run it from "
+                          "the grpo-launch checkout.")  # fmt: skip
+    random = args.random_weights or not cpu
+    said = " with random weights (its shapes; nothing is downloaded)" if random and not args.random_weights else ""
+    print(f"calibrate: no RECIPE: {name}'s model{said}", file=sys.stderr, flush=True)
+    return argparse.Namespace(**{**vars(args), "recipe": name, "overrides": overrides, "random_weights": random})
 
 
 def _weights(model: str, random_weights: bool) -> None:
@@ -173,71 +190,82 @@ def _trainer_overhead(
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     import dataclasses
 
-    from grpo_launch.cli.tables import Section, print_sections
-    from grpo_launch.enums import VllmMode
-    from grpo_launch.machines.measured import MeasuredTerms
     from grpo_launch.planning.estimate import workload
-    from grpo_launch.probe.bench import PHASES, BenchSpec
-    from grpo_launch.probe.calibration import CalibrationRecord, calibration_key, recipe_dtype, save_calibration
-    from grpo_launch.probe.pythons import vllm_version_here
+    from grpo_launch.probe.calibration import CalibrationRecord, calibration_key, save_calibration
+    from grpo_launch.probe.local import probe_local
 
     _check(args)
     started = time.monotonic()
+    topo = probe_local(ctx.environ)
+    args = _with_recipe(args, ctx, topo.is_cpu)
     recipe = load(args)
-    topo = _here(ctx, recipe)
+    if recipe.values.get("use_cpu") is True and topo.is_cpu:
+        topo = dataclasses.replace(topo, warnings=())  # a CPU recipe on a machine without GPUs: nothing to warn of
     plan = plan_on(topo, recipe, args, ctx)
     if plan.model is None:
         hint = "Calibrate a local model directory, or one whose config is in the hub cache."
         raise ConfigError(f"model_name_or_path {recipe.get('model_name_or_path')!r}: no config.json here", hint=hint)
-    model_path = str(recipe.get("model_name_or_path"))
-    _weights(model_path, args.random_weights)
+    _weights(str(recipe.get("model_name_or_path")), args.random_weights)
     work = workload(recipe, plan.layout)
-    n = plan.train.num_processes
+    terms, not_measured = _phases(args, ctx, plan, recipe, work, started)
+    key = calibration_key(topo, plan.model, recipe, plan.vllm_version)
+    at = (("per_device_train_batch_size", work.per_device), ("prompt_len", work.prompt_len),
+          ("completion_len", work.completion_len), ("processes", plan.train.num_processes))  # fmt: skip
+    record = CalibrationRecord(key, terms, tuple(not_measured), tuple((k, float(v)) for k, v in at), args.recipe,
+                               datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                               round(time.monotonic() - started, 1))  # fmt: skip
+    paths = save_calibration(record, ctx.environ, plan.run_dir if args.run_dir else None)
+    if args.out:
+        import json
+
+        Path(args.out).write_text(json.dumps(record.to_dict(), indent=2) + "\n")
+        paths.append(Path(args.out))
+    _show(record, plan.model, paths)
+    return 0
+
+
+def _phases(
+    args: argparse.Namespace, ctx: RunContext, plan: Any, recipe: Any, work: Any, started: float
+) -> tuple[Any, list[str]]:
+    """Every measurement in turn within ``--minutes``: the benchmarks in this process, the weight sync, vLLM's
+    (in its Python), TRL's own time per step; the terms, and what was not measured and why."""
+    import dataclasses
+
+    from grpo_launch.enums import VllmMode
+    from grpo_launch.probe.bench import PHASES, BenchSpec
+    from grpo_launch.probe.calibration import recipe_dtype
+
+    topo, n = plan.topology, plan.train.num_processes
     host = topo.hosts[0] if topo.hosts else None
     cpus = (host.slots or host.cpus if host else None) or os.cpu_count() or 1
     device = "cpu" if topo.is_cpu else "cuda"
     seconds = args.minutes * 60
     uses_vllm = plan.vllm.mode != VllmMode.OFF
     measures_vllm = uses_vllm or bool(args.vllm_python)
-    spec = BenchSpec(model_path, work.prompt_len, work.completion_len, work.per_device, recipe_dtype(recipe), device,
-                     max(1, cpus // n) if device == "cpu" else 0, args.random_weights,
+    spec = BenchSpec(str(recipe.get("model_name_or_path")), work.prompt_len, work.completion_len, work.per_device,
+                     recipe_dtype(recipe), device, max(1, cpus // n) if device == "cpu" else 0, args.random_weights,
                      seconds * (0.2 if measures_vllm else 0.5))  # fmt: skip
-    not_measured = [
-        "weight sync trainer → vLLM: not measured (TRL's NCCL path needs a trainer and a vLLM server on GPUs; "
-        + ("vLLM is off in this recipe)" if not uses_vllm else "this version does not run it yet)"),
-    ]
+    not_measured = []
     if device == "cuda" and topo.num_gpus > 1:
         not_measured.append(f"training on all {topo.num_gpus} GPUs: not measured (one GPU, one process)")
     if device == "cpu":
         not_measured.append("peak memory: this process's resident set (a CPU run's, not the GPU memory model's)")
     result = _measure(spec, PHASES)
     not_measured += result["failed"]
-    vllm_data: dict[str, Any] | None = None
+    sync, why = _sync_phase(spec, topo, seconds * 0.1)
+    not_measured += [why] if why else []
+    vllm_data = None
     if measures_vllm:
-        python = args.vllm_python or (sys.executable if vllm_version_here() else None)
+        python = args.vllm_python or (sys.executable if _has_vllm() else None)
         python = os.path.abspath(os.path.join(ctx.workdir, python)) if python and os.sep in python else python
         left = max(60.0, (seconds - (time.monotonic() - started)) * 0.7)
         print(f"calibrate: vLLM start-up and decode ({python}, at most {left:.0f} s)", file=sys.stderr, flush=True)
         vllm_data, why = _vllm_phase(python, spec, left)
-        if why:
-            not_measured.append(why)
+        not_measured += [why] if why else []
     else:
         not_measured.append("vLLM start-up and decode: vLLM is off in this recipe (the trainers' generate measured; "
                             "--vllm-python PYTHON measures it too)")  # fmt: skip
-    terms = MeasuredTerms(
-        device="cpu" if device == "cpu" else topo.planning_gpu_name,
-        decode=tuple(result["decode"]),
-        vllm_decode=tuple(tuple(p) for p in vllm_data["decode"]) if vllm_data else (),
-        prefill_s=result["prefill_s"],
-        train_tokens_per_s=result["train_tokens_per_s"],
-        train_tokens_per_s_ckpt=result["train_tokens_per_s_ckpt"],
-        forward_tokens_per_s=result["forward_tokens_per_s"],
-        load_s=result["load_s"],
-        engine_start_s=vllm_data["engine_start_s"] if vllm_data else None,
-        peak_memory_bytes=result["peak_memory_bytes"],
-        peak_memory_bytes_ckpt=result["peak_memory_bytes_ckpt"],
-        threads=spec.threads,
-    )
+    terms = _terms(spec, topo, result, sync, vllm_data)
     left = seconds - (time.monotonic() - started)
     if not args.random_weights:
         print(f"calibrate: TRL's own time per step ({OVERHEAD_STEPS} real steps of the recipe)", file=sys.stderr,
@@ -248,27 +276,65 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     else:
         terms = dataclasses.replace(terms, overhead_generation_s=overhead[0], overhead_training_s=overhead[1],
                                     overhead_steps=overhead[2])  # fmt: skip
-    key = calibration_key(topo, plan.model, recipe, plan.vllm_version)
-    at = (("per_device_train_batch_size", work.per_device), ("prompt_len", work.prompt_len),
-          ("completion_len", work.completion_len), ("processes", n))  # fmt: skip
-    record = CalibrationRecord(key, terms, tuple(not_measured), tuple((k, float(v)) for k, v in at), args.recipe,
-                               datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                               round(time.monotonic() - started, 1))  # fmt: skip
-    paths = save_calibration(record, ctx.environ, plan.run_dir if args.run_dir else None)
-    if args.out:
-        import json
+    return terms, not_measured
 
-        Path(args.out).write_text(json.dumps(record.to_dict(), indent=2) + "\n")
-        paths.append(Path(args.out))
-    rows = [f"{name}" for name in record.measured_terms()]
+
+def _has_vllm() -> bool:
+    from grpo_launch.probe.pythons import vllm_version_here
+
+    return bool(vllm_version_here())
+
+
+def _sync_phase(spec: Any, topo: Any, seconds: float) -> tuple[dict[str, Any] | None, str]:
+    """The weight sync trainer → server between two processes here (probe/bench_sync.py); (None, why) where it
+    cannot be measured as TRL does it."""
+    from grpo_launch.probe.bench_sync import measure_sync
+
+    what = "weight sync trainer → vLLM"
+    if spec.device == "cuda" and topo.num_gpus < 2:
+        return None, f"{what}: not measured (NCCL needs two GPUs: the trainer and the server are on different ones)"
+    print(f"calibrate: {what} ({'NCCL' if spec.device == 'cuda' else 'gloo'})", file=sys.stderr, flush=True)
+    sync, why = measure_sync(spec.model, spec.dtype, spec.device, max(30.0, seconds))
+    return (sync, "") if sync is not None else (None, f"{what}: {why}")
+
+
+def _terms(spec: Any, topo: Any, result: dict[str, Any], sync: dict[str, Any] | None,
+           vllm_data: dict[str, Any] | None) -> Any:  # fmt: skip
+    from grpo_launch.machines.measured import MeasuredTerms
+
+    return MeasuredTerms(
+        device="cpu" if spec.device == "cpu" else topo.planning_gpu_name,
+        decode=tuple(result["decode"]),
+        vllm_decode=tuple(tuple(p) for p in vllm_data["decode"]) if vllm_data else (),
+        prefill_s=result["prefill_s"],
+        train_tokens_per_s=result["train_tokens_per_s"],
+        train_tokens_per_s_ckpt=result["train_tokens_per_s_ckpt"],
+        forward_tokens_per_s=result["forward_tokens_per_s"],
+        sync_s=sync["seconds"] if sync else None,
+        sync_path=sync["path"] if sync else "",
+        load_s=result["load_s"],
+        engine_start_s=vllm_data["engine_start_s"] if vllm_data else None,
+        peak_memory_bytes=result["peak_memory_bytes"],
+        peak_memory_bytes_ckpt=result["peak_memory_bytes_ckpt"],
+        threads=spec.threads,
+        activation_peak_bytes=result.get("activation_peak_bytes"),
+        activation_peak_bytes_ckpt=result.get("activation_peak_bytes_ckpt"),
+        value_bytes=2 if spec.dtype == "bfloat16" else 4,
+    )
+
+
+def _show(record: Any, model: Any, paths: list[Path]) -> None:
+    from grpo_launch.cli.tables import Section, print_sections
+
+    terms, key = record.terms, record.key
+    at = {k: int(v) for k, v in record.at}
     print_sections([
-        Section(f"calibration of {plan.model.name} on {terms.device} ({key.dtype}) in {record.seconds:.0f} s"),
-        Section("measured", rows=tuple((line,) for line in _measured_lines(terms)), table=False),
-        Section("not measured", rows=tuple((line,) for line in not_measured), table=False),
+        Section(f"calibration of {model.name} on {terms.device} ({key.dtype}) in {record.seconds:.0f} s"),
+        Section("measured", rows=tuple((line,) for line in _measured_lines(terms, model, at)), table=False),
+        Section("not measured", rows=tuple((line,) for line in record.not_measured), table=False),
         Section("written", rows=tuple((str(p),) for p in paths), table=False),
-        Section(f"plan uses it for: {', '.join(rows)}", style="cyan"),
+        Section(f"plan uses it for: {', '.join(record.measured_terms())}", style="cyan"),
     ])  # fmt: skip
-    return 0
 
 
 def _measure(spec: Any, phases: tuple[str, ...]) -> dict[str, Any]:
@@ -290,7 +356,7 @@ def _measure(spec: Any, phases: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _measured_lines(t: Any) -> list[str]:
+def _measured_lines(t: Any, model: Any, at: dict[str, int]) -> list[str]:
     lines = [
         f"decode ({path}): " + ", ".join(f"batch {b}: {s * 1000:.1f} ms/step" for b, s in points)
         for path, points in (("transformers", t.decode), ("vLLM", t.vllm_decode))
@@ -313,6 +379,17 @@ def _measured_lines(t: Any) -> list[str]:
             f"TRL's own time per step ({t.overhead_steps} real steps): generation + "
             f"{t.overhead_generation_s * 1000:.0f} ms, training + {t.overhead_training_s * 1000:.0f} ms"
         )
+    from grpo_launch.planning.calibration import activation_points
+
+    point = (at.get("per_device_train_batch_size", 1), at.get("prompt_len", 1), at.get("completion_len", 1))
+    for ckpt, modelled, measured in activation_points(model, t, *point):
+        lines.append(f"activation memory of one micro-batch{' (checkpointing)' if ckpt else ''}: "
+                     f"{measured / 2**20:,.1f} MiB; the memory model {modelled / 2**20:,.1f} MiB "
+                     f"(× {measured / modelled:.2f})")  # fmt: skip
+    if t.sync_s is not None:
+        caveat = "" if t.sync_path == "nccl" else " (not TRL's path, which needs CUDA: never used for a GPU plan)"
+        lines.append(f"weight sync trainer → server over {t.sync_path}: {t.sync_s * 1000:,.1f} ms for the whole model"
+                     + caveat)  # fmt: skip
     if t.threads:
         lines.append(f"threads per process: {t.threads} (as the run's OMP_NUM_THREADS)")
     return lines

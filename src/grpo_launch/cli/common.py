@@ -47,8 +47,11 @@ def _verb_of(word: str) -> str:
     return "run" if word.endswith((".yaml", ".yml")) else word
 
 
-def add_recipe_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", help="recipe YAML (TRL/open-r1 keys plus an optional launch: block)")
+def add_recipe_args(p: argparse.ArgumentParser, *, optional: str = "") -> None:
+    """RECIPE and its key=value overrides; ``optional``: what RECIPE defaults to, said in its help."""
+    p.add_argument("recipe", nargs="?" if optional else None, default=None,
+                   help="recipe YAML (TRL/open-r1 keys plus an optional launch: block)"
+                   + (f"; default: {optional}" if optional else ""))  # fmt: skip
     p.add_argument(
         "overrides",
         nargs="*",
@@ -290,18 +293,25 @@ def stored_calibration(
         return run, tuple(notes)
     gpu = topo.planning_gpu_spec
     base = run or Calibration()
-    gen = train = 1.0
+    gen = train = activations = 1.0
     if gpu is not None:  # on GPUs the table's structure stays: its speed is scaled to what was measured
-        from grpo_launch.planning.calibration import measured_against_table
+        from grpo_launch.planning.calibration import activation_scale, measured_against_table
 
         at = {k: int(v) for k, v in found.record.at}
         point = (at.get("per_device_train_batch_size", 1), at.get("prompt_len", 1), at.get("completion_len", 1))
         _, gen, train = measured_against_table(model, gpu, found.record.terms, *point)
         notes.append(f"calibration: on {gpu.name} the table's generation time × {gen:.2f} and training time × "
                      f"{train:.2f} (measured ÷ table; plan --explain shows each term)")  # fmt: skip
+        ratio = activation_scale(model, found.record.terms, *point)
+        if ratio is not None and ratio > 1:
+            activations = ratio
+            notes.append(f"calibration: activation memory × {ratio:.2f} (one micro-batch measured ÷ the memory model)")
+        elif ratio is not None:
+            notes.append(f"calibration: activation memory measured at {ratio:.2f} × the memory model's; the model's "
+                         "kept (a calibration only raises a memory estimate)")  # fmt: skip
     scaled = dataclasses.replace(base, generation=base.generation * gen, training=base.training * train,
                                  measured=found.record.terms, measured_source=found.path, measured_generation=gen,
-                                 measured_training=train)  # fmt: skip
+                                 measured_training=train, activation_memory=activations)  # fmt: skip
     return scaled, tuple(notes)
 
 

@@ -17,7 +17,7 @@ class MeasuredTerms:
     generate (TRL's path without vLLM); ``vllm_decode``: the same through vLLM (empty: not measured);
     ``prefill_s``: one micro-batch's prompt pass; ``train_tokens_per_s`` (``_ckpt``: with activation
     checkpointing) and ``forward_tokens_per_s``: one optimizer step's forward/backward, and a forward alone, over
-    padded tokens; ``sync_s``, ``load_s``,
+    padded tokens; ``sync_s`` (the weights sent trainer → server, :mod:`grpo_launch.probe.bench_sync`), ``load_s``,
     ``engine_start_s``: None where not measured; ``overhead_*``: TRL's own per-step time, from a short real run."""
 
     device: str
@@ -33,6 +33,14 @@ class MeasuredTerms:
     peak_memory_bytes: int | None = None  # the training step's peak (GPU: CUDA's max allocated; CPU: the RSS)
     peak_memory_bytes_ckpt: int | None = None  # the same with activation checkpointing
     threads: int = 0
+    # One micro-batch's forward and backward as GRPOTrainer runs them, above what the process held before (the
+    # memory model's activation terms; None: not measured), with activations ``value_bytes`` wide (4: float32).
+    activation_peak_bytes: int | None = None
+    activation_peak_bytes_ckpt: int | None = None  # the same with activation checkpointing
+    value_bytes: int = 0
+    # How ``sync_s`` was measured: "nccl" between two GPUs of this machine (TRL's path within a node), "gloo" on CPU
+    # (not TRL's path: it is never used for a GPU plan).
+    sync_path: str = ""
     # What TRL's trainer adds per step beyond these kernels (prompt handling, rewards, gathering, logging, the
     # gradient all-reduce between processes), from a few real steps of the recipe: measured − the terms above.
     overhead_generation_s: float = 0.0  # per generation round

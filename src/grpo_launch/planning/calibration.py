@@ -28,10 +28,12 @@ from grpo_launch.errors import ConfigError
 from grpo_launch.machines.gpus import GIB, GpuSpec
 from grpo_launch.machines.measured import MeasuredTerms
 from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning.cost.activations import Precision, activation_memory
 from grpo_launch.planning.cost.steptime import (
     generation_time,
     old_logprobs_time,
     padded_tokens,
+    sync_time,
     training_time,
     transformers_generation_time,
 )
@@ -85,7 +87,8 @@ def with_file_part(run: Calibration, used: Calibration | None) -> Calibration:
     return dataclasses.replace(run, generation=run.generation * used.measured_generation,
                                training=run.training * used.measured_training, measured=used.measured,
                                measured_source=used.measured_source, measured_generation=used.measured_generation,
-                               measured_training=used.measured_training)  # fmt: skip
+                               measured_training=used.measured_training,
+                               activation_memory=used.activation_memory)  # fmt: skip
 
 
 def calibrate_from_run(view: RunView) -> tuple[Calibration, list[Comparison]]:
@@ -193,15 +196,44 @@ def measured_against_table(
         work = dataclasses.replace(at, old_logprobs=True)
         table = padded_tokens(work) / old_logprobs_time(model, gpu, 1, work) if gpu is not None else None
         rows.append(Comparison("forward tokens/s (old log-probs)", table, terms.forward_tokens_per_s, "tok/s"))
-    for name, value in (("model load", terms.load_s), ("vLLM start-up", terms.engine_start_s),
-                        ("weight sync", terms.sync_s)):  # fmt: skip
+    for name, value in (("model load", terms.load_s), ("vLLM start-up", terms.engine_start_s)):
         if value is not None:
             rows.append(Comparison(name, None, value, "s"))
+    if terms.sync_s is not None:  # the table's within a node, on a GPU; gloo on CPU is no TRL path to compare with
+        table = sync_time(model, across_nodes=False) if gpu is not None and terms.sync_path == "nccl" else None
+        rows.append(Comparison(f"weight sync ({terms.sync_path or 'unknown'})", table, terms.sync_s, "s",
+                               "the whole model, trainer → server, in vLLM's packed buffers"))  # fmt: skip
     for ckpt, peak in ((False, terms.peak_memory_bytes), (True, terms.peak_memory_bytes_ckpt)):
         if peak:
             name = "peak memory (one process, one micro-batch" + (", checkpointing)" if ckpt else ")")
             rows.append(Comparison(name, None, peak / GIB, "GiB"))
+    for ckpt, modelled, measured in activation_points(model, terms, b, prompt_len, completion_len):
+        name = "activation memory of one micro-batch" + (" (activation checkpointing)" if ckpt else "")
+        rows.append(Comparison(name, modelled / GIB, measured / GIB, "GiB", "the memory model's activation terms"))
     return rows, max(FLOOR, gen_ratio), max(FLOOR, train_ratio)
+
+
+def activation_points(
+    model: ModelShape, terms: MeasuredTerms, per_device: int, prompt_len: int, completion_len: int
+) -> list[tuple[bool, float, int]]:
+    """(checkpointing, the memory model's activation peak, the measured one) for each micro-batch calibrate measured
+    as GRPOTrainer runs it: at its own width (float32 on CPU, the recipe's dtype on a GPU) and TRL's LM-head path
+    there (Triton's tiles on a GPU, torch's on CPU)."""
+    if not terms.value_bytes:
+        return []
+    prec = Precision(terms.value_bytes, terms.value_bytes, triton=terms.device != "cpu")
+    seq = prompt_len + completion_len
+    return [(ckpt, activation_memory(model, max(1, per_device), seq, completion_len, ckpt, prec).peak, measured)
+            for ckpt, measured in ((False, terms.activation_peak_bytes), (True, terms.activation_peak_bytes_ckpt))
+            if measured]  # fmt: skip
+
+
+def activation_scale(model: ModelShape, terms: MeasuredTerms, per_device: int, prompt_len: int,
+                     completion_len: int) -> float | None:  # fmt: skip
+    """Measured ÷ modelled activation memory, the larger of the two micro-batches (None: not measured)."""
+    ratios = [measured / modelled for _, modelled, measured in
+              activation_points(model, terms, per_device, prompt_len, completion_len) if modelled]  # fmt: skip
+    return max(ratios) if ratios else None
 
 
 def comparison_to_dict(rows: list[Comparison]) -> list[dict[str, Any]]:

@@ -170,15 +170,14 @@ def generation_part(
         gen, gen_why = generation_time(model, gpu, par, seqs, work, prompt_copies=copies,
                                        pp_across_nodes=vllm.spans_hosts)  # fmt: skip
         # Trainer rank 0 (the first training host) broadcasts the weights to every server rank (one NCCL group).
-        sync = sync_time(model, across_nodes=bool(vllm.nodes) or vllm.host != hosts[0].name)
-        return (
-            gen,
-            sync,
-            [
-                f"generation on the server ({par.gpus} GPU, {par.server_label}): {gen_why}",
-                f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s",
-            ],
-        )
+        across = bool(vllm.nodes) or vllm.host != hosts[0].name
+        sync = sync_time(model, across_nodes=across)
+        sync_why = f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s"
+        measured = work.scale.measured
+        if not across and measured is not None and measured.sync_s is not None and measured.sync_path == "nccl":
+            sync = measured.sync_s  # calibrate sent this model's weights over NCCL between two GPUs of a host
+            sync_why = f"weight sync: {sync:.2f} s measured by calibrate (NCCL within a node; the table's {sync_why})"
+        return gen, sync, [f"generation on the server ({par.gpus} GPU, {par.server_label}): {gen_why}", sync_why]
     if vllm.mode == VllmMode.COLOCATE:
         per_engine = (work.generation_batch or work.completions) // max(1, n) * par.tp  # each rank's slice, per call
         copies = colocate_prompt_copies(work.num_generations, par.dp, per_engine)

@@ -1,8 +1,10 @@
 """``grpo-launch calibrate``'s microbenchmarks, run in this process on the first GPU it sees, or on the CPU: model
 load, decode seconds per step against batch size at the recipe's completion length (transformers' generate, the
 path TRL takes without vLLM), a prompt pass, one optimizer step's forward/backward at the planned micro-batch and
-sequence length with and without activation checkpointing, a forward alone (TRL's old log-probs), and the peak
-memory. vLLM's own decode and start-up are measured in its Python by :mod:`grpo_launch.probe.bench_vllm`.
+sequence length with and without activation checkpointing, a forward alone (TRL's old log-probs), the peak memory,
+and one micro-batch's activation memory as GRPOTrainer runs it (against the memory model's terms). vLLM's own decode
+and start-up are measured in its Python by :mod:`grpo_launch.probe.bench_vllm`, the weight sync by
+:mod:`grpo_launch.probe.bench_sync`.
 
 Each phase stops at its deadline (``Budget``): a phase that runs out keeps what it measured so far.
 Needs torch and transformers (the trainers' environment); imported only by ``calibrate``."""
@@ -187,7 +189,98 @@ def peak_memory(device: str) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_max"
 
 
-PHASES = ("model load", "prefill", "decode", "training step", "training step (checkpointing)", "forward")
+def measure_activation_peak(model: Any, spec: BenchSpec, *, checkpointing: bool) -> int | None:
+    """The memory one micro-batch's forward and backward take above what the process holds before it, run as
+    GRPOTrainer runs it (TRL's fused LM head, ``trl.trainer.utils.add_fused_lm_head``; a left-padded batch scored on
+    its completion tokens; after a first step, so the gradients are allocated): what the memory model's
+    activation terms count (planning/cost/activations.py). CUDA: the allocator's peak above its allocated bytes.
+    CPU: the resident set's high-water mark above the resident set, with large allocations sent straight to mmap
+    (glibc's M_MMAP_THRESHOLD at 64 KiB) so a freed tensor leaves at once; None where that cannot be read (no
+    glibc, no /proc). Called last: the fused head stays on the model."""
+    import gc
+
+    import torch
+    from trl.trainer.utils import add_fused_lm_head
+
+    if spec.device == "cpu" and not _cpu_peak_readable():
+        return None
+    if not getattr(model, "_grpo_launch_fused_head", False):
+        add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+        model._grpo_launch_fused_head = True
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+    batch, seq = max(1, spec.per_device), spec.prompt_len + spec.completion_len
+    ids = _ids(model, batch, seq, spec.device)
+    mask = torch.ones_like(ids)
+    mask[0, : spec.prompt_len // 4] = 0  # a left-padded prompt: GRPO's batches carry a padding mask
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, : seq - spec.completion_len] = -100
+
+    def step() -> Any:
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        (-out.log_probs.sum()).backward()
+        return out
+
+    step()  # warm-up: the gradients allocated (as after a first step), one-time workspaces made
+    gc.collect()
+    if spec.device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        _reset_high_water_mark()
+        base = _resident()
+    out = step()
+    if spec.device == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = _high_water_mark() - base
+    del out
+    model.zero_grad(set_to_none=False)
+    model.gradient_checkpointing_disable()
+    return max(0, int(peak))
+
+
+M_MMAP_THRESHOLD = -3  # glibc malloc.h
+
+
+def _cpu_peak_readable() -> bool:
+    """Large allocations straight to mmap, and the high-water mark resettable (Linux's /proc, glibc's mallopt)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        _reset_high_water_mark()
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, 65536))
+    except (OSError, AttributeError):
+        return False
+
+
+def _resident() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _high_water_mark() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmHWM in /proc/self/status")
+
+
+def _reset_high_water_mark() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # Linux Documentation/filesystems/proc.rst: 5 resets the peak resident set size
+
+
+PHASES = ("model load", "prefill", "decode", "training step", "training step (checkpointing)", "forward",
+          "activation peak")  # fmt: skip
 
 
 def run_bench(spec: BenchSpec, report: Report) -> dict[str, Any]:
@@ -198,7 +291,7 @@ def run_bench(spec: BenchSpec, report: Report) -> dict[str, Any]:
         torch.set_num_threads(max(1, spec.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.manual_seed(0)
-    budget = Budget(spec.seconds, len(PHASES))
+    budget = Budget(spec.seconds, len(PHASES) - 1)  # the activation peak: one step each, untimed
     report(PHASES[0])
     budget.phase()
     model, load_s = load_model(spec)
@@ -219,6 +312,13 @@ def run_bench(spec: BenchSpec, report: Report) -> dict[str, Any]:
     report(PHASES[5])
     out["forward_tokens_per_s"] = measure_forward(model, spec, budget.phase())
     out["memory_kind"] = kind
+    report(PHASES[6])
+    for name, ckpt in (("activation_peak_bytes", False), ("activation_peak_bytes_ckpt", True)):
+        try:
+            out[name] = measure_activation_peak(model, spec, checkpointing=ckpt)
+        except (torch.OutOfMemoryError, ImportError, TypeError) as exc:  # TypeError: no fused head in this TRL
+            out[name] = None
+            out["failed"].append(f"{PHASES[6]}: not measured ({type(exc).__name__}: {exc})"[:300])
     return out
 
 

@@ -115,7 +115,8 @@ class CalibrationRecord:
         names += ["forward (old log-probs)"] if t.forward_tokens_per_s else []
         names += [n for n, v in (("weight sync", t.sync_s), ("model load", t.load_s),
                                  ("vLLM start-up", t.engine_start_s), ("peak memory", t.peak_memory_bytes),
-                                 ("TRL's own time per step", t.overhead_steps)) if v]  # fmt: skip
+                                 ("TRL's own time per step", t.overhead_steps),
+                                 ("activation memory", t.activation_peak_bytes)) if v]  # fmt: skip
         return names
 
 

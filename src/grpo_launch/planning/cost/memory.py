@@ -55,10 +55,12 @@ class TrainMemory:
     autocast_weights: float  # bf16 weight copies under autocast (DDP)
     overhead: float
     scale: float = 1.0  # a previous run's measured-over-predicted peak (plan --calibrate-from)
+    activation_scale: float = 1.0  # calibrate's measured-over-modelled activation memory (GPU, at least 1)
 
     @property
     def total(self) -> float:
-        terms = self.weights + self.gradients + self.optimizer + self.reference + self.activations + self.lm_head
+        activations = (self.activations + self.lm_head) * self.activation_scale
+        terms = self.weights + self.gradients + self.optimizer + self.reference + activations
         return ((terms + self.autocast_weights) * (1 + OVERHEAD_FRACTION) + self.overhead) * self.scale
 
     def lines(self) -> list[str]:
@@ -76,6 +78,8 @@ class TrainMemory:
             f"×{1 + OVERHEAD_FRACTION:.2f} allocator fragmentation + {self.overhead / GIB:.2f} GiB CUDA context, "
             "cuBLAS workspace and NCCL buffers"
         )
+        if self.activation_scale != 1.0:
+            body += f" (activations and LM head × {self.activation_scale:.2f} measured by calibrate)"
         if self.scale != 1.0:
             extra = f"({extra}) × {self.scale:.2f} measured"
         return [f"{body} GiB, {extra} = {self.total / GIB:.1f} GiB"]
@@ -145,9 +149,8 @@ def train_memory(model: ModelShape, n: int, backend: DistBackend, offload: Offlo
     activations = act.saved + act.mask + max(0.0, act.recompute - act.lm_head)
     lm_head = act.lm_head
     autocast = _c("autocast_weight_bytes") * p if prec.autocast and backend == DistBackend.DDP else 0.0
-    return TrainMemory(
-        weights, grads, optim, reference, activations, lm_head, autocast, process_overhead(n), work.scale.memory
-    )
+    return TrainMemory(weights, grads, optim, reference, activations, lm_head, autocast, process_overhead(n),
+                       work.scale.memory, work.scale.activation_memory)  # fmt: skip
 
 
 def margin_lines(n: int) -> list[str]:

@@ -29,6 +29,9 @@ class Calibration:
     # multiplied into ``generation`` and ``training``; kept apart so a run's own scales can be told from them.
     measured_generation: float = 1.0
     measured_training: float = 1.0
+    # On GPUs, the measured activation memory of one micro-batch over the memory model's (calibrate), when above 1:
+    # it multiplies the activation terms. Below 1 the model stays (an underestimate costs an out-of-memory failure).
+    activation_memory: float = 1.0
 
 
 @frozen
