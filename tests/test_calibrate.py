@@ -175,6 +175,33 @@ def test_calibrate_refuses_bad_input_in_one_line(tmp_path, args, said):
     assert not list(tmp_path.glob("*.json"))
 
 
+def test_without_a_recipe_calibrate_takes_the_shipped_default_for_the_device(tmp_path, capsys):
+    """No RECIPE: the README's demo recipe on CPU; on a GPU recipes/qwen1.5b.yaml's model with random weights (its
+    shapes, nothing downloaded). A first word that is an override stays an override; a checkout without the default
+    is refused with the fix."""
+    import argparse
+
+    from grpo_launch.cli.calibrate import _with_recipe
+    from grpo_launch.errors import ConfigError
+    from grpo_launch.spec import RunContext
+
+    def args(*words: str) -> argparse.Namespace:
+        recipe, overrides = (words[0], list(words[1:])) if words else (None, [])
+        return argparse.Namespace(recipe=recipe, overrides=overrides, random_weights=False)
+
+    here = RunContext(sys.executable, str(ROOT), {}, print)
+    cpu = _with_recipe(args("max_steps=3"), here, cpu=True)
+    assert (cpu.recipe, cpu.overrides, cpu.random_weights) == ("recipes/tiny-cpu.yaml", ["max_steps=3"], False)
+    gpu = _with_recipe(args(), here, cpu=False)
+    assert (gpu.recipe, gpu.random_weights) == ("recipes/qwen1.5b.yaml", True)
+    assert "with random weights" in capsys.readouterr().err
+    given = _with_recipe(args(TINY_RECIPE, "max_steps=3"), here, cpu=False)
+    assert (given.recipe, given.overrides, given.random_weights) == (TINY_RECIPE, ["max_steps=3"], False)
+    with pytest.raises(ConfigError) as refused:
+        _with_recipe(args(), RunContext(sys.executable, str(tmp_path), {}, print), cpu=True)
+    assert "recipes/tiny-cpu.yaml is not in" in refused.value.message and "calibrate RECIPE" in refused.value.hint
+
+
 # --- slow: the real calibrate and a real run -------------------------------------------------------------------
 
 
