@@ -246,8 +246,10 @@ def _phases(
                      recipe_dtype(recipe), device, max(1, cpus // n) if device == "cpu" else 0, args.random_weights,
                      seconds * (0.2 if measures_vllm else 0.5))  # fmt: skip
     not_measured = []
-    if device == "cuda" and topo.num_gpus > 1:
-        not_measured.append(f"training on all {topo.num_gpus} GPUs: not measured (one GPU, one process)")
+    if device == "cuda" and topo.num_gpus > 1:  # the short real run below trains on all of them, as planned
+        not_measured.append(f"training on all {topo.num_gpus} GPUs: the microbenchmarks use one GPU; all of them, "
+                            "under the planned backend, only in the short real run (TRL's own time per step)"
+                            + (": not with --random-weights" if args.random_weights else ""))  # fmt: skip
     if device == "cpu":
         not_measured.append("peak memory: this process's resident set (a CPU run's, not the GPU memory model's)")
     result = _measure(spec, PHASES)
