@@ -1,8 +1,10 @@
 """Mixed GPU types on a real Ray cluster (issue 38): h1 reports an H20 and h2 an H100 through the pynvml stand-in
 keyed by each node's host name (scripts/ray_hosts.sh; NVML needs a GPU). The Ray backend's probe reads each node's
-model, the plan serves on the H20 node and trains on the H100 node, and the Ray backend places each process there:
-the processes print where they run instead of training (a GPU plan cannot train on CPU); Ray's placement groups,
-actors and GPU assignment are real.
+model, the plan serves on the H20 node and trains on the H100 node, and the Ray backend places each process there.
+The first test has the processes print where they run (the planned GPU plan itself); the second runs the
+training: vLLM's CPU build serves on h1 and TRL's GRPOTrainer trains on h2 through it (tests/cpu_server_trainer.py:
+TRL's NCCL weight transfer made a no-op, since NCCL needs CUDA). Ray's placement groups, actors and GPU assignment
+are real.
 
 Skipped without root, Ray, iproute2 or sshd, unless GRPO_LAUNCH_REQUIRE_RAY=1 (CI), which fails instead.
 """
@@ -15,7 +17,7 @@ import time
 
 import pytest
 
-from .helpers import ROOT, ray_cluster
+from .helpers import ROOT, ensure_tiny_assets, ray_cluster
 from .test_ray_placement import PLACED, run_placed
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -60,3 +62,72 @@ def test_the_h20_node_serves_the_h100_node_trains_and_each_process_runs_on_its_r
         where[spec.role] = {*where.get(spec.role, set()), node}
     assert {str(r): n for r, n in where.items()} == {"vllm": {"h1"}, "train": {"h2"}}, where
     print(f"mixed Ray placement: {time.monotonic() - t0:.0f} s")
+
+
+def combined_python(tmp_path) -> str:
+    """A venv of the vLLM environment's Python that also reaches the trainers' environment's Ray: TRL's server mode
+    needs vLLM where it trains, and the launcher joins the cluster with the Ray its nodes run (.venv's; both
+    environments are the same CPython and torch)."""
+    import subprocess
+
+    from .helpers import VLLM_PY
+
+    root = tmp_path / "combined"
+    subprocess.run([str(VLLM_PY), "-m", "venv", "--without-pip", "--symlinks", str(root)], check=True, timeout=60)
+    site = "import site; print(site.getsitepackages()[0])"
+    sites = [subprocess.run([py, "-c", site], capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+             for py in (str(VLLM_PY), sys.executable)]  # fmt: skip
+    target = next((root / "lib").glob("python3*/site-packages"))
+    (target / "00-combined.pth").write_text("import site; " + "; ".join(f"site.addsitedir({s!r})" for s in sites))
+    return str(root / "bin" / "python")
+
+
+@pytest.mark.vllm
+def test_a_mixed_run_trains_with_the_h20_node_serving_and_the_h100_node_training(cluster, tmp_path):
+    """The whole run on the real cluster: the plan serves on h1 (the H20) and trains on h2 (the H100); the vLLM
+    server runs on h1 and the trainers on h2 (the runner's placement lines and the trainers' own), the trainers
+    generate through h1's server and train (the saved weights differ from the model they started from), and
+    nothing is left running."""
+    import json
+    import subprocess
+
+    import yaml
+    from safetensors.torch import load_file
+
+    from .helpers import TRAINER_LINE, free_port, leftovers, require_vllm
+    from .test_ray_cluster import PLACED
+    from .test_slurm_cluster import dedicated_node_recipe
+
+    require_vllm()
+    tiny = ensure_tiny_assets()
+    run = tmp_path / "run"
+    recipe = dedicated_node_recipe(tmp_path / "recipe.yaml", tiny, free_port(), vllm_gpus=2, dp_here=1)
+    values = yaml.safe_load(recipe.read_text())
+    values["launch"] |= {"train_module": "tests.cpu_server_trainer", "main_process_port": free_port(),
+                         "train_env": {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}}  # fmt: skip
+    values |= {"max_steps": 2, "learning_rate": 1e-3, "bf16": False, "gradient_checkpointing": False,
+               "reward_funcs": ["digits"], "dataset_name": str(tiny / "data" / "train.jsonl"),
+               "dataset_prompt_column": "prompt", "dataset_answer_column": "answer", "max_completion_length": 48,
+               "num_generations": 2, "per_device_train_batch_size": 2, "save_strategy": "no", "report_to": "none",
+               "output_dir": str(run / "output")}  # fmt: skip
+    recipe.write_text(yaml.safe_dump(values))
+    argv = [combined_python(tmp_path), "-m", "grpo_launch", str(recipe), "--ray", cluster, "--run-dir", str(run),
+            "--network-interface", "eth0"]  # fmt: skip
+    t0 = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=480, cwd=ROOT, env=dict(os.environ))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    plan = json.loads((run / "plan.json").read_text())
+    why = {d["what"]: d["why"] for d in plan["decisions"]}
+    assert "H20 serves vLLM" in why["gpu_types"] and "trains" in why["gpu_types"], why.get("gpu_types")
+    assert plan["vllm"]["host"] == "h1" and {h["name"] for h in plan["train"]["hosts"]} == {"h2"}
+    placed = {name: node for name, node, _, _ in PLACED.findall(out)}
+    assert placed.get("vllm") == "h1" and {n for k, n in placed.items() if k.startswith("train")} == {"h2"}, placed
+    every = out + "".join(p.read_text() for p in (run / "logs").glob("train-*.log"))
+    assert {node for *_, node in TRAINER_LINE.findall(every)} == {"h2"}, every[-3000:]
+    assert "step 2/2 done" in out, out[-3000:]
+    before = load_file(str(tiny / "model" / "model.safetensors"))
+    after = load_file(str(run / "output" / "model.safetensors"))
+    assert [k for k in before if k in after and not (before[k].float() == after[k].float()).all()], "no weight moved"
+    assert leftovers(run, within=15.0) == []
+    print(f"mixed Ray run: {time.monotonic() - t0:.0f} s")
