@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from grpo_launch.backends.hostfile import parse_hostfile, probe_hostfile
-from grpo_launch.backends.slurm.allocation import expand_nodelist, probe_slurm
+from grpo_launch.backends.slurm.allocation import expand_nodelist, probe_slurm, srun_spec
 from grpo_launch.errors import ProbeError
 from grpo_launch.machines.gpus import GPU_SPECS, find_gpu_spec
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.probe.local import NvmlDevice, parse_cuda_visible_devices, probe_local
+from grpo_launch.spec import ProcessSpec
 
 from .helpers import ROOT
 
@@ -155,7 +156,7 @@ def no_scontrol(args):
     return None
 
 
-def no_steps(gpus):
+def no_steps(gpus, **_):
     """No node answers its probe step (as where srun cannot start one)."""
     return {}, [f"{n}: cannot start srun" for n in gpus]
 
@@ -163,7 +164,7 @@ def no_steps(gpus):
 def reports(**by_node):
     """Fake per-node probe steps (the real ones run in tests/test_slurm_cluster.py): node → (model, GiB) or None."""
 
-    def steps(gpus):
+    def steps(gpus, **_):
         out = {}
         for node, count in gpus.items():
             model = by_node.get(node)
@@ -203,7 +204,7 @@ def test_slurm_node_without_report_is_assumed_like_this_one_with_a_warning():
 def test_slurm_node_seeing_fewer_gpus_than_allocated_is_named():
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_GPUS_ON_NODE": "4"}
 
-    def steps(gpus):
+    def steps(gpus, **_):
         good = {"cpus": 8, "memory_bytes": GIB, "gpus": [["NVIDIA L20", 44 * GIB]] * 4}
         return {"gpu01": good, "gpu02": {**good, "gpus": good["gpus"][:3]}}, []
 
@@ -244,6 +245,52 @@ def test_slurm_heterogeneous_nodes_are_refused_by_name():
     with pytest.raises(ProbeError, match=r"different GPU counts: gpu01=8, gpu02=8, gpu03=4") as e:
         probe_slurm(env, scontrol=lambda args: JOB_D if args[1] == "job" else None, steps=no_steps)
     assert "--gpus-per-node" in str(e.value)
+
+
+HET_ENV = {  # sbatch -w gpu01 --gres=gpu:4 : -w gpu[02-03] --gres=gpu:8, as a real one sets it (test_slurm_cluster)
+    "SLURM_JOB_ID": "12",
+    "SLURM_JOB_NODELIST": "gpu01",
+    "SLURM_GPUS_ON_NODE": "4",
+    "SLURM_HET_SIZE": "2",
+    "SLURM_JOB_NODELIST_HET_GROUP_0": "gpu01",
+    "SLURM_JOB_NODELIST_HET_GROUP_1": "gpu[02-03]",
+}
+HET_JOB_D = """JobId=12 HetJobId=12 HetJobOffset=0 JobName=grpo-qwen
+     Nodes=gpu01 CPU_IDs=0-31 Mem=0 GRES=gpu:4(IDX:0-3)
+JobId=13 HetJobId=12 HetJobOffset=1 JobName=grpo-qwen
+     Nodes=gpu[02-03] CPU_IDs=0-31 Mem=0 GRES=gpu:8(IDX:0-7)
+"""
+
+
+def test_a_heterogeneous_job_is_every_component_s_nodes_each_probed_in_its_component():
+    """Failed before: only component 0's nodes (SLURM_JOB_NODELIST) were read, and its GPU counts had to match."""
+    seen = {}
+
+    def steps(gpus, groups=None):
+        seen.update(groups or {})
+        return {n: {"node": n, "cpus": 32, "memory_bytes": 64 * GIB,
+                    "gpus": [[("NVIDIA H20" if n == "gpu01" else "NVIDIA H100 80GB HBM3"), 96 * GIB]] * c}
+                for n, c in gpus.items()}, []  # fmt: skip
+
+    t = probe_slurm(HET_ENV, scontrol=lambda args: HET_JOB_D if args[1] == "job" else None, steps=steps)
+    assert [(h.name, len(h.gpus), h.gpus[0].name) for h in t.hosts] == [
+        ("gpu01", 4, "NVIDIA H20"),
+        ("gpu02", 8, "NVIDIA H100 80GB HBM3"),
+        ("gpu03", 8, "NVIDIA H100 80GB HBM3"),
+    ]
+    assert seen == {"gpu01": 0, "gpu02": 1, "gpu03": 1}
+    step = srun_spec(ProcessSpec("train@gpu02", ("python",), host="gpu02"), python="py", gpus_on_node=8,
+                     cpus_on_node=None, het_group=1)  # fmt: skip
+    assert step.argv[:2] == ("srun", "--het-group=1")
+    first = srun_spec(ProcessSpec("vllm", ("vllm",), host="gpu01"), python="py", gpus_on_node=4, cpus_on_node=None)
+    assert not any(a.startswith("--het-group") for a in first.argv)
+
+
+def test_a_heterogeneous_component_of_uneven_nodes_is_refused():
+    one = "Nodes=gpu[02-03] CPU_IDs=0-31 Mem=0 GRES=gpu:8(IDX:0-7)"
+    uneven = HET_JOB_D.replace(one, "Nodes=gpu02 GRES=gpu:8(IDX:0-7)\n     Nodes=gpu03 GRES=gpu:6(IDX:0-5)")
+    with pytest.raises(ProbeError, match="different GPU counts"):
+        probe_slurm(HET_ENV, scontrol=lambda args: uneven if args[1] == "job" else None, steps=no_steps)
 
 
 def test_not_in_slurm():

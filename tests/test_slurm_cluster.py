@@ -330,6 +330,46 @@ def plan_in_two_node_job(cluster, tmp_path: Path, stand_in: str, *overrides: str
     return json.loads(text[text.index("{") :])
 
 
+def test_a_heterogeneous_job_serves_on_one_component_and_trains_on_the_other(cluster, tmp_path):
+    """A real heterogeneous job (`sbatch -w n1 --gres=gpu:2 : -w n2 --gres=gpu:4`, Slurm's own components): the
+    probe reads both components' nodes and their different GPU counts, each node reports its own model from a step
+    in its own component (n2's step needs --het-group=1: without it srun refuses, and n2 would be assumed an H20
+    like n1), the plan serves on n1 (the two H20s) and trains on n2 (the four H100s), and the run's steps for n2
+    name its component."""
+    import json
+
+    stand_in = f"NODE_GPU = {MIXED_GPU!r}\n" + pynvml_stand_in('return NODE_GPU[os.environ["SLURMD_NODENAME"]]', "4")
+    fake = tmp_path / "fake_nvml"
+    fake.mkdir()
+    (fake / "pynvml.py").write_text(stand_in)
+    recipe = f"{ROOT}/recipes/qwen1.5b.yaml"
+    grpo = f"{sys.executable} -m grpo_launch"
+    script = tmp_path / "het.sh"
+    plan_json, run = tmp_path / "plan.json", tmp_path / "run"
+    script.write_text(f"#!/bin/bash\n{grpo} plan --slurm {recipe} launch.vllm=server --json --no-write > {plan_json}\n"
+                      f"{grpo} run --slurm {recipe} launch.vllm=server --run-dir {run} --dry-run\n")  # fmt: skip
+    out = tmp_path / "job.out"
+    env = {**cluster, "PYTHONPATH": f"{fake}:{cluster.get('PYTHONPATH', '')}"}
+    # not --exclusive: an exclusive component is given all of its node's GPUs (4, not the 2 asked for)
+    sbatch = ["sbatch", "--parsable", f"--output={out}", f"--chdir={ROOT}", "-w", "n1", "--gres=gpu:2", "--mem=1500",
+              ":", "-w", "n2", "--gres=gpu:4", "--mem=1500", str(script)]  # fmt: skip
+    job = sh(env, *sbatch).strip().split("+")[0]
+    assert wait_state(cluster, job, {"COMPLETED", "FAILED", "CANCELLED"}, 120) == "COMPLETED", out.read_text()
+    plan = json.loads(plan_json.read_text())
+    hosts = plan["topology"]["hosts"]
+    assert [(h["name"], {g["name"] for g in h["gpus"]}, len(h["gpus"])) for h in hosts] == [
+        ("n1", {"NVIDIA H20"}, 2),
+        ("n2", {"NVIDIA H100 80GB HBM3"}, 4),
+    ], plan["warnings"]
+    why = {d["what"]: d["why"] for d in plan["decisions"]}
+    assert plan["vllm"]["host"] == "n1" and [h["name"] for h in plan["train"]["hosts"]] == ["n2"], why["gpu_types"]
+    steps = [line for line in out.read_text().splitlines() if " srun " in f" {line}"]
+    on = {node: [line for line in steps if f"--nodelist={node}" in line] for node in ("n1", "n2")}
+    assert on["n1"] and on["n2"], out.read_text()[-3000:]
+    assert all("--het-group=1" in line for line in on["n2"]), on["n2"]
+    assert not any("--het-group" in line for line in on["n1"]), on["n1"]
+
+
 def test_every_node_of_the_allocation_is_probed_in_its_own_step(cluster, tmp_path):
     """`plan --slurm` inside a 2-node job: each node reports its own GPU model (n1 H100, n2 A100-40GB, from a pynvml
     stand-in keyed by the node the srun step runs on), the plan is sized for the smaller GPU with a warning naming

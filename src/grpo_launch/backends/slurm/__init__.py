@@ -42,12 +42,11 @@ class SlurmBackend(BaseBackend[SlurmOptions]):
         return probe_slurm(environ, local=local)
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
-        from grpo_launch.backends.slurm.allocation import srun_spec
+        from grpo_launch.backends.slurm.allocation import het_groups, srun_spec
 
         host = next(h for h in plan.topology.hosts if h.name == (spec.host or plan.topology.hosts[0].name))
-        return srun_spec(
-            replace(spec, host=host.name), python=ctx.python, gpus_on_node=len(host.gpus), cpus_on_node=host.cpus
-        )
+        return srun_spec(replace(spec, host=host.name), python=ctx.python, gpus_on_node=len(host.gpus),
+                         cpus_on_node=host.cpus, het_group=het_groups(ctx.environ).get(host.name, 0))  # fmt: skip
 
     def preflight(self, plan: Plan, ctx: RunContext) -> None:
         check_addresses(plan)

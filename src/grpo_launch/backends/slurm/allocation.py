@@ -92,21 +92,49 @@ def parse_node_addresses(text: str) -> dict[str, str]:
     return {**names, **_node_fields(text, "NodeAddr")}
 
 
+def het_groups(environ: Mapping[str, str]) -> dict[str, int]:
+    """Node → its component in a heterogeneous job (``sbatch A : B``: SLURM_HET_SIZE components, each with its own
+    SLURM_JOB_NODELIST_HET_GROUP_<k>), in the components' order; empty for an ordinary job. A step on a node of
+    component k must name it (``srun --het-group=k``): the batch script's own steps run in component 0."""
+    size = environ.get("SLURM_HET_SIZE", "")
+    if not is_decimal(size):
+        return {}
+    out: dict[str, int] = {}
+    for k in range(int(size)):
+        nodes = environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{k}")
+        if not nodes:
+            raise ProbeError(f"a heterogeneous job of {size} components without SLURM_JOB_NODELIST_HET_GROUP_{k}")
+        for node in expand_nodelist(nodes):
+            out.setdefault(node, k)
+    return out
+
+
+def het_group_args(groups: Mapping[str, int], node: str) -> list[str]:
+    """The srun option that puts a step on ``node`` in a heterogeneous job (none in component 0 or a plain job)."""
+    return [f"--het-group={groups[node]}"] if groups.get(node) else []
+
+
 NodeReports = tuple[dict[str, dict], list[str]]  # node → its host report; what failed, per node
 PROBE_STEP_TIMEOUT_S = 60.0  # a step starts in seconds on a healthy allocation
 
 
 def probe_nodes(
-    gpus: Mapping[str, int], *, python: str | None = None, timeout_s: float = PROBE_STEP_TIMEOUT_S
+    gpus: Mapping[str, int],
+    *,
+    python: str | None = None,
+    timeout_s: float = PROBE_STEP_TIMEOUT_S,
+    groups: Mapping[str, int] | None = None,
 ) -> NodeReports:
     """Each node's own report, from one ``srun`` step per node (in parallel): the step asks for the node's GPUs of
-    the job, so the report lists what a trainer there will see (NVML model and memory, count), its CPUs and RAM."""
+    the job, so the report lists what a trainer there will see (NVML model and memory, count), its CPUs and RAM.
+    ``groups``: each node's component of a heterogeneous job."""
     import sys
 
     def argv(node: str) -> list[str]:
         gres = [f"--gres=gpu:{gpus[node]}"] if gpus[node] else []
-        return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--quiet",
-                "--job-name=grpo-launch-probe", *gres, *report_command(python or sys.executable)]  # fmt: skip
+        return ["srun", *het_group_args(groups or {}, node), "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+                "--overlap", "--quiet", "--job-name=grpo-launch-probe", *gres,
+                *report_command(python or sys.executable)]  # fmt: skip
 
     return collect_reports(list(gpus), argv, timeout_s=timeout_s)
 
@@ -132,14 +160,16 @@ def probe_slurm(
     *,
     local: Topology | None = None,
     scontrol: Callable[[Sequence[str]], str | None] = run_scontrol,
-    steps: Callable[[Mapping[str, int]], NodeReports] = probe_nodes,
+    steps: Callable[..., NodeReports] = probe_nodes,
 ) -> Topology:
     """The current Slurm allocation: its nodes, their addresses (NodeAddr), CPUs, RAM and GPUs.
 
-    GPU counts per node come from ``scontrol show job -d`` (every node) or else the variables of this node; nodes
-    with different GPU counts are an error. Each node then reports its own GPU model and memory, CPUs and RAM from
-    an srun step (:func:`probe_nodes`); a node that does not answer is assumed like this one, with a warning. Host
-    RAM is the smallest of the node's RAM, Slurm's RealMemory and the job's ``--mem``.
+    GPU counts per node come from ``scontrol show job -d`` (every node, every component of a heterogeneous job) or
+    else the variables of this node. In an ordinary job nodes with different GPU counts are an error; the
+    components of a heterogeneous job (``sbatch -w n1 --gres=gpu:4 : -w n2 --gres=gpu:8``) may differ, each alike
+    within (the planner gives whole components roles). Each node then reports its own GPU model and memory, CPUs
+    and RAM from an srun step in its component (:func:`probe_nodes`); a node that does not answer is assumed like
+    this one, with a warning. Host RAM is the smallest of the node's RAM, Slurm's RealMemory and the job's ``--mem``.
     """
     values = slurm_values(environ)
     if "job_id" not in values or "nodelist" not in values:
@@ -147,7 +177,8 @@ def probe_slurm(
             "not inside a Slurm allocation (SLURM_JOB_ID / SLURM_JOB_NODELIST are not set)",
             hint="Submit with `grpo-launch sbatch RECIPE --nodes N`, or run inside `salloc`/`sbatch`.",
         )
-    hosts = expand_nodelist(values["nodelist"])
+    groups = het_groups(environ)
+    hosts = list(groups) or expand_nodelist(values["nodelist"])
     per_node = _gpus_per_node(values)
     counts = {h: per_node for h in hosts}
     job = scontrol(["show", "job", "-d", values["job_id"]])
@@ -155,7 +186,8 @@ def probe_slurm(
         gres = parse_job_gres(job, expand_nodelist)
         if gres and set(gres) >= set(hosts):
             counts = {h: gres[h] for h in hosts}
-    if len(set(counts.values())) > 1:
+    uneven = [k for k in set(groups.values()) if len({n for h, n in counts.items() if groups[h] == k}) > 1]
+    if (not groups and len(set(counts.values())) > 1) or uneven:
         raise ProbeError(
             "the allocation's nodes have different GPU counts: " + ", ".join(f"{h}={n}" for h, n in counts.items()),
             hint="accelerate runs the same number of processes on every node: request whole, alike nodes "
@@ -169,7 +201,7 @@ def probe_slurm(
     nodes = scontrol(["show", "node", "-o", ",".join(hosts)])
     addresses = parse_node_addresses(nodes) if nodes else {}
     real_memory = parse_node_memory(nodes) if nodes else {}
-    reports, failed = steps(counts)
+    reports, failed = steps(counts, groups=groups)
     name, mem = local_gpu_model(local)
     out, models, warnings = [], {}, []
     for h, c in zip(hosts, cpus, strict=True):
@@ -216,19 +248,23 @@ def job_end_time(job_id: str, scontrol: Callable[[Sequence[str]], str | None] = 
     return parse_end_time(text) if text else None
 
 
-def srun_spec(spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node: int | None) -> ProcessSpec:
+def srun_spec(
+    spec: ProcessSpec, *, python: str, gpus_on_node: int, cpus_on_node: int | None, het_group: int = 0
+) -> ProcessSpec:
     """``spec`` as one Slurm step on its node.
 
     The step asks for all of the node's GPUs and CPUs and overlaps with the node's other step (vLLM next to the
     trainers); :mod:`grpo_launch.node.shim` then narrows CUDA_VISIBLE_DEVICES to the planned positions of the list Slurm
     gives the step (Slurm numbers job GPUs its own way: with device cgroups 0..k-1, without them the node's
-    indices). ``--kill-on-bad-exit`` ends the step when its task fails. ``--hold-term``: Slurm signals the step's
+    indices). In a heterogeneous job a node of component k takes ``--het-group=k``. ``--kill-on-bad-exit`` ends the
+    step when its task fails. ``--hold-term``: Slurm signals the step's
     tasks itself (a preemption's GraceTime sends SIGTERM to them, not to grpo-launch): the task holds it, so the
     trainers checkpoint at the end of the step in flight and the vLLM server serves that step (see the shim).
     """
     assert spec.host, "srun_spec needs a host"
     argv = [
         "srun",
+        *([f"--het-group={het_group}"] if het_group else []),
         "--nodes=1",
         "--ntasks=1",
         f"--nodelist={spec.host}",
