@@ -26,25 +26,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from trl.trainer.utils import add_fused_lm_head
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def resident() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
-
-def high_water_mark() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def reset_high_water_mark() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # Documentation/filesystems/proc.rst: 5 resets the peak resident set size
+from grpo_launch.probe.bench import high_water_mark, reset_high_water_mark
+from grpo_launch.probe.bench import resident_bytes as resident
 
 
 def measure(point: dict) -> dict:

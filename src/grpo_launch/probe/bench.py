@@ -231,14 +231,14 @@ def measure_activation_peak(model: Any, spec: BenchSpec, *, checkpointing: bool)
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     else:
-        _reset_high_water_mark()
-        base = _resident()
+        reset_high_water_mark()
+        base = resident_bytes()
     out = step()
     if spec.device == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = _high_water_mark() - base
+        peak = high_water_mark() - base
     del out
     model.zero_grad(set_to_none=False)
     model.gradient_checkpointing_disable()
@@ -254,19 +254,19 @@ def _cpu_peak_readable() -> bool:
     import ctypes.util
 
     try:
-        _reset_high_water_mark()
+        reset_high_water_mark()
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.mallopt(M_MMAP_THRESHOLD, 65536))
     except (OSError, AttributeError):
         return False
 
 
-def _resident() -> int:
+def resident_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _high_water_mark() -> int:
+def high_water_mark() -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmHWM:"):
@@ -274,7 +274,7 @@ def _high_water_mark() -> int:
     raise OSError("no VmHWM in /proc/self/status")
 
 
-def _reset_high_water_mark() -> None:
+def reset_high_water_mark() -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # Linux Documentation/filesystems/proc.rst: 5 resets the peak resident set size
 
