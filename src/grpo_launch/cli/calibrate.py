@@ -267,7 +267,7 @@ def _phases(
     else:
         not_measured.append("vLLM start-up and decode: vLLM is off in this recipe (the trainers' generate measured; "
                             "--vllm-python PYTHON measures it too)")  # fmt: skip
-    terms = _terms(spec, topo, result, sync, vllm_data)
+    terms = _with_peak_prediction(_terms(spec, topo, result, sync, vllm_data), plan.model, spec)
     left = seconds - (time.monotonic() - started)
     if not args.random_weights:
         print(f"calibrate: TRL's own time per step ({OVERHEAD_STEPS} real steps of the recipe)", file=sys.stderr,
@@ -322,7 +322,25 @@ def _terms(spec: Any, topo: Any, result: dict[str, Any], sync: dict[str, Any] | 
         activation_peak_bytes=result.get("activation_peak_bytes"),
         activation_peak_bytes_ckpt=result.get("activation_peak_bytes_ckpt"),
         value_bytes=2 if spec.dtype == "bfloat16" else 4,
+        step_peak_bytes=result.get("step_peak_bytes"),
+        step_peak_bytes_ckpt=result.get("step_peak_bytes_ckpt"),
     )
+
+
+def _with_peak_prediction(terms: Any, model: Any, spec: Any) -> Any:
+    """``terms`` with the memory model's prediction of each measured training-step peak stored beside it."""
+    import dataclasses
+
+    from grpo_launch.planning.calibration import step_peak_prediction
+
+    def predicted(measured: int | None, ckpt: bool) -> int | None:
+        if not measured:
+            return None
+        return int(step_peak_prediction(model, terms.value_bytes, spec.device != "cpu", spec.per_device,
+                                        spec.prompt_len, spec.completion_len, ckpt))  # fmt: skip
+
+    return dataclasses.replace(terms, step_peak_predicted_bytes=predicted(terms.step_peak_bytes, False),
+                               step_peak_predicted_bytes_ckpt=predicted(terms.step_peak_bytes_ckpt, True))  # fmt: skip
 
 
 def _show(record: Any, model: Any, paths: list[Path]) -> None:
@@ -376,6 +394,14 @@ def _measured_lines(t: Any, model: Any, at: dict[str, int]) -> list[str]:
     if t.peak_memory_bytes:
         lines.append(f"peak memory of the training step: {t.peak_memory_bytes / 2**30:.2f} GiB; with activation "
                      f"checkpointing {(t.peak_memory_bytes_ckpt or 0) / 2**30:.2f} GiB")  # fmt: skip
+    from grpo_launch.planning.calibration import step_peak_points
+
+    for ckpt, predicted, measured in step_peak_points(t):
+        used = ("" if t.device != "cpu" else
+                ": a CPU resident set with the libraries, not what the GPU estimate counts (not used)")  # fmt: skip
+        lines.append(f"training step's peak memory{' (checkpointing)' if ckpt else ''} (fused LM head, AdamW): "
+                     f"{measured / 2**30:.3f} GiB; the memory model {predicted / 2**30:.3f} GiB "
+                     f"(× {measured / predicted:.2f}){used}")  # fmt: skip
     if t.overhead_steps:
         lines.append(
             f"TRL's own time per step ({t.overhead_steps} real steps): generation + "
