@@ -486,3 +486,23 @@ def test_the_step_peak_scale_is_none_on_cpu_and_does_not_count_the_activation_sc
     assert step_peak_scale(model, terms, 8, 256, 512, activations=1.5) == pytest.approx(1.0, rel=1e-6)
     assert step_peak_scale(model, terms, 8, 256, 512) > 1.0
     assert step_peak_scale(model, dataclasses.replace(terms, device="cpu"), 8, 256, 512) is None
+
+
+@pytest.mark.slow
+def test_the_weight_sync_is_the_whole_model_between_two_real_processes_over_gloo_and_keeps_its_budget():
+    """calibrate's weight sync on CPU: two real processes (torch.distributed, gloo; TRL's path is NCCL, which
+    needs two GPUs), the whole model's float32 parameters sent, the path recorded as gloo; a budget too short for
+    it stops both processes and says so (about 7 s on 2 loaded cores)."""
+    from grpo_launch.probe.bench_sync import measure_sync
+    from grpo_launch.probe.model import resolve_model_shape
+
+    ensure_tiny_assets()
+    path = str(ROOT / ".cache" / "tiny" / "model")
+    model, _ = resolve_model_shape(path)
+    assert model is not None
+    sync, why = measure_sync(path, "float32", "cpu", 120)
+    assert sync is not None, why
+    assert sync["path"] == "gloo" and sync["bytes"] == pytest.approx(4 * model.params) and sync["seconds"] > 0
+    t0 = time.monotonic()
+    assert measure_sync(path, "float32", "cpu", 1) == (None, "not done within its 1 s (raise --minutes)")
+    assert time.monotonic() - t0 < 10
