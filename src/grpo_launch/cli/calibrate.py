@@ -220,7 +220,9 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
 
         Path(args.out).write_text(json.dumps(record.to_dict(), indent=2) + "\n")
         paths.append(Path(args.out))
-    _show(record, plan.model, paths)
+    from grpo_launch.cli.calibrate_view import show
+
+    show(record, plan.model, paths)
     return 0
 
 
@@ -267,7 +269,7 @@ def _phases(
     else:
         not_measured.append("vLLM start-up and decode: vLLM is off in this recipe (the trainers' generate measured; "
                             "--vllm-python PYTHON measures it too)")  # fmt: skip
-    terms = _terms(spec, topo, result, sync, vllm_data)
+    terms = _with_peak_prediction(_terms(spec, topo, result, sync, vllm_data), plan.model, spec)
     left = seconds - (time.monotonic() - started)
     if not args.random_weights:
         print(f"calibrate: TRL's own time per step ({OVERHEAD_STEPS} real steps of the recipe)", file=sys.stderr,
@@ -322,21 +324,25 @@ def _terms(spec: Any, topo: Any, result: dict[str, Any], sync: dict[str, Any] | 
         activation_peak_bytes=result.get("activation_peak_bytes"),
         activation_peak_bytes_ckpt=result.get("activation_peak_bytes_ckpt"),
         value_bytes=2 if spec.dtype == "bfloat16" else 4,
+        step_peak_bytes=result.get("step_peak_bytes"),
+        step_peak_bytes_ckpt=result.get("step_peak_bytes_ckpt"),
     )
 
 
-def _show(record: Any, model: Any, paths: list[Path]) -> None:
-    from grpo_launch.cli.tables import Section, print_sections
+def _with_peak_prediction(terms: Any, model: Any, spec: Any) -> Any:
+    """``terms`` with the memory model's prediction of each measured training-step peak stored beside it."""
+    import dataclasses
 
-    terms, key = record.terms, record.key
-    at = {k: int(v) for k, v in record.at}
-    print_sections([
-        Section(f"calibration of {model.name} on {terms.device} ({key.dtype}) in {record.seconds:.0f} s"),
-        Section("measured", rows=tuple((line,) for line in _measured_lines(terms, model, at)), table=False),
-        Section("not measured", rows=tuple((line,) for line in record.not_measured), table=False),
-        Section("written", rows=tuple((str(p),) for p in paths), table=False),
-        Section(f"plan uses it for: {', '.join(record.measured_terms())}", style="cyan"),
-    ])  # fmt: skip
+    from grpo_launch.planning.calibration import step_peak_prediction
+
+    def predicted(measured: int | None, ckpt: bool) -> int | None:
+        if not measured:
+            return None
+        return int(step_peak_prediction(model, terms.value_bytes, spec.device != "cpu", spec.per_device,
+                                        spec.prompt_len, spec.completion_len, ckpt))  # fmt: skip
+
+    return dataclasses.replace(terms, step_peak_predicted_bytes=predicted(terms.step_peak_bytes, False),
+                               step_peak_predicted_bytes_ckpt=predicted(terms.step_peak_bytes_ckpt, True))  # fmt: skip
 
 
 def _measure(spec: Any, phases: tuple[str, ...]) -> dict[str, Any]:
@@ -356,42 +362,3 @@ def _measure(spec: Any, phases: tuple[str, ...]) -> dict[str, Any]:
         out = run_bench(spec, report)
         bar.update(task, completed=len(phases))
     return out
-
-
-def _measured_lines(t: Any, model: Any, at: dict[str, int]) -> list[str]:
-    lines = [
-        f"decode ({path}): " + ", ".join(f"batch {b}: {s * 1000:.1f} ms/step" for b, s in points)
-        for path, points in (("transformers", t.decode), ("vLLM", t.vllm_decode))
-        if points
-    ]
-    lines.append(f"prefill (one micro-batch's prompts): {t.prefill_s * 1000:.1f} ms")
-    lines.append(
-        f"training step: {t.train_tokens_per_s:,.0f} tokens/s; with activation checkpointing "
-        f"{t.train_tokens_per_s_ckpt:,.0f} tokens/s; forward alone {t.forward_tokens_per_s:,.0f} tokens/s"
-    )
-    if t.load_s is not None:
-        lines.append(f"model load: {t.load_s:.1f} s")
-    if t.engine_start_s is not None:
-        lines.append(f"vLLM start-up: {t.engine_start_s:.1f} s")
-    if t.peak_memory_bytes:
-        lines.append(f"peak memory of the training step: {t.peak_memory_bytes / 2**30:.2f} GiB; with activation "
-                     f"checkpointing {(t.peak_memory_bytes_ckpt or 0) / 2**30:.2f} GiB")  # fmt: skip
-    if t.overhead_steps:
-        lines.append(
-            f"TRL's own time per step ({t.overhead_steps} real steps): generation + "
-            f"{t.overhead_generation_s * 1000:.0f} ms, training + {t.overhead_training_s * 1000:.0f} ms"
-        )
-    from grpo_launch.planning.calibration import activation_points
-
-    point = (at.get("per_device_train_batch_size", 1), at.get("prompt_len", 1), at.get("completion_len", 1))
-    for ckpt, modelled, measured in activation_points(model, t, *point):
-        lines.append(f"activation memory of one micro-batch{' (checkpointing)' if ckpt else ''}: "
-                     f"{measured / 2**20:,.1f} MiB; the memory model {modelled / 2**20:,.1f} MiB "
-                     f"(× {measured / modelled:.2f})")  # fmt: skip
-    if t.sync_s is not None:
-        caveat = "" if t.sync_path == "nccl" else " (not TRL's path, which needs CUDA: never used for a GPU plan)"
-        lines.append(f"weight sync trainer → server over {t.sync_path}: {t.sync_s * 1000:,.1f} ms for the whole model"
-                     + caveat)  # fmt: skip
-    if t.threads:
-        lines.append(f"threads per process: {t.threads} (as the run's OMP_NUM_THREADS)")
-    return lines

@@ -293,9 +293,9 @@ def stored_calibration(
         return run, tuple(notes)
     gpu = topo.planning_gpu_spec
     base = run or Calibration()
-    gen = train = activations = 1.0
+    gen = train = activations = peak = 1.0
     if gpu is not None:  # on GPUs the table's structure stays: its speed is scaled to what was measured
-        from grpo_launch.planning.calibration import activation_scale, measured_against_table
+        from grpo_launch.planning.calibration import activation_scale, measured_against_table, step_peak_scale
 
         at = {k: int(v) for k, v in found.record.at}
         point = (at.get("per_device_train_batch_size", 1), at.get("prompt_len", 1), at.get("completion_len", 1))
@@ -309,9 +309,18 @@ def stored_calibration(
         elif ratio is not None:
             notes.append(f"calibration: activation memory measured at {ratio:.2f} × the memory model's; the model's "
                          "kept (a calibration only raises a memory estimate)")  # fmt: skip
+        whole = step_peak_scale(model, found.record.terms, *point, activations=activations)
+        if whole is not None and whole > 1:
+            peak = whole
+            notes.append(f"calibration: memory per training GPU × {whole:.2f} (the training step's peak measured ÷ "
+                         "the memory model's tensors at that point)")  # fmt: skip
+        elif whole is not None:
+            notes.append(f"calibration: the training step's peak measured at {whole:.2f} × the memory model's; the "
+                         "model's kept (a calibration only raises a memory estimate)")  # fmt: skip
     scaled = dataclasses.replace(base, generation=base.generation * gen, training=base.training * train,
                                  measured=found.record.terms, measured_source=found.path, measured_generation=gen,
-                                 measured_training=train, activation_memory=activations)  # fmt: skip
+                                 measured_training=train, activation_memory=activations,
+                                 measured_memory=peak)  # fmt: skip
     return scaled, tuple(notes)
 
 

@@ -38,6 +38,13 @@ class MeasuredTerms:
     activation_peak_bytes: int | None = None
     activation_peak_bytes_ckpt: int | None = None  # the same with activation checkpointing
     value_bytes: int = 0
+    # The training step's whole peak as GRPOTrainer runs it (TRL's fused LM head, the weights, gradients and AdamW's
+    # moments held: GPU, CUDA's max allocated; CPU, the resident high-water mark, libraries included), and the memory
+    # model's tensors at the same point (planning/calibration.py ``step_peak_prediction``), stored beside it.
+    step_peak_bytes: int | None = None
+    step_peak_bytes_ckpt: int | None = None
+    step_peak_predicted_bytes: int | None = None
+    step_peak_predicted_bytes_ckpt: int | None = None
     # How ``sync_s`` was measured: "nccl" between two GPUs of this machine (TRL's path within a node), "gloo" on CPU
     # (not TRL's path: it is never used for a GPU plan).
     sync_path: str = ""

@@ -88,7 +88,8 @@ def with_file_part(run: Calibration, used: Calibration | None) -> Calibration:
                                training=run.training * used.measured_training, measured=used.measured,
                                measured_source=used.measured_source, measured_generation=used.measured_generation,
                                measured_training=used.measured_training,
-                               activation_memory=used.activation_memory)  # fmt: skip
+                               activation_memory=used.activation_memory,
+                               measured_memory=used.measured_memory)  # fmt: skip
 
 
 def calibrate_from_run(view: RunView) -> tuple[Calibration, list[Comparison]]:
@@ -205,8 +206,14 @@ def measured_against_table(
                                "the whole model, trainer → server, in vLLM's packed buffers"))  # fmt: skip
     for ckpt, peak in ((False, terms.peak_memory_bytes), (True, terms.peak_memory_bytes_ckpt)):
         if peak:
-            name = "peak memory (one process, one micro-batch" + (", checkpointing)" if ckpt else ")")
-            rows.append(Comparison(name, None, peak / GIB, "GiB"))
+            name = "peak memory of the timed step (one micro-batch" + (", checkpointing)" if ckpt else ")")
+            rows.append(Comparison(name, None, peak / GIB, "GiB", "torch's log-softmax over whole logits, not "
+                                   "TRL's fused head: no model term (the row below is)"))  # fmt: skip
+    for ckpt, predicted, measured in step_peak_points(terms):
+        name = "training step's peak memory (fused LM head, AdamW" + (", checkpointing)" if ckpt else ")")
+        note = ("the memory model's tensors at this point" if terms.device != "cpu" else
+                "a CPU resident set, libraries included: not the GPU estimate's (not used)")  # fmt: skip
+        rows.append(Comparison(name, predicted / GIB, measured / GIB, "GiB", note))
     for ckpt, modelled, measured in activation_points(model, terms, b, prompt_len, completion_len):
         name = "activation memory of one micro-batch" + (" (activation checkpointing)" if ckpt else "")
         rows.append(Comparison(name, modelled / GIB, measured / GIB, "GiB", "the memory model's activation terms"))
@@ -226,6 +233,40 @@ def activation_points(
     return [(ckpt, activation_memory(model, max(1, per_device), seq, completion_len, ckpt, prec).peak, measured)
             for ckpt, measured in ((False, terms.activation_peak_bytes), (True, terms.activation_peak_bytes_ckpt))
             if measured]  # fmt: skip
+
+
+def step_peak_prediction(model: ModelShape, value_bytes: int, gpu: bool, per_device: int, prompt_len: int,
+                         completion_len: int, checkpointing: bool) -> float:  # fmt: skip
+    """The memory model's tensors of calibrate's training step (one process, the model at ``value_bytes`` width as
+    calibrate loads it): weights, gradients and AdamW's two moments at that width (4 × value_bytes × P: torch's
+    AdamW keeps its moments in the parameters' dtype), and one micro-batch's activation peak as
+    :func:`~grpo_launch.planning.cost.activations.activation_memory` counts it (TRL's fused LM head). No
+    fragmentation, CUDA context or NCCL buffers: CUDA's max allocated counts none of them."""
+    prec = Precision(value_bytes, value_bytes, triton=gpu)
+    states = 4 * value_bytes * model.params
+    seq = prompt_len + completion_len
+    return states + activation_memory(model, max(1, per_device), seq, completion_len, checkpointing, prec).peak
+
+
+def step_peak_points(terms: MeasuredTerms) -> list[tuple[bool, float, int]]:
+    """(checkpointing, the memory model's prediction, the measured peak) of calibrate's training step, as stored."""
+    points = ((False, terms.step_peak_predicted_bytes, terms.step_peak_bytes),
+              (True, terms.step_peak_predicted_bytes_ckpt, terms.step_peak_bytes_ckpt))  # fmt: skip
+    return [(ckpt, float(predicted), measured) for ckpt, predicted, measured in points if predicted and measured]
+
+
+def step_peak_scale(model: ModelShape, terms: MeasuredTerms, per_device: int, prompt_len: int, completion_len: int,
+                    activations: float = 1.0) -> float | None:  # fmt: skip
+    """On a GPU, measured ÷ predicted peak of calibrate's training step, the prediction's activation terms first
+    raised by ``activations`` (calibrate's activation ratio, which the plan applies apart: not counted twice); the
+    larger of the two points (without and with checkpointing). None on CPU (a resident set counts the libraries
+    and the interpreter, not what the GPU estimate counts) or where not measured."""
+    if terms.device == "cpu" or not terms.value_bytes:
+        return None
+    modelled = {ckpt: m for ckpt, m, _ in activation_points(model, terms, per_device, prompt_len, completion_len)}
+    ratios = [measured / (predicted + (activations - 1.0) * modelled.get(ckpt, 0.0))
+              for ckpt, predicted, measured in step_peak_points(terms)]  # fmt: skip
+    return max(ratios) if ratios else None
 
 
 def activation_scale(model: ModelShape, terms: MeasuredTerms, per_device: int, prompt_len: int,

@@ -189,8 +189,10 @@ def peak_memory(device: str) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_max"
 
 
-def measure_activation_peak(model: Any, spec: BenchSpec, *, checkpointing: bool) -> int | None:
-    """The memory one micro-batch's forward and backward take above what the process holds before it, run as
+def measure_activation_peak(model: Any, spec: BenchSpec, *, checkpointing: bool) -> tuple[int, int] | None:
+    """(The memory one micro-batch's forward and backward take above what the process holds before it, the
+    process's whole peak during them with the weights, gradients and AdamW's moments held: the training step's
+    peak as the memory model's tensors count it), run as
     GRPOTrainer runs it (TRL's fused LM head, ``trl.trainer.utils.add_fused_lm_head``; a left-padded batch scored on
     its completion tokens; after a first step, so the gradients are allocated): what the memory model's
     activation terms count (planning/cost/activations.py). CUDA: the allocator's peak above its allocated bytes.
@@ -224,7 +226,10 @@ def measure_activation_peak(model: Any, spec: BenchSpec, *, checkpointing: bool)
         (-out.log_probs.sum()).backward()
         return out
 
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     step()  # warm-up: the gradients allocated (as after a first step), one-time workspaces made
+    opt.step()  # AdamW's two moments allocated, as a training process holds them during every later step
+    model.zero_grad(set_to_none=False)
     gc.collect()
     if spec.device == "cuda":
         torch.cuda.synchronize()
@@ -236,13 +241,13 @@ def measure_activation_peak(model: Any, spec: BenchSpec, *, checkpointing: bool)
     out = step()
     if spec.device == "cuda":
         torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
+        whole = torch.cuda.max_memory_allocated()
     else:
-        peak = high_water_mark() - base
-    del out
+        whole = high_water_mark()
+    del out, opt
     model.zero_grad(set_to_none=False)
     model.gradient_checkpointing_disable()
-    return max(0, int(peak))
+    return max(0, int(whole - base)), int(whole)
 
 
 M_MMAP_THRESHOLD = -3  # glibc malloc.h
@@ -313,9 +318,11 @@ def run_bench(spec: BenchSpec, report: Report) -> dict[str, Any]:
     out["forward_tokens_per_s"] = measure_forward(model, spec, budget.phase())
     out["memory_kind"] = kind
     report(PHASES[6])
-    for name, ckpt in (("activation_peak_bytes", False), ("activation_peak_bytes_ckpt", True)):
+    for suffix, ckpt in (("", False), ("_ckpt", True)):
+        name = "activation_peak_bytes" + suffix
         try:
-            out[name] = measure_activation_peak(model, spec, checkpointing=ckpt)
+            both = measure_activation_peak(model, spec, checkpointing=ckpt)
+            out[name], out["step_peak_bytes" + suffix] = both if both is not None else (None, None)
         except (torch.OutOfMemoryError, ImportError, TypeError) as exc:  # TypeError: no fused head in this TRL
             out[name] = None
             out["failed"].append(f"{PHASES[6]}: not measured ({type(exc).__name__}: {exc})"[:300])

@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     n = spec["completion_len"]
     params = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=1.0)
     prompt = {"prompt_token_ids": [5] * spec["prompt_len"]}
-    decode = []
+    decode: list[tuple[int, float]] = []
     deadline = time.monotonic() + spec["seconds"]
     for batch in spec["batches"]:
         if decode and time.monotonic() > deadline:

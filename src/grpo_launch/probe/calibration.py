@@ -117,6 +117,8 @@ class CalibrationRecord:
                                  ("vLLM start-up", t.engine_start_s), ("peak memory", t.peak_memory_bytes),
                                  ("TRL's own time per step", t.overhead_steps),
                                  ("activation memory", t.activation_peak_bytes)) if v]  # fmt: skip
+        # a CPU peak is a resident set: calibrate shows it, a plan never uses it
+        names += ["training step's peak memory"] if t.step_peak_bytes and t.device != "cpu" else []
         return names
 
 

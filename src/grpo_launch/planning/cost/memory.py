@@ -150,7 +150,7 @@ def train_memory(model: ModelShape, n: int, backend: DistBackend, offload: Offlo
     lm_head = act.lm_head
     autocast = _c("autocast_weight_bytes") * p if prec.autocast and backend == DistBackend.DDP else 0.0
     return TrainMemory(weights, grads, optim, reference, activations, lm_head, autocast, process_overhead(n),
-                       work.scale.memory, work.scale.activation_memory)  # fmt: skip
+                       work.scale.memory * work.scale.measured_memory, work.scale.activation_memory)  # fmt: skip
 
 
 def margin_lines(n: int) -> list[str]:

@@ -32,6 +32,10 @@ class Calibration:
     # On GPUs, the measured activation memory of one micro-batch over the memory model's (calibrate), when above 1:
     # it multiplies the activation terms. Below 1 the model stays (an underestimate costs an out-of-memory failure).
     activation_memory: float = 1.0
+    # On GPUs, calibrate's measured training-step peak over the memory model's tensors at that point (activations
+    # already raised by ``activation_memory``), when above 1: it multiplies the memory per training GPU, like a run's
+    # ``memory``. Kept apart from ``memory`` so a run's own scale can be told from it (see ``measured_generation``).
+    measured_memory: float = 1.0
 
 
 @frozen
