@@ -293,6 +293,18 @@ def test_a_heterogeneous_component_of_uneven_nodes_is_refused():
         probe_slurm(HET_ENV, scontrol=lambda args: uneven if args[1] == "job" else None, steps=no_steps)
 
 
+def test_a_heterogeneous_job_without_scontrol_reads_each_component_s_gpus_per_node():
+    """Failed before: without scontrol every component was given this node's count (gpu02/03 with 4 GPUs, not 8).
+    The variables are those a real `sbatch -w n1 --gpus-per-node=2 : -w n2 --gpus-per-node=4` job sets on the test
+    cluster (SLURM_GPUS_PER_NODE_HET_GROUP_k); `--gres=gpu:N` sets none, and then the count is refused, not guessed."""
+    env = {**HET_ENV, "SLURM_GPUS_PER_NODE_HET_GROUP_0": "4", "SLURM_GPUS_PER_NODE_HET_GROUP_1": "h100:8"}
+    t = probe_slurm(env, scontrol=no_scontrol, steps=no_steps)
+    assert [(h.name, len(h.gpus)) for h in t.hosts] == [("gpu01", 4), ("gpu02", 8), ("gpu03", 8)]
+    with pytest.raises(ProbeError, match=r"component 1 .* gpu02") as e:
+        probe_slurm(HET_ENV, scontrol=no_scontrol, steps=no_steps)
+    assert "--gpus-per-node" in e.value.hint
+
+
 def test_not_in_slurm():
     with pytest.raises(ProbeError, match="not inside a Slurm allocation"):
         probe_slurm({})

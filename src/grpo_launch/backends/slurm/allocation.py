@@ -114,6 +114,27 @@ def het_group_args(groups: Mapping[str, int], node: str) -> list[str]:
     return [f"--het-group={groups[node]}"] if groups.get(node) else []
 
 
+def het_gpus_per_node(environ: Mapping[str, str], groups: Mapping[str, int], this_node: int) -> dict[str, int]:
+    """Each node's GPUs in a heterogeneous job when ``scontrol show job -d`` does not answer: component k's
+    SLURM_GPUS_PER_NODE_HET_GROUP_k (set by ``--gpus-per-node``; ``--gres=gpu:N`` sets no such variable), component 0
+    else this node's own count. A component whose count no variable gives is refused rather than guessed."""
+    out: dict[str, int] = {}
+    for node, k in groups.items():
+        value = environ.get(f"SLURM_GPUS_PER_NODE_HET_GROUP_{k}")
+        if value:
+            out[node] = _gpus_per_node({"gpus_per_node": value})
+        elif k == 0:
+            out[node] = this_node
+        else:
+            raise ProbeError(
+                f"cannot tell how many GPUs component {k} of this heterogeneous job has on {node}: "
+                f"`scontrol show job -d` did not answer and SLURM_GPUS_PER_NODE_HET_GROUP_{k} is not set",
+                hint="Make scontrol reachable from the job, or request each component's GPUs with "
+                "--gpus-per-node=G (sbatch -w n1 --gpus-per-node=4 : -w n2 --gpus-per-node=8 job.sh).",
+            )
+    return out
+
+
 NodeReports = tuple[dict[str, dict], list[str]]  # node → its host report; what failed, per node
 PROBE_STEP_TIMEOUT_S = 60.0  # a step starts in seconds on a healthy allocation
 
@@ -182,10 +203,11 @@ def probe_slurm(
     per_node = _gpus_per_node(values)
     counts = {h: per_node for h in hosts}
     job = scontrol(["show", "job", "-d", values["job_id"]])
-    if job:
-        gres = parse_job_gres(job, expand_nodelist)
-        if gres and set(gres) >= set(hosts):
-            counts = {h: gres[h] for h in hosts}
+    gres = parse_job_gres(job, expand_nodelist) if job else {}
+    if gres and set(gres) >= set(hosts):
+        counts = {h: gres[h] for h in hosts}
+    elif groups:
+        counts = het_gpus_per_node(environ, groups, per_node)
     uneven = [k for k in set(groups.values()) if len({n for h, n in counts.items() if groups[h] == k}) > 1]
     if (not groups and len(set(counts.values())) > 1) or uneven:
         raise ProbeError(
