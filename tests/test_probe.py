@@ -293,6 +293,36 @@ def test_a_heterogeneous_component_of_uneven_nodes_is_refused():
         probe_slurm(HET_ENV, scontrol=lambda args: uneven if args[1] == "job" else None, steps=no_steps)
 
 
+def test_a_heterogeneous_job_without_scontrol_reads_each_component_s_gpus_per_node():
+    """Failed before: without scontrol every component was given this node's count (gpu02/03 with 4 GPUs, not 8).
+    The variables are those a real `sbatch -w n1 --gpus-per-node=2 : -w n2 --gpus-per-node=4` job sets on the test
+    cluster (SLURM_GPUS_PER_NODE_HET_GROUP_k); `--gres=gpu:N` sets none, and then the count is refused, not guessed."""
+    env = {**HET_ENV, "SLURM_GPUS_PER_NODE_HET_GROUP_0": "4", "SLURM_GPUS_PER_NODE_HET_GROUP_1": "h100:8"}
+    t = probe_slurm(env, scontrol=no_scontrol, steps=no_steps)
+    assert [(h.name, len(h.gpus)) for h in t.hosts] == [("gpu01", 4), ("gpu02", 8), ("gpu03", 8)]
+    with pytest.raises(ProbeError, match=r"component 1 .* gpu02") as e:
+        probe_slurm(HET_ENV, scontrol=no_scontrol, steps=no_steps)
+    assert "--gpus-per-node" in e.value.hint
+
+
+def test_a_heterogeneous_job_s_components_each_have_their_own_cpus_and_memory_limit():
+    """Failed before: component 0's SLURM_MEM_PER_NODE capped every node's RAM (gpu02/03 at 1500 MB, not 32000) and
+    its SLURM_JOB_CPUS_PER_NODE was not read at all. A real het job sets the plain variables to component 0's and
+    each component's as <variable>_HET_GROUP_k (captured on the test cluster: SLURM_MEM_PER_NODE_HET_GROUP_1, ...)."""
+    env = {**HET_ENV, "SLURM_JOB_CPUS_PER_NODE": "16", "SLURM_MEM_PER_NODE": "1500",
+           "SLURM_JOB_CPUS_PER_NODE_HET_GROUP_0": "16", "SLURM_MEM_PER_NODE_HET_GROUP_0": "1500",
+           "SLURM_JOB_CPUS_PER_NODE_HET_GROUP_1": "32(x2)", "SLURM_MEM_PER_NODE_HET_GROUP_1": "32000"}  # fmt: skip
+    reports = {n: {"node": n, "cpus": 64, "memory_bytes": 64 * GIB, "gpus": [["NVIDIA H100 80GB HBM3", 80 * GIB]] * c}
+               for n, c in {"gpu01": 4, "gpu02": 8, "gpu03": 8}.items()}  # fmt: skip
+    t = probe_slurm(env, scontrol=lambda args: HET_JOB_D if args[1] == "job" else None,
+                    steps=lambda gpus, **_: (reports, []))  # fmt: skip
+    assert [(h.name, h.cpus, h.memory_bytes) for h in t.hosts] == [
+        ("gpu01", 16, 1500 * 2**20),
+        ("gpu02", 32, 32000 * 2**20),
+        ("gpu03", 32, 32000 * 2**20),
+    ]
+
+
 def test_not_in_slurm():
     with pytest.raises(ProbeError, match="not inside a Slurm allocation"):
         probe_slurm({})

@@ -114,6 +114,40 @@ def het_group_args(groups: Mapping[str, int], node: str) -> list[str]:
     return [f"--het-group={groups[node]}"] if groups.get(node) else []
 
 
+def het_gpus_per_node(environ: Mapping[str, str], groups: Mapping[str, int], this_node: int) -> dict[str, int]:
+    """Each node's GPUs in a heterogeneous job when ``scontrol show job -d`` does not answer: component k's
+    SLURM_GPUS_PER_NODE_HET_GROUP_k (set by ``--gpus-per-node``; ``--gres=gpu:N`` sets no such variable), component 0
+    else this node's own count. A component whose count no variable gives is refused rather than guessed."""
+    out: dict[str, int] = {}
+    for node, k in groups.items():
+        value = environ.get(f"SLURM_GPUS_PER_NODE_HET_GROUP_{k}")
+        if value:
+            out[node] = _gpus_per_node({"gpus_per_node": value})
+        elif k == 0:
+            out[node] = this_node
+        else:
+            raise ProbeError(
+                f"cannot tell how many GPUs component {k} of this heterogeneous job has on {node}: "
+                f"`scontrol show job -d` did not answer and SLURM_GPUS_PER_NODE_HET_GROUP_{k} is not set",
+                hint="Make scontrol reachable from the job, or request each component's GPUs with "
+                "--gpus-per-node=G (sbatch -w n1 --gpus-per-node=4 : -w n2 --gpus-per-node=8 job.sh).",
+            )
+    return out
+
+
+PER_COMPONENT = ("cpus_per_node", "mem_per_node", "mem_per_cpu")  # a heterogeneous job sets these per component
+
+
+def component_values(environ: Mapping[str, str], values: Mapping[str, str], k: int) -> dict[str, str]:
+    """``values`` as component k of a heterogeneous job sees them: its CPUs and ``--mem`` / ``--mem-per-cpu`` from
+    the ``<variable>_HET_GROUP_<k>`` variables (the plain ones are component 0's)."""
+    out = {key: v for key, v in values.items() if key not in PER_COMPONENT}
+    for key in PER_COMPONENT:
+        v = environ.get(f"{SLURM_VARIABLES[key]}_HET_GROUP_{k}")
+        out |= {key: v} if v else {}
+    return out
+
+
 NodeReports = tuple[dict[str, dict], list[str]]  # node → its host report; what failed, per node
 PROBE_STEP_TIMEOUT_S = 60.0  # a step starts in seconds on a healthy allocation
 
@@ -182,10 +216,11 @@ def probe_slurm(
     per_node = _gpus_per_node(values)
     counts = {h: per_node for h in hosts}
     job = scontrol(["show", "job", "-d", values["job_id"]])
-    if job:
-        gres = parse_job_gres(job, expand_nodelist)
-        if gres and set(gres) >= set(hosts):
-            counts = {h: gres[h] for h in hosts}
+    gres = parse_job_gres(job, expand_nodelist) if job else {}
+    if gres and set(gres) >= set(hosts):
+        counts = {h: gres[h] for h in hosts}
+    elif groups:
+        counts = het_gpus_per_node(environ, groups, per_node)
     uneven = [k for k in set(groups.values()) if len({n for h, n in counts.items() if groups[h] == k}) > 1]
     if (not groups and len(set(counts.values())) > 1) or uneven:
         raise ProbeError(
@@ -193,18 +228,20 @@ def probe_slurm(
             hint="accelerate runs the same number of processes on every node: request whole, alike nodes "
             "(grpo-launch sbatch --gpus-per-node G, or sbatch --gpus-per-node=G --exclusive).",
         )
-    cpus: list[int | None] = [None] * len(hosts)
-    if "cpus_per_node" in values:
-        expanded = expand_counts(values["cpus_per_node"])
-        if len(expanded) == len(hosts):
-            cpus = list(expanded)
+    own = {h: component_values(environ, values, groups[h]) if groups else values for h in hosts}
+    cpus: dict[str, int | None] = dict.fromkeys(hosts)
+    for part in [[h for h in hosts if groups[h] == k] for k in sorted(set(groups.values()))] or [hosts]:
+        per_node_cpus = own[part[0]].get("cpus_per_node")  # SLURM_JOB_CPUS_PER_NODE: "72(x2),36"
+        expanded = expand_counts(per_node_cpus) if per_node_cpus else []
+        if len(expanded) == len(part):
+            cpus.update(zip(part, expanded, strict=True))
     nodes = scontrol(["show", "node", "-o", ",".join(hosts)])
     addresses = parse_node_addresses(nodes) if nodes else {}
     real_memory = parse_node_memory(nodes) if nodes else {}
     reports, failed = steps(counts, groups=groups)
     name, mem = local_gpu_model(local)
     out, models, warnings = [], {}, []
-    for h, c in zip(hosts, cpus, strict=True):
+    for h, c in cpus.items():
         report = reports.get(h)
         if report is None:
             gpus = tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(counts[h]))
@@ -218,7 +255,7 @@ def probe_slurm(
             c = c or (report["cpus"] if isinstance(report.get("cpus"), int) else None)
             models.update({h: gpus[0].name} if gpus else {})
         ram = report.get("memory_bytes") if report else None
-        memory = _smallest(ram if isinstance(ram, int) else None, real_memory.get(h), job_memory_limit(values, c))
+        memory = _smallest(ram if isinstance(ram, int) else None, real_memory.get(h), job_memory_limit(own[h], c))
         out.append(Host(name=h, gpus=gpus, address=addresses.get(h), memory_bytes=memory, cpus=c))
     if failed:
         why = "; ".join(failed[:4]) + (f"; and {len(failed) - 4} more" if len(failed) > 4 else "")
