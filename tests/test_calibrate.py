@@ -506,3 +506,15 @@ def test_the_weight_sync_is_the_whole_model_between_two_real_processes_over_gloo
     t0 = time.monotonic()
     assert measure_sync(path, "float32", "cpu", 1) == (None, "not done within its 1 s (raise --minutes)")
     assert time.monotonic() - t0 < 10
+
+
+def test_the_terms_a_plan_takes_name_memory_only_on_a_gpu():
+    """What `plan` and `calibrate` say a plan takes from the file: a CPU figure of memory is a resident set and the
+    timed step's peak matches no model term, so neither is named; a GPU's activation memory is (it raises the
+    estimate)."""
+    cpu = dataclasses.replace(TERMS, peak_memory_bytes=2**30, activation_peak_bytes=2**20, value_bytes=4)
+    named = CalibrationRecord(_this_key(), cpu).measured_terms()
+    assert "decode (transformers, batches 1, 4, 8)" in named
+    assert not [n for n in named if "memory" in n], named
+    gpu = dataclasses.replace(cpu, device="H100-80GB")
+    assert "activation memory" in CalibrationRecord(_this_key(), gpu).measured_terms()

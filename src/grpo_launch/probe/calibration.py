@@ -114,11 +114,13 @@ class CalibrationRecord:
         names += ["training step with activation checkpointing"] if t.train_tokens_per_s_ckpt else []
         names += ["forward (old log-probs)"] if t.forward_tokens_per_s else []
         names += [n for n, v in (("weight sync", t.sync_s), ("model load", t.load_s),
-                                 ("vLLM start-up", t.engine_start_s), ("peak memory", t.peak_memory_bytes),
-                                 ("TRL's own time per step", t.overhead_steps),
-                                 ("activation memory", t.activation_peak_bytes)) if v]  # fmt: skip
-        # a CPU peak is a resident set: calibrate shows it, a plan never uses it
-        names += ["training step's peak memory"] if t.step_peak_bytes and t.device != "cpu" else []
+                                 ("vLLM start-up", t.engine_start_s),
+                                 ("TRL's own time per step", t.overhead_steps)) if v]  # fmt: skip
+        # Memory only on a GPU: a CPU figure is a resident set, and the timed step's peak (torch's log-softmax over
+        # the whole logits) matches no term of the model. calibrate shows them all; a plan uses these.
+        if t.device != "cpu":
+            names += ["activation memory"] if t.activation_peak_bytes else []
+            names += ["training step's peak memory"] if t.step_peak_bytes else []
         return names
 
 
