@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,9 +190,11 @@ def build_report(
     measured: Mapping[str, Any] | None,
     predicted: Mapping[str, Any] | None,
     calibrations: list[str],
+    calibrated: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The acceptance JSON. ``measured``: steps, step_s (warm mean), generation_s, training_s, peak_memory_gib,
-    memory_kind; ``predicted``: step_s, generation_s, training_s, train_memory_gib, vllm_memory_gib (plan.json).
+    memory_kind; ``predicted``: step_s, generation_s, training_s, train_memory_gib, vllm_memory_gib (plan.json);
+    ``calibrated``: each calibration's memory and weight sync against the model (:func:`calibration_summaries`).
     Ratios are measured ÷ predicted; None where either side is missing."""
 
     def ratio(m: float | None, p: float | None) -> float | None:
@@ -210,6 +212,7 @@ def build_report(
         "within_budget": elapsed <= budget_s,
         "phases": [dict(ph) for ph in phases],
         "calibrations": sorted(calibrations),
+        "calibrated": [dict(c) for c in calibrated or []],
         "run": {"model": RUN_MODEL, "steps": RUN_STEPS, "measured": m or None, "predicted": p or None},
         "comparison": {
             "step_s": ratio(m.get("step_s"), p.get("step_s")),
@@ -220,6 +223,23 @@ def build_report(
             "peak_memory_vs_train_and_vllm": ratio(m.get("peak_memory_gib"), colocated),
         },
     }
+
+
+def calibration_summaries(folder: Path) -> list[dict[str, Any]]:
+    """What each calibration in ``folder`` measured against the model, read by grpo-launch's own reader: the
+    training step's peak memory against the memory model's tensors (with and without activation checkpointing),
+    and the weight sync (its path, its seconds, and the table's within a node, where it is NCCL's)."""
+    from grpo_launch.planning.calibration import step_peak_points
+    from grpo_launch.probe.calibration import read_calibration
+
+    out = []
+    for path in sorted(folder.rglob("*.json")):
+        t = read_calibration(path).terms
+        peaks = [{"checkpointing": ckpt, "measured_gib": measured / 2**30, "predicted_gib": predicted / 2**30,
+                  "ratio": measured / predicted} for ckpt, predicted, measured in step_peak_points(t)]  # fmt: skip
+        out.append({"file": path.name, "device": t.device, "step_peak": peaks, "sync_s": t.sync_s,
+                    "sync_path": t.sync_path or None})  # fmt: skip
+    return out
 
 
 def _run_values(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -268,8 +288,9 @@ def report(out: Path, path: Path) -> int:
     measured, predicted = _run_values(out / "run") if (out / "run").exists() else (None, None)
     cache = out / "cache"  # XDG_CACHE_HOME of the calibrate phases
     calibrations = [str(p.relative_to(out)) for p in cache.rglob("*.json")] if cache.exists() else []
+    calibrated = calibration_summaries(cache) if cache.exists() else []
     doc = build_report(device=device, versions=versions, phases=phases, budget_s=BUDGET_S, measured=measured,
-                       predicted=predicted, calibrations=calibrations)  # fmt: skip
+                       predicted=predicted, calibrations=calibrations, calibrated=calibrated)  # fmt: skip
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"gpu_acceptance: wrote {path}")
     print(json.dumps(doc["comparison"], indent=1))

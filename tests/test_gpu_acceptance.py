@@ -83,7 +83,7 @@ def test_the_report_from_a_fake_measurement_has_the_schema():
                                   budget_s=480, measured=measured, predicted=predicted,
                                   calibrations=["cache/b.json", "cache/a.json"])  # fmt: skip
     assert set(doc) == {"schema", "device", "versions", "budget_s", "elapsed_s", "within_budget", "phases",
-                        "calibrations", "run", "comparison"}  # fmt: skip
+                        "calibrations", "calibrated", "run", "comparison"}  # fmt: skip
     assert doc["elapsed_s"] == 153 and doc["within_budget"] and doc["calibrations"] == ["cache/a.json", "cache/b.json"]
     c = doc["comparison"]
     assert c["step_s"] == pytest.approx(1.2) and c["training_s"] == pytest.approx(2.0)
@@ -170,3 +170,22 @@ def test_the_report_reads_a_run_directory_as_the_launcher_wrote_it(tmp_path):
     assert predicted["vllm_memory_gib"] == pytest.approx(plan["vllm_memory_per_gpu_gib"]["total"])
     assert doc["comparison"]["step_s"] == pytest.approx(2.0 / predicted["step_s"])
     assert doc["phases"] == [{"phase": "run", "status": "ok", "seconds": 100}] and doc["within_budget"]
+
+
+def test_the_report_names_each_calibrations_memory_and_sync_against_the_model(tmp_path):
+    """The calibrations the acceptance made, read back: the training step's peak against the memory model's tensors
+    (with and without checkpointing) and the weight sync with its path."""
+    from grpo_launch.machines.measured import MeasuredTerms
+    from grpo_launch.probe.calibration import CalibrationKey, CalibrationRecord, save_calibration
+
+    terms = MeasuredTerms(device="NVIDIA H100 80GB HBM3", step_peak_bytes=3 * 2**30, step_peak_predicted_bytes=2**31,
+                          step_peak_bytes_ckpt=2**31, step_peak_predicted_bytes_ckpt=2**31, sync_s=0.25,
+                          sync_path="nccl")  # fmt: skip
+    key = CalibrationKey("NVIDIA H100 80GB HBM3", "abc", "bfloat16", (("trl", "1.16.0"),))
+    save_calibration(CalibrationRecord(key, terms), {"GRPO_LAUNCH_CALIBRATIONS": str(tmp_path / "cal")})
+    (one,) = acceptance.calibration_summaries(tmp_path / "cal")
+    assert (one["sync_s"], one["sync_path"]) == (0.25, "nccl")
+    assert [(p["checkpointing"], p["ratio"]) for p in one["step_peak"]] == [(False, 1.5), (True, 1.0)]
+    doc = acceptance.build_report(device="x", versions={}, phases=[], budget_s=480, measured=None, predicted=None,
+                                  calibrations=[], calibrated=[one])  # fmt: skip
+    assert doc["calibrated"] == [one]
