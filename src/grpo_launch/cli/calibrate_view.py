@@ -22,6 +22,8 @@ def show(record: Any, model: Any, paths: list[Path]) -> None:
 
 
 def measured_lines(t: Any, model: Any, at: dict[str, int]) -> list[str]:
+    from grpo_launch.planning.calibration import activation_points, step_peak_points
+
     lines = [
         f"decode ({path}): " + ", ".join(f"batch {b}: {s * 1000:.1f} ms/step" for b, s in points)
         for path, points in (("transformers", t.decode), ("vLLM", t.vllm_decode))
@@ -39,8 +41,6 @@ def measured_lines(t: Any, model: Any, at: dict[str, int]) -> list[str]:
     if t.peak_memory_bytes:
         lines.append(f"peak memory of the training step: {t.peak_memory_bytes / 2**30:.2f} GiB; with activation "
                      f"checkpointing {(t.peak_memory_bytes_ckpt or 0) / 2**30:.2f} GiB")  # fmt: skip
-    from grpo_launch.planning.calibration import step_peak_points
-
     for ckpt, predicted, measured in step_peak_points(t):
         used = ("" if t.device != "cpu" else
                 ": a CPU resident set with the libraries, not what the GPU estimate counts (not used)")  # fmt: skip
@@ -52,8 +52,6 @@ def measured_lines(t: Any, model: Any, at: dict[str, int]) -> list[str]:
             f"TRL's own time per step ({t.overhead_steps} real steps): generation + "
             f"{t.overhead_generation_s * 1000:.0f} ms, training + {t.overhead_training_s * 1000:.0f} ms"
         )
-    from grpo_launch.planning.calibration import activation_points
-
     point = (at.get("per_device_train_batch_size", 1), at.get("prompt_len", 1), at.get("completion_len", 1))
     for ckpt, modelled, measured in activation_points(model, t, *point):
         lines.append(f"activation memory of one micro-batch{' (checkpointing)' if ckpt else ''}: "
