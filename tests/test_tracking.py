@@ -25,7 +25,7 @@ import pytest
 
 from grpo_launch.cli import main
 from grpo_launch.enums import RunState
-from grpo_launch.execute.preflight import missing_reporters, planned_reporters
+from grpo_launch.execute.preflight import missing_imports, planned_reporters
 from grpo_launch.render import render_files
 from grpo_launch.render.processes import attempt_env
 from grpo_launch.rundir.files import set_aside_record, write_run_files
@@ -98,9 +98,28 @@ def test_a_missing_integration_is_named_with_its_install_command(no_wandb, tmp_p
     import dataclasses
 
     plan = plan_recipe(TINY_RECIPE, "cpu", "report_to=[wandb]", model=None)
-    assert missing_reporters(dataclasses.replace(plan, python=sys.executable), str(tmp_path)) == []  # installed
-    (problem,) = missing_reporters(dataclasses.replace(plan, python=str(no_wandb)), str(tmp_path))
+    assert missing_imports(dataclasses.replace(plan, python=sys.executable), str(tmp_path)) == []  # installed
+    (problem,) = missing_imports(dataclasses.replace(plan, python=str(no_wandb)), str(tmp_path))
     assert f"{no_wandb} -m pip install wandb" in problem and "take wandb out of report_to" in problem
+
+
+def test_one_probe_finds_the_reward_module_in_the_workdir_and_not_a_leftover_wandb_folder(no_wandb, tmp_path,
+                                                                                          monkeypatch):  # fmt: skip
+    """Rewards and report_to are checked by one run of the trainers' Python: the reward module is searched in the
+    working directory, report_to's integrations are not (a folder there named like the package is not W&B)."""
+    import dataclasses
+
+    (tmp_path / "myrewards.py").write_text("def reward(completions, **kw):\n    return [0.0] * len(completions)\n")
+    (tmp_path / "wandb").mkdir()  # a folder named like the package, here even a regular one
+    (tmp_path / "wandb" / "__init__.py").write_text("")
+    plan = plan_recipe(TINY_RECIPE, "cpu", "report_to=[wandb]", "reward_funcs=[myrewards:reward]", model=None)
+    runs = []
+    real = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: runs.append(a[0]) or real(*a, **k))
+    (problem,) = missing_imports(dataclasses.replace(plan, python=str(no_wandb)), str(tmp_path))
+    assert problem.startswith("report_to: wandb is not importable") and len(runs) == 1
+    problems = missing_imports(dataclasses.replace(plan, python=str(no_wandb)), str(tmp_path / "wandb"))
+    assert len(problems) == 2 and "module 'myrewards' is not importable" in problems[0]  # from another directory
 
 
 def _cli(python: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from grpo_launch.planning.types import Plan
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.probe.pythons import interpreter_of, vllm_version_of
 from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
-from grpo_launch.recipe.rewards import OPEN_R1_INSTALL, is_import_path, is_open_r1_reward, reward_names
+from grpo_launch.recipe.rewards import OPEN_R1_INSTALL, reward_imports
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.recipe.versions import TRL_VLLM_RANGE, TRL_VLLM_RANGE_TEXT, version_tuple
 
@@ -43,31 +43,46 @@ def preflight(plan: Plan, workdir: str) -> None:
         problems.append(f"dataset file {data!r} not found")
     elif looks_local(data) and not Path(data).expanduser().exists():
         problems.append(f"dataset path {data!r} not found")
-    # The names themselves were checked with the recipe (recipe/rewards.py); here, whether the trainers import them.
-    problems += missing_reward_modules(plan, reward_names(values), workdir)
-    problems += missing_reporters(plan, workdir)
+    # The reward names themselves were checked with the recipe (recipe/rewards.py); here, whether the trainers import
+    # their modules, and report_to's integrations.
+    problems += missing_imports(plan, workdir)
     if problems:
         raise ConfigError("cannot start the run:", problems=problems)
 
 
-def missing_reward_modules(plan: Plan, names: list[str], workdir: str) -> list[str]:
-    """Import-path rewards whose top-level module the trainers' Python cannot find (from the working directory,
-    with the run's PYTHONPATH), found without importing anything or running anything of the recipe's
-    (:func:`_not_found`); only for a run on this machine."""
-    modules = sorted({n.partition(":")[0].split(".")[0] for n in names if is_import_path(n)})
-    open_r1 = [n for n in names if is_open_r1_reward(n)]
-    if open_r1:
-        modules = sorted({*modules, "open_r1"})
-    if not modules or len(plan.topology.hosts) > 1:
+def missing_imports(plan: Plan, workdir: str) -> list[str]:
+    """What the trainers' Python cannot import, found by one probe of it (:func:`_not_found`: nothing is imported and
+    nothing of the recipe's runs), each with its fix: the modules of import-path rewards and open-r1's rewards (only
+    for a run on this machine: other hosts have their own environment), and report_to's integrations (what
+    otherwise fails in Trainer.__init__, after the queue wait and the model load; the launcher's Python stands for
+    the trainers' on every host: plan.python)."""
+    modules, open_r1 = reward_imports(plan.trainer_values)
+    if len(plan.topology.hosts) > 1:
+        modules = []
+    reporters = planned_reporters(plan.trainer_values)
+    if not modules and not reporters:
         return []
-    lacking = _not_found(plan, workdir, modules, [workdir, *_trainer_path(plan)])
+    path = _trainer_path(plan)
+    # report_to's integrations are not searched in the working directory: a leftover directory named like a package
+    # there is not the package.
+    groups = [([workdir, *path], modules), ([p for p in path if p != workdir], [REPORTERS[n][0] for n in reporters])]
+    lacking = _not_found(plan, workdir, groups)
+    if lacking is None:
+        return []
+    rewards_lacking, reporters_lacking = lacking
     return [
         f"reward_funcs {', '.join(open_r1)}: open-r1's rewards, and open_r1 is not importable by {plan.python}; "
         f"install it there: {OPEN_R1_INSTALL}"
         if m == "open_r1" and open_r1
         else f"reward_funcs: module {m!r} is not importable from {workdir} by {plan.python} (check the name, or add "
         "its directory to PYTHONPATH: launch.train_env)"
-        for m in (lacking or [])
+        for m in rewards_lacking
+    ] + [
+        f"report_to: {name} is not importable by the trainers' Python ({plan.python}); install it there: "
+        f"{shlex.join([plan.python, '-m', 'pip', 'install', *REPORTERS[name][1].split()])}, or take {name} out of "
+        "report_to"
+        for name in reporters
+        if REPORTERS[name][0] in reporters_lacking
     ]
 
 
@@ -81,16 +96,14 @@ def _trainer_path(plan: Plan) -> list[str]:
 # directory on sys.path), so that no sitecustomize.py, usercustomize.py or .pth file of the recipe's, and no module
 # of its, runs: a dry run (``run``, ``sbatch``, ``sky``, ``ray-submit``) runs nothing the recipe controls. The
 # directories the trainers would search besides the installation (their working directory, the run's PYTHONPATH,
-# the user site) come as an argument and are only searched: finding a module reads directories, and a dotted name's
-# packages are searched, not imported. Prints the arguments not found: "a|b" is either module, "a+b" both. wandb
-# must be a package (a leftover wandb/ run directory is a namespace package with no wandb.run, which
-# transformers' is_wandb_available would take for W&B).
+# the user site) come as an argument with each group of names, and are only searched: finding a module reads
+# directories, and a dotted name's packages are searched, not imported. Prints, for each group, the names not found:
+# "a|b" is either module, "a+b" both. wandb must be a package (a leftover wandb/ run directory is a namespace
+# package with no wandb.run, which transformers' is_wandb_available would take for W&B).
 _PROBE = """
-import importlib.machinery, importlib.util, json, site, sys
-paths = json.loads(sys.argv[1])
-if sys.prefix == sys.base_prefix:
-    paths.append(site.getusersitepackages())
-sys.path[:0] = paths
+import importlib, importlib.machinery, importlib.util, json, site, sys
+user = [site.getusersitepackages()] if sys.prefix == sys.base_prefix else []
+installed = list(sys.path)
 def find(name):
     top, *rest = name.split(".")
     try:
@@ -106,21 +119,27 @@ def find(name):
 def found(name):
     spec = find(name)
     return spec is not None and (name != "wandb" or spec.origin not in (None, "namespace"))
-print(json.dumps([a for a in sys.argv[2:] if not any(all(found(m) for m in alt.split("+")) for alt in a.split("|"))]))
+lacking = []
+for paths, names in json.loads(sys.argv[1]):
+    sys.path[:] = [*paths, *user, *installed]
+    importlib.invalidate_caches()
+    lacking.append([a for a in names if not any(all(found(m) for m in alt.split("+")) for alt in a.split("|"))])
+print(json.dumps(lacking))
 """
 
 
-def _not_found(plan: Plan, workdir: str, names: list[str], paths: list[str]) -> list[str] | None:
-    """Which of ``names`` the trainers' Python does not find, searching ``paths`` besides its installation (run in
-    ``workdir``, with the launcher's environment and none of the recipe's); None when the probe itself failed (the
-    interpreter is checked when the trainers start)."""
+def _not_found(plan: Plan, workdir: str, groups: list[tuple[list[str], list[str]]]) -> list[list[str]] | None:
+    """For each group (paths, names): which of the names the trainers' Python does not find, searching those paths
+    besides its installation; one run of it, in ``workdir``, with the launcher's environment and none of the
+    recipe's. None when the probe itself failed (the interpreter is checked when the trainers start)."""
     import subprocess
 
-    argv = [plan.python, "-I", "-c", _PROBE, json.dumps(paths), *names]
+    argv = [plan.python, "-I", "-c", _PROBE, json.dumps(groups)]
     try:
         out = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=120)
-        return [str(n) for n in json.loads(out.stdout.strip().splitlines()[-1])]
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        lacking = json.loads(out.stdout.strip().splitlines()[-1])
+        return [[str(n) for n in names] for names in lacking] if len(lacking) == len(groups) else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, TypeError):
         return None
 
 
@@ -150,25 +169,6 @@ def planned_reporters(values: Mapping[str, Any]) -> list[str]:
     value = values.get("report_to", TRL_DEFAULTS["report_to"])
     names = [value] if isinstance(value, str) else list(value or [])
     return [] if names in (["none"], ["all"]) else [str(n) for n in names if n in REPORTERS]
-
-
-def missing_reporters(plan: Plan, workdir: str) -> list[str]:
-    """report_to's integrations the trainers' Python cannot import (what otherwise fails in Trainer.__init__, after
-    the queue wait and the model load), each with its install command. The launcher's Python stands for the
-    trainers' on every host (plan.python: the hosts of an ssh or Slurm run have the same environment)."""
-    names = planned_reporters(plan.trainer_values)
-    if not names:
-        return []
-    # Not the working directory: a leftover directory named like a package there is not the package.
-    lacking = set(_not_found(plan, workdir, [REPORTERS[n][0] for n in names],
-                             [p for p in _trainer_path(plan) if p != workdir]) or [])  # fmt: skip
-    return [
-        f"report_to: {name} is not importable by the trainers' Python ({plan.python}); install it there: "
-        f"{shlex.join([plan.python, '-m', 'pip', 'install', *REPORTERS[name][1].split()])}, or take {name} out of "
-        "report_to"
-        for name in names
-        if REPORTERS[name][0] in lacking
-    ]
 
 
 def unset_pass_env(plan: Plan, environ: Mapping[str, str]) -> str | None:

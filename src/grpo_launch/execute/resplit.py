@@ -18,16 +18,7 @@ from grpo_launch.planning.after_run.resplit import Course, decision_due
 from grpo_launch.planning.types import Plan
 from grpo_launch.rundir import control
 from grpo_launch.rundir.measured import read_run
-from grpo_launch.rundir.records import AdaptRecord, StepRecord, read_metrics
-
-
-def last_step(plan: Plan) -> int:
-    """The newest optimizer step the run's metrics record (0 before the first)."""
-    try:
-        steps = [r.step for r in read_metrics(plan.paths.metrics) if isinstance(r, StepRecord)]
-    except OSError:
-        return 0
-    return max(steps, default=0)
+from grpo_launch.rundir.records import AdaptRecord
 
 
 @dataclass
@@ -43,10 +34,10 @@ class Adapter:
     _after: int = 0  # the last step before this layout started
     _decided: bool = False
 
-    def begin(self, plan: Plan) -> None:
-        """A new attempt of ``plan`` starts (its steps follow the ones already recorded)."""
+    def begin(self, plan: Plan, after_step: int) -> None:
+        """A new attempt of ``plan`` starts; its steps follow ``after_step``, the newest the run recorded."""
         self.plan, self.pending, self.decisions, self._decided = plan, None, [], False
-        self._after = last_step(plan)
+        self._after = after_step
         self.course = self.course.starting(plan)
 
     def on_step(self, new_steps: int) -> None:

@@ -182,9 +182,10 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
             )
             return RunResult(RunState.SUCCEEDED, 0, message="already complete")
         deadlines = [d for d in (backend.deadline(ctx), started + limit if limit else None) if d]
+        view = RunView.load(plan.run_dir, strict=False)  # read once an attempt
         if adapter is not None:
-            adapter.begin(plan)
-        number = RunView.load(plan.run_dir, strict=False).next_attempt  # numbered over the run, resumes included
+            adapter.begin(plan, after_step=view.last_step)
+        number = view.next_attempt  # numbered over the run, resumes included
         env = {RESUME_ENV: decision.env_value,
                **attempt_env(number, tracking, {**ctx.environ, **plan.recipe.launch.train_env})}  # fmt: skip
         result = _attempt(plan, backend, ctx, env, min(deadlines) if deadlines else None, adapter)

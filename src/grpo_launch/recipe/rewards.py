@@ -66,3 +66,12 @@ def reward_names(values: Mapping[str, Any]) -> list[str]:
     """The recipe's reward names (a single string is one name)."""
     rewards = values.get("reward_funcs") or []
     return [rewards] if isinstance(rewards, str) else [r for r in rewards if isinstance(r, str)]
+
+
+def reward_imports(values: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """What the trainers must import for the recipe's rewards: the top-level modules of its import paths, with
+    ``open_r1`` where a name only open-r1's registry resolves; and those names (the install hint names them)."""
+    names = reward_names(values)
+    open_r1 = [n for n in names if is_open_r1_reward(n)]
+    modules = {n.partition(":")[0].split(".")[0] for n in names if is_import_path(n)}
+    return sorted({*modules, "open_r1"} if open_r1 else modules), open_r1

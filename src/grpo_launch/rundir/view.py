@@ -98,6 +98,11 @@ class RunView:
         return courses(self.records, self.attempts)
 
     @property
+    def last_step(self) -> int:
+        """The newest optimizer step the run's metrics record (0 before the first)."""
+        return max((r.step for r in self.records if isinstance(r, StepRecord)), default=0)
+
+    @property
     def next_attempt(self) -> int:
         """The number the run's next attempt takes (attempts are numbered over the whole run directory)."""
         return next_attempt(self.records, self.attempts)
