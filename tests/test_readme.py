@@ -227,3 +227,24 @@ def test_every_launch_key_is_in_the_readmes_key_table():
     fields = {f.name for f in dataclasses.fields(LaunchSettings)}
     assert fields - named == set(), f"launch keys missing from the README's table: {sorted(fields - named)}"
     assert named - fields == set(), f"README table rows that are no launch key: {sorted(named - fields)}"
+
+
+def test_the_readme_sections_the_docs_name_are_there():
+    """A page of docs/ that sends the reader to a README section ("the README's "X"") finds its heading there."""
+    import re
+
+    headings = {line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line[:1] == "#"}
+    named = {(page.name, m) for page in (ROOT / "docs").glob("*.md")
+             for m in re.findall(r"README's \"([^\"]+)\"", page.read_text())}  # fmt: skip
+    assert named, "no page names a README section: the pattern no longer matches the docs"
+    assert [n for n in named if n[1] not in headings] == []
+
+
+@pytest.mark.parametrize("verb", ["run", "plan", "sbatch", "ray-submit", "sky"])
+def test_every_run_dir_help_names_the_recipes_run_dir_first(verb, capsys):
+    """--run-dir's default is launch.run_dir, then grpo_runs/NAME (planning/one_split.default_run_dir), for every
+    verb that plans."""
+    with pytest.raises(SystemExit):
+        main([verb, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: launch.run_dir or grpo_runs/NAME)" in text

@@ -36,6 +36,9 @@ examples:
   grpo-launch calibrate recipes/qwen1.5b.yaml --random-weights  measure this GPU (or CPU) in minutes; plan uses it
 """
 
+# Where a run's directory goes without --run-dir (planning/one_split.default_run_dir).
+RUN_DIR_DEFAULT = "(default: launch.run_dir or grpo_runs/NAME)"
+
 
 def examples(verb: str) -> str:
     """The examples of :data:`EPILOG` that use ``verb`` (``run``: those that start with a recipe), for its help."""
@@ -78,7 +81,7 @@ def add_planning_args(p: argparse.ArgumentParser) -> None:
     add_recipe_args(p)
     p.set_defaults(invocation_parser=p)  # its flags are recorded as given (invocation_of)
     add_topology_args(p)
-    p.add_argument("--run-dir", help="where to write the configs and logs (default: launch.run_dir or grpo_runs/NAME)")
+    p.add_argument("--run-dir", help=f"where to write the configs and logs {RUN_DIR_DEFAULT}")
     add_launch_flags(p)
 
 

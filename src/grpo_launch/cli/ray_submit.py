@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
         epilog=epilog,
         formatter_class=formatter,
     )
-    add_submit_args(p, "ray", "run directory on a file system all nodes share (default: grpo_runs/NAME)")
+    add_submit_args(p, "ray", "run directory on a file system all nodes share")
     p.add_argument("--dry-run", action="store_true", help="print the submission; submit nothing")
 
 

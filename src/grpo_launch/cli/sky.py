@@ -14,8 +14,10 @@ DESCRIPTION = (
     "--launch runs `sky launch` on it, --dry-run prints it. SkyPilot copies this directory (the workdir) to every "
     "node; setup installs grpo-launch with its extras; the run section starts a Ray cluster of its own on port 6379 "
     "(SkyPilot's is 6380): node 0 is the head and, once every node has joined, runs `grpo-launch run --ray`, whose "
-    "exit code is the task's. HF_TOKEN, HUGGING_FACE_HUB_TOKEN, WANDB_API_KEY and the recipe's launch.pass_env "
-    "names are declared as secrets by name only and passed from this environment with sky launch --secret. Needs "
+    "exit code is the task's. Secrets are declared by name only and passed from this environment with sky launch "
+    "--secret: HF_TOKEN, HUGGING_FACE_HUB_TOKEN and WANDB_API_KEY where set here (WANDB_API_KEY always when "
+    "report_to names wandb), the recipe's launch.pass_env names, and RAY_AUTH_TOKEN, the task's Ray cluster's token "
+    "(--launch draws one when it is not exported). Needs "
     "the sky extra (pip install '.[sky]' in grpo-launch's checkout) and a cloud SkyPilot can use (sky check). "
     "--managed writes a managed job (sky jobs launch): SkyPilot relaunches it after a preemption and it resumes from "
     "its run directory, which --bucket or --volume keeps off the nodes."
@@ -32,7 +34,7 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
     )
     add_submit_args(
         p, "skypilot",
-        "run directory on the nodes; a relative one is in the copy of this directory (default: grpo_runs/NAME)",
+        "run directory on the nodes; a relative one is in the copy of this directory",
     )  # fmt: skip
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the task YAML; write and launch nothing")

@@ -10,7 +10,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from grpo_launch.backends import load_submitter
-from grpo_launch.cli.common import add_launch_flags, add_recipe_args, flag_overrides, invocation_of, load, plan_on
+from grpo_launch.cli.common import (
+    RUN_DIR_DEFAULT,
+    add_launch_flags,
+    add_recipe_args,
+    flag_overrides,
+    invocation_of,
+    load,
+    plan_on,
+)
 from grpo_launch.cli.options import add_options, read_options
 from grpo_launch.cli.resume import check_continuity
 from grpo_launch.spec import RunContext, frozen
@@ -27,7 +35,7 @@ def add_submit_args(p: argparse.ArgumentParser, submitter: str, run_dir_help: st
     add_recipe_args(p)
     p.set_defaults(invocation_parser=p)  # its flags are recorded as given (common.invocation_of)
     add_options(p, load_submitter(submitter).Options)
-    p.add_argument("--run-dir", help=run_dir_help)
+    p.add_argument("--run-dir", help=f"{run_dir_help} {RUN_DIR_DEFAULT}")
     add_launch_flags(p)
     p.add_argument(
         "--max-restarts",
