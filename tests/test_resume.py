@@ -336,6 +336,33 @@ def test_run_dry_run_in_a_runs_directory_shows_the_resume_decision_and_the_chang
     assert "#   max_completion_length: 16 → 32" in out
 
 
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ([], "lr_scheduler_type linear runs over max_steps"),  # TRL's default schedule
+        (["lr_scheduler_type=cosine"], "lr_scheduler_type cosine runs over max_steps"),
+        (["lr_scheduler_type=constant_with_warmup", "warmup_steps=0.1"], "the warmup is a fraction of max_steps"),
+        (["lr_scheduler_type=constant_with_warmup", "warmup_steps=3"], None),
+        (["lr_scheduler_type=constant"], None),
+    ],
+)  # fmt: skip
+def test_a_longer_run_in_a_runs_directory_says_what_it_does_to_the_learning_rate(tmp_path, capsys, extra, said):
+    """max_steps 6 → 10 over the recorded run's checkpoint-2: a schedule that runs over max_steps is rebuilt for 10
+    steps from there (a warning on run and resume, never a refusal); a schedule of fixed length is not."""
+    run = recorded_run(tmp_path, TINY_RECIPE, *extra)
+    overrides = [*tiny_overrides(tmp_path), "max_steps=10", "launch.num_processes=1", *extra]
+    assert main(["run", TINY_RECIPE, *overrides, "--run-dir", str(run), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    warning = [line for line in out.splitlines() if "max_steps 6 → 10" in line]
+    if said is None:
+        assert warning == [], out
+        return
+    (line,) = warning
+    assert line.startswith("# warning: ") and said in line
+    assert "from checkpoint-2 the learning rate follows a schedule over 10 steps, not the one over 6" in line
+    assert "keep max_steps=6" in line and "--resume never" in line
+
+
 def test_nothing_saved_is_said(tmp_path, capsys):
     run = recorded_run(tmp_path)
     shutil.rmtree(run / "output" / "checkpoint-2")

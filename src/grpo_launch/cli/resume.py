@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.errors import ConfigError
-from grpo_launch.rundir.continuity import Change, ResumePoint, changes, model_mismatches, resume_point
+from grpo_launch.rundir.continuity import (
+    Change,
+    ResumePoint,
+    changes,
+    model_mismatches,
+    resume_point,
+    schedule_change,
+)
 from grpo_launch.rundir.fields import RunFileError
 from grpo_launch.rundir.invocation import REDACTED, SUBMITTED_BACKEND, Invocation, read_invocation
 from grpo_launch.rundir.layout import RunPaths
@@ -246,9 +253,13 @@ def check_continuity(plan: Any, args: argparse.Namespace, ctx: RunContext, prefi
     ctx.emit(f"{prefix}resume: {point.describe()}")
     if recorded is None:
         ctx.emit(f"{prefix}{paths.plan_json} is not there: nothing to compare the recipe with")
-    diff = changes(recorded, _as_record(plan)) if recorded is not None else []
-    if diff:
-        _say_changes(diff, resuming, paths, plan.recipe.source, prefix, ctx)
+    else:
+        now = _as_record(plan)
+        if diff := changes(recorded, now):
+            _say_changes(diff, resuming, paths, plan.recipe.source, prefix, ctx)
+        stretched = schedule_change(recorded, now, point.step) if point.step and not point.complete else None
+        if stretched is not None:
+            ctx.emit(f"{prefix}warning: {stretched}")
     _check_model(plan, point, ctx)  # after the diff: a model changed in the recipe is said as such first
 
 

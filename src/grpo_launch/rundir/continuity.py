@@ -7,7 +7,9 @@ and, on a cluster, the queue wait).
 The keys compared are the algorithm's and the model's, not the layout's: the planner may re-factor the per-device
 batch × gradient accumulation for memory (DESIGN.md, the batch rule), so the batch is compared as what the
 algorithm sees (completions per optimizer step, per generation, per group), not as its factors. ``max_steps`` and
-``save_steps`` are not compared: running longer or saving more often continues the same run.
+``save_steps`` are not compared: running longer or saving more often continues the same run. A learning-rate
+schedule that runs over the training's length does change with ``max_steps``, though: :func:`schedule_change` says
+how.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.rundir.checkpoints import checkpoint_problems, checkpoints, completed
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.spec import frozen
@@ -37,6 +40,12 @@ ALGORITHM_KEYS = (
 BATCH_KEYS = ("completions_per_optimizer_step", "completions_per_generation")
 COMPARED = MODEL_KEYS + DATA_KEYS + ALGORITHM_KEYS + BATCH_KEYS
 _ABSENT = object()
+# lr_scheduler_type values transformers builds without the training's length (transformers/optimization.py,
+# get_scheduler: constant, reduce_lr_on_plateau and greedy before it asks for num_warmup_steps, constant_with_warmup
+# and inverse_sqrt before it asks for num_training_steps); every other schedule runs over max_steps. A warmup given
+# as a fraction (0 < warmup_steps < 1: TrainingArguments.get_warmup_steps) is a fraction of max_steps too.
+# tests/conformance/test_lr_schedule.py holds both against transformers.
+LENGTH_FREE_SCHEDULES = ("constant", "reduce_lr_on_plateau", "greedy", "constant_with_warmup", "inverse_sqrt")
 
 
 @frozen
@@ -71,6 +80,31 @@ def changes(recorded: PlanRecord, now: PlanRecord) -> list[Change]:
         if a != b:
             out.append(Change(key, None if a is _ABSENT else a, None if b is _ABSENT else b))
     return out
+
+
+def schedule_change(recorded: PlanRecord, now: PlanRecord, step: int) -> str | None:
+    """What continuing from checkpoint-``step`` with another max_steps than the run's record does to the learning
+    rate, or None. The Trainer builds its schedule for the new length, then loads the checkpoint's optimizer and
+    scheduler states (``Trainer._load_optimizer_and_scheduler``), which restore the rate and the step count, not the
+    length: the first step after the checkpoint trains at the saved rate (the old schedule's, 0 where it had decayed
+    to its end), and the steps after it follow the new schedule."""
+    before, after = (p.trainer_values.get("max_steps") for p in (recorded, now))
+    if not (isinstance(before, int) and isinstance(after, int) and before > 0 and after > 0 and before != after):
+        return None
+    values = now.trainer_values
+    name = str(values.get("lr_scheduler_type") or TRL_DEFAULTS["lr_scheduler_type"])
+    warmup = values.get("warmup_steps") or 0
+    fraction = isinstance(warmup, (int, float)) and 0 < warmup < 1
+    if name in LENGTH_FREE_SCHEDULES and not fraction:
+        return None
+    runs = (f"lr_scheduler_type {name} runs over max_steps" if name not in LENGTH_FREE_SCHEDULES
+            else f"the warmup is a fraction of max_steps (warmup_steps {warmup})")  # fmt: skip
+    return (
+        f"max_steps {before} → {after} since the run's record, and {runs}: from checkpoint-{step} the learning rate "
+        f"follows a schedule over {after} steps, not the one over {before} of the steps before it (the first step "
+        f"after the checkpoint still trains at the rate the checkpoint saved). To continue one schedule, keep "
+        f"max_steps={before}; for one schedule over {after} steps, start over (grpo-launch run with --resume never)."
+    )
 
 
 @frozen
