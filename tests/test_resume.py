@@ -459,6 +459,29 @@ def test_a_stopped_run_continues_by_the_printed_hint_with_its_overrides(tmp_path
     assert (run / "output" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
+def test_a_finished_run_run_longer_trains_as_the_warning_says(tmp_path):
+    """A real CPU run of 2 steps (linear schedule, checkpoint at step 2), then the same command with max_steps=4:
+    the warning is printed, step 3 trains at the rate the checkpoint saved (0: the 2-step schedule's end) and step 4
+    at the 4-step schedule's rate for step 3 (a quarter of learning_rate), as the trainers log them."""
+    run = tmp_path / "run"
+    base = [*tiny_overrides(tmp_path), "save_steps=2", "launch.num_processes=1", "--run-dir", str(run)]
+
+    def launch(steps: int) -> str:
+        done = subprocess.run([sys.executable, "-m", "grpo_launch", TINY_RECIPE, *base, f"max_steps={steps}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        return done.stdout + done.stderr
+
+    assert "warning: max_steps" not in launch(2)
+    out = launch(4)
+    assert "warning: max_steps 2 → 4 since the run's record, and lr_scheduler_type linear runs over max_steps" in out
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rates = {r["step"]: r["log"]["learning_rate"] for r in logged if "learning_rate" in r.get("log", {})}
+    assert rates[1] == pytest.approx(1e-3) and rates[2] == pytest.approx(0.5e-3)  # the 2-step schedule
+    assert rates[3] == 0.0 and rates[4] == pytest.approx(0.25e-3)  # the saved rate, then the 4-step schedule
+
+
 def test_a_run_held_by_a_launcher_is_not_resumed_twice(tmp_path, capsys):
     from grpo_launch.rundir.files import RunLock
 
