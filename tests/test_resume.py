@@ -337,29 +337,37 @@ def test_run_dry_run_in_a_runs_directory_shows_the_resume_decision_and_the_chang
 
 
 @pytest.mark.parametrize(
-    ("extra", "said"),
+    ("extra", "length", "said"),
     [
-        ([], "lr_scheduler_type linear runs over max_steps"),  # TRL's default schedule
-        (["lr_scheduler_type=cosine"], "lr_scheduler_type cosine runs over max_steps"),
-        (["lr_scheduler_type=constant_with_warmup", "warmup_steps=0.1"], "the warmup is a fraction of max_steps"),
-        (["lr_scheduler_type=constant_with_warmup", "warmup_steps=3"], None),
-        (["lr_scheduler_type=constant"], None),
+        ([], "max_steps=10", "max_steps 6 → 10 since the run's record, and lr_scheduler_type linear runs over the "
+                             "training's length: from checkpoint-2 the learning rate follows a schedule over 10 steps, "
+                             "not the one over 6"),  # TRL's default schedule
+        (["lr_scheduler_type=cosine"], "max_steps=10", "and lr_scheduler_type cosine runs over the training's length"),
+        (["lr_scheduler_type=constant_with_warmup", "warmup_steps=0.5"], "max_steps=10",
+         "its warmup is a fraction of the training's length (warmup_steps 0.5: 3 → 5 steps)"),
+        (["lr_scheduler_type=constant_with_warmup", "warmup_steps=0.1"], "max_steps=10", None),  # 1 step in both
+        (["lr_scheduler_type=constant_with_warmup", "warmup_steps=3"], "max_steps=10", None),
+        (["lr_scheduler_type=constant", "warmup_steps=0.5"], "max_steps=10", None),  # built without a warmup
+        ([], "max_steps=3", None),  # one step more: at the rate the checkpoint saved
+        ([], "max_steps=-1", "max_steps 6 → num_train_epochs 3 since the run's record, and lr_scheduler_type linear "
+                             "runs over the training's length: from checkpoint-2 the learning rate follows the new "
+                             "length's schedule"),  # epochs (TRL's default 3) in place of max_steps
     ],
 )  # fmt: skip
-def test_a_longer_run_in_a_runs_directory_says_what_it_does_to_the_learning_rate(tmp_path, capsys, extra, said):
-    """max_steps 6 → 10 over the recorded run's checkpoint-2: a schedule that runs over max_steps is rebuilt for 10
-    steps from there (a warning on run and resume, never a refusal); a schedule of fixed length is not."""
+def test_another_length_in_a_runs_directory_says_what_it_does_to_the_learning_rate(tmp_path, capsys, extra, length,
+                                                                                   said):  # fmt: skip
+    """max_steps 6 → another length over the recorded run's checkpoint-2: a schedule whose rates after the checkpoint
+    depend on the length is said (a warning on run and resume, never a refusal); one whose rates do not is not."""
     run = recorded_run(tmp_path, TINY_RECIPE, *extra)
-    overrides = [*tiny_overrides(tmp_path), "max_steps=10", "launch.num_processes=1", *extra]
+    overrides = [*tiny_overrides(tmp_path), length, "launch.num_processes=1", *extra]
     assert main(["run", TINY_RECIPE, *overrides, "--run-dir", str(run), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    warning = [line for line in out.splitlines() if "max_steps 6 → 10" in line]
+    warning = [line for line in out.splitlines() if "since the run's record" in line]
     if said is None:
         assert warning == [], out
         return
     (line,) = warning
     assert line.startswith("# warning: ") and said in line
-    assert "from checkpoint-2 the learning rate follows a schedule over 10 steps, not the one over 6" in line
     assert "keep max_steps=6" in line and "--resume never" in line
 
 
@@ -475,7 +483,7 @@ def test_a_finished_run_run_longer_trains_as_the_warning_says(tmp_path):
 
     assert "warning: max_steps" not in launch(2)
     out = launch(4)
-    assert "warning: max_steps 2 → 4 since the run's record, and lr_scheduler_type linear runs over max_steps" in out
+    assert "warning: max_steps 2 → 4 since the run's record, and lr_scheduler_type linear runs over the" in out
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     rates = {r["step"]: r["log"]["learning_rate"] for r in logged if "learning_rate" in r.get("log", {})}
     assert rates[1] == pytest.approx(1e-3) and rates[2] == pytest.approx(0.5e-3)  # the 2-step schedule

@@ -15,6 +15,7 @@ how.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,10 +43,13 @@ COMPARED = MODEL_KEYS + DATA_KEYS + ALGORITHM_KEYS + BATCH_KEYS
 _ABSENT = object()
 # lr_scheduler_type values transformers builds without the training's length (transformers/optimization.py,
 # get_scheduler: constant, reduce_lr_on_plateau and greedy before it asks for num_warmup_steps, constant_with_warmup
-# and inverse_sqrt before it asks for num_training_steps); every other schedule runs over max_steps. A warmup given
-# as a fraction (0 < warmup_steps < 1: TrainingArguments.get_warmup_steps) is a fraction of max_steps too.
-# tests/conformance/test_lr_schedule.py holds both against transformers.
+# and inverse_sqrt before it asks for num_training_steps; warmup_stable_decay too where lr_scheduler_kwargs give
+# num_stable_steps, get_wsd_schedule); every other schedule runs over the training's length. A warmup given as a
+# fraction (0 < warmup_steps < 1: TrainingArguments.get_warmup_steps) is a fraction of it, and it shapes every
+# schedule but the first three. tests/conformance/test_lr_schedule.py holds :func:`length_dependence` against
+# transformers' own schedules.
 LENGTH_FREE_SCHEDULES = ("constant", "reduce_lr_on_plateau", "greedy", "constant_with_warmup", "inverse_sqrt")
+WARMUP_FREE_SCHEDULES = ("constant", "reduce_lr_on_plateau", "greedy")
 
 
 @frozen
@@ -82,28 +86,81 @@ def changes(recorded: PlanRecord, now: PlanRecord) -> list[Change]:
     return out
 
 
+def length_dependence(name: str, warmup: float, kwargs: Mapping[str, Any], lengths: tuple[int, int] | None,
+                      step: int) -> str | None:  # fmt: skip
+    """Why the learning rates after checkpoint-``step`` differ between a training of ``lengths[0]`` optimizer steps
+    and one of ``lengths[1]`` (None: the lengths are not both known in steps) under the schedule ``name``, or None
+    where they do not. After the checkpoint the first step trains at the saved rate, each later one at the new
+    schedule's rate for its position. Where only a step or two is left (within a warmup, or just past it), the
+    rates left may happen to coincide: it may warn there, and is never silent where they differ."""
+    if lengths is not None and lengths[1] - 1 <= step:
+        return None  # at most one step more, at the saved rate
+    warmups = tuple(_warmup_steps(warmup, n) for n in lengths) if lengths is not None else None
+    length_free = name in LENGTH_FREE_SCHEDULES or (name == "warmup_stable_decay" and "num_stable_steps" in kwargs)
+    if not length_free:
+        return f"lr_scheduler_type {name} runs over the training's length"
+    if name in WARMUP_FREE_SCHEDULES or not 0 < warmup < 1:
+        return None
+    why = f"its warmup is a fraction of the training's length (warmup_steps {warmup:g}"
+    if warmups is None:
+        return why + ")"
+    old, new = warmups
+    settled = _settled(name, kwargs, max(old, new))
+    if old == new or (settled is not None and step + 1 >= settled):
+        return None  # the same warmup, or both schedules past their warmup's reach by the first step at new rates
+    return why + f": {old} → {new} steps)"
+
+
+def _settled(name: str, kwargs: Mapping[str, Any], warmup: int) -> int | None:
+    """The position from which a length-free schedule gives the same rate whatever its warmup up to ``warmup``
+    steps: after the warmup for constant_with_warmup; after warmup, stable and decay phases for warmup_stable_decay
+    (get_wsd_schedule: then its floor); never for inverse_sqrt, whose timescale is the warmup."""
+    if name == "constant_with_warmup":
+        return warmup
+    if name == "warmup_stable_decay":
+        return warmup + int(kwargs.get("num_stable_steps", 0)) + int(kwargs.get("num_decay_steps", 0))
+    return None
+
+
+def _warmup_steps(warmup: float, length: int) -> int:
+    """transformers' TrainingArguments.get_warmup_steps: a count from 1 on, else a fraction of the length."""
+    return int(warmup) if warmup >= 1 else math.ceil(length * warmup)
+
+
+def _length(values: Mapping[str, Any]) -> tuple[str, float]:
+    """The training's length as the Trainer takes it: max_steps when set, else the epochs."""
+    steps = values.get("max_steps")
+    if isinstance(steps, int) and steps > 0:
+        return "max_steps", steps
+    return "num_train_epochs", float(values.get("num_train_epochs") or TRL_DEFAULTS["num_train_epochs"])
+
+
 def schedule_change(recorded: PlanRecord, now: PlanRecord, step: int) -> str | None:
-    """What continuing from checkpoint-``step`` with another max_steps than the run's record does to the learning
-    rate, or None. The Trainer builds its schedule for the new length, then loads the checkpoint's optimizer and
-    scheduler states (``Trainer._load_optimizer_and_scheduler``), which restore the rate and the step count, not the
-    length: the first step after the checkpoint trains at the saved rate (the old schedule's, 0 where it had decayed
-    to its end), and the steps after it follow the new schedule."""
-    before, after = (p.trainer_values.get("max_steps") for p in (recorded, now))
-    if not (isinstance(before, int) and isinstance(after, int) and before > 0 and after > 0 and before != after):
+    """What continuing from checkpoint-``step`` with another training length than the run's record (max_steps, or
+    the epochs without it) does to the learning rate, or None. The Trainer builds its schedule for the new length,
+    then loads the checkpoint's optimizer and scheduler states (``Trainer._load_optimizer_and_scheduler``), which
+    restore the rate and the step count, not the length: the first step after the checkpoint trains at the saved
+    rate, and the steps after it follow the new schedule (:func:`length_dependence`)."""
+    (old_key, old), (new_key, new) = _length(recorded.trainer_values), _length(now.trainer_values)
+    if (old_key, old) == (new_key, new):
         return None
     values = now.trainer_values
     name = str(values.get("lr_scheduler_type") or TRL_DEFAULTS["lr_scheduler_type"])
     warmup = values.get("warmup_steps") or 0
-    fraction = isinstance(warmup, (int, float)) and 0 < warmup < 1
-    if name in LENGTH_FREE_SCHEDULES and not fraction:
+    kwargs = values.get("lr_scheduler_kwargs") or {}
+    steps = (int(old), int(new)) if old_key == new_key == "max_steps" else None
+    why = length_dependence(name, float(warmup) if isinstance(warmup, (int, float)) else 0.0,
+                            kwargs if isinstance(kwargs, Mapping) else {}, steps, step)  # fmt: skip
+    if why is None:
         return None
-    runs = (f"lr_scheduler_type {name} runs over max_steps" if name not in LENGTH_FREE_SCHEDULES
-            else f"the warmup is a fraction of max_steps (warmup_steps {warmup})")  # fmt: skip
+    changed = f"{old_key} {old:g} → {new:g}" if old_key == new_key else f"{old_key} {old:g} → {new_key} {new:g}"
+    follows = (f"a schedule over {new:g} steps, not the one over {old:g}" if steps else
+               "the new length's schedule, not the one")  # fmt: skip
     return (
-        f"max_steps {before} → {after} since the run's record, and {runs}: from checkpoint-{step} the learning rate "
-        f"follows a schedule over {after} steps, not the one over {before} of the steps before it (the first step "
-        f"after the checkpoint still trains at the rate the checkpoint saved). To continue one schedule, keep "
-        f"max_steps={before}; for one schedule over {after} steps, start over (grpo-launch run with --resume never)."
+        f"{changed} since the run's record, and {why}: from checkpoint-{step} the learning rate follows {follows} of "
+        "the steps before it (the first step after the checkpoint still trains at the rate the checkpoint saved). To "
+        f"continue one schedule, keep {old_key}={old:g}; for one schedule over the new length, start over "
+        "(grpo-launch run with --resume never)."
     )
 
 
