@@ -133,14 +133,15 @@ def test_ctrl_c_stops_every_node_within_the_grace_period(cluster, tmp_path):
     """SIGINT to the launcher: each node's process group gets it (in a task on its node) and ends on its own, before
     the grace period's SIGKILL. The thread of the Ray worker that starts each process blocks SIGINT, which the shim
     undoes: without that, both ranks ran on until the SIGKILL 30 s later."""
-    # Steps of about a second (longer completions): the second Ctrl-C must land inside the step the first asked to
-    # checkpoint after. At tiny-cpu's 0.06 s steps the checkpoint and stop were often done by then, and the second
-    # signal met rank 1 already leaving (rank 0 then waited in its teardown for the grace period's SIGKILL).
-    proc, run, log = start_long_run(cluster, tmp_path, "max_completion_length=400")
+    # Steps of about a second (longer completions, twice the completions per step) and a close watch of the log: the
+    # second Ctrl-C must land inside the step the first asked to checkpoint after. At tiny-cpu's 0.06 s steps the
+    # checkpoint and stop were often done by then, and once (0.5 s steps, the log read every 0.2 s) too, and the
+    # second signal met rank 1 already leaving (rank 0 then waited in its teardown for the grace period's SIGKILL).
+    proc, run, log = start_long_run(cluster, tmp_path, "max_completion_length=400", "per_device_train_batch_size=8")
     proc.send_signal(signal.SIGINT)  # the first asks for a checkpoint at the end of the step (issue 36) …
     deadline = time.monotonic() + 30
     while "Ctrl-C again to stop now" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)  # … the second stops every process now
     assert proc.wait(timeout=120) == 130
     out = log.read_text()
