@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.errors import ConfigError
+from grpo_launch.rundir.checkpoints import max_steps_of
 from grpo_launch.rundir.continuity import (
     Change,
     ResumePoint,
@@ -249,7 +250,7 @@ def check_continuity(plan: Any, args: argparse.Namespace, ctx: RunContext, prefi
     if getattr(args, "resume", "auto") == "never":
         ctx.emit(f"{prefix}resume: --resume never: it starts over from step 0 (earlier checkpoints are set aside)")
         return
-    point = resume_point(Path(ctx.workdir, plan.output_dir), _max_steps(plan))
+    point = resume_point(Path(ctx.workdir, plan.output_dir), max_steps_of(plan.trainer_values))
     ctx.emit(f"{prefix}resume: {point.describe()}")
     if recorded is None:
         ctx.emit(f"{prefix}{paths.plan_json} is not there: nothing to compare the recipe with")
@@ -283,11 +284,6 @@ def _say_changes(
                  "continues (key: recorded → now; grpo-launch resume refuses it without --force):")  # fmt: skip
     for c in diff:
         ctx.emit(f"{prefix}  {c}")
-
-
-def _max_steps(plan: Any) -> int | None:
-    value = plan.trainer_values.get("max_steps")
-    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def _as_record(plan: Any) -> PlanRecord:

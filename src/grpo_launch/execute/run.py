@@ -40,7 +40,7 @@ from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
 from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes, attempt_env
 from grpo_launch.rundir import control
-from grpo_launch.rundir.checkpoints import decide_resume
+from grpo_launch.rundir.checkpoints import decide_resume, max_steps_of
 from grpo_launch.rundir.files import (
     LauncherLog,
     RunLock,
@@ -170,7 +170,7 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
         ctx.emit(f"[grpo-launch] tracking: {', '.join(reporters)}, one run over every attempt: W&B id "
                  f"{tracking.run_id}, name {tracking.name} ({plan.paths.tracking})")  # fmt: skip
     while True:
-        decision = decide_resume(output_dir_of(plan, ctx.workdir), resume, _max_steps(plan))
+        decision = decide_resume(output_dir_of(plan, ctx.workdir), resume, max_steps_of(plan.trainer_values))
         for note in decision.notes:
             ctx.emit(f"[grpo-launch] {note}")
         if decision.already_complete is not None:
@@ -244,11 +244,6 @@ def _report(plan: Plan, ctx: RunContext) -> None:
         ctx.emit(f"[grpo-launch] no run report: {exc.message} ({exc.hint})")
     except (OSError, ValueError) as exc:
         ctx.emit(f"[grpo-launch] no run report: {exc}")
-
-
-def _max_steps(plan: Plan) -> int | None:
-    value = plan.trainer_values.get("max_steps")
-    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def _attempt(

@@ -15,8 +15,10 @@ import re
 import struct
 import time
 import zipfile
+from collections.abc import Mapping
 from dataclasses import field
 from pathlib import Path
+from typing import Any
 
 from grpo_launch.enums import ResumeMode
 from grpo_launch.errors import ConfigError
@@ -126,6 +128,12 @@ class Resume:
     @property
     def env_value(self) -> str:
         return str(self.checkpoint) if self.checkpoint else NO_RESUME
+
+
+def max_steps_of(values: Mapping[str, Any]) -> int | None:
+    """The recipe's max_steps when it sets the training's length (a positive count); None: the epochs do."""
+    value = values.get("max_steps")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def decide_resume(output_dir: Path, mode: ResumeMode, max_steps: int | None) -> Resume:

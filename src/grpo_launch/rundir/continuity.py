@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
-from grpo_launch.rundir.checkpoints import checkpoint_problems, checkpoints, completed
+from grpo_launch.rundir.checkpoints import checkpoint_problems, checkpoints, completed, max_steps_of
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.spec import frozen
 
@@ -95,16 +95,15 @@ def length_dependence(name: str, warmup: float, kwargs: Mapping[str, Any], lengt
     rates left may happen to coincide: it may warn there, and is never silent where they differ."""
     if lengths is not None and lengths[1] - 1 <= step:
         return None  # at most one step more, at the saved rate
-    warmups = tuple(_warmup_steps(warmup, n) for n in lengths) if lengths is not None else None
     length_free = name in LENGTH_FREE_SCHEDULES or (name == "warmup_stable_decay" and "num_stable_steps" in kwargs)
     if not length_free:
         return f"lr_scheduler_type {name} runs over the training's length"
     if name in WARMUP_FREE_SCHEDULES or not 0 < warmup < 1:
         return None
     why = f"its warmup is a fraction of the training's length (warmup_steps {warmup:g}"
-    if warmups is None:
+    if lengths is None:
         return why + ")"
-    old, new = warmups
+    old, new = (_warmup_steps(warmup, n) for n in lengths)
     settled = _settled(name, kwargs, max(old, new))
     if old == new or (settled is not None and step + 1 >= settled):
         return None  # the same warmup, or both schedules past their warmup's reach by the first step at new rates
@@ -129,8 +128,7 @@ def _warmup_steps(warmup: float, length: int) -> int:
 
 def _length(values: Mapping[str, Any]) -> tuple[str, float]:
     """The training's length as the Trainer takes it: max_steps when set, else the epochs."""
-    steps = values.get("max_steps")
-    if isinstance(steps, int) and steps > 0:
+    if (steps := max_steps_of(values)) is not None:
         return "max_steps", steps
     return "num_train_epochs", float(values.get("num_train_epochs") or TRL_DEFAULTS["num_train_epochs"])
 
