@@ -25,18 +25,20 @@ from grpo_launch.spec import RunContext
 
 DEFAULT_RECIPES = {"cpu": "recipes/tiny-cpu.yaml", "gpu": "recipes/qwen1.5b.yaml"}  # in the working directory
 DESCRIPTION = f"""\
-Measure this machine (the first GPU it sees, or the CPU) for the recipe's model, in minutes: model load; decode
-seconds per step at batch 1, the planned micro-batch and twice it, at the recipe's completion length; a prompt
-pass; one optimizer step at the planned micro-batch and sequence length, with and without activation
-checkpointing; a forward alone; the peak memory; vLLM's start-up and decode (in vLLM's Python) when the recipe uses
-vLLM; one micro-batch's activation memory as GRPOTrainer runs it, beside the memory model's; the weight sync, the
-model's weights packed and sent from one process to another (NCCL between the first two GPUs, TRL's path within a
-node; gloo on CPU); TRL's own time per step from a 4-step run of the recipe (not with --random-weights). Each phase
-stops at its share of --minutes. What is not measured (all GPUs of a multi-GPU machine; the sync across nodes) is
-said, and stored as such. Without RECIPE: {DEFAULT_RECIPES["cpu"]} on CPU (the README's demo), and
-{DEFAULT_RECIPES["gpu"]}'s model with random weights on a GPU. The calibration is stored per device, model shape,
-dtype and library versions in $XDG_CACHE_HOME/grpo-launch/calibrations ({CALIBRATIONS_ENV} overrides), and plan uses
-a matching one by itself."""
+Measure this machine (the first GPU it sees, or the CPU) for the recipe's model, the work its plan runs at its
+sizes, within --minutes (a minute means at most 60 s), in the order the plan needs it: the trainers' imports; the
+model's load from disk (random weights are written to safetensors first, the write timed with fsync); decode
+seconds per step against batch size from 1 up to the trainers' generation batch (or 256), through the plan's engine
+(transformers' generate with TRL's generation config, or its continuous batching), the first generation's warm-up;
+one training step as GRPOTrainer runs it (TRL's fused LM head, the plan's checkpointing and precision) and its
+warm-up; a prompt pass, a forward alone, the activation memory against the memory model's; vLLM's start-up and
+decode (in vLLM's Python, CUDA graphs on a GPU) when the plan uses vLLM; the plan's distributed engine (DeepSpeed
+ZeRO-2/3, FSDP2) at world size 1; the weight sync of a server plan; TRL's own time per step from a 4-step run of
+the recipe (not with --random-weights); last what the plan does not use (the other engines). What does not fit
+the budget, or cannot run here, is said, and stored as not measured. Without RECIPE: {DEFAULT_RECIPES["cpu"]} on CPU
+(the README's demo), and {DEFAULT_RECIPES["gpu"]}'s model with random weights on a GPU. The calibration is stored
+per device, model shape, dtype and library versions in $XDG_CACHE_HOME/grpo-launch/calibrations ({CALIBRATIONS_ENV}
+overrides), and plan uses a matching one by itself: each term measured for its case, the table's for the rest."""
 DEFAULT_MINUTES = 5.0
 MAX_MINUTES = 60.0
 
@@ -110,83 +112,6 @@ def _weights(model: str, random_weights: bool) -> None:
                           hint="Add --random-weights to measure its shapes with random weights.")  # fmt: skip
 
 
-def _vllm_phase(python: str | None, spec: Any, seconds: float) -> tuple[dict[str, Any] | None, str]:
-    """vLLM's start-up and decode measured in ``python``; (None, why) when it cannot run."""
-    import json
-    import subprocess
-
-    from grpo_launch.probe import bench_vllm
-    from grpo_launch.probe.bench import decode_batches
-
-    if python is None:
-        return None, "vLLM start-up and decode: no vLLM in this Python (give --vllm-python)"
-    model = os.path.abspath(spec.model) if os.path.exists(spec.model) else spec.model  # vLLM runs in a temp dir
-    job = {"model": model, "dtype": spec.dtype, "prompt_len": spec.prompt_len,
-           "completion_len": spec.completion_len, "random_weights": spec.random_weights,
-           "batches": decode_batches(spec.per_device), "seconds": seconds / 2}  # fmt: skip
-    import signal
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="grpo-calibrate-vllm-") as tmp:
-        # vLLM leaves socket files in TMPDIR; its engine core and workers are children of their own: the whole
-        # session is stopped on a timeout
-        kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TMPDIR": tmp,
-               "VLLM_CACHE_ROOT": f"{tmp}/cache", "VLLM_CPU_KVCACHE_SPACE": kv}  # fmt: skip
-        cmd = [python, bench_vllm.__file__, json.dumps(job)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
-                                start_new_session=True)  # fmt: skip
-        try:
-            out, err = proc.communicate(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return None, f"vLLM start-up and decode: not done within its {seconds:.0f} s (raise --minutes)"
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if proc.returncode or not lines:
-        tail = (err.strip().splitlines() or ["no output"])[-1][:200]
-        return None, f"vLLM start-up and decode: vLLM failed here ({tail})"
-    return json.loads(lines[-1]), ""
-
-
-OVERHEAD_STEPS = 4  # the short real run's steps: the first warms up and is left out
-
-
-def _trainer_overhead(
-    args: argparse.Namespace, ctx: RunContext, terms: Any, n: int, work: Any, vllm: bool, seconds: float
-) -> tuple[tuple[float, float, int] | None, str]:
-    """TRL's own time per step beyond the measured kernels: a few real steps of the recipe (``grpo-launch run``,
-    planned as a run here is), their mean generation and training time less :func:`measured_step_time`'s for the
-    same workload. (None, why) when it cannot run."""
-    import subprocess
-    import tempfile
-
-    from grpo_launch.planning.cost.measured_time import measured_step_time
-    from grpo_launch.rundir.measured import read_run
-
-    what = "TRL's own time per step (a short real run)"
-    if args.random_weights:
-        return None, f"{what}: not measured with --random-weights (a real run needs the weights)"
-    with tempfile.TemporaryDirectory(prefix="grpo-calibrate-") as tmp:
-        cmd = [sys.executable, "-m", "grpo_launch", "run", args.recipe, *args.overrides, f"max_steps={OVERHEAD_STEPS}",
-               "save_strategy=no", "report_to=none", "logging_steps=1", "--run-dir", f"{tmp}/run", "--resume",
-               "never"]  # fmt: skip
-        env = {**ctx.environ, CALIBRATIONS_ENV: f"{tmp}/none", "PYTHONUNBUFFERED": "1"}
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds, env=env, cwd=ctx.workdir)
-        except subprocess.TimeoutExpired:
-            return None, f"{what}: not done within its {seconds:.0f} s (raise --minutes)"
-        if done.returncode:
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-            return None, f"{what}: the run failed ({tail})"
-        m = read_run(f"{tmp}/run")
-    kernels, _ = measured_step_time(terms, n, work, vllm=vllm)
-    rounds = work.generations_per_step or 1.0
-    gen = max(0.0, (m.generation_s - kernels.trainer_generation_s) / rounds)
-    train = max(0.0, m.training_s - kernels.training_s)
-    return (gen, train, max(0, m.steps - 1)), ""
-
-
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
     import dataclasses
 
@@ -195,7 +120,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     from grpo_launch.probe.local import probe_local
 
     _check(args)
-    started = time.monotonic()
+    started = _STARTED[0] = time.monotonic()
     topo = probe_local(ctx.environ)
     args = _with_recipe(args, ctx, topo.is_cpu)
     recipe = load(args)
@@ -207,7 +132,11 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         raise ConfigError(f"model_name_or_path {recipe.get('model_name_or_path')!r}: no config.json here", hint=hint)
     _weights(str(recipe.get("model_name_or_path")), args.random_weights)
     work = workload(recipe, plan.layout)
-    terms, not_measured = _phases(args, ctx, plan, recipe, work, started)
+    from grpo_launch.probe.measurements import Schedule
+
+    schedule = Schedule(args, ctx, plan, recipe, work, _say, _measure, started)
+    terms = schedule.run()
+    not_measured = schedule.not_measured
     key = calibration_key(topo, plan.model, recipe, plan.vllm_version)
     at = (("per_device_train_batch_size", work.per_device), ("prompt_len", work.prompt_len),
           ("completion_len", work.completion_len), ("processes", plan.train.num_processes))  # fmt: skip
@@ -226,139 +155,27 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     return 0
 
 
-def _phases(
-    args: argparse.Namespace, ctx: RunContext, plan: Any, recipe: Any, work: Any, started: float
-) -> tuple[Any, list[str]]:
-    """Every measurement in turn within ``--minutes``: the benchmarks in this process, the weight sync, vLLM's
-    (in its Python), TRL's own time per step; the terms, and what was not measured and why."""
-    import dataclasses
-
-    from grpo_launch.enums import VllmMode
-    from grpo_launch.probe.bench import PHASES, BenchSpec
-    from grpo_launch.probe.calibration import recipe_dtype
-
-    topo, n = plan.topology, plan.train.num_processes
-    host = topo.hosts[0] if topo.hosts else None
-    cpus = (host.slots or host.cpus if host else None) or os.cpu_count() or 1
-    device = "cpu" if topo.is_cpu else "cuda"
-    seconds = args.minutes * 60
-    uses_vllm = plan.vllm.mode != VllmMode.OFF
-    measures_vllm = uses_vllm or bool(args.vllm_python)
-    spec = BenchSpec(str(recipe.get("model_name_or_path")), work.prompt_len, work.completion_len, work.per_device,
-                     recipe_dtype(recipe), device, max(1, cpus // n) if device == "cpu" else 0, args.random_weights,
-                     seconds * (0.2 if measures_vllm else 0.5))  # fmt: skip
-    not_measured = []
-    if device == "cuda" and topo.num_gpus > 1:  # the short real run below trains on all of them, as planned
-        not_measured.append(f"training on all {topo.num_gpus} GPUs: the microbenchmarks use one GPU; all of them, "
-                            "under the planned backend, only in the short real run (TRL's own time per step)"
-                            + (": not with --random-weights" if args.random_weights else ""))  # fmt: skip
-    if device == "cpu":
-        not_measured.append("peak memory: this process's resident set (a CPU run's, not the GPU memory model's)")
-    result = _measure(spec, PHASES)
-    not_measured += result["failed"]
-    sync, why = _sync_phase(spec, topo, seconds * 0.1)
-    not_measured += [why] if why else []
-    vllm_data = None
-    if measures_vllm:
-        python = args.vllm_python or (sys.executable if _has_vllm() else None)
-        python = os.path.abspath(os.path.join(ctx.workdir, python)) if python and os.sep in python else python
-        left = max(60.0, (seconds - (time.monotonic() - started)) * 0.7)
-        print(f"calibrate: vLLM start-up and decode ({python}, at most {left:.0f} s)", file=sys.stderr, flush=True)
-        vllm_data, why = _vllm_phase(python, spec, left)
-        not_measured += [why] if why else []
-    else:
-        not_measured.append("vLLM start-up and decode: vLLM is off in this recipe (the trainers' generate measured; "
-                            "--vllm-python PYTHON measures it too)")  # fmt: skip
-    terms = _with_peak_prediction(_terms(spec, topo, result, sync, vllm_data), plan.model, spec)
-    left = seconds - (time.monotonic() - started)
-    if not args.random_weights:
-        print(f"calibrate: TRL's own time per step ({OVERHEAD_STEPS} real steps of the recipe)", file=sys.stderr,
-              flush=True)  # fmt: skip
-    overhead, why = _trainer_overhead(args, ctx, terms, n, work, uses_vllm, max(30.0, left))
-    if overhead is None:
-        not_measured.append(why)
-    else:
-        terms = dataclasses.replace(terms, overhead_generation_s=overhead[0], overhead_training_s=overhead[1],
-                                    overhead_steps=overhead[2])  # fmt: skip
-    return terms, not_measured
+_STARTED = [time.monotonic()]
 
 
-def _has_vllm() -> bool:
-    from grpo_launch.probe.pythons import vllm_version_here
-
-    return bool(vllm_version_here())
+def _say(text: str) -> None:
+    print(f"calibrate: [{time.monotonic() - _STARTED[0]:4.0f} s] {text}", file=sys.stderr, flush=True)
 
 
-def _sync_phase(spec: Any, topo: Any, seconds: float) -> tuple[dict[str, Any] | None, str]:
-    """The weight sync trainer → server between two processes here (probe/bench_sync.py); (None, why) where it
-    cannot be measured as TRL does it."""
-    from grpo_launch.probe.bench_sync import measure_sync
-
-    what = "weight sync trainer → vLLM"
-    if spec.device == "cuda" and topo.num_gpus < 2:
-        return None, f"{what}: not measured (NCCL needs two GPUs: the trainer and the server are on different ones)"
-    print(f"calibrate: {what} ({'NCCL' if spec.device == 'cuda' else 'gloo'})", file=sys.stderr, flush=True)
-    sync, why = measure_sync(spec.model, spec.dtype, spec.device, max(30.0, seconds))
-    return (sync, "") if sync is not None else (None, f"{what}: {why}")
-
-
-def _terms(spec: Any, topo: Any, result: dict[str, Any], sync: dict[str, Any] | None,
-           vllm_data: dict[str, Any] | None) -> Any:  # fmt: skip
-    from grpo_launch.machines.measured import MeasuredTerms
-
-    return MeasuredTerms(
-        device="cpu" if spec.device == "cpu" else topo.planning_gpu_name,
-        decode=tuple(result["decode"]),
-        vllm_decode=tuple(tuple(p) for p in vllm_data["decode"]) if vllm_data else (),
-        prefill_s=result["prefill_s"],
-        train_tokens_per_s=result["train_tokens_per_s"],
-        train_tokens_per_s_ckpt=result["train_tokens_per_s_ckpt"],
-        forward_tokens_per_s=result["forward_tokens_per_s"],
-        sync_s=sync["seconds"] if sync else None,
-        sync_path=sync["path"] if sync else "",
-        load_s=result["load_s"],
-        engine_start_s=vllm_data["engine_start_s"] if vllm_data else None,
-        peak_memory_bytes=result["peak_memory_bytes"],
-        peak_memory_bytes_ckpt=result["peak_memory_bytes_ckpt"],
-        threads=spec.threads,
-        activation_peak_bytes=result.get("activation_peak_bytes"),
-        activation_peak_bytes_ckpt=result.get("activation_peak_bytes_ckpt"),
-        value_bytes=2 if spec.dtype == "bfloat16" else 4,
-        step_peak_bytes=result.get("step_peak_bytes"),
-        step_peak_bytes_ckpt=result.get("step_peak_bytes_ckpt"),
-    )
-
-
-def _with_peak_prediction(terms: Any, model: Any, spec: Any) -> Any:
-    """``terms`` with the memory model's prediction of each measured training-step peak stored beside it."""
-    import dataclasses
-
-    from grpo_launch.planning.calibration import step_peak_prediction
-
-    def predicted(measured: int | None, ckpt: bool) -> int | None:
-        if not measured:
-            return None
-        return int(step_peak_prediction(model, terms.value_bytes, spec.device != "cpu", spec.per_device,
-                                        spec.prompt_len, spec.completion_len, ckpt))  # fmt: skip
-
-    return dataclasses.replace(terms, step_peak_predicted_bytes=predicted(terms.step_peak_bytes, False),
-                               step_peak_predicted_bytes_ckpt=predicted(terms.step_peak_bytes_ckpt, True))  # fmt: skip
-
-
-def _measure(spec: Any, phases: tuple[str, ...]) -> dict[str, Any]:
-    """The benchmarks under a progress bar (rich on a terminal; a line per phase elsewhere)."""
-    from grpo_launch.probe.bench import run_bench
+def _measure(spec: Any) -> tuple[dict[str, Any], Any]:
+    """The in-process measurements under a progress bar (rich on a terminal; a line per phase elsewhere)."""
+    from grpo_launch.probe.bench import PHASES, run_bench
 
     if not sys.stderr.isatty():
-        return run_bench(spec, lambda phase: print(f"calibrate: {phase}", file=sys.stderr, flush=True))
+        return run_bench(spec, _say)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task("calibrate", total=len(phases))
+        task = bar.add_task("calibrate", total=len(PHASES))
 
         def report(phase: str) -> None:
-            bar.update(task, description=f"calibrate: {phase}", completed=phases.index(phase))
+            bar.update(task, description=f"calibrate: {phase}", completed=PHASES.index(phase))
 
         out = run_bench(spec, report)
-        bar.update(task, completed=len(phases))
+        bar.update(task, completed=len(PHASES))
     return out

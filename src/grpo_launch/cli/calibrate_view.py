@@ -26,16 +26,33 @@ def measured_lines(t: Any, model: Any, at: dict[str, int]) -> list[str]:
 
     lines = [
         f"decode ({path}): " + ", ".join(f"batch {b}: {s * 1000:.1f} ms/step" for b, s in points)
-        for path, points in (("transformers", t.decode), ("vLLM", t.vllm_decode))
+        for path, points in (("transformers generate", t.decode), ("continuous batching", t.cb_decode),
+                             ("vLLM", t.vllm_decode))
         if points
-    ]
-    lines.append(f"prefill (one micro-batch's prompts): {t.prefill_s * 1000:.1f} ms")
+    ]  # fmt: skip
+    if t.prefill_s:
+        lines.append(f"prefill ({t.prefill_batch or 'one micro-batch of'} prompts): {t.prefill_s * 1000:.1f} ms")
+    head = "TRL's fused LM head" if t.fused_head else "torch's log-softmax over the whole logits"
     lines.append(
-        f"training step: {t.train_tokens_per_s:,.0f} tokens/s; with activation checkpointing "
-        f"{t.train_tokens_per_s_ckpt:,.0f} tokens/s; forward alone {t.forward_tokens_per_s:,.0f} tokens/s"
+        f"training step ({head}, no distributed engine): {t.train_tokens_per_s:,.0f} tokens/s; with activation "
+        f"checkpointing {t.train_tokens_per_s_ckpt:,.0f} tokens/s; forward alone {t.forward_tokens_per_s:,.0f} tokens/s"
     )
+    for backend, ckpt, rate in t.backend_train:
+        lines.append(f"training step through {backend}{' with activation checkpointing' if ckpt else ''}: "
+                     f"{rate:,.0f} tokens/s")  # fmt: skip
+    if t.imports_s:
+        lines.append(f"imports (torch, transformers, TRL): {t.imports_s:.1f} s")
     if t.load_s is not None:
-        lines.append(f"model load: {t.load_s:.1f} s")
+        what = f"{t.load_bytes / 1e9:.2f} GB from disk" if t.load_bytes else "an initialisation, not a load"
+        lines.append(f"model load: {t.load_s:.1f} s ({what})")
+    if t.save_bytes_per_s:
+        lines.append(f"disk write (the weights as safetensors, with fsync): {t.save_bytes_per_s / 1e9:.2f} GB/s")
+    if t.warmup_decode_s_per_step is not None:
+        lines.append(f"first generation's warm-up: {t.warmup_decode_s_per_step * 1000:.1f} ms per decode step")
+    if t.warmup_training_s is not None:
+        lines.append(f"first training step's warm-up: {t.warmup_training_s:.2f} s")
+    if t.deepspeed_init_s is not None:
+        lines.append(f"DeepSpeed's engine start: {t.deepspeed_init_s:.1f} s")
     if t.engine_start_s is not None:
         lines.append(f"vLLM start-up: {t.engine_start_s:.1f} s")
     if t.peak_memory_bytes:

@@ -294,37 +294,11 @@ def stored_calibration(
                         "every other term from the GPU table)")  # fmt: skip
     if found.record is None:
         return run, tuple(notes)
-    gpu = topo.planning_gpu_spec
-    base = run or Calibration()
-    gen = train = activations = peak = 1.0
-    if gpu is not None:  # on GPUs the table's structure stays: its speed is scaled to what was measured
-        from grpo_launch.planning.calibration import activation_scale, measured_against_table, step_peak_scale
+    from grpo_launch.planning.calibration import from_record
 
-        at = {k: int(v) for k, v in found.record.at}
-        point = (at.get("per_device_train_batch_size", 1), at.get("prompt_len", 1), at.get("completion_len", 1))
-        _, gen, train = measured_against_table(model, gpu, found.record.terms, *point)
-        notes.append(f"calibration: on {gpu.name} the table's generation time × {gen:.2f} and training time × "
-                     f"{train:.2f} (measured ÷ table; plan --explain shows each term)")  # fmt: skip
-        ratio = activation_scale(model, found.record.terms, *point)
-        if ratio is not None and ratio > 1:
-            activations = ratio
-            notes.append(f"calibration: activation memory × {ratio:.2f} (one micro-batch measured ÷ the memory model)")
-        elif ratio is not None:
-            notes.append(f"calibration: activation memory measured at {ratio:.2f} × the memory model's; the model's "
-                         "kept (a calibration only raises a memory estimate)")  # fmt: skip
-        whole = step_peak_scale(model, found.record.terms, *point, activations=activations)
-        if whole is not None and whole > 1:
-            peak = whole
-            notes.append(f"calibration: memory per training GPU × {whole:.2f} (the training step's peak measured ÷ "
-                         "the memory model's tensors at that point)")  # fmt: skip
-        elif whole is not None:
-            notes.append(f"calibration: the training step's peak measured at {whole:.2f} × the memory model's; the "
-                         "model's kept (a calibration only raises a memory estimate)")  # fmt: skip
-    scaled = dataclasses.replace(base, generation=base.generation * gen, training=base.training * train,
-                                 measured=found.record.terms, measured_source=found.path, measured_generation=gen,
-                                 measured_training=train, activation_memory=activations,
-                                 measured_memory=peak)  # fmt: skip
-    return scaled, tuple(notes)
+    at = {k: int(v) for k, v in found.record.at}
+    scaled, more = from_record(found.record.terms, found.path, model, topo.planning_gpu_spec, at, run)
+    return scaled, tuple(notes + more)
 
 
 def plan_for(

@@ -195,7 +195,7 @@ def _course_rows(s: Standing) -> list[tuple[str, str]]:
     rows += attempt_rows(courses, running=view.holder is not None, last=SHOWN_ATTEMPTS)
     rows += adaptation_rows(view.attempts)
     plan = view.plan
-    first = startup_row(view.records, plan.startup_s if plan else None)
+    first = startup_row(view.records, plan.startup_s if plan else None, plan.startup_phases if plan else ())
     rows += [row for row in (first, async_row(view.records, plan.queue_maxsize if plan else None)) if row]
     return rows
 

@@ -31,7 +31,7 @@ from typing import IO
 from grpo_launch.errors import LaunchError
 from grpo_launch.execute import faults
 from grpo_launch.node import reaper
-from grpo_launch.rundir.layout import PGID_ANNOUNCE, RUN_ID_ENV, announced_pgid
+from grpo_launch.rundir.layout import PGID_ANNOUNCE, RUN_ID_ENV, SPAWNED_AT_ENV, announced_pgid
 from grpo_launch.rundir.text import printable
 from grpo_launch.rundir.trust import open_nofollow
 from grpo_launch.spec import Failure, ProcessSpec
@@ -157,7 +157,8 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = self.log_dir / f"{spec.name.replace('@', '-')}-{stamp}.log"
-        env = {**self.environ, **spec.launch_env, "PYTHONUNBUFFERED": "1", RUN_ID_ENV: self.run_id}
+        env = {**self.environ, **spec.launch_env, "PYTHONUNBUFFERED": "1", RUN_ID_ENV: self.run_id,
+               SPAWNED_AT_ENV: repr(time.time())}  # fmt: skip
         log_file = open_nofollow(log_path, "ab")  # before the start: never through a link planted in the run dir
         try:
             proc = subprocess.Popen(

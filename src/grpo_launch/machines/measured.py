@@ -13,12 +13,18 @@ class MeasuredTerms:
     """The time terms ``grpo-launch calibrate`` measured on this machine, in place of the GPU table's (on CPU,
     where the table has none, the only step time there is). Per process, at ``threads`` threads on CPU.
 
-    ``decode``: (batch, seconds per decode step) pairs at the recipe's completion length through transformers'
-    generate (TRL's path without vLLM); ``vllm_decode``: the same through vLLM (empty: not measured);
-    ``prefill_s``: one micro-batch's prompt pass; ``train_tokens_per_s`` (``_ckpt``: with activation
-    checkpointing) and ``forward_tokens_per_s``: one optimizer step's forward/backward, and a forward alone, over
-    padded tokens; ``sync_s`` (the weights sent trainer → server, :mod:`grpo_launch.probe.bench_sync`), ``load_s``,
-    ``engine_start_s``: None where not measured; ``overhead_*``: TRL's own per-step time, from a short real run."""
+    ``decode``: (batch, seconds per decode step) of transformers' ``generate`` as TRL calls it (its generation
+    config, left-padded prompts), at the mean context (the prompt plus half the completion); ``cb_decode``: the
+    same through transformers' continuous batching (TRL's ``use_transformers_continuous_batching``);
+    ``vllm_decode``: through vLLM (each empty: not measured); ``prefill_s``: ``prefill_batch`` prompts' pass;
+    ``train_tokens_per_s`` (``_ckpt``: with activation checkpointing) and ``forward_tokens_per_s``: one optimizer
+    step's forward/backward, and a forward alone, over padded tokens, without a distributed engine (DDP's compute on
+    one device); ``backend_train``: (backend, checkpointing, tokens/s) through DeepSpeed's or FSDP2's engine at world
+    size 1; ``fused_head``: the training rates were measured as TRL runs them, through its fused LM head (False:
+    torch's log-softmax over the whole logits, as calibrations before it did); ``sync_s`` (the weights sent trainer
+    → server, :mod:`grpo_launch.probe.bench_sync`), ``load_s`` (of ``load_bytes`` from disk; ``load_bytes`` 0: an
+    initialisation, not a load), ``engine_start_s``: None where not measured; ``imports_s``, ``warmup_*``,
+    ``deepspeed_init_s``: the first step's phases; ``overhead_*``: TRL's own per-step time, from a short real run."""
 
     device: str
     decode: tuple[tuple[int, float], ...] = ()
@@ -33,7 +39,7 @@ class MeasuredTerms:
     peak_memory_bytes: int | None = None  # the training step's peak (GPU: CUDA's max allocated; CPU: the RSS)
     peak_memory_bytes_ckpt: int | None = None  # the same with activation checkpointing
     threads: int = 0
-    # One micro-batch's forward and backward as GRPOTrainer runs them, above what the process held before (the
+    # One micro-batch's forward and backward as GRPOTrainer runs it, above what the process held before (the
     # memory model's activation terms; None: not measured), with activations ``value_bytes`` wide (4: float32).
     activation_peak_bytes: int | None = None
     activation_peak_bytes_ckpt: int | None = None  # the same with activation checkpointing
@@ -53,12 +59,23 @@ class MeasuredTerms:
     overhead_generation_s: float = 0.0  # per generation round
     overhead_training_s: float = 0.0  # per optimizer step
     overhead_steps: int = 0  # the real steps it was measured over (0: not measured)
+    cb_decode: tuple[tuple[int, float], ...] = ()
+    prefill_batch: int = 0  # the prompts ``prefill_s`` passed (0: the calibration's micro-batch)
+    backend_train: tuple[tuple[str, bool, float], ...] = ()
+    fused_head: bool = False
+    load_bytes: int = 0
+    save_bytes_per_s: float | None = None  # the disk's write speed (a checkpoint's), with fsync
+    imports_s: float | None = None  # import torch, transformers and TRL in a fresh interpreter
+    warmup_decode_s_per_step: float | None = None  # the first generate's extra per decode step over a warm one
+    warmup_training_s: float | None = None  # the first training step's extra over a warm one
+    deepspeed_init_s: float | None = None  # deepspeed.initialize of the model (the ZeRO measurement's)
 
-    def decode_step_s(self, batch: int, *, vllm: bool = False) -> float:
-        """Seconds per decode step at ``batch`` (``vllm``: vLLM's, when measured): the measured batch nearest it,
-        scaled linearly between the two measured batches around it (beyond the largest: per sequence, as at the
-        largest)."""
-        points = sorted(self.vllm_decode if vllm and self.vllm_decode else self.decode)
+    def decode_step_s(self, batch: int, *, engine: str = "generate", per_sequence_s: float = 0.0) -> float:
+        """Seconds per decode step at ``batch`` through ``engine`` ("generate", "continuous" or "vllm"): linear between
+        the two measured batches around it; below the smallest, the smallest's; beyond the largest, on along the
+        last two points' line (a decode step is a floor plus a cost per sequence), or with one point measured,
+        ``per_sequence_s`` (the table's) per sequence more."""
+        points = sorted(self.curve(engine))
         b = max(1, batch)
         if b <= points[0][0]:
             return points[0][1]
@@ -66,4 +83,19 @@ class MeasuredTerms:
             if b <= b1:
                 return s0 + (s1 - s0) * (b - b0) / (b1 - b0)
         top, s = points[-1]
-        return s * b / top
+        slope = max(0.0, (s - points[-2][1]) / (top - points[-2][0])) if len(points) > 1 else per_sequence_s
+        return s + slope * (b - top)
+
+    def curve(self, engine: str) -> tuple[tuple[int, float], ...]:
+        """The measured (batch, seconds per decode step) of one generation engine (empty: not measured)."""
+        return {"generate": self.decode, "continuous": self.cb_decode, "vllm": self.vllm_decode}[engine]
+
+    def training_rate(self, backend: str, checkpointing: bool) -> float | None:
+        """Tokens/s of one process's training step through ``backend`` ("ddp": no engine), or None."""
+        if backend == "ddp":
+            rate = self.train_tokens_per_s_ckpt if checkpointing else self.train_tokens_per_s
+            return rate or None
+        for name, ckpt, value in self.backend_train:
+            if name == backend and ckpt == checkpointing and value > 0:
+                return value
+        return None

@@ -80,7 +80,7 @@ def best_variant(
             continue
         serve_gpu, train_gpu = role_specs(ctx.topology, vllm, hosts)  # a mixed cluster: each role on its own type
         serve_gpu, gpu = serve_gpu or ctx_gpu, train_gpu or ctx_gpu  # a split's variants share their trainers
-        gen, sync, _ = generation_part(model, serve_gpu, vllm, hosts, work)
+        gen, sync, _, _ = generation_part(model, serve_gpu, vllm, hosts, work)
         scored.append((gen, sync, split))
     if not scored:
         return None

@@ -21,6 +21,7 @@ a calibrated run, or re-planning a running one (``launch.adapt``), then converge
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from grpo_launch.enums import DistBackend, Offload
@@ -35,7 +36,7 @@ from grpo_launch.planning.cost.steptime import (
     padded_tokens,
     sync_time,
     training_time,
-    transformers_generation_time,
+    transformers_decode_step_s,
 )
 from grpo_launch.planning.cost.workload import Calibration, Workload
 from grpo_launch.planning.sizes import Parallelism
@@ -161,13 +162,17 @@ def measured_against_table(
     """Each term ``grpo-launch calibrate`` measured beside the GPU table's value at the same point (one process,
     ``per_device`` sequences of ``prompt_len`` + ``completion_len`` tokens), and the generation and training time
     ratios (measured ÷ table) the plan applies on that GPU. On CPU (``gpu`` None) the table has no value: 1, 1."""
-    b = max(1, per_device)
+    b = b_ = max(1, per_device)
     at = Workload(prompt_len=prompt_len, completion_len=completion_len, completions=b, num_generations=b,
                   per_device=b, gradient_checkpointing=False)  # fmt: skip
     rows: list[Comparison] = []
     gen_ratio = train_ratio = 1.0
-    # vLLM's decode speaks for generation where it was measured (a plan with vLLM on a GPU), else transformers'
-    for path, points in (("transformers", terms.decode), ("vllm", terms.vllm_decode)):
+    # vLLM's decode speaks for generation where it was measured (a plan with vLLM on a GPU), else transformers', at
+    # the measured batch nearest the micro-batch
+    context = prompt_len + completion_len / 2
+    for path, points in (("transformers", terms.decode), ("continuous batching", terms.cb_decode),
+                         ("vllm", terms.vllm_decode)):  # fmt: skip
+        nearest = min((b for b, _ in points), key=lambda b: abs(math.log(b / b_)), default=None) if points else None
         for batch, seconds in points:
             table = None
             if gpu is not None:
@@ -175,10 +180,10 @@ def measured_against_table(
                 if path == "vllm":
                     table = generation_time(model, gpu, Parallelism(), batch, one)[0] / completion_len
                 else:
-                    table = transformers_generation_time(model, gpu, 1, one) / completion_len
+                    table = transformers_decode_step_s(model, gpu, batch, context)
             row = Comparison(f"decode step at batch {batch} ({path})", table, seconds, "s")
             rows.append(row)
-            if batch == max(1, per_device) and row.ratio:
+            if batch == nearest and row.ratio and path != "continuous batching":
                 gen_ratio = row.ratio
     for ckpt, rate in ((False, terms.train_tokens_per_s), (True, terms.train_tokens_per_s_ckpt)):
         if not rate:
@@ -279,3 +284,42 @@ def activation_scale(model: ModelShape, terms: MeasuredTerms, per_device: int, p
 
 def comparison_to_dict(rows: list[Comparison]) -> list[dict[str, Any]]:
     return [dataclasses.asdict(r) | {"ratio": r.ratio} for r in rows]
+
+
+def from_record(
+    terms: MeasuredTerms, path: str, model: ModelShape, gpu: GpuSpec | None, at: dict[str, int],
+    run: Calibration | None = None,
+) -> tuple[Calibration, list[str]]:  # fmt: skip
+    """The calibration a plan uses from a stored ``grpo-launch calibrate`` record measured ``at`` a micro-batch and
+    lengths: its measured terms (used directly wherever they cover the plan's case), its ratios to the GPU table at
+    that point (for the table's terms the record did not measure), its memory scales, and a run's own scales
+    (``run``: ``--calibrate-from``, the adapt loop) on top; and the notices that say so."""
+    base = run or Calibration()
+    gen = train = activations = peak = 1.0
+    notes: list[str] = []
+    if gpu is not None:  # the table's terms the record did not measure are scaled to it
+        point = (at.get("per_device_train_batch_size", 1), at.get("prompt_len", 1), at.get("completion_len", 1))
+        _, gen, train = measured_against_table(model, gpu, terms, *point)
+        notes.append(f"calibration: on {gpu.name} each term it measured for this plan's work is used as measured; "
+                     f"the table's other terms × {gen:.2f} (generation) and × {train:.2f} (training), measured ÷ "
+                     "table at its point (plan --explain shows each term)")  # fmt: skip
+        ratio = activation_scale(model, terms, *point)
+        if ratio is not None and ratio > 1:
+            activations = ratio
+            notes.append(f"calibration: activation memory × {ratio:.2f} (one micro-batch measured ÷ the memory model)")
+        elif ratio is not None:
+            notes.append(f"calibration: activation memory measured at {ratio:.2f} × the memory model's; the model's "
+                         "kept (a calibration only raises a memory estimate)")  # fmt: skip
+        whole = step_peak_scale(model, terms, *point, activations=activations)
+        if whole is not None and whole > 1:
+            peak = whole
+            notes.append(f"calibration: memory per training GPU × {whole:.2f} (the training step's peak measured ÷ "
+                         "the memory model's tensors at that point)")  # fmt: skip
+        elif whole is not None:
+            notes.append(f"calibration: the training step's peak measured at {whole:.2f} × the memory model's; the "
+                         "model's kept (a calibration only raises a memory estimate)")  # fmt: skip
+    scaled = dataclasses.replace(base, generation=base.generation * gen, training=base.training * train,
+                                 measured=terms, measured_source=path, measured_generation=gen,
+                                 measured_training=train, activation_memory=activations,
+                                 measured_memory=peak)  # fmt: skip
+    return scaled, notes

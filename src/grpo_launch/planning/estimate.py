@@ -9,12 +9,13 @@ import dataclasses
 import functools
 import math
 
-from grpo_launch.enums import VllmMode
+from grpo_launch.enums import DistBackend, VllmMode
 from grpo_launch.machines.gpus import GIB, GpuSpec
 from grpo_launch.machines.measured import MeasuredTerms
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_layout import Layout
+from grpo_launch.planning.cost import measured_time
 from grpo_launch.planning.cost.constants import (
     EXPECTED_COMPLETION_SHARE,
     TRL_COMPLETION_LEN,
@@ -22,16 +23,22 @@ from grpo_launch.planning.cost.constants import (
 )
 from grpo_launch.planning.cost.memory import VllmMemory, margin_lines
 from grpo_launch.planning.cost.overlap import overlap_line
-from grpo_launch.planning.cost.startup import startup_time
+from grpo_launch.planning.cost.startup import Startup, startup_time
 from grpo_launch.planning.cost.steptime import (
+    TimeTerm,
+    choose,
     colocate_prompt_copies,
     colocate_switch_time,
     generation_time,
+    offload_time,
     old_logprobs_time,
     server_prompt_copies,
     sync_time,
+    trainer_decode_batch,
+    training_passes,
     training_time,
     transformers_generation_time,
+    zero3_gather_time,
 )
 from grpo_launch.planning.cost.workload import Calibration, Workload
 from grpo_launch.planning.gpu_types import role_specs, serve_topology, train_topology
@@ -158,37 +165,52 @@ def run_total(
 
 def generation_part(
     model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, hosts: tuple[TrainHost, ...], work: Workload
-) -> tuple[float, float, list[str]]:
-    """Seconds of generation and of the weight sync (or colocated sleep/wake) per optimizer step, and the
-    arithmetic: on the server's TP × DP GPUs, on every TP group of colocated trainers (``hosts``), or in the
-    trainers."""
+) -> tuple[float, float, list[str], list[TimeTerm]]:
+    """Seconds of generation and of the weight sync (or colocated sleep/wake) per optimizer step, their arithmetic,
+    and the table's and the measured terms side by side: on the server's TP × DP GPUs, on every TP group of
+    colocated trainers (``hosts``), or in the trainers. A calibration's decode curve replaces the table's wherever it
+    measured the same engine on as many GPUs (one per engine)."""
     n = sum(h.processes for h in hosts)
     seqs = vllm.max_num_seqs or work.completions
     par = engines(vllm, n)
+    measured = work.scale.measured
+    single_gpu_engines = par.tp == 1 and par.pp == 1 and not par.ep
     if vllm.mode == VllmMode.SERVER:
         copies = server_prompt_copies(work.num_generations, par.dp)
-        gen, gen_why = generation_time(model, gpu, par, seqs, work, prompt_copies=copies,
-                                       pp_across_nodes=vllm.spans_hosts)  # fmt: skip
+        table = generation_time(model, gpu, par, seqs, work, prompt_copies=copies, pp_across_nodes=vllm.spans_hosts)
+        mine = (measured_time.generation(measured, model, n, work, engine="vllm", engines=par.dp, max_num_seqs=seqs)
+                if measured is not None and single_gpu_engines else None)  # fmt: skip
+        gen, gen_why, term = choose("generation", table, mine)
         # Trainer rank 0 (the first training host) broadcasts the weights to every server rank (one NCCL group).
         across = bool(vllm.nodes) or vllm.host != hosts[0].name
         sync = sync_time(model, across_nodes=across)
         sync_why = f"weight sync: {model.weight_bytes_bf16 / 1e9:.1f} GB broadcast = {sync:.2f} s"
-        measured = work.scale.measured
+        sync_term = TimeTerm("weight sync", sync, None)
         if not across and measured is not None and measured.sync_s is not None and measured.sync_path == "nccl":
+            sync_term = TimeTerm("weight sync", sync, measured.sync_s)
             sync = measured.sync_s  # calibrate sent this model's weights over NCCL between two GPUs of a host
             sync_why = f"weight sync: {sync:.2f} s measured by calibrate (NCCL within a node; the table's {sync_why})"
-        return gen, sync, [f"generation on the server ({par.gpus} GPU, {par.server_label}): {gen_why}", sync_why]
+        lines = [f"generation on the server ({par.gpus} GPU, {par.server_label}): {gen_why}", sync_why]
+        return gen, sync, lines, [term, sync_term]
     if vllm.mode == VllmMode.COLOCATE:
         per_engine = (work.generation_batch or work.completions) // max(1, n) * par.tp  # each rank's slice, per call
         copies = colocate_prompt_copies(work.num_generations, par.dp, per_engine)
-        gen, gen_why = generation_time(model, gpu, par, seqs, work, prompt_copies=copies)
+        table = generation_time(model, gpu, par, seqs, work, prompt_copies=copies)
+        mine = (measured_time.generation(measured, model, n, work, engine="vllm", engines=par.dp, max_num_seqs=seqs)
+                if measured is not None and single_gpu_engines else None)  # fmt: skip
+        gen, gen_why, term = choose("generation", table, mine)
         sync = colocate_switch_time(model, n, sleep_mode=vllm.sleep_mode)
         lines = [f"generation colocated ({par.dp} engine(s) × TP {par.tp}): {gen_why}"]
         if vllm.sleep_mode:
             lines.append(f"vLLM sleep/wake and weight load per step: {sync:.2f} s")
-        return gen, sync, lines
-    gen = transformers_generation_time(model, gpu, n, work)
-    return gen, 0.0, [f"generation with transformers in the trainers (no vLLM): ≈ {gen:.1f} s"]
+        return gen, sync, lines, [term]
+    engine = "continuous" if work.continuous_batching else "generate"
+    table = transformers_generation_time(model, gpu, n, work)
+    if work.continuous_batching:
+        table = (table[0], table[1] + " (continuous batching priced as generate: no published figure)")
+    mine = measured_time.generation(measured, model, n, work, engine=engine) if measured is not None else None
+    gen, gen_why, term = choose("generation", table, mine)
+    return gen, 0.0, [f"generation in the trainers (no vLLM): {gen_why}"], [term]
 
 
 def _range(
@@ -220,26 +242,59 @@ def step_time(
 ) -> tuple[StepTime, list[str]]:  # fmt: skip
     """One optimizer step's times for ``work``, and their arithmetic: training on ``gpu``, generation on
     ``serve_gpu`` (a server on GPUs of another type; None: the same)."""
+    step, lines, _ = step_terms(model, gpu, vllm, train, work, serve_gpu)
+    return step, lines
+
+
+def step_terms(
+    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, train: TrainPlan, work: Workload,
+    serve_gpu: GpuSpec | None = None,
+) -> tuple[StepTime, list[str], tuple[TimeTerm, ...]]:  # fmt: skip
+    """:func:`step_time`, and each term's table and measured values side by side."""
     n = train.num_processes
     # Generation, the weight sync and the old log-probs happen once per generation round, which may serve several
     # optimizer steps (steps_per_generation > gradient_accumulation_steps, num_iterations > 1) or be one of several.
     rounds, one = work.generations_per_step, work.per_generation()
-    gen, sync, lines = generation_part(model, serve_gpu or gpu, vllm, train.hosts, one)
+    gen, sync, lines, terms = generation_part(model, serve_gpu or gpu, vllm, train.hosts, one)
     if rounds != 1:
         lines.append(
             f"generation rounds per optimizer step: {rounds:.3g} (TRL generates {one.completions} completions every "
             f"steps_per_generation × num_iterations micro-steps; a step is gradient_accumulation_steps of them)"
         )
+        terms = [dataclasses.replace(t, table_s=_times(t.table_s, rounds), measured_s=_times(t.measured_s, rounds))
+                 for t in terms]  # fmt: skip
     gen, sync = gen * rounds, sync * rounds
-    train_s, train_why = training_time(model, gpu, n, train.backend, train.offload, work, nodes=len(train.hosts))
+    measured = work.scale.measured
+    table_train = training_time(model, gpu, n, train.backend, train.offload, work, nodes=len(train.hosts))
+    mine = None
+    if measured is not None:
+        extra = offload_time(model, n, len(train.hosts), train.backend, train.offload, work)
+        if train.backend == DistBackend.ZERO3:
+            extra += zero3_gather_time(model, n, work, passes=training_passes(work))
+        mine = measured_time.training(measured, n, str(train.backend), work, extra_s=extra,
+                                      extra_why=f"the table's {train.backend} and offload costs")  # fmt: skip
+    train_s, train_why, train_term = choose("training", table_train, mine)
+    terms.append(train_term)
     lines.append(f"training: {train_why}")
-    old = old_logprobs_time(model, gpu, n, one) * rounds if vllm.mode != VllmMode.OFF or work.old_logprobs else 0.0
+    old = 0.0
+    if vllm.mode != VllmMode.OFF or work.old_logprobs:
+        table_old = old_logprobs_time(model, gpu, n, one) * rounds
+        if train.backend == DistBackend.ZERO3:  # the forward gathers every layer once per micro-batch of the round
+            table_old += zero3_gather_time(model, n, one, passes=1) * rounds
+        mine_old = measured_time.old_logprobs(measured, n, work, rounds) if measured is not None else None
+        old, _, old_term = choose("old log-probs", (table_old, ""), mine_old)
+        terms.append(old_term)
     if work.overlapped:  # AsyncGRPOTrainer: no old log-probs pass; the sync streams the trainer's own dtype
         old, sync = 0.0, sync * work.sync_weight_bytes / 2
         lines.append(overlap_line(gen, train_s, sync, work.sync_weight_bytes))
+        terms = [t for t in terms if t.name != "old log-probs"]
     if old:
         lines.append(f"old log-probs (TRL's extra forward, 2·P per token): {old:.1f} s")
-    return StepTime(gen, train_s, sync, old, overlapped=work.overlapped), lines
+    return StepTime(gen, train_s, sync, old, overlapped=work.overlapped), lines, tuple(terms)
+
+
+def _times(value: float | None, factor: float) -> float | None:
+    return value * factor if value is not None else None
 
 
 def estimate_plan(draft: Draft) -> Estimate | None:
@@ -250,9 +305,9 @@ def estimate_plan(draft: Draft) -> Estimate | None:
     serve_gpu, gpu = role_specs(topology, vllm, train.hosts)
     mem = train_topology(topology, train.hosts).min_gpu_memory_bytes
     vllm_mem = serve_topology(topology, vllm, train.hosts).min_gpu_memory_bytes or mem
-    terms = draft.workload.scale.measured
-    if topology.is_cpu and terms is not None and terms.device == "cpu" and terms.decode and terms.train_tokens_per_s:
-        return _measured_cpu(draft, terms)
+    measured = draft.workload.scale.measured
+    if topology.is_cpu and measured is not None and measured.device == "cpu":
+        return _measured_cpu(draft, measured)
     if model is None or mem is None or topology.is_cpu:
         return None
     train_mem = training.memory
@@ -273,28 +328,52 @@ def estimate_plan(draft: Draft) -> Estimate | None:
     if gpu is None or serve_gpu is None:
         explain.append(topology.time_missing or "no step time")
         return memory(step=None, explain=tuple(explain), time_missing=topology.time_missing)
-    step, lines = step_time(model, gpu, vllm, train, draft.workload, serve_gpu)
+    step, lines, terms = step_terms(model, gpu, vllm, train, draft.workload, serve_gpu)
     explain += lines
-    across = bool(vllm.nodes) or vllm.host != train.hosts[0].name  # the first sync between hosts
-    startup, startup_lines = startup_time(model, vllm.mode, deepspeed=train.backend.is_deepspeed,
-                                          machines=train.num_machines, sync_across_nodes=across)  # fmt: skip
-    explain += [*startup_lines, _step_line(step)]
+    startup = first_step(draft, step)
+    explain += [startup.line(), _step_line(step)]
     if training.host_memory:
         explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
-    total, missing = _whole_run(draft, gpu, step, startup, serve_gpu)
-    return memory(step=step, explain=tuple(explain), total=total, total_missing=missing, startup_s=startup)
+    total, missing = _whole_run(draft, gpu, step, once_s(startup, step), serve_gpu)
+    return memory(step=step, explain=tuple(explain), total=total, total_missing=missing,
+                  startup_s=startup.first_step_s, startup=startup, terms=terms)  # fmt: skip
 
 
-def _measured_cpu(draft: Draft, terms: MeasuredTerms) -> Estimate:
-    """On CPU the table has no speed: the step time is the one ``grpo-launch calibrate`` measured here, alone."""
-    from grpo_launch.planning.cost.measured_time import measured_step_time
+def first_step(draft: Draft, step: StepTime) -> Startup:
+    """The plan's time to first step, as phases (:mod:`.cost.startup`): its first generation round is the step's."""
+    model, vllm, train, work = draft.model, draft.vllm, draft.train, draft.workload
+    assert model is not None
+    across = bool(vllm.nodes) or vllm.host != train.hosts[0].name  # the first sync between hosts
+    rounds = work.generations_per_step or 1.0
+    one = work.per_generation()
+    steps = one.longest_of(trainer_decode_batch(train.num_processes, one)) if vllm.mode == VllmMode.OFF else 0.0
+    return startup_time(model, vllm.mode, deepspeed=train.backend.is_deepspeed, machines=train.num_machines,
+                        processes=train.num_processes, sync_across_nodes=across,
+                        first_generation_s=step.generation_s / rounds, first_decode_steps=steps,
+                        measured=work.scale.measured, gloo=draft.topology.is_cpu)  # fmt: skip
 
+
+def once_s(startup: Startup, step: StepTime) -> float:
+    """What the first step costs beyond a warm step (the whole run counts each step's generation already): the time
+    to first step less its warm first generation."""
+    warm = min(startup.seconds("first_generation") or 0.0, step.generation_s)
+    return max(0.0, startup.first_step_s - warm)
+
+
+def _measured_cpu(draft: Draft, terms: MeasuredTerms) -> Estimate | None:
+    """On CPU the table has no speed: the step time is the one ``grpo-launch calibrate`` measured here, alone (None
+    where it did not measure a term the step needs)."""
     work = draft.workload
-    step, lines = measured_step_time(terms, draft.train.num_processes, work, vllm=draft.vllm.mode != VllmMode.OFF)
-    explain = [*_workload_lines(work), *lines, _step_line(step)]
+    found = measured_time.measured_step_time(terms, draft.train.num_processes, work,
+                                             vllm=draft.vllm.mode != VllmMode.OFF, model=draft.model)  # fmt: skip
+    if found is None:
+        return None
+    step, lines = found
+    startup = first_step(draft, step) if draft.model is not None else None
+    explain = [*_workload_lines(work), *lines, *([startup.line()] if startup else []), _step_line(step)]
     return Estimate(step=step, train_memory_gib=None, vllm_memory_gib=None, gpu_memory_gib=0.0,
-                    explain=tuple(explain), workload=work, startup_s=terms.load_s,
-                    total_missing="the whole run is not forecast on CPU")  # fmt: skip
+                    explain=tuple(explain), workload=work, startup_s=startup.first_step_s if startup else None,
+                    startup=startup, total_missing="the whole run is not forecast on CPU")  # fmt: skip
 
 
 def _workload_lines(work: Workload) -> list[str]:

@@ -12,7 +12,8 @@ from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.cost.memory import TrainMemory, VllmMemory
-from grpo_launch.planning.cost.steptime import StepTime
+from grpo_launch.planning.cost.startup import Startup
+from grpo_launch.planning.cost.steptime import StepTime, TimeTerm
 from grpo_launch.planning.cost.workload import Calibration, Workload
 from grpo_launch.planning.sizes import Parallelism
 from grpo_launch.recipe import Recipe
@@ -269,7 +270,9 @@ class Estimate:
     workload: Workload | None = None  # what the estimate assumed one step processes (and its calibration)
     time_missing: str | None = None
     total_missing: str | None = None  # why there is no whole-run forecast (the step count is unknown)
-    startup_s: float | None = None  # time to first step (load, vLLM ready, first sync): paid again on every restart
+    startup_s: float | None = None  # time to first step (to the first round generated): paid again on every restart
+    startup: Startup | None = None  # the same as its phases, each measured or from the table
+    terms: tuple[TimeTerm, ...] = ()  # each step term's table and measured values (--explain)
 
 
 @frozen

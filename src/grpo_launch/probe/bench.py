@@ -1,16 +1,27 @@
-"""``grpo-launch calibrate``'s microbenchmarks, run in this process on the first GPU it sees, or on the CPU: model
-load, decode seconds per step against batch size at the recipe's completion length (transformers' generate, the
-path TRL takes without vLLM), a prompt pass, one optimizer step's forward/backward at the planned micro-batch and
-sequence length with and without activation checkpointing, a forward alone (TRL's old log-probs), the peak memory,
-and one micro-batch's activation memory as GRPOTrainer runs it (against the memory model's terms). vLLM's own decode
-and start-up are measured in its Python by :mod:`grpo_launch.probe.bench_vllm`, the weight sync by
-:mod:`grpo_launch.probe.bench_sync`.
+"""``grpo-launch calibrate``'s measurements in its own process, on the first GPU it sees or on the CPU, of the work the
+plan runs at its sizes, in the order the plan needs them, each within what is left of the budget:
 
-Each phase stops at its deadline (``Budget``): a phase that runs out keeps what it measured so far.
-Needs torch and transformers (the trainers' environment); imported only by ``calibrate``."""
+1. the imports a trainer pays (torch, transformers, TRL): calibrate's process has imported none of them yet;
+2. the model's load from disk: random weights are written to safetensors first (the write timed with fsync: the
+   disk's speed for checkpoints), dropped from the page cache, then loaded as a trainer loads them;
+3. decode seconds per step against batch size, from 1 up to the trainers' generation batch (or 256), through the
+   generation engine the plan uses (transformers' ``generate`` with TRL's generation config, or its continuous
+   batching): each point the difference of two generations of different lengths at the mean context, so the prompt
+   pass and the call's own cost cancel; the first generation at the plan's batch timed cold, for its warm-up;
+4. one training step at the plan's micro-batch and sequence length as GRPOTrainer runs it (TRL's fused LM head, the
+   plan's activation checkpointing and precision), the first one cold, for its warm-up;
+5. a prompt pass, a forward alone (TRL's old log-probs), the activation memory of one micro-batch (against the
+   memory model), the other checkpointing setting; last, once calibrate's other measurements are done, the other
+   engine (:func:`measure_other_engine`).
+
+A phase whose expected cost no longer fits is not started, and is named with the reason. vLLM's decode and start-up
+(:mod:`.bench_vllm`), the weight sync (:mod:`.bench_sync`) and the distributed engines (:mod:`.bench_backend`) run in
+subprocesses that calibrate starts. Needs torch and transformers (the trainers' environment); imported only by
+``calibrate``."""
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import time
@@ -23,31 +34,42 @@ from grpo_launch.spec import frozen
 @frozen
 class BenchSpec:
     """What to measure: the model (a local path, or its config alone with ``random_weights``), the shapes the
-    plan uses, the dtype, the device ("cpu" or "cuda") and the threads per process on CPU."""
+    plan uses, the dtype, the device ("cpu" or "cuda") and the threads per process on CPU; the trainers' generation
+    batch (``generation_batch``: sequences each decodes at once), the engine the plan generates with ("generate" or
+    "continuous"), TRL's sampling settings (``sampling``: temperature, top_p, top_k, min_p, repetition_penalty), the
+    plan's activation checkpointing and the trainers' weight dtype (``train_dtype``; bf16 autocast when it is
+    float32 and ``autocast``)."""
 
     model: str
     prompt_len: int
     completion_len: int
     per_device: int
-    dtype: str  # "float32" or "bfloat16"
+    dtype: str  # "float32" or "bfloat16": the weights calibrate decodes with
     device: str
     threads: int
     random_weights: bool
-    seconds: float  # the whole budget
+    seconds: float  # what this process may spend
+    generation_batch: int = 0  # 0: the micro-batch
+    engine: str = "generate"
+    sampling: tuple[tuple[str, Any], ...] = ()
+    checkpointing: bool = False
+    train_dtype: str = ""  # "": dtype
+    autocast: bool = False
+    old_logprobs: bool = True
+    weights_dir: str = ""  # where random weights are written for the load from disk ("": not written)
 
 
 class Budget:
-    """One deadline per phase: an equal share of what is left, so a slow phase cannot starve the later ones."""
+    """The time left, and whether a phase that is expected to take ``need`` seconds still fits."""
 
-    def __init__(self, seconds: float, phases: int) -> None:
-        self.end, self.left = time.monotonic() + seconds, phases
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
 
-    def phase(self) -> float:
-        """The deadline of the next phase (monotonic seconds)."""
-        now = time.monotonic()
-        share = max(0.0, self.end - now) / max(1, self.left)
-        self.left -= 1
-        return now + share
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def fits(self, need: float) -> bool:
+        return need <= self.left()
 
 
 Report = Callable[[str], None]
@@ -60,21 +82,86 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def load_model(spec: BenchSpec) -> tuple[Any, float]:
-    """The model on its device, and the seconds the load took (from the config alone: random weights)."""
+def measure_imports() -> float:
+    """Seconds to import what a trainer imports before it builds anything (0 when already imported here)."""
+    import sys
+
+    if "trl" in sys.modules:
+        return 0.0
+    t0 = time.perf_counter()
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from trl import GRPOTrainer  # noqa: F401
+
+    return time.perf_counter() - t0
+
+
+def amp(spec: BenchSpec) -> Any:
+    """bf16 autocast where the trainers run float32 weights under it (accelerate wraps the model's forward in it,
+    and TRL generates through that forward); else nothing."""
+    import contextlib
+
+    import torch
+
+    return torch.autocast(spec.device, dtype=torch.bfloat16) if spec.autocast else contextlib.nullcontext()
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    return torch.bfloat16 if name == "bfloat16" else torch.float32
+
+
+def load_model(spec: BenchSpec, out: dict[str, Any]) -> Any:
+    """The model on its device. Random weights are written to ``spec.weights_dir`` first (the write's speed, with
+    fsync, recorded) and loaded back from disk cold; real weights are loaded from where they are. The load's seconds
+    and bytes are recorded (``load_bytes`` 0: random weights not written, an initialisation)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
-    t0 = time.perf_counter()
+    dtype = _dtype(spec.dtype)
+    path = spec.model
     if spec.random_weights:
         config = AutoConfig.from_pretrained(spec.model)
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(spec.model, torch_dtype=dtype)
+        init: Any = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        if not spec.weights_dir:
+            out.update(load_s=None, load_bytes=0)
+            return init.to(spec.device)
+        t0 = time.perf_counter()
+        init.save_pretrained(spec.weights_dir)
+        written = _flush(spec.weights_dir, drop=True)
+        out["save_bytes_per_s"] = written / max(1e-9, time.perf_counter() - t0)
+        del init
+        path = spec.weights_dir
+    t0 = time.perf_counter()
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.to(spec.device)
     _sync(spec.device)
-    return model, time.perf_counter() - t0
+    out.update(load_s=time.perf_counter() - t0, load_bytes=_weight_bytes(path))
+    torch.manual_seed(0)
+    return model
+
+
+def _flush(folder: str, *, drop: bool) -> int:
+    """fsync every file of ``folder`` (the bytes on the disk, as a checkpoint's save must be), then drop them from
+    the page cache (``drop``) so the load reads the disk; the bytes written."""
+    total = 0
+    for name in os.listdir(folder):
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            total += os.fstat(fd).st_size
+            if drop and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return total
+
+
+def _weight_bytes(path: str) -> int:
+    if not os.path.isdir(path):
+        return 0
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith((".safetensors", ".bin")))
 
 
 def _ids(model: Any, batch: int, length: int, device: str) -> Any:
@@ -87,6 +174,10 @@ def _ids(model: Any, batch: int, length: int, device: str) -> Any:
 def _timed(fn: Callable[[], None], device: str, deadline: float, *, at_least: int = 1, at_most: int = 5) -> float:
     """The median seconds of ``fn`` after one warm-up run, repeated until ``deadline`` (at least ``at_least``)."""
     fn()  # warm-up: allocator, kernels, thread pools
+    return _median(fn, device, deadline, at_least=at_least, at_most=at_most)
+
+
+def _median(fn: Callable[[], None], device: str, deadline: float, *, at_least: int = 1, at_most: int = 5) -> float:
     runs: list[float] = []
     while len(runs) < at_most and (len(runs) < at_least or time.monotonic() < deadline):
         _sync(device)
@@ -98,9 +189,86 @@ def _timed(fn: Callable[[], None], device: str, deadline: float, *, at_least: in
     return runs[len(runs) // 2]
 
 
-def decode_batches(per_device: int) -> list[int]:
-    """The batch sizes decode is measured at: 1, the planned micro-batch, and twice it."""
-    return sorted({1, max(1, per_device), 2 * max(1, per_device)})
+def decode_batches(generation_batch: int) -> list[int]:
+    """The batch sizes decode is measured at: powers of two from 1 up to the trainers' generation batch (capped at
+    256), and that batch itself."""
+    top = max(1, min(256, generation_batch))
+    out, b = [], 1
+    while b < top:
+        out.append(b)
+        b *= 2
+    return [*out, top]
+
+
+SHORT, LONG = 4, 20  # new tokens of the two generations whose difference is a decode step's time
+
+
+def _generator(model: Any, spec: BenchSpec, engine: str) -> Callable[[Any, int], None]:
+    """One generation of ``n`` new tokens for a batch of prompt ids, as TRL 1.16 calls the engine: ``generate`` with
+    TRL's generation config (trl/trainer/grpo_trainer.py: sampling, the recipe's temperature, top_p, top_k, min_p,
+    repetition_penalty, no compile), forced to ``n`` tokens; or ``generate_batch`` (continuous batching)."""
+    import torch
+    from transformers import GenerationConfig
+
+    sampling = dict(spec.sampling)
+    base = dict(do_sample=True, pad_token_id=0, disable_compile=True, **sampling)
+    if engine == "continuous":
+        from transformers.generation import ContinuousBatchingConfig
+
+        cb = ContinuousBatchingConfig(max_memory_percent=0.5)  # TRL's training-aware default
+
+        def run_cb(ids: Any, n: int) -> None:
+            config = GenerationConfig(max_new_tokens=n, eos_token_id=None, **base)
+            with amp(spec):
+                    model.generate_batch([row.tolist() for row in ids], generation_config=config,
+                                     continuous_batching_config=cb, progress_bar=False)  # fmt: skip
+
+        return run_cb
+
+    def run(ids: Any, n: int) -> None:
+        config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, eos_token_id=None, **base)
+        with torch.no_grad(), amp(spec):
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+
+    return run
+
+
+def measure_decode(model: Any, spec: BenchSpec, budget: Budget, engine: str, out: dict[str, Any]) -> None:
+    """Seconds per decode step against batch size (``out[engine]``), the plan's batch first: its first generation
+    cold (``warmup_decode_s_per_step``: its extra per step over a warm one), then the others from 1 up, while the
+    next point's expected cost fits the budget."""
+    model.eval()
+    context = min(spec.prompt_len + spec.completion_len // 2, _max_positions(model) - LONG - 1)
+    run = _generator(model, spec, engine)
+    batches = decode_batches(spec.generation_batch or spec.per_device)
+    plan_batch = batches[-1]
+    points: dict[int, float] = {}
+    cold_ids = _ids(model, plan_batch, context, spec.device)
+    _sync(spec.device)
+    t0 = time.perf_counter()
+    run(cold_ids, LONG)
+    _sync(spec.device)
+    cold = time.perf_counter() - t0
+    for batch in [plan_batch, *batches[:-1]]:
+        ids = cold_ids if batch == plan_batch else _ids(model, batch, context, spec.device)
+        need = 2 * (SHORT + LONG) * (points.get(plan_batch) or cold / LONG) + 0.5
+        if not points and not budget.fits(need):
+            out["failed"].append(f"decode ({engine}): the budget is spent (needs ≈ {need:.0f} s; raise --minutes)")
+            return
+        if points and not budget.fits(need):
+            out["failed"].append(f"decode ({engine}) beyond batch {max(points)}: the budget is spent (raise --minutes)")
+            break
+        deadline = time.monotonic() + min(budget.left(), need)
+        long_s = _median(functools.partial(run, ids, LONG), spec.device, deadline, at_least=1, at_most=3)
+        short_s = _median(functools.partial(run, ids, SHORT), spec.device, deadline, at_least=1, at_most=3)
+        points[batch] = max(1e-6, (long_s - short_s) / (LONG - SHORT))
+        if batch == plan_batch and engine == spec.engine:
+            out["warmup_decode_s_per_step"] = max(0.0, (cold - long_s) / LONG)
+    out["decode" if engine == "generate" else "continuous"] = sorted(points.items())
+
+
+def _max_positions(model: Any) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 20)
 
 
 def measure_prefill(model: Any, spec: BenchSpec, deadline: float) -> float:
@@ -115,69 +283,93 @@ def measure_prefill(model: Any, spec: BenchSpec, deadline: float) -> float:
     return _timed(run, spec.device, deadline)
 
 
-def measure_decode(model: Any, spec: BenchSpec, deadline: float, prefill_s: float) -> list[tuple[int, float]]:
-    """Seconds per decode step at each batch: transformers' generate, sampling, forced to the full completion
-    length (min_new_tokens), less one prompt pass, over the completion length."""
-    import torch
+def _fused(model: Any) -> None:
+    """TRL's fused LM head on the model (GRPOTrainer adds it: per-token log-probs without the whole logits)."""
+    from trl.trainer.utils import add_fused_lm_head
 
-    model.eval()
-    out: list[tuple[int, float]] = []
-    for batch in decode_batches(spec.per_device):
-        if out and time.monotonic() > deadline:
-            break
-        ids = _ids(model, batch, spec.prompt_len, spec.device)
-        n = spec.completion_len
-
-        def run(ids: Any = ids, n: int = n) -> None:
-            with torch.no_grad():
-                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=n,
-                               min_new_tokens=n, pad_token_id=0, eos_token_id=None)  # fmt: skip
-
-        seconds = _timed(run, spec.device, deadline, at_most=3)
-        out.append((batch, max(1e-6, (seconds - prefill_s * batch / max(1, spec.per_device)) / n)))
-    return out
+    if not getattr(model, "_grpo_launch_fused_head", False):
+        add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+        model._grpo_launch_fused_head = True
 
 
-def measure_train(model: Any, spec: BenchSpec, deadline: float, *, checkpointing: bool) -> float:
-    """Tokens per second through one optimizer step (forward, backward, AdamW) on one micro-batch."""
-    import torch
-
-    model.train()
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+def _checkpointing(model: Any, on: bool) -> None:
+    """Activation checkpointing on or off, by transformers' own switch (renamed in transformers 5.2x)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        if on:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.activation_checkpointing_disable()
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_disable()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+
+def grpo_batch(model: Any, spec: BenchSpec) -> tuple[Any, Any, Any]:
+    """A micro-batch as GRPOTrainer trains on it: left-padded prompts, scored on the completion tokens."""
+    import torch
+
     batch, seq = max(1, spec.per_device), spec.prompt_len + spec.completion_len
     ids = _ids(model, batch, seq, spec.device)
+    mask = torch.ones_like(ids)
+    mask[0, : spec.prompt_len // 4] = 0  # a left-padded prompt: GRPO's batches carry a padding mask
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, : seq - spec.completion_len] = -100
+    return ids, mask, labels
 
-    def run() -> None:
-        logits = model(input_ids=ids).logits
-        # GRPO's loss reads the completion tokens' log-probs: a log-softmax over the completion positions
-        logp = torch.log_softmax(logits[:, -spec.completion_len - 1 : -1].float(), dim=-1)
-        loss = -logp.gather(-1, ids[:, -spec.completion_len :, None]).mean()
-        loss.backward()
+
+def training_step(model: Any, spec: BenchSpec) -> Callable[[], None]:
+    """One optimizer step on one micro-batch as GRPOTrainer runs it: TRL's fused LM head, AdamW, bf16 autocast over
+    float32 weights where the trainers train so (DDP and FSDP's master weights)."""
+    import torch
+
+    _fused(model)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    ids, mask, labels = grpo_batch(model, spec)
+
+    def step() -> None:
+        with amp(spec):
+            out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        (-out.log_probs.sum()).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    seconds = _timed(run, spec.device, deadline)
-    model.gradient_checkpointing_disable()
-    return batch * seq / seconds
+    return step
+
+
+def measure_train(model: Any, spec: BenchSpec, deadline: float, *, checkpointing: bool,
+                  out: dict[str, Any] | None = None) -> float:  # fmt: skip
+    """Tokens per second through one optimizer step on one micro-batch (:func:`training_step`); with ``out``, the
+    first step's warm-up over a warm one too (``warmup_training_s``)."""
+    _checkpointing(model, checkpointing)
+    step = training_step(model, spec)
+    _sync(spec.device)
+    t0 = time.perf_counter()
+    step()
+    _sync(spec.device)
+    cold = time.perf_counter() - t0
+    seconds = _median(step, spec.device, deadline)
+    if out is not None:
+        out["warmup_training_s"] = max(0.0, cold - seconds)
+    _checkpointing(model, False)
+    return max(1, spec.per_device) * (spec.prompt_len + spec.completion_len) / seconds
 
 
 def measure_forward(model: Any, spec: BenchSpec, deadline: float) -> float:
-    """Tokens per second through a forward alone at the micro-batch (TRL's old-log-prob pass)."""
+    """Tokens per second through a forward alone at the micro-batch (TRL's old-log-prob pass, its fused head)."""
     import torch
 
+    _fused(model)
     model.eval()
-    batch, seq = max(1, spec.per_device), spec.prompt_len + spec.completion_len
-    ids = _ids(model, batch, seq, spec.device)
+    ids, mask, labels = grpo_batch(model, spec)
 
     def run() -> None:
         with torch.no_grad():
-            torch.log_softmax(model(input_ids=ids).logits[:, -spec.completion_len - 1 : -1].float(), dim=-1)
+            model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
 
-    return batch * seq / _timed(run, spec.device, deadline)
+    return max(1, spec.per_device) * (spec.prompt_len + spec.completion_len) / _timed(run, spec.device, deadline)
 
 
 def peak_memory(device: str) -> tuple[int, str]:
@@ -192,34 +384,22 @@ def peak_memory(device: str) -> tuple[int, str]:
 def measure_activation_peak(model: Any, spec: BenchSpec, *, checkpointing: bool) -> tuple[int, int] | None:
     """(The memory one micro-batch's forward and backward take above what the process holds before it, the
     process's whole peak during them with the weights, gradients and AdamW's moments held: the training step's
-    peak as the memory model's tensors count it), run as
-    GRPOTrainer runs it (TRL's fused LM head, ``trl.trainer.utils.add_fused_lm_head``; a left-padded batch scored on
-    its completion tokens; after a first step, so the gradients are allocated): what the memory model's
-    activation terms count (planning/cost/activations.py). CUDA: the allocator's peak above its allocated bytes.
-    CPU: the resident set's high-water mark above the resident set, with large allocations sent straight to mmap
-    (glibc's M_MMAP_THRESHOLD at 64 KiB) so a freed tensor leaves at once; None where that cannot be read (no
-    glibc, no /proc). Called last: the fused head stays on the model."""
+    peak as the memory model's tensors count it), run as GRPOTrainer runs it (TRL's fused LM head, a left-padded
+    batch scored on its completion tokens; after a first step, so the gradients are allocated), at the weights'
+    own dtype: what the memory model's activation terms count (planning/cost/activations.py). CUDA: the
+    allocator's peak above its allocated bytes. CPU: the resident set's high-water mark above the resident set,
+    with large allocations sent straight to mmap (glibc's M_MMAP_THRESHOLD at 64 KiB) so a freed tensor leaves at
+    once; None where that cannot be read (no glibc, no /proc)."""
     import gc
 
     import torch
-    from trl.trainer.utils import add_fused_lm_head
 
     if spec.device == "cpu" and not _cpu_peak_readable():
         return None
-    if not getattr(model, "_grpo_launch_fused_head", False):
-        add_fused_lm_head(model, outputs=("log_probs", "entropy"))
-        model._grpo_launch_fused_head = True
+    _fused(model)
     model.train()
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_disable()
-    batch, seq = max(1, spec.per_device), spec.prompt_len + spec.completion_len
-    ids = _ids(model, batch, seq, spec.device)
-    mask = torch.ones_like(ids)
-    mask[0, : spec.prompt_len // 4] = 0  # a left-padded prompt: GRPO's batches carry a padding mask
-    labels = ids.masked_fill(mask == 0, -100)
-    labels[:, : seq - spec.completion_len] = -100
+    _checkpointing(model, checkpointing)
+    ids, mask, labels = grpo_batch(model, spec)
 
     def step() -> Any:
         out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
@@ -245,8 +425,8 @@ def measure_activation_peak(model: Any, spec: BenchSpec, *, checkpointing: bool)
     else:
         whole = high_water_mark()
     del out, opt
-    model.zero_grad(set_to_none=False)
-    model.gradient_checkpointing_disable()
+    model.zero_grad(set_to_none=True)
+    _checkpointing(model, False)
     return max(0, int(whole - base)), int(whole)
 
 
@@ -284,54 +464,116 @@ def reset_high_water_mark() -> None:
         f.write("5")  # Linux Documentation/filesystems/proc.rst: 5 resets the peak resident set size
 
 
-PHASES = ("model load", "prefill", "decode", "training step", "training step (checkpointing)", "forward",
-          "activation peak")  # fmt: skip
+PHASES = ("imports", "model load", "decode", "training step", "prefill", "forward", "activation memory",
+          "training step (other checkpointing)")  # fmt: skip  (activation memory first on a CPU: _activation_phase)
 
 
-def run_bench(spec: BenchSpec, report: Report) -> dict[str, Any]:
-    """Every phase in order under one budget; the measured values by name. ``report(phase)`` before each."""
+def run_bench(spec: BenchSpec, report: Report) -> tuple[dict[str, Any], Any]:
+    """Every phase in the order the plan needs it, each started only while its expected cost fits what is left of
+    ``spec.seconds``; the measured values by name, and ``failed``: what was not measured, and why; and the model,
+    for :func:`measure_other_engine`. ``report(phase)`` before each."""
+    budget = Budget(spec.seconds)
+    out: dict[str, Any] = {"failed": [], "decode": [], "continuous": []}
+    report(PHASES[0])
+    out["imports_s"] = measure_imports() or None
     import torch
 
     if spec.device == "cpu":
         torch.set_num_threads(max(1, spec.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.manual_seed(0)
-    budget = Budget(spec.seconds, len(PHASES) - 1)  # the activation peak: one step each, untimed
-    report(PHASES[0])
-    budget.phase()
-    model, load_s = load_model(spec)
     report(PHASES[1])
-    prefill = measure_prefill(model, spec, budget.phase())
+    model = load_model(spec, out)
+    if spec.device == "cpu":  # a resident set counts only on a heap no earlier phase has grown (see below)
+        _activation_phase(model, spec, budget, out, report)
+    model.to(_dtype(spec.train_dtype or spec.dtype))  # the trainers' weights: they generate and train with them
     report(PHASES[2])
-    decode = measure_decode(model, spec, budget.phase(), prefill)
-    out: dict[str, Any] = {"load_s": load_s, "prefill_s": prefill, "decode": decode, "failed": []}
-    for i, (name, ckpt) in enumerate((("train_tokens_per_s", False), ("train_tokens_per_s_ckpt", True)), start=3):
-        report(PHASES[i])
-        _reset_peak(spec.device)
-        try:
-            out[name] = measure_train(model, spec, budget.phase(), checkpointing=ckpt)
-        except torch.OutOfMemoryError as exc:  # a model too large for one GPU at this micro-batch: said, not fatal
-            out[name] = 0.0
-            out["failed"].append(f"{PHASES[i]}: out of memory at micro-batch {spec.per_device} ({exc})"[:300])
-        out[name.replace("train_tokens_per_s", "peak_memory_bytes")], kind = peak_memory(spec.device)
-    report(PHASES[5])
-    out["forward_tokens_per_s"] = measure_forward(model, spec, budget.phase())
-    out["memory_kind"] = kind
+    _guarded(out, PHASES[2], lambda: measure_decode(model, spec, budget, spec.engine, out))
+    report(PHASES[3])
+    train = model
+    out["train_tokens_per_s" + ("_ckpt" if spec.checkpointing else "")] = _guarded(
+        out, PHASES[3], lambda: measure_train(train, spec, time.monotonic() + min(budget.left(), 10.0),
+                                              checkpointing=spec.checkpointing, out=out))  # fmt: skip
+    out["peak_memory_bytes" + ("_ckpt" if spec.checkpointing else "")], out["memory_kind"] = peak_memory(spec.device)
+    cheap: list[tuple[str, str, Callable[[float], float]]] = [
+        (PHASES[4], "prefill_s", functools.partial(measure_prefill, model, spec)),
+        (PHASES[5], "forward_tokens_per_s", functools.partial(measure_forward, train, spec)),
+    ]
+    for name, key, fn in cheap:
+        if not _started(out, budget, name, 2.0):
+            break
+        report(name)
+        out[key] = _guarded(out, name, functools.partial(fn, time.monotonic() + min(budget.left(), 5.0)))
+    if spec.device != "cpu":
+        _activation_phase(model, spec, budget, out, report)
+    model.to(_dtype(spec.train_dtype or spec.dtype))
+    other = not spec.checkpointing
+    if _started(out, budget, PHASES[7], 4.0):
+        report(PHASES[7])
+        out["train_tokens_per_s" + ("_ckpt" if other else "")] = _guarded(
+            out, PHASES[7], lambda: measure_train(train, spec, time.monotonic() + min(budget.left(), 5.0),
+                                                  checkpointing=other))  # fmt: skip
+        out["peak_memory_bytes" + ("_ckpt" if other else "")], _ = peak_memory(spec.device)
+    return out, model
+
+
+def _activation_phase(model: Any, spec: BenchSpec, budget: Budget, out: dict[str, Any], report: Report) -> None:
+    """One micro-batch's activation memory, with and without checkpointing, at the weights' own width (the memory
+    model's). On a GPU the allocator's peak is exact whenever it runs; on a CPU the resident set grows only where the
+    heap has not been grown before, so it runs first, right after the load (its forward and backward then warm up
+    the CPU's kernels before the training step is timed cold: the CPU's warm-up is small)."""
+    if not _started(out, budget, PHASES[6], 3.0):
+        return
     report(PHASES[6])
+    model.to(_dtype(spec.dtype))
     for suffix, ckpt in (("", False), ("_ckpt", True)):
-        name = "activation_peak_bytes" + suffix
-        try:
-            both = measure_activation_peak(model, spec, checkpointing=ckpt)
-            out[name], out["step_peak_bytes" + suffix] = both if both is not None else (None, None)
-        except (torch.OutOfMemoryError, ImportError, TypeError) as exc:  # TypeError: no fused head in this TRL
-            out[name] = None
-            out["failed"].append(f"{PHASES[6]}: not measured ({type(exc).__name__}: {exc})"[:300])
-    return out
+        peak = functools.partial(measure_activation_peak, model, spec, checkpointing=ckpt)
+        both = _guarded(out, PHASES[6], peak)
+        out["activation_peak_bytes" + suffix], out["step_peak_bytes" + suffix] = both or (None, None)
+    if spec.device == "cpu":
+        _default_malloc()
 
 
-def _reset_peak(device: str) -> None:
+def _default_malloc() -> None:
+    """glibc's mmap threshold where a trainer's settles: its dynamic threshold rises with each large block freed, to
+    at most 32 MiB on 64-bit systems (malloc.h DEFAULT_MMAP_THRESHOLD_MAX); below that every step's tensors would be
+    mapped and faulted in afresh, and the timed phases would run slower than a trainer."""
+    import contextlib
+    import ctypes
+    import ctypes.util
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(M_MMAP_THRESHOLD, 32 * 2**20)
+
+
+def measure_other_engine(model: Any, spec: BenchSpec, seconds: float, out: dict[str, Any]) -> None:
+    """The decode curve of the generation engine the plan does not use (TRL's other path without vLLM), within
+    ``seconds``: last, since the plan does not need it."""
+    engine = "continuous" if spec.engine == "generate" else "generate"
+    name = f"decode ({'continuous batching' if engine == 'continuous' else 'transformers generate'})"
+    if engine == "continuous" and not hasattr(model, "generate_batch"):
+        out["failed"].append(f"{name}: this transformers has no generate_batch")
+    elif _started(out, Budget(seconds), name, 15.0):
+        _guarded(out, name, lambda: measure_decode(model, spec, Budget(seconds), engine, out))
+
+
+def _started(out: dict[str, Any], budget: Budget, name: str, need: float) -> bool:
+    if budget.fits(need):
+        return True
+    out["failed"].append(f"{name}: the budget is spent (needs ≈ {need:.0f} s; raise --minutes)")
+    return False
+
+
+def _guarded(out: dict[str, Any], name: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``, or None with the reason recorded where it runs out of memory or the library cannot run it."""
     import torch
 
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    try:
+        return fn()
+    except (torch.OutOfMemoryError, ImportError, TypeError, NotImplementedError, RuntimeError) as exc:
+        out["failed"].append(f"{name}: not measured ({type(exc).__name__}: {exc})"[:300])
+        if isinstance(exc, torch.OutOfMemoryError):
+            torch.cuda.empty_cache()
+        return None
+
+

@@ -1,8 +1,8 @@
 """vLLM's start-up and decode speed, measured in vLLM's own Python (``python bench_vllm.py JSON``): engine start-up
-(``vllm.LLM``), then seconds per decode step at each batch size, every completion forced to the full length
-(``min_tokens``, ``ignore_eos``). ``random_weights``: ``load_format="dummy"``, the config's shapes with no download.
-Prints one JSON line. Standard library and vLLM only: no import of grpo_launch (vLLM's environment need not have
-it), like :mod:`grpo_launch.probe.pythons`."""
+(``vllm.LLM``, with CUDA graphs as a run uses them on a GPU, eager on a CPU), then seconds per decode step at each
+batch size, every completion forced to the full length (``min_tokens``, ``ignore_eos``). ``random_weights``:
+``load_format="dummy"``, the config's shapes with no download. Prints one JSON line. Standard library and vLLM
+only: no import of grpo_launch (vLLM's environment need not have it), like :mod:`grpo_launch.probe.pythons`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["prompt_len"] + spec["completion_len"],
               load_format="dummy" if spec["random_weights"] else "auto", tensor_parallel_size=spec.get("tp", 1),
-              enforce_eager=True, seed=0)  # fmt: skip
+              enforce_eager=not spec.get("graphs", False), seed=0)  # fmt: skip
     start = time.perf_counter() - t0
     n = spec["completion_len"]
     params = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=1.0)

@@ -23,7 +23,8 @@ from grpo_launch.recipe import Recipe
 from grpo_launch.rundir.layout import CALIBRATIONS_ENV as DIR_ENV
 from grpo_launch.spec import frozen
 
-FORMAT = 1
+FORMAT = 2  # 2: training rates through TRL's fused LM head, the decode curve at the plan's batches, the first step
+READS = (1, 2)
 LIBRARIES = ("torch", "vllm", "trl", "transformers")
 
 
@@ -88,14 +89,15 @@ class CalibrationRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], file: str) -> CalibrationRecord:
         try:
-            if data.get("format") != FORMAT:
-                raise ValueError(f"format {data.get('format')!r}, this grpo-launch reads {FORMAT}")
+            if data.get("format") not in READS:
+                raise ValueError(f"format {data.get('format')!r}, this grpo-launch reads {', '.join(map(str, READS))}")
             k = data["key"]
             key = CalibrationKey(str(k["device"]), str(k["model_shape"]), str(k["dtype"]),
                                  tuple(sorted((str(a), str(b)) for a, b in k["versions"].items())))  # fmt: skip
             t = dict(data["terms"])
-            for name in ("decode", "vllm_decode"):
+            for name in ("decode", "vllm_decode", "cb_decode"):
                 t[name] = tuple((int(b), float(s)) for b, s in t.get(name, ()))
+            t["backend_train"] = tuple((str(b), bool(c), float(r)) for b, c, r in t.get("backend_train", ()))
             terms = MeasuredTerms(**t)
             at = tuple((str(a), float(b)) for a, b in dict(data.get("at", {})).items())
             return cls(key, terms, tuple(data.get("not_measured", ())), at, str(data.get("recipe", "")),
@@ -107,14 +109,19 @@ class CalibrationRecord:
     def measured_terms(self) -> list[str]:
         """The terms measured, in words (what ``plan`` says it took from this file)."""
         t = self.terms
-        names = [f"decode (transformers, batches {', '.join(str(b) for b, _ in t.decode)})"] if t.decode else []
-        names += [f"decode (vLLM, batches {', '.join(str(b) for b, _ in t.vllm_decode)})"] if t.vllm_decode else []
+        names = [f"decode ({label}, batches {', '.join(str(b) for b, _ in curve)})"
+                 for label, curve in (("transformers", t.decode), ("continuous batching", t.cb_decode),
+                                      ("vLLM", t.vllm_decode)) if curve]  # fmt: skip
         names += ["prefill"] if t.prefill_s else []
         names += ["training step"] if t.train_tokens_per_s else []
         names += ["training step with activation checkpointing"] if t.train_tokens_per_s_ckpt else []
+        names += [f"training step through {b}" + (" with activation checkpointing" if c else "")
+                  for b, c, _ in t.backend_train]  # fmt: skip
         names += ["forward (old log-probs)"] if t.forward_tokens_per_s else []
-        names += [n for n, v in (("weight sync", t.sync_s), ("model load", t.load_s),
-                                 ("vLLM start-up", t.engine_start_s),
+        names += [n for n, v in (("weight sync", t.sync_s), ("model load from disk", t.load_bytes),
+                                 ("vLLM start-up", t.engine_start_s), ("imports", t.imports_s),
+                                 ("first generation's warm-up", t.warmup_decode_s_per_step),
+                                 ("first training step's warm-up", t.warmup_training_s),
                                  ("TRL's own time per step", t.overhead_steps)) if v]  # fmt: skip
         # Memory only on a GPU: a CPU figure is a resident set, and the timed step's peak (torch's log-softmax over
         # the whole logits) matches no term of the model. calibrate shows them all; a plan uses these.

@@ -9,6 +9,8 @@ from typing import Any
 
 from grpo_launch import __version__
 from grpo_launch.machines.gpus import GIB
+from grpo_launch.planning.cost.startup import Startup
+from grpo_launch.planning.cost.steptime import TimeTerm
 from grpo_launch.planning.types import Candidate, Plan
 from grpo_launch.render.processes import trainers, vllm_server, vllm_servers
 from grpo_launch.rundir.records import Prediction
@@ -124,6 +126,17 @@ def _candidate(c: Candidate) -> dict[str, Any]:
     }
 
 
+def _startup(startup: Startup) -> dict[str, Any]:
+    """The time to first step as its phases (each measured or from the table) and their critical path."""
+    phases = [{"name": p.name, "seconds": p.seconds, "why": p.why, "measured": p.measured} for p in startup.phases]
+    return {"phases": phases, "first_step_s": startup.first_step_s}
+
+
+def _term(t: TimeTerm) -> dict[str, Any]:
+    """One step term's table and measured values, and which the plan used."""
+    return {"name": t.name, "table_s": t.table_s, "measured_s": t.measured_s, "used": t.used}
+
+
 def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
     """The estimate as data: memory terms per training GPU, per vLLM GPU and per node, and the step's times."""
     est = plan.estimate
@@ -133,12 +146,14 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
     workload = est.workload.to_dict() if est.workload else None
     times: dict[str, Any] = {"time_s": None, "workload": workload, "time_missing": est.time_missing}
     if step is not None:
-        times = Prediction(step.generation_s, step.old_logprobs_s, step.training_s, step.sync_s,
-                           workload=workload).to_json()  # fmt: skip
+        times = Prediction(step.generation_s, step.old_logprobs_s, step.training_s, step.sync_s, step.total_s,
+                           step.overlapped, workload=workload).to_json()  # fmt: skip
     out: dict[str, Any] = {
         **times,
         "bottleneck": step.bottleneck if step else None,
         "startup_s": est.startup_s,
+        "startup": _startup(est.startup) if est.startup else None,
+        "terms": [_term(t) for t in est.terms],
         "gpu_memory_gib": est.gpu_memory_gib,
         "host_memory_per_node_gib": est.host_memory_per_node_gib,
         "memory_per_training_gpu_gib": None,

@@ -13,6 +13,7 @@ from grpo_launch.spec import frozen
 # The environment every process of a run gets.
 RUN_DIR_ENV = "GRPO_LAUNCH_RUN_DIR"  # the run directory: the trainers find their control files and logs there
 RUN_ID_ENV = "GRPO_LAUNCH_RUN_ID"  # marks every descendant, so teardown finds them all (grpo_launch.node.reaper)
+SPAWNED_AT_ENV = "GRPO_LAUNCH_SPAWNED_AT"  # wall clock when the launcher started a process (its start phase)
 RESUME_ENV = "GRPO_LAUNCH_RESUME"  # the checkpoint every rank resumes from, or "none"
 NO_RESUME = "none"
 ATTEMPT_ENV = "GRPO_LAUNCH_ATTEMPT"  # the attempt's number in the run (1, 2, … over restarts and resumes)

@@ -20,18 +20,19 @@ from grpo_launch.spec import frozen
 @frozen
 class Prediction:
     """What the plan predicted for one optimizer step, as plan.json's estimate records it (render writes it;
-    calibration, ``status`` and the report read it). ``workload`` is planning's Workload.to_dict()."""
+    calibration, ``status`` and the report read it). ``step_s`` is the planner's own step
+    (:class:`grpo_launch.planning.cost.steptime.StepTime`'s total: the terms one after the other, or overlapped in
+    an asynchronous run): readers take it as written and never add the terms up again. ``workload`` is planning's
+    Workload.to_dict()."""
 
     generation_s: float
     old_logprobs_s: float
     training_s: float
     sync_s: float
+    step_s: float
+    overlapped: bool = False
     train_memory_gib: float | None = None
     workload: dict[str, Any] | None = None
-
-    @property
-    def step_s(self) -> float:
-        return self.generation_s + self.old_logprobs_s + self.training_s + self.sync_s
 
     @property
     def trainer_generation_s(self) -> float:
@@ -41,7 +42,8 @@ class Prediction:
     def to_json(self) -> dict[str, Any]:
         """The keys of plan.json's estimate this record owns."""
         times = {"generation": self.generation_s, "old_logprobs": self.old_logprobs_s, "training": self.training_s}
-        return {"time_s": times | {"sync": self.sync_s, "step": self.step_s}, "workload": self.workload}
+        times |= {"sync": self.sync_s, "step": self.step_s, "overlapped": self.overlapped}
+        return {"time_s": times, "workload": self.workload}
 
     @classmethod
     def read(cls, estimate: Fields) -> Prediction | None:
@@ -56,6 +58,8 @@ class Prediction:
             old_logprobs_s=times.real("old_logprobs"),
             training_s=times.real("training"),
             sync_s=times.real("sync"),
+            step_s=times.real("step"),
+            overlapped=times.data.get("overlapped") is True,
             train_memory_gib=memory.real("total") if memory is not None else None,
             workload=_workload(workload) if workload is not None else None,
         )
@@ -136,6 +140,8 @@ class PlanRecord:
     calibration: RecordedCalibration | None
     queue_maxsize: int | None
     trainer_values: dict[str, Any]
+    # the time to first step's phases as forecast: (name, seconds, measured by calibrate) (empty: none recorded)
+    startup_phases: tuple[tuple[str, float, bool], ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -175,6 +181,7 @@ class PlanRecord:
             calibration=_calibration(estimate),
             queue_maxsize=asynchronous.integer_or_none("queue_maxsize") if asynchronous is not None else None,
             trainer_values=f.mapping("trainer_values"),
+            startup_phases=_startup_phases(estimate),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -200,6 +207,8 @@ class PlanRecord:
         memory = pred.train_memory_gib if pred is not None else None
         out["memory_per_training_gpu_gib"] = {"total": memory} if memory is not None else None
         out["startup_s"] = self.startup_s
+        out["startup"] = ({"phases": [{"name": n, "seconds": v, "measured": m} for n, v, m in self.startup_phases]}
+                          if self.startup_phases else None)  # fmt: skip
         out["total"] = {"price": self.total[0], "gpu_hours": self.total[1]} if self.total else None
         out["calibration"] = dataclasses.asdict(self.calibration) if self.calibration else None
         return out
@@ -214,6 +223,14 @@ VLLM_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_s
 def _total(estimate: Fields | None) -> tuple[float | None, float] | None:
     total = estimate.obj_or_none("total") if estimate is not None else None
     return (total.real_or_none("price"), total.real("gpu_hours")) if total is not None else None
+
+
+def _startup_phases(estimate: Fields | None) -> tuple[tuple[str, float, bool], ...]:
+    """plan.json's estimate.startup.phases (absent in plans written before it was recorded: none)."""
+    startup = estimate.obj_or_none("startup") if estimate is not None and "startup" in estimate.data else None
+    if startup is None:
+        return ()
+    return tuple((p.text("name"), p.real("seconds"), p.data.get("measured") is True) for p in startup.objects("phases"))
 
 
 def _calibration(estimate: Fields | None) -> RecordedCalibration | None:

@@ -132,13 +132,15 @@ class LogRecord:
         return cls(whole(row.get("step"), "step"), log, int_or_none(row.get("attempt")))
 
 
-STARTUP_PHASES = ("model_load", "vllm_ready", "first_sync", "first_generation")
+STARTUP_PHASES = ("start", "model_load", "vllm_ready", "first_sync", "first_generation")
 
 
 @frozen
 class StartupRecord:
-    """One term of an attempt's time to its first step, in seconds: the trainers' start-up (``model_load``: from
-    their start to a built trainer, imports included; the dataset is prepared in it), the vLLM server's start to
+    """One term of an attempt's time to its first step, in seconds: the trainers' start (``start``: from the
+    launcher's start of them, or the rank's own when that is not known, to TRL imported), their load (``model_load``:
+    from then to a built trainer; the dataset is prepared in it; runs before ``start`` existed counted the imports
+    here), the vLLM server's start to
     healthy (the launcher writes it; it runs beside the load), the first weight sync and the first generation (rank
     0 writes those)."""
 

@@ -72,7 +72,7 @@ def summary_rows(view: RunView, rewards: dict[str, list[float]]) -> tuple[Rows, 
     rows += attempt_rows(view.courses())  # each attempt once: its steps, own step time, checkpoint and end
     rows += adaptation_rows(attempts)
     plan = view.plan
-    first = startup_row(view.records, plan.startup_s if plan else None)
+    first = startup_row(view.records, plan.startup_s if plan else None, plan.startup_phases if plan else ())
     rows += [row for row in (first, async_row(view.records, plan.queue_maxsize if plan else None)) if row]
     return rows, _last_error(attempts)
 

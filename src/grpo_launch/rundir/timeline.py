@@ -91,27 +91,41 @@ def startup_terms(records: Sequence[MetricRecord]) -> dict[str, float]:
 
 
 def critical_path_s(terms: dict[str, float]) -> float | None:
-    """The server's start and the trainers' load run side by side; the sync and the first generation follow."""
+    """The time to first step from its phases by name (a run's records or a forecast's): the trainers' start and
+    load beside a server's start, then the first sync and the first generation. None without any phase."""
     if not terms:
         return None
-    parallel = max(terms.get("model_load", 0.0), terms.get("vllm_ready", 0.0))
+    trainers = terms.get("start", 0.0) + terms.get("model_load", 0.0)
+    parallel = max(trainers, terms.get("vllm_ready", 0.0))
     return parallel + terms.get("first_sync", 0.0) + terms.get("first_generation", 0.0)
 
 
-def startup_row(records: Sequence[MetricRecord], forecast_s: float | None) -> tuple[str, str] | None:
+PHASE_NAMES = {"start": "start (launcher and imports)", "model_load": "load (model, data, process groups)",
+               "vllm_ready": "vLLM ready", "first_sync": "first sync",
+               "first_generation": "first generation (with its warm-up)"}  # fmt: skip
+
+
+def startup_row(records: Sequence[MetricRecord], forecast_s: float | None,
+                forecast: Sequence[tuple[str, float, bool]] = ()) -> tuple[str, str] | None:  # fmt: skip
+    """``status``'s and the report's time to first step: the measured phases, each beside its forecast (plan.json's
+    phases; ``forecast_s``: its total, for a plan that recorded no phases)."""
     terms = startup_terms(records)
     path = critical_path_s(terms)
     if path is None:
         return None
-    load, ready = terms.get("model_load"), terms.get("vllm_ready")
-    slower = "vLLM start-up" if (ready or 0.0) > (load or 0.0) else "trainer start-up"
-    # model_load runs from the training entry's start to a built trainer: imports, model, dataset, the trainer.
-    names = (("model_load", "trainer start-up (imports, model and data load)"), ("vllm_ready", "vLLM ready"),
-             ("first_sync", "first sync"), ("first_generation", "first generation"))  # fmt: skip
-    parts = [f"{name} {_s(terms[key])}" for key, name in names if key in terms]
+    planned = {name: seconds for name, seconds, _ in forecast}
+    load, ready = terms.get("start", 0.0) + terms.get("model_load", 0.0), terms.get("vllm_ready")
+    slower = "vLLM start-up" if (ready or 0.0) > load else "trainer start-up"
+
+    def part(key: str) -> str:
+        text = f"{PHASE_NAMES[key]} {_s(terms[key])}"
+        return text + (f" (forecast {_s(planned[key])})" if key in planned else "")
+
+    parts = [part(key) for key in PHASE_NAMES if key in terms]
     said = f"{path:.0f} s on the critical path ({slower}, then the first sync and generation): {', '.join(parts)}"
-    if forecast_s:
-        said += f"; forecast ≈ {forecast_s:.0f} s"
+    total = critical_path_s(planned) if planned else forecast_s
+    if total:
+        said += f"; forecast ≈ {total:.0f} s"
     return ("time to first step", said)
 
 

@@ -140,7 +140,9 @@ def fit_console(trainer: Any, step_log: Any) -> None:
 
 def main(argv: list[str] | None = None, job: JobEnvironment | None = None) -> int:
     """Train as the recipe says. ``job``: the environment read once by the process's entry (read here if None)."""
-    started = time.monotonic()
+    from grpo_launch.train.startup import started_at
+
+    began = started_at(os.environ)
     job = job or JobEnvironment.from_environ(os.environ)
     prepare_process(job)
     values = read_recipe(argv)
@@ -151,8 +153,9 @@ def main(argv: list[str] | None = None, job: JobEnvironment | None = None) -> in
     grpo_kwargs, model_kwargs, script = split_values(values)
     set_logger_defaults(script)
 
-    from trl import GRPOConfig
+    from trl import GRPOConfig, GRPOTrainer  # noqa: F401  (the trainer's import is part of the start)
 
+    imported = time.time()
     config = GRPOConfig(**config_kwargs(grpo_kwargs, GRPOConfig))
     rank, world = config.process_index, config.world_size
     print(
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None, job: JobEnvironment | None = None) -> in
     fit_console(trainer, step_log)
     from grpo_launch.train.startup import record_startup
 
-    record_startup(trainer, job.paths, is_main, started)
+    record_startup(trainer, job.paths, is_main, (began, imported))
     acc = trainer.accelerator
     stage = acc.state.deepspeed_plugin.zero_stage if acc.state.deepspeed_plugin else None
     print(

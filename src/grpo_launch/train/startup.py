@@ -1,23 +1,56 @@
 """The trainers' terms of the time to the first step, written by rank 0 as :class:`StartupRecord` lines of the
-run's metrics: the model load (from the entry's start to a built trainer: the dataset is prepared in it), the first
-weight sync to vLLM and the first generation (the first call of TRL's generation, less the sync inside it). The
-launcher adds the vLLM server's start to healthy, which runs beside the load (execute/session.py)."""
+run's metrics: the start (from the launcher's start of the trainers, or this process's own, to TRL imported), the
+model load (from then to a built trainer: the dataset is prepared in it), the first weight sync to vLLM and the first
+generation (the first call of TRL's generation, less the sync inside it). The launcher adds the vLLM server's start
+to healthy, which runs beside them (execute/session.py)."""
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.layout import SPAWNED_AT_ENV, RunPaths
 from grpo_launch.rundir.records import StartupRecord, append
 
 
-def record_startup(trainer: Any, paths: RunPaths | None, is_main: bool, started: float) -> None:
-    """``started``: time.monotonic() when the training entry began. Wraps the first sync and generation."""
+def started_at(environ: Mapping[str, str], now: float | None = None) -> float:
+    """Wall-clock seconds when this rank's start began: the launcher's start of the trainers where it says so (and
+    the time is plausible: on this host's clock, not ahead, within a day), else this process's start (Linux's
+    /proc), else now."""
+    now = time.time() if now is None else now
+    try:
+        spawned = float(environ.get(SPAWNED_AT_ENV, ""))
+        if 0.0 <= now - spawned <= 86400.0:
+            return spawned
+    except ValueError:
+        pass
+    return _process_start() or now
+
+
+def _process_start() -> float | None:
+    """This process's start, wall clock, from /proc (None elsewhere)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def record_startup(trainer: Any, paths: RunPaths | None, is_main: bool, marks: tuple[float, float]) -> None:
+    """``marks``: wall-clock times when this rank's start began (:func:`started_at`) and when its imports were done.
+    Writes the start and the load, and wraps the first sync and generation."""
     if not (is_main and paths):
         return
     metrics = paths.metrics
-    append(metrics, StartupRecord("model_load", time.monotonic() - started, time.time()))
+    began, imported = marks
+    now = time.time()
+    append(metrics, StartupRecord("start", max(0.0, imported - began), imported))
+    append(metrics, StartupRecord("model_load", max(0.0, now - imported), now))
     synced: list[float] = []
     engine = getattr(trainer, "vllm_generation", None)  # TRL 1.16: the vLLM side of GRPOTrainer
     if engine is not None and hasattr(engine, "sync_weights"):

@@ -115,7 +115,47 @@ CONSTANTS: dict[str, Constant] = {
     "p2p_bytes_per_s_node": Constant(365e9, "B/s", "NCCL within an H100 node: HF Smol Training Playbook"),
     "p2p_latency_s_net": Constant(25e-6, "s per send", "NCCL between nodes: nccl-tests #293 (20 µs), #214 (31–34)"),
     "p2p_bytes_per_s_net": Constant(40e9, "B/s", "one 400 Gb/s NIC: nccl-tests #290 (46–48), the playbook (42–43)"),
-    "zero3_slowdown": Constant(1.1, "×", "ZeRO-3 parameter gathers not hidden behind compute (assumed)"),
+    # ZeRO-3 gathers each layer's parameters before its forward, again before its backward (and its recomputed
+    # forward under activation checkpointing), through per-module hooks run on the host: a fixed cost per layer and
+    # pass beside the bytes, which dominates a small model. DeepSpeed #1174 and PR #1188 (5.1B BERT, 64 layers, 8 ×
+    # A100 NVLink, after the fix): forward 270 ms against ZeRO-2's 60 ms, 3.3 ms a layer for 160 MB gathered; BELLE
+    # #402 (BLOOM-560M, 24 layers, 2 × TITAN RTX over PCIe, batch 1 × 512): 2.6 against 6.8 batches/s, 5.0 ms a
+    # layer and pass for 46 MB. Less the bytes at the links' rates, about 2.5 ms is left in both.
+    "zero3_layer_pass_s": Constant(
+        2.5e-3,
+        "s per layer and pass",
+        "ZeRO-3's per-layer gather outside its bytes: DeepSpeed #1174/#1188 (3.3 ms a layer, 5B, NVLink), BELLE #402 "
+        "(5.0 ms a layer, 560M, PCIe), less their bytes",
+    ),
+    "zero3_gather_bytes_per_s": Constant(
+        150e9, "B/s", "NCCL all-gather bus bandwidth within an NVLink node: nccl-tests on 8 × A100 (~150 GB/s algbw)"
+    ),
+    # transformers' generate (TRL's path without vLLM) runs eager PyTorch: about 45 operators a decoder layer and
+    # decode step, each a launch from Python, so a small model's decode step is bound by the host's launches, not by
+    # bytes. One H200 (tests/data/gpu-evidence/h200-2026-11-28, calibrate at batch 1): 20.7 ms a step for the
+    # Qwen2.5-0.5B shape (24 layers: 0.86 ms a layer), 27.0 ms for 1.5B (28 layers: 0.96 ms); a second H200 host
+    # 73–84 ms for 0.5B (3.0–3.5 ms a layer). The floor is the host's: only a calibration on the machine fixes it.
+    "transformers_decode_s_per_layer": Constant(
+        0.9e-3,
+        "s per layer and decode step",
+        "transformers generate, eager, batch 1: H200 evidence 0.86 ms (0.5B) and 0.96 ms (1.5B) a layer; a slower "
+        "host 3.0–3.5 ms",
+    ),
+    # What each sequence adds to a decode step beside the floor (the batch's attention over its cache, the cache's
+    # copy, sampling over the vocabulary), per layer: the second H200 host's curve (73 ms at batch 1, 92 ms at 128,
+    # 116 ms at 256, the 0.5B shape's 24 layers): 6.2 µs (1 → 128) and 7.8 µs (128 → 256); the first host's run
+    # (calibrate's 20.7 ms at batch 1, 7.4–9.8 s for 256 steps at batch 128): 2.7–3.5 µs.
+    "transformers_decode_s_per_seq_layer": Constant(
+        5e-6,
+        "s per sequence, layer and decode step",
+        "H200 evidence: 6.2–7.8 µs (second host's curve), 2.7–3.5 µs (first host's run)",
+    ),
+    "transformers_bw_efficiency": Constant(
+        0.5,
+        "of peak HBM bandwidth",
+        "eager attention over repeated KV heads and a cache copied each step (DynamicCache): half vLLM's "
+        "decode_bw_efficiency (assumed; the floor above bounds small models)",
+    ),
     "cpu_adam_params_per_s": Constant(
         3.9e9,
         "params/s per node",
@@ -185,6 +225,31 @@ CONSTANTS: dict[str, Constant] = {
         "phase), nccl #587 (4.5 s first collective)",
     ),
     "nccl_init_s_nodes": Constant(10.0, "s", "across 2-16 nodes: nccl #534 (2-4 s per communicator, several of them)"),
+    # The trainers' own start, before the model loads: accelerate launch and torchrun start (each a Python that
+    # imports torch), then each rank imports torch, transformers and TRL. The project's REAL-COMPONENTS notes: `from
+    # trl import GRPOTrainer` ≈ 5 s of a 2-core machine's ~6 s single-process run; the H200 run's trainer start-up
+    # (imports, CUDA, the 0.5B model's load and the dataset) took 14 s (tests/data/gpu-evidence).
+    "trainer_imports_s": Constant(
+        8.0,
+        "s",
+        "each rank's import of torch, transformers and TRL: ≈ 5 s for TRL (REAL-COMPONENTS), 12.4 s on this "
+        "project's 2-core machines (python -c 'from trl import GRPOTrainer'), 14 s for the H200 run's whole "
+        "start-up with a 1 GB model",
+    ),
+    "launcher_start_s": Constant(
+        4.0,
+        "s",
+        "accelerate launch and torchrun, each a Python importing torch, before a rank starts: 5.7 s for a no-op "
+        "script on this project's 2-core machines, where `import torch` alone takes 4.1 s",
+    ),
+    # The first call of each kernel shape pays its set-up (cuBLAS heuristics, lazy module loading on a GPU; oneDNN
+    # primitives on a CPU), and transformers' decode meets a new attention shape at every step (the cache grows), so
+    # the first generation is slower by a cost per decode step. H200 evidence: the first generation 22.3 s, the warm
+    # ones 7.4–9.8 s, for 256 steps: 48–58 ms a step; the first training step 3.4 s against 0.7–0.9 s warm.
+    "first_generation_warmup_s_per_step": Constant(
+        0.05, "s per decode step", "H200 evidence: first generation 22.3 s, warm 7.4–9.8 s, 256 steps"
+    ),
+    "first_training_warmup_s": Constant(2.6, "s", "H200 evidence: first training step 3.4 s, warm 0.73–0.93 s"),
     # The prior for a whole run's lower end when neither the recipe (launch.expected_completion_length) nor a
     # previous run (--calibrate-from) gives the mean completion length.
     "expected_completion_share": Constant(

@@ -133,11 +133,41 @@ def colocate_prompt_copies(num_generations: int, engines: int, per_engine: int) 
     return max(1, min(engines, math.ceil(num_generations / max(1, per_engine))))
 
 
-def transformers_generation_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:
-    """Generation without vLLM: the trainers decode with transformers at about half the bandwidth efficiency."""
-    per_token = 2 * model.decode_read_bytes(n * work.per_device) / (gpu.bandwidth_tbs * 1e12 * 0.5)
-    batches = math.ceil(work.completions / max(1, n * work.per_device))
-    return work.longest_of(work.per_device) * per_token * batches * work.scale.generation
+def trainer_decode_batch(n: int, work: Workload) -> int:
+    """Sequences each trainer decodes at once without vLLM: TRL 1.16 hands ``generate`` the whole generation round's
+    share of the process (trl/trainer/grpo_trainer.py ``_generate_single_turn``: every prompt id of the round, left
+    padded into one tensor), not one micro-batch at a time."""
+    return max(1, math.ceil(work.generation_completions / max(1, n)))
+
+
+def transformers_decode_step_s(model: ModelShape, gpu: GpuSpec, batch: int, context: float) -> float:
+    """One decode step of transformers' ``generate`` at ``batch`` sequences of ``context`` tokens on one GPU: the
+    host's launches (a floor per layer) or the bytes (the weights and the batch's cache at about half vLLM's
+    efficiency), whichever is slower, plus what each sequence adds per layer (constants.py)."""
+    floor = model.layers * _c("transformers_decode_s_per_layer")
+    read = model.decode_read_bytes(batch) + batch * context * model.kv_bytes_per_token_per_gpu(1)
+    memory = read / (gpu.bandwidth_tbs * 1e12 * _c("transformers_bw_efficiency"))
+    return max(floor, memory) + batch * model.layers * _c("transformers_decode_s_per_seq_layer")
+
+
+def transformers_generation_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> tuple[float, str]:
+    """One generation round without vLLM: each of ``n`` trainers prefills and decodes its share of the round in one
+    ``generate`` call (:func:`trainer_decode_batch`), as many steps as its longest completion; the arithmetic."""
+    batch = trainer_decode_batch(n, work)
+    steps = work.longest_of(batch)
+    context = work.prompt_len + work.mean_completion_len / 2
+    per_step = transformers_decode_step_s(model, gpu, batch, context)
+    prefill = 2 * model.active_params * batch * work.prompt_len / (gpu.bf16_tflops * 1e12 * PREFILL_MFU)
+    scale = work.scale.generation
+    seconds = (prefill + steps * per_step) * scale
+    why = (
+        f"transformers in each of {n} trainer(s), {batch} sequences at once: prefill {prefill:.2f} s + {steps:.0f} "
+        f"steps × {per_step * 1e3:.1f} ms (the host's launches, {model.layers} layers × "
+        f"{_c('transformers_decode_s_per_layer') * 1e3:.2f} ms, or the bytes, + {batch} sequences × "
+        f"{_c('transformers_decode_s_per_seq_layer') * 1e6:.0f} µs a layer) = {seconds:.1f} s"
+        + (f"; × {scale:.2f} measured" if scale != 1.0 else "")
+    )
+    return seconds, why
 
 
 def padded_tokens(work: Workload) -> float:
@@ -176,19 +206,48 @@ def training_time(
     per_token = 6.0 + (2.0 if work.gradient_checkpointing else 0.0) + (2.0 if work.reference_model else 0.0)
     if work.lora:
         per_token -= 2.0  # no weight gradients for the frozen base
-    factor = _c("zero3_slowdown") if backend == DistBackend.ZERO3 else 1.0
     mfu = train_mfu(gpu.name).value
-    compute = per_token * model.active_params * tokens * factor / (n * gpu.bf16_tflops * 1e12 * mfu)
+    compute = per_token * model.active_params * tokens / (n * gpu.bf16_tflops * 1e12 * mfu)
     moved = offload_time(model, n, nodes, backend, offload, work)
-    seconds = (compute + moved) * work.scale.training
+    gathers = zero3_gather_time(model, n, work, passes=training_passes(work)) if backend == DistBackend.ZERO3 else 0.0
+    # the calibration file's ratio is the GPU's compute against the table's; a run's own scale covers the whole term
+    seconds = (compute * work.scale.measured_training + moved + gathers) * work.scale.run_training
     why = (
         f"{per_token:.0f}·{model.active_params / 1e9:.2f}B{' active' if model.is_moe else ''}·{tokens:,.0f} padded tok"
-        + (f" ×{factor:.2f} ({backend})" if factor != 1.0 else "")
         + f" / ({n} GPU · {gpu.bf16_tflops:.0f} TFLOP/s · {mfu:.0%} MFU) = {compute:.1f} s"
+        + (f" + ZeRO-3 gathers {gathers:.2f} s ({_gathers_why(model, n, work, training_passes(work))})" if gathers
+           else "")
         + (f" + offload {moved:.1f} s (PCIe + CPU Adam)" if moved else "")
-        + (f"; × {work.scale.training:.2f} measured" if work.scale.training != 1.0 else "")
+        + (f"; compute × {work.scale.measured_training:.2f} measured" if work.scale.measured_training != 1.0 else "")
+        + (f"; × {work.scale.run_training:.2f} from a run" if work.scale.run_training != 1.0 else "")
     )
     return seconds, why
+
+
+def micro_batches(n: int, work: Workload) -> int:
+    """Micro-batches each trainer runs per optimizer step."""
+    return max(1, math.ceil(work.completions / max(1, n * work.per_device)))
+
+
+def training_passes(work: Workload) -> int:
+    """Passes over the layers per micro-batch in training: the forward, the backward, and the forward recomputed
+    under activation checkpointing."""
+    return 3 if work.gradient_checkpointing else 2
+
+
+def zero3_gather_time(model: ModelShape, n: int, work: Workload, *, passes: int) -> float:
+    """What ZeRO-3's parameter gathers add per optimizer step on each of ``n`` trainers: every layer gathered before
+    each of its ``passes`` per micro-batch, a fixed cost per layer and pass (the host's hooks and launches) plus the
+    layer's bf16 bytes from the other ranks (none on one GPU); constants.py ``zero3_layer_pass_s``."""
+    per_layer = _c("zero3_layer_pass_s")
+    if n > 1:
+        per_layer += 2 * model.params / max(1, model.layers) * (n - 1) / n / _c("zero3_gather_bytes_per_s")
+    return micro_batches(n, work) * passes * model.layers * per_layer
+
+
+def _gathers_why(model: ModelShape, n: int, work: Workload, passes: int) -> str:
+    return (f"{micro_batches(n, work)} micro-batch(es) × {passes} passes × {model.layers} layers × "
+            f"{_c('zero3_layer_pass_s') * 1e3:.1f} ms" + (" + each layer's bytes" if n > 1 else ""))  # fmt: skip
 
 
 def old_logprobs_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:
@@ -247,3 +306,35 @@ class StepTime:
     def trainer_generation_s(self) -> float:
         """What the trainers time as generation: generating, the old log-probs and the weight sync."""
         return self.generation_s + self.old_logprobs_s + self.sync_s
+
+
+@frozen
+class TimeTerm:
+    """One term of the estimate, side by side: the table's seconds (None: the table has no speed for this device),
+    what ``grpo-launch calibrate`` measured for the same work (None: not measured for this plan's case), and which of
+    the two the plan used."""
+
+    name: str
+    table_s: float | None
+    measured_s: float | None
+
+    @property
+    def used(self) -> str:
+        return "measured" if self.measured_s is not None else "table"
+
+    @property
+    def seconds(self) -> float:
+        value = self.measured_s if self.measured_s is not None else self.table_s
+        return value or 0.0
+
+
+def choose(
+    name: str, table: tuple[float, str] | None, measured: tuple[float, str] | None
+) -> tuple[float, str, TimeTerm]:
+    """The measured term where there is one, else the table's; its arithmetic; and the pair for ``--explain``."""
+    term = TimeTerm(name, table[0] if table else None, measured[0] if measured else None)
+    if measured is not None:
+        why = measured[1] + (f" (the table's {table[0]:.2f} s)" if table else "")
+        return measured[0], why, term
+    assert table is not None, f"{name}: neither measured nor in the table"
+    return table[0], table[1], term

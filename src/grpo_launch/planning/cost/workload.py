@@ -37,6 +37,17 @@ class Calibration:
     # ``memory``. Kept apart from ``memory`` so a run's own scale can be told from it (see ``measured_generation``).
     measured_memory: float = 1.0
 
+    @property
+    def run_generation(self) -> float:
+        """A run's own generation scale, without the calibration file's part (a measured term takes that part's
+        place rather than multiplying it)."""
+        return self.generation / self.measured_generation
+
+    @property
+    def run_training(self) -> float:
+        """A run's own training scale, without the calibration file's part."""
+        return self.training / self.measured_training
+
 
 @frozen
 class Workload:
@@ -57,6 +68,7 @@ class Workload:
     overlapped: bool = False  # AsyncGRPOTrainer: generation and training overlap (planning/cost/overlap.py)
     lora_base_bytes: int = 2  # bytes per parameter of a frozen LoRA base (4: AsyncGRPOConfig's float32 default)
     sync_weight_bytes: int = 2  # bytes per parameter the weight sync streams (4: float32 trainer weights)
+    continuous_batching: bool = False  # vLLM off: TRL's use_transformers_continuous_batching (generate_batch)
     scale: Calibration = Calibration()
 
     @property
