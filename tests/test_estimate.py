@@ -233,8 +233,9 @@ def test_time_and_cost_of_the_whole_run_before_launch(tmp_path):
     base = {"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "num_generations": 8}
     p = plan({**base, "max_steps": 500, "launch": {"gpu_hour_price": 2.0}}, "8xH100-80GB")
     t = p.estimate.total
-    # every step, plus the first start (time to first step)
-    assert t.steps == 500 and t.hours == pytest.approx((500 * p.estimate.step.total_s + p.estimate.startup_s) / 3600)
+    # every step, plus the first start (the time to first step less the first step's own generation)
+    assert t.steps == 500 and t.hours == pytest.approx((500 * p.estimate.step.total_s + p.estimate.restart_s) / 3600)
+    assert p.estimate.restart_s == pytest.approx(p.estimate.startup_s - p.estimate.step.generation_s)
     assert t.gpu_hours == pytest.approx(8 * t.hours) and t.price == pytest.approx(2.0 * t.gpu_hours)
     q = plan({**base, "num_train_epochs": 2, "launch": {"dataset_rows": 1000}}, "8xH100-80GB")
     prompts = q.layout.completions_per_optimizer_step / q.layout.num_generations
@@ -448,6 +449,6 @@ def test_time_to_first_step_is_a_term_of_its_own():
         est = plan.estimate
         assert 60 <= est.startup_s <= 300 and plan_to_dict(plan)["estimate"]["startup_s"] == est.startup_s
         steps = est.total.steps * est.step.total_s
-        assert est.total.hours * 3600 == pytest.approx(steps + est.startup_s)
+        assert est.total.hours * 3600 == pytest.approx(steps + est.restart_s)
         assert any(line.startswith("time to first step ≈") for line in est.explain)
     assert colocate.estimate.startup_s > server.estimate.startup_s  # serial in the trainers, parallel beside them

@@ -61,9 +61,13 @@ def test_compute_follows_the_active_parameters_and_decode_the_touched_experts():
     from grpo_launch.machines.gpus import find_gpu_spec
 
     h100 = find_gpu_spec("H100")
-    t_moe, _ = training_time(moe, h100, 8, DistBackend.ZERO3, Offload.NONE, work)
-    t_dense, _ = training_time(dense_same_size, h100, 8, DistBackend.ZERO3, Offload.NONE, work)
+    t_moe, _ = training_time(moe, h100, 8, DistBackend.DDP, Offload.NONE, work)
+    t_dense, _ = training_time(dense_same_size, h100, 8, DistBackend.DDP, Offload.NONE, work)
     assert t_moe / t_dense == pytest.approx(moe.active_params / moe.params, rel=1e-6)
+    # ZeRO-3 gathers every expert of a layer, touched or not: its gathers follow all the parameters
+    z_moe, _ = training_time(moe, h100, 8, DistBackend.ZERO3, Offload.NONE, work)
+    z_dense, _ = training_time(dense_same_size, h100, 8, DistBackend.ZERO3, Offload.NONE, work)
+    assert z_dense - t_dense == pytest.approx(z_moe - t_moe, rel=1e-6)
     # One sequence reads about the active weights; a large batch touches every expert.
     assert moe.decode_read_bytes(1) == pytest.approx(2 * moe.active_params, rel=1e-6)
     assert moe.decode_read_bytes(1024) == pytest.approx(moe.weight_bytes_bf16, rel=1e-3)

@@ -153,7 +153,7 @@ def test_generation_is_charged_once_per_generation_round(plan_of):
     expected = (
         4 * one.estimate.total.steps * (s1.generation_s / 4 + s1.old_logprobs_s / 4 + s1.training_s + s1.sync_s / 4)
     )
-    assert four.estimate.total.hours * 3600 == pytest.approx(expected + four.estimate.startup_s, rel=1e-6)
+    assert four.estimate.total.hours * 3600 == pytest.approx(expected + four.estimate.restart_s, rel=1e-6)
     assert "a generation of 64 (8 prompts × 8) every 4 optimizer steps" in four.estimate.explain[0]
 
 

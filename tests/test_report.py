@@ -29,7 +29,8 @@ def metrics(tmp_path, steps: int = 6):
     # plan.json as the planner writes it (every key its readers use), with this test's prediction
     plan = plan_to_dict(plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB"))
     plan["recipe"] = "recipes/x.yaml"
-    plan["estimate"] |= {"time_s": {"generation": 0.5, "old_logprobs": 0.1, "sync": 0.0, "training": 0.4},
+    plan["estimate"] |= {"time_s": {"generation": 0.5, "old_logprobs": 0.1, "sync": 0.0, "training": 0.4,
+                                     "step": 1.0},
                          "memory_per_training_gpu_gib": {"total": 5.0}}  # fmt: skip
     (tmp_path / "plan.json").write_text(json.dumps(plan, default=str))
 

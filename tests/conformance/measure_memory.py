@@ -26,8 +26,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from trl.trainer.utils import add_fused_lm_head
 
-from grpo_launch.probe.bench import high_water_mark, reset_high_water_mark
-from grpo_launch.probe.bench import resident_bytes as resident
+from grpo_launch.probe.bench_memory import high_water_mark, reset_high_water_mark
+from grpo_launch.probe.bench_memory import resident_bytes as resident
 
 
 def measure(point: dict) -> dict:

@@ -132,7 +132,7 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         raise ConfigError(f"model_name_or_path {recipe.get('model_name_or_path')!r}: no config.json here", hint=hint)
     _weights(str(recipe.get("model_name_or_path")), args.random_weights)
     work = workload(recipe, plan.layout)
-    from grpo_launch.probe.measurements import Schedule
+    from grpo_launch.cli.calibrate_schedule import Schedule
 
     schedule = Schedule(args, ctx, plan, recipe, work, _say, _measure, started)
     terms = schedule.run()
@@ -164,7 +164,7 @@ def _say(text: str) -> None:
 
 def _measure(spec: Any) -> tuple[dict[str, Any], Any]:
     """The in-process measurements under a progress bar (rich on a terminal; a line per phase elsewhere)."""
-    from grpo_launch.probe.bench import PHASES, run_bench
+    from grpo_launch.probe.bench_phases import PHASES, run_bench
 
     if not sys.stderr.isatty():
         return run_bench(spec, _say)

@@ -265,6 +265,7 @@ def explain_sections(plan: Plan) -> list[Section]:
     if plan.estimate is None:
         lines = [("no estimate: the model shape or the GPU memory is unknown (a CPU plan, or pass --gpus MODEL)",)]
     out = [Section("Arithmetic (estimates, see grpo_launch/planning/cost/ for the model)", lines, ())]
+    out += _terms_section(plan)
     if not plan.candidates:
         return out
     best = next((c for c in plan.candidates if c.chosen), None)
@@ -289,6 +290,24 @@ def explain_sections(plan: Plan) -> list[Section]:
     title = "Split candidates (the shortest time per prompt wins; prompts: the batch each split is planned at)"
     out.append(Section(title, rows, header))
     return out + _modes_section(plan)
+
+
+def _terms_section(plan: Plan) -> list[Section]:
+    """Each step term and each phase of the time to first step: the table's value, what calibrate measured for the
+    same work, and which the plan used."""
+    est = plan.estimate
+    if est is None or not (est.terms or est.startup):
+        return []
+
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f} s"
+
+    rows = [(t.name, s(t.table_s), s(t.measured_s), t.used) for t in est.terms]
+    if est.startup is not None:
+        rows += [(f"first step: {p.name}", "-" if p.measured else s(p.seconds), s(p.seconds) if p.measured else "-",
+                  "measured" if p.measured else "table") for p in est.startup.phases]  # fmt: skip
+    title = "Step terms: the table's and calibrate's for this plan's work ('-': none; grpo-launch calibrate measures)"
+    return [Section(title, rows, ("term", "table", "measured", "used"))]
 
 
 def _modes_section(plan: Plan) -> list[Section]:

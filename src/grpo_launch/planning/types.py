@@ -272,6 +272,7 @@ class Estimate:
     total_missing: str | None = None  # why there is no whole-run forecast (the step count is unknown)
     startup_s: float | None = None  # time to first step (to the first round generated): paid again on every restart
     startup: Startup | None = None  # the same as its phases, each measured or from the table
+    restart_s: float | None = None  # what each start costs beyond its steps: startup_s less its warm generation
     terms: tuple[TimeTerm, ...] = ()  # each step term's table and measured values (--explain)
 
 

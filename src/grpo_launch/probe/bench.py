@@ -22,8 +22,6 @@ subprocesses that calibrate starts. Needs torch and transformers (the trainers' 
 from __future__ import annotations
 
 import functools
-import os
-import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,20 +80,6 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure_imports() -> float:
-    """Seconds to import what a trainer imports before it builds anything (0 when already imported here)."""
-    import sys
-
-    if "trl" in sys.modules:
-        return 0.0
-    t0 = time.perf_counter()
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-    from trl import GRPOTrainer  # noqa: F401
-
-    return time.perf_counter() - t0
-
-
 def amp(spec: BenchSpec) -> Any:
     """bf16 autocast where the trainers run float32 weights under it (accelerate wraps the model's forward in it,
     and TRL generates through that forward); else nothing."""
@@ -110,58 +94,6 @@ def _dtype(name: str) -> Any:
     import torch
 
     return torch.bfloat16 if name == "bfloat16" else torch.float32
-
-
-def load_model(spec: BenchSpec, out: dict[str, Any]) -> Any:
-    """The model on its device. Random weights are written to ``spec.weights_dir`` first (the write's speed, with
-    fsync, recorded) and loaded back from disk cold; real weights are loaded from where they are. The load's seconds
-    and bytes are recorded (``load_bytes`` 0: random weights not written, an initialisation)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    dtype = _dtype(spec.dtype)
-    path = spec.model
-    if spec.random_weights:
-        config = AutoConfig.from_pretrained(spec.model)
-        init: Any = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        if not spec.weights_dir:
-            out.update(load_s=None, load_bytes=0)
-            return init.to(spec.device)
-        t0 = time.perf_counter()
-        init.save_pretrained(spec.weights_dir)
-        written = _flush(spec.weights_dir, drop=True)
-        out["save_bytes_per_s"] = written / max(1e-9, time.perf_counter() - t0)
-        del init
-        path = spec.weights_dir
-    t0 = time.perf_counter()
-    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    model.to(spec.device)
-    _sync(spec.device)
-    out.update(load_s=time.perf_counter() - t0, load_bytes=_weight_bytes(path))
-    torch.manual_seed(0)
-    return model
-
-
-def _flush(folder: str, *, drop: bool) -> int:
-    """fsync every file of ``folder`` (the bytes on the disk, as a checkpoint's save must be), then drop them from
-    the page cache (``drop``) so the load reads the disk; the bytes written."""
-    total = 0
-    for name in os.listdir(folder):
-        fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            total += os.fstat(fd).st_size
-            if drop and hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return total
-
-
-def _weight_bytes(path: str) -> int:
-    if not os.path.isdir(path):
-        return 0
-    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith((".safetensors", ".bin")))
 
 
 def _ids(model: Any, batch: int, length: int, device: str) -> Any:
@@ -220,7 +152,7 @@ def _generator(model: Any, spec: BenchSpec, engine: str) -> Callable[[Any, int],
         def run_cb(ids: Any, n: int) -> None:
             config = GenerationConfig(max_new_tokens=n, eos_token_id=None, **base)
             with amp(spec):
-                    model.generate_batch([row.tolist() for row in ids], generation_config=config,
+                model.generate_batch([row.tolist() for row in ids], generation_config=config,
                                      continuous_batching_config=cb, progress_bar=False)  # fmt: skip
 
         return run_cb
@@ -370,210 +302,3 @@ def measure_forward(model: Any, spec: BenchSpec, deadline: float) -> float:
             model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
 
     return max(1, spec.per_device) * (spec.prompt_len + spec.completion_len) / _timed(run, spec.device, deadline)
-
-
-def peak_memory(device: str) -> tuple[int, str]:
-    """The peak: CUDA's max allocated, or on CPU this process's resident set (not what the GPU model counts)."""
-    import torch
-
-    if device == "cuda":
-        return int(torch.cuda.max_memory_allocated()), "cuda_max_allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_max"
-
-
-def measure_activation_peak(model: Any, spec: BenchSpec, *, checkpointing: bool) -> tuple[int, int] | None:
-    """(The memory one micro-batch's forward and backward take above what the process holds before it, the
-    process's whole peak during them with the weights, gradients and AdamW's moments held: the training step's
-    peak as the memory model's tensors count it), run as GRPOTrainer runs it (TRL's fused LM head, a left-padded
-    batch scored on its completion tokens; after a first step, so the gradients are allocated), at the weights'
-    own dtype: what the memory model's activation terms count (planning/cost/activations.py). CUDA: the
-    allocator's peak above its allocated bytes. CPU: the resident set's high-water mark above the resident set,
-    with large allocations sent straight to mmap (glibc's M_MMAP_THRESHOLD at 64 KiB) so a freed tensor leaves at
-    once; None where that cannot be read (no glibc, no /proc)."""
-    import gc
-
-    import torch
-
-    if spec.device == "cpu" and not _cpu_peak_readable():
-        return None
-    _fused(model)
-    model.train()
-    _checkpointing(model, checkpointing)
-    ids, mask, labels = grpo_batch(model, spec)
-
-    def step() -> Any:
-        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
-        (-out.log_probs.sum()).backward()
-        return out
-
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    step()  # warm-up: the gradients allocated (as after a first step), one-time workspaces made
-    opt.step()  # AdamW's two moments allocated, as a training process holds them during every later step
-    model.zero_grad(set_to_none=False)
-    gc.collect()
-    if spec.device == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        reset_high_water_mark()
-        base = resident_bytes()
-    out = step()
-    if spec.device == "cuda":
-        torch.cuda.synchronize()
-        whole = torch.cuda.max_memory_allocated()
-    else:
-        whole = high_water_mark()
-    del out, opt
-    model.zero_grad(set_to_none=True)
-    _checkpointing(model, False)
-    return max(0, int(whole - base)), int(whole)
-
-
-M_MMAP_THRESHOLD = -3  # glibc malloc.h
-
-
-def _cpu_peak_readable() -> bool:
-    """Large allocations straight to mmap, and the high-water mark resettable (Linux's /proc, glibc's mallopt)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        reset_high_water_mark()
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, 65536))
-    except (OSError, AttributeError):
-        return False
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def high_water_mark() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no VmHWM in /proc/self/status")
-
-
-def reset_high_water_mark() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # Linux Documentation/filesystems/proc.rst: 5 resets the peak resident set size
-
-
-PHASES = ("imports", "model load", "decode", "training step", "prefill", "forward", "activation memory",
-          "training step (other checkpointing)")  # fmt: skip  (activation memory first on a CPU: _activation_phase)
-
-
-def run_bench(spec: BenchSpec, report: Report) -> tuple[dict[str, Any], Any]:
-    """Every phase in the order the plan needs it, each started only while its expected cost fits what is left of
-    ``spec.seconds``; the measured values by name, and ``failed``: what was not measured, and why; and the model,
-    for :func:`measure_other_engine`. ``report(phase)`` before each."""
-    budget = Budget(spec.seconds)
-    out: dict[str, Any] = {"failed": [], "decode": [], "continuous": []}
-    report(PHASES[0])
-    out["imports_s"] = measure_imports() or None
-    import torch
-
-    if spec.device == "cpu":
-        torch.set_num_threads(max(1, spec.threads))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    torch.manual_seed(0)
-    report(PHASES[1])
-    model = load_model(spec, out)
-    if spec.device == "cpu":  # a resident set counts only on a heap no earlier phase has grown (see below)
-        _activation_phase(model, spec, budget, out, report)
-    model.to(_dtype(spec.train_dtype or spec.dtype))  # the trainers' weights: they generate and train with them
-    report(PHASES[2])
-    _guarded(out, PHASES[2], lambda: measure_decode(model, spec, budget, spec.engine, out))
-    report(PHASES[3])
-    train = model
-    out["train_tokens_per_s" + ("_ckpt" if spec.checkpointing else "")] = _guarded(
-        out, PHASES[3], lambda: measure_train(train, spec, time.monotonic() + min(budget.left(), 10.0),
-                                              checkpointing=spec.checkpointing, out=out))  # fmt: skip
-    out["peak_memory_bytes" + ("_ckpt" if spec.checkpointing else "")], out["memory_kind"] = peak_memory(spec.device)
-    cheap: list[tuple[str, str, Callable[[float], float]]] = [
-        (PHASES[4], "prefill_s", functools.partial(measure_prefill, model, spec)),
-        (PHASES[5], "forward_tokens_per_s", functools.partial(measure_forward, train, spec)),
-    ]
-    for name, key, fn in cheap:
-        if not _started(out, budget, name, 2.0):
-            break
-        report(name)
-        out[key] = _guarded(out, name, functools.partial(fn, time.monotonic() + min(budget.left(), 5.0)))
-    if spec.device != "cpu":
-        _activation_phase(model, spec, budget, out, report)
-    model.to(_dtype(spec.train_dtype or spec.dtype))
-    other = not spec.checkpointing
-    if _started(out, budget, PHASES[7], 4.0):
-        report(PHASES[7])
-        out["train_tokens_per_s" + ("_ckpt" if other else "")] = _guarded(
-            out, PHASES[7], lambda: measure_train(train, spec, time.monotonic() + min(budget.left(), 5.0),
-                                                  checkpointing=other))  # fmt: skip
-        out["peak_memory_bytes" + ("_ckpt" if other else "")], _ = peak_memory(spec.device)
-    return out, model
-
-
-def _activation_phase(model: Any, spec: BenchSpec, budget: Budget, out: dict[str, Any], report: Report) -> None:
-    """One micro-batch's activation memory, with and without checkpointing, at the weights' own width (the memory
-    model's). On a GPU the allocator's peak is exact whenever it runs; on a CPU the resident set grows only where the
-    heap has not been grown before, so it runs first, right after the load (its forward and backward then warm up
-    the CPU's kernels before the training step is timed cold: the CPU's warm-up is small)."""
-    if not _started(out, budget, PHASES[6], 3.0):
-        return
-    report(PHASES[6])
-    model.to(_dtype(spec.dtype))
-    for suffix, ckpt in (("", False), ("_ckpt", True)):
-        peak = functools.partial(measure_activation_peak, model, spec, checkpointing=ckpt)
-        both = _guarded(out, PHASES[6], peak)
-        out["activation_peak_bytes" + suffix], out["step_peak_bytes" + suffix] = both or (None, None)
-    if spec.device == "cpu":
-        _default_malloc()
-
-
-def _default_malloc() -> None:
-    """glibc's mmap threshold where a trainer's settles: its dynamic threshold rises with each large block freed, to
-    at most 32 MiB on 64-bit systems (malloc.h DEFAULT_MMAP_THRESHOLD_MAX); below that every step's tensors would be
-    mapped and faulted in afresh, and the timed phases would run slower than a trainer."""
-    import contextlib
-    import ctypes
-    import ctypes.util
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(M_MMAP_THRESHOLD, 32 * 2**20)
-
-
-def measure_other_engine(model: Any, spec: BenchSpec, seconds: float, out: dict[str, Any]) -> None:
-    """The decode curve of the generation engine the plan does not use (TRL's other path without vLLM), within
-    ``seconds``: last, since the plan does not need it."""
-    engine = "continuous" if spec.engine == "generate" else "generate"
-    name = f"decode ({'continuous batching' if engine == 'continuous' else 'transformers generate'})"
-    if engine == "continuous" and not hasattr(model, "generate_batch"):
-        out["failed"].append(f"{name}: this transformers has no generate_batch")
-    elif _started(out, Budget(seconds), name, 15.0):
-        _guarded(out, name, lambda: measure_decode(model, spec, Budget(seconds), engine, out))
-
-
-def _started(out: dict[str, Any], budget: Budget, name: str, need: float) -> bool:
-    if budget.fits(need):
-        return True
-    out["failed"].append(f"{name}: the budget is spent (needs ≈ {need:.0f} s; raise --minutes)")
-    return False
-
-
-def _guarded(out: dict[str, Any], name: str, fn: Callable[[], Any]) -> Any:
-    """``fn()``, or None with the reason recorded where it runs out of memory or the library cannot run it."""
-    import torch
-
-    try:
-        return fn()
-    except (torch.OutOfMemoryError, ImportError, TypeError, NotImplementedError, RuntimeError) as exc:
-        out["failed"].append(f"{name}: not measured ({type(exc).__name__}: {exc})"[:300])
-        if isinstance(exc, torch.OutOfMemoryError):
-            torch.cuda.empty_cache()
-        return None
-
-

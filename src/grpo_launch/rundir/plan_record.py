@@ -113,6 +113,8 @@ class RecordedCalibration:
 
 @frozen
 class RoleRecord:
+    """One host's role in the plan (plan.json's roles): the host, what it does, its GPU model."""
+
     host: str
     role: str
     gpu: str

@@ -117,8 +117,12 @@ def startup_row(records: Sequence[MetricRecord], forecast_s: float | None,
     load, ready = terms.get("start", 0.0) + terms.get("model_load", 0.0), terms.get("vllm_ready")
     slower = "vLLM start-up" if (ready or 0.0) > load else "trainer start-up"
 
+    names = dict(PHASE_NAMES)
+    if "start" not in terms:  # a run from before the start was its own record: its load counted the imports
+        names["model_load"] = "trainer start-up (imports, model and data load)"
+
     def part(key: str) -> str:
-        text = f"{PHASE_NAMES[key]} {_s(terms[key])}"
+        text = f"{names[key]} {_s(terms[key])}"
         return text + (f" (forecast {_s(planned[key])})" if key in planned else "")
 
     parts = [part(key) for key in PHASE_NAMES if key in terms]

@@ -215,8 +215,11 @@ def training_time(
     why = (
         f"{per_token:.0f}·{model.active_params / 1e9:.2f}B{' active' if model.is_moe else ''}·{tokens:,.0f} padded tok"
         + f" / ({n} GPU · {gpu.bf16_tflops:.0f} TFLOP/s · {mfu:.0%} MFU) = {compute:.1f} s"
-        + (f" + ZeRO-3 gathers {gathers:.2f} s ({_gathers_why(model, n, work, training_passes(work))})" if gathers
-           else "")
+        + (
+            f" + ZeRO-3 gathers {gathers:.2f} s ({_gathers_why(model, n, work, training_passes(work))})"
+            if gathers
+            else ""
+        )
         + (f" + offload {moved:.1f} s (PCIe + CPU Adam)" if moved else "")
         + (f"; compute × {work.scale.measured_training:.2f} measured" if work.scale.measured_training != 1.0 else "")
         + (f"; × {work.scale.run_training:.2f} from a run" if work.scale.run_training != 1.0 else "")

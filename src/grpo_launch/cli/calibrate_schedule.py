@@ -1,11 +1,11 @@
 """What ``grpo-launch calibrate`` measures, in the order a plan needs it, within its budget: this process's own
-measurements (:mod:`.bench`: the trainers' imports, the load from disk, decode through the plan's engine, the
-training step), then in their own processes vLLM's start-up and decode (:mod:`.bench_vllm`) when the plan generates
-with it, the plan's distributed engine (:mod:`.bench_backend`), the weight sync of a server plan
-(:mod:`.bench_sync`), TRL's own time per step from a short real run of the recipe; last what the plan does not use
-(the other engines, the other distributed engines). A measurement whose expected cost no longer fits what is left is
-not started, and is named with the reason. Progress goes to the ``say`` callback the command gives (the CLI is the
-only module that prints). Imported only by ``calibrate``."""
+measurements (:mod:`grpo_launch.probe.bench`: the trainers' imports, the load from disk, decode through the plan's
+engine, the training step), then in their own processes vLLM's start-up and decode (:mod:`grpo_launch.probe
+.bench_vllm`) when the plan generates with it, the plan's distributed engine (:mod:`grpo_launch.probe.bench_backend`),
+the weight sync of a server plan (:mod:`grpo_launch.probe.bench_sync`), TRL's own time per step from a short real run
+of the recipe; last what the plan does not use (the other engines, the other distributed engines). A measurement
+whose expected cost no longer fits what is left is not started, and is named with the reason. Progress goes to the
+``say`` callback the command gives. Imported only by ``calibrate``."""
 
 from __future__ import annotations
 
@@ -276,7 +276,8 @@ class Schedule:
 
     def other_engine(self) -> dict[str, Any]:
         """The decode curve of the engine the plan does not use, by a fresh load, last (the plan does not need it)."""
-        from grpo_launch.probe.bench import load_model, measure_other_engine
+        from grpo_launch.probe.bench_phases import measure_other_engine
+        from grpo_launch.probe.bench_start import load_model
 
         other = "continuous batching" if self.spec.engine == "generate" else "transformers generate"
         if self.skipped(f"decode ({other})", 15.0):
