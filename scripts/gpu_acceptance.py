@@ -311,13 +311,23 @@ def compare(measured: float | None, predicted: float | None, band: tuple[float, 
 
 def first_step_rows(records: Sequence[MetricRecord], plan: PlanRecord | None) -> dict[str, dict[str, Any]]:
     """The time-to-first-step rows: the measured critical path (the trainers' start-up beside vLLM's, then the
-    first sync and generation, as ``status`` reads it) against the plan's one forecast. Each measured phase is kept
-    in the row; a forecast per phase, where plan.json gets one, adds its rows here (``first_step_s.PHASE``)."""
+    first sync and generation, as ``status`` reads it) against the plan's forecast, and each phase the run recorded
+    against the same phase of the forecast (``first_step_s.PHASE``, where plan.json has its phases; not banded:
+    the whole is)."""
     from grpo_launch.rundir.timeline import critical_path_s, startup_terms
 
     terms = startup_terms(records)
     row = compare(critical_path_s(terms), plan.startup_s if plan else None, BANDS["first_step_s"])
-    return {"first_step_s": row | {"phases": terms}}
+    rows = {"first_step_s": row | {"phases": terms}}
+    forecast = {name: seconds for name, seconds, _ in (plan.startup_phases if plan else ())}
+    for name, seconds in terms.items():
+        if name in forecast:
+            predicted = forecast[name]
+            ratio = predicted / seconds if seconds else None
+            rows[f"first_step_s.{name}"] = {"measured": seconds, "predicted": predicted,
+                                            "predicted_over_measured": ratio, "band": None,
+                                            "in_band": None}  # fmt: skip
+    return rows
 
 
 def _first_line(exc: Exception) -> str:
@@ -472,7 +482,8 @@ def _summary(doc: Mapping[str, Any]) -> str:
             continue
         for name, t in run["terms"].items():
             ratio = t["predicted_over_measured"]
-            shown = "not compared" if ratio is None else f"{ratio:6.2f}  {'in band' if t['in_band'] else 'OUT'}"
+            said = "in band" if t["in_band"] else "OUT" if t["in_band"] is False else "(a phase: the whole is banded)"
+            shown = "not compared" if ratio is None else f"{ratio:6.2f}  {said}"
             m, p = t["measured"], t["predicted"]
             lines.append(f"{phase:<13} {name:<16} measured {m if m is None else f'{m:.3g}':>8}  predicted "
                          f"{p if p is None else f'{p:.3g}':>8}  predicted ÷ measured {shown}")  # fmt: skip

@@ -171,7 +171,12 @@ class Schedule:
         if topo.is_cpu:
             self.not_measured.append("peak memory: this process's resident set (a CPU run's, not the GPU memory "
                                      "model's)")  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix="grpo-calibrate-weights-") as weights:
+        from grpo_launch.probe.calibration import calibration_dir
+
+        # random weights go where calibrations and the hub's cache live (the user's disk), not a temp dir in RAM
+        near = calibration_dir(self.ctx.environ).parent
+        near.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="weights-", dir=near) as weights:
             # this process's own measurements first: what is left afterwards goes to the subprocesses
             share = 0.45 if measures_vllm or plan.train.backend != DistBackend.DDP else 0.6
             self.spec = spec = bench_spec(plan, self.recipe, work, args, self.budget.left() * share,

@@ -62,7 +62,8 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
 
     dtype = torch.float32 if (spec.train_dtype or spec.dtype) == "float32" else torch.bfloat16
     if spec.random_weights:
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec.model), dtype=dtype)
+        with torch.device(device):  # initialised where it trains: a CPU initialises a large model slowly
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec.model), dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype)
     _checkpointing(model, spec.checkpointing)
