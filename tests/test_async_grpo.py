@@ -449,7 +449,8 @@ def test_more_than_two_trainer_ranks_warn_of_the_known_weight_sync_deadlock_and_
 
 
 def test_explain_shows_sync_and_async_side_by_side():
-    from grpo_launch.cli.tables import explain_sections, plain_text
+    from grpo_launch.cli.explain import explain_sections
+    from grpo_launch.cli.tables import plain_text
 
     text = plain_text(explain_sections(_async("launch.prompts_per_step=12")))  # the batch the figures were taken at
     section = text[text.index("Sync vs async") :]

@@ -221,7 +221,7 @@ def test_a_calibration_from_before_the_fused_head_scales_the_table_instead():
 
 
 def test_explain_shows_the_table_and_the_measured_terms_side_by_side(tmp_path, capsys):
-    from grpo_launch.cli.tables import explain_sections
+    from grpo_launch.cli.explain import explain_sections
 
     plan = _plan_with(_gpu_terms())
     text = "\n".join(str(row) for section in explain_sections(plan) for row in [section.title, *section.rows])

@@ -400,7 +400,8 @@ def test_explain_shows_every_variant_and_alike_layouts_prefer_fewer_gpus_per_eng
     for a 1.5B model on a 2 % predicted difference from an uncalibrated model. Every variant is listed now, with the
     figures it lost by; within the model's uncertainty (cost.constants STEP_UNCERTAINTY, 10 %) the layout with
     fewer GPUs per engine is chosen, and a Why row says so. A calibrated plan keeps the fastest."""
-    from grpo_launch.cli.tables import explain_sections, plain_text
+    from grpo_launch.cli.explain import explain_sections
+    from grpo_launch.cli.tables import plain_text
     from grpo_launch.planning.cost.constants import STEP_UNCERTAINTY
     from grpo_launch.planning.cost.workload import Calibration
 

@@ -371,6 +371,8 @@ def _terms(spec: Any, topo: Any, result: dict[str, Any], sync: dict[str, Any] | 
         warmup_decode_s_per_step=result.get("warmup_decode_s_per_step"),
         warmup_training_s=result.get("warmup_training_s"),
         deepspeed_init_s=min(inits) if inits else None,
+        cuda_init_s=result.get("cuda_init_s"),
+        process_group_s=min((b["process_group_s"] for b in backends if "process_group_s" in b), default=None),
         engine_start_s=vllm_data["engine_start_s"] if vllm_data else None,
         peak_memory_bytes=result.get("peak_memory_bytes"),
         peak_memory_bytes_ckpt=result.get("peak_memory_bytes_ckpt"),

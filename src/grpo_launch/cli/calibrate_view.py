@@ -51,6 +51,10 @@ def measured_lines(t: Any, model: Any, at: dict[str, int]) -> list[str]:
         lines.append(f"first generation's warm-up: {t.warmup_decode_s_per_step * 1000:.1f} ms per decode step")
     if t.warmup_training_s is not None:
         lines.append(f"first training step's warm-up: {t.warmup_training_s:.2f} s")
+    if t.cuda_init_s is not None:
+        lines.append(f"CUDA's start in a fresh process: {t.cuda_init_s:.1f} s")
+    if t.process_group_s is not None:
+        lines.append(f"a process group's start (world size 1): {t.process_group_s:.2f} s")
     if t.deepspeed_init_s is not None:
         lines.append(f"DeepSpeed's engine start: {t.deepspeed_init_s:.1f} s")
     if t.engine_start_s is not None:

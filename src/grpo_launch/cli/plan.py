@@ -80,13 +80,8 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
             where = os.path.dirname(written[0]) or "."
             print(f"grpo-launch plan: wrote {len(written)} files to {where} (--no-write writes none)", file=sys.stderr)
         return 0
-    from grpo_launch.cli.tables import (
-        Section,
-        calibration_section,
-        explain_sections,
-        plan_sections,
-        print_sections,
-    )
+    from grpo_launch.cli.explain import calibration_section, explain_sections
+    from grpo_launch.cli.tables import Section, plan_sections, print_sections
 
     sections = plan_sections(plan, written) + (explain_sections(plan) if args.explain else [])
     measured = _measured_rows(plan) if args.explain else None

@@ -69,6 +69,8 @@ class MeasuredTerms:
     warmup_decode_s_per_step: float | None = None  # the first generate's extra per decode step over a warm one
     warmup_training_s: float | None = None  # the first training step's extra over a warm one
     deepspeed_init_s: float | None = None  # deepspeed.initialize of the model (the ZeRO measurement's)
+    cuda_init_s: float | None = None  # the CUDA context's start in a fresh process (None: a CPU, or not measured)
+    process_group_s: float | None = None  # torch.distributed's start at world size 1 (NCCL on a GPU, gloo on CPU)
 
     def decode_step_s(self, batch: int, *, engine: str = "generate", per_sequence_s: float = 0.0) -> float:
         """Seconds per decode step at ``batch`` through ``engine`` ("generate", "continuous" or "vllm"): linear between

@@ -24,7 +24,7 @@ from grpo_launch.probe.bench import (
     measure_train,
 )
 from grpo_launch.probe.bench_memory import _default_malloc, measure_activation_peak, peak_memory
-from grpo_launch.probe.bench_start import load_model, measure_imports
+from grpo_launch.probe.bench_start import load_model, measure_cuda_init, measure_imports
 
 PHASES = (
     "imports",
@@ -46,6 +46,7 @@ def run_bench(spec: BenchSpec, report: Report) -> tuple[dict[str, Any], Any]:
     out: dict[str, Any] = {"failed": [], "decode": [], "continuous": []}
     report(PHASES[0])
     out["imports_s"] = measure_imports() or None
+    out["cuda_init_s"] = measure_cuda_init(spec.device)
     import torch
 
     if spec.device == "cpu":

@@ -26,6 +26,19 @@ def measure_imports() -> float:
     return time.perf_counter() - t0
 
 
+def measure_cuda_init(device: str) -> float | None:
+    """Seconds to start the CUDA context and place a first tensor, as a trainer does before its model moves to its
+    GPU (None on a CPU)."""
+    if device != "cuda":
+        return None
+    import torch
+
+    t0 = time.perf_counter()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def load_model(spec: BenchSpec, out: dict[str, Any]) -> Any:
     """The model on its device. Random weights are written to ``spec.weights_dir`` first (the write's speed, with
     fsync, recorded) and loaded back from disk cold; real weights are loaded from where they are. The load's seconds

@@ -127,14 +127,19 @@ def _model_load(model: ModelShape, m: MeasuredTerms | None, *, deepspeed: bool, 
     groups = (
         0.0 if gloo else _c("nccl_init_s_nodes") if machines > 1 else _c("nccl_init_s_node") if processes > 1 else 0.0
     )
+    group_why = ""
+    if m is not None and m.process_group_s is not None and machines == 1 and processes > 1 and not gloo:
+        groups, group_why = m.process_group_s, " measured"  # one host's communicator, as calibrate started one
+    cuda = m.cuda_init_s if m is not None and m.cuda_init_s else 0.0
     ds = 0.0
     if deepspeed:
         ds = m.deepspeed_init_s if m is not None and m.deepspeed_init_s else _c("deepspeed_init_s")
     why = (f"{model.weight_bytes_bf16 / 1e9:.1f} GB at {rate / 1e9:.1f} GB/s"
            + (" measured" if measured_rate else "") + f" = {load:.1f} s"
-           + (f" + process groups {groups:.0f} s" if groups else "")
+           + (f" + CUDA's start {cuda:.1f} s measured" if cuda else "")
+           + (f" + process groups {groups:.1f} s{group_why}" if groups else "")
            + (f" + DeepSpeed {ds:.0f} s" if ds else ""))  # fmt: skip
-    return Phase("model_load", load + groups + ds, why, measured=bool(measured_rate))
+    return Phase("model_load", load + cuda + groups + ds, why, measured=bool(measured_rate))
 
 
 def _first_generation(m: MeasuredTerms | None, mode: VllmMode, warm_s: float, steps: float) -> Phase:
