@@ -545,16 +545,16 @@ def test_the_terms_a_plan_takes_name_memory_only_on_a_gpu():
 def test_the_training_step_through_zero3_is_measured_in_its_own_process():
     """DeepSpeed ZeRO-3 at world size 1 on this CPU (gloo over a file store), GRPOTrainer's step through it: its
     engine's own cost per layer shows even on the tiny model, where no byte is gathered."""
-    from grpo_launch.cli.calibrate_schedule import dataclasses_asdict
+    from grpo_launch.cli.calibrate_schedule import spec_json
     from grpo_launch.probe.bench import BenchSpec
     from grpo_launch.probe.bench_backend import measure_backend
 
     spec = BenchSpec(str(ensure_tiny_assets() / "model"), 64, 16, 4, "float32", "cpu", 1, False, 30.0,
                      train_dtype="float32")  # fmt: skip
-    data, why = measure_backend({"backend": "zero3", "spec": dataclasses_asdict(spec), "seconds": 3.0}, 400)
+    data, why = measure_backend({"backend": "zero3", "spec": spec_json(spec), "seconds": 3.0}, 400)
     assert data is not None, why
     assert data["backend"] == "zero3" and data["tokens_per_s"] > 0 and data["init_s"] > 0
-    too_short, why = measure_backend({"backend": "zero3", "spec": dataclasses_asdict(spec), "seconds": 3.0}, 0.5)
+    too_short, why = measure_backend({"backend": "zero3", "spec": spec_json(spec), "seconds": 3.0}, 0.5)
     assert too_short is None and "not done within" in why
 
 

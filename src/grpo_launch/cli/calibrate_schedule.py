@@ -10,6 +10,7 @@ whose expected cost no longer fits what is left is not started, and is named wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -158,7 +159,6 @@ class Schedule:
     def run(self) -> Any:
         """Every measurement in the order the plan needs them; the terms (what was not measured is in
         ``not_measured``)."""
-        import dataclasses
         import tempfile
 
         from grpo_launch.enums import DistBackend, VllmMode
@@ -240,7 +240,7 @@ class Schedule:
             if self.skipped(name, 30.0 if self.spec.device == "cpu" else 20.0):
                 continue
             self.say(f"{name} (its own process, at most {self.budget.left():.0f} s)")
-            job = {"backend": str(backend), "spec": dataclasses_asdict(self.spec), "seconds": 5.0}
+            job = {"backend": str(backend), "spec": spec_json(self.spec), "seconds": 5.0}
             data, why = measure_backend(job, self.budget.left())
             if data is None:
                 self.not_measured.append(f"{name}: {why}")
@@ -258,8 +258,6 @@ class Schedule:
 
     def overhead(self, terms: Any) -> Any:
         """``terms`` with TRL's own time per step, from a short real run of the recipe, where the budget holds one."""
-        import dataclasses
-
         from grpo_launch.enums import VllmMode
 
         what = "TRL's own time per step (a short real run)"
@@ -290,7 +288,7 @@ class Schedule:
         self.say(f"decode ({other}), at most {self.budget.left():.0f} s")
         out: dict[str, Any] = {"failed": []}
         spec = self.spec
-        model = load_model(dataclasses_replace(spec, random_weights=False, model=spec.weights_dir)
+        model = load_model(dataclasses.replace(spec, random_weights=False, model=spec.weights_dir)
                            if spec.weights_dir else spec, out)  # fmt: skip
         measure_other_engine(model, spec, self.budget.left(), out)
         self.not_measured += out["failed"]
@@ -310,19 +308,12 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def dataclasses_replace(spec: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(spec, **changes)
-
-
 def _backend_rows(backends: list[dict[str, Any]]) -> tuple[tuple[str, bool, float], ...]:
     return tuple((b["backend"], bool(b["checkpointing"]), float(b["tokens_per_s"])) for b in backends)
 
 
-def dataclasses_asdict(spec: Any) -> dict[str, Any]:
-    import dataclasses
-
+def spec_json(spec: Any) -> dict[str, Any]:
+    """A BenchSpec as JSON for a measurement in its own process (its tuples as lists)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(spec).items()}
 
 
@@ -387,8 +378,6 @@ def _terms(spec: Any, topo: Any, result: dict[str, Any], sync: dict[str, Any] | 
 
 def _with_peak_prediction(terms: Any, model: Any, spec: Any) -> Any:
     """``terms`` with the memory model's prediction of each measured training-step peak stored beside it."""
-    import dataclasses
-
     from grpo_launch.planning.calibration import step_peak_prediction
 
     def predicted(measured: int | None, ckpt: bool) -> int | None:
