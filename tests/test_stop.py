@@ -21,6 +21,7 @@ from .helpers import (
     SLACK_S,
     ensure_tiny_assets,
     free_port,
+    leftovers,
     metric_steps,
     processes_of,
     tiny_overrides,
@@ -184,18 +185,64 @@ def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(tmp_path):
 
 
 def test_the_grace_running_out_stops_without_a_checkpoint(tmp_path):
-    """launch.stop_grace_s=4 and a step that takes 60 s: after 4 s the launcher says so and stops everything."""
+    """launch.stop_grace_s=2 and a step that takes 60 s, signalled as it begins: after 2 s the launcher says so and
+    stops everything (before the step has run long enough to count as one that cannot end)."""
     run = tmp_path / "run"
     env = env_for(tmp_path, SLOW_FROM="3", SLOW_S="60")
-    proc = start(argv(run, "max_steps=50", "launch.stop_grace_s=4", f"launch.main_process_port={free_port()}"), env)
+    proc = start(argv(run, "max_steps=50", "launch.stop_grace_s=2", f"launch.main_process_port={free_port()}"), env)
     wait_for_line(proc, "step 2/50 done")
-    time.sleep(1)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
     took = time.monotonic() - t0
     assert proc.returncode == 128 + signal.SIGTERM, rest[-3000:]
-    assert "(waiting up to 4 s: launch.stop_grace_s)" in rest, rest[-3000:]
-    assert "[grpo-launch] grace of 4 s ran out: stopped without a checkpoint" in rest, rest[-3000:]
-    assert 4 <= took < 4 + 3 + SLACK_S, took
+    assert "(waiting up to 2 s: launch.stop_grace_s)" in rest, rest[-3000:]
+    assert "[grpo-launch] grace of 2 s ran out: stopped without a checkpoint" in rest, rest[-3000:]
+    assert 2 <= took < 2 + 3 + SLACK_S, took
     assert checkpoints(run) == [] and processes_of(run) == []
+
+
+# A reward that hangs at step 3 and ignores SIGTERM and SIGINT in every rank: the step in flight can never end.
+HANG = """
+import signal, time
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+def reward(completions, trainer_state=None, **kw):
+    if trainer_state is not None and trainer_state.global_step + 1 >= 3:
+        time.sleep(3600)
+    return [float(sum(ch.isdigit() for ch in str(c))) for c in completions]
+"""
+
+
+def test_a_stop_does_not_wait_for_a_step_that_cannot_end(tmp_path):
+    """The reproduction: a reward hangs at step 3 and ignores SIGTERM and SIGINT; 10 s into the hang (steps of a
+    tenth of a second before it), SIGTERM. Before: "checkpoint at the end of step 3 requested", then 180 s and more
+    of waiting for it, and once the launcher was killed, 4 processes left. Now the step's time against every step
+    measured says no checkpoint can come: it stops at once, within launch.grace_period_s (5 s) + 10 s, names why,
+    and leaves nothing running."""
+    run = tmp_path / "run"
+    (tmp_path / "hangrewards.py").write_text(HANG)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "grpo_launch", RECIPE, *tiny_overrides(run.parent),
+           "reward_funcs=[hangrewards:reward]", "launch.grace_period_s=5", "max_steps=50",
+           f"launch.main_process_port={free_port()}", "--run-dir", str(run)]  # fmt: skip
+    proc = start(cmd, env)
+    wait_for_line(proc, "step 2/50 done")
+    time.sleep(10)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode == 128 + signal.SIGTERM, rest[-3000:]
+    said = re.search(r"\[grpo-launch\] SIGTERM: step 3 has run (\d+) s, (\d+)× the median: no checkpoint possible; "
+                     r"stopping now", rest)  # fmt: skip
+    assert said and int(said[1]) >= 10, rest[-3000:]
+    assert "checkpoint at the end of step 3 requested" not in rest
+    assert took < 5 + 10, (took, rest[-3000:])
+    assert checkpoints(run) == [] and leftovers(run, within=5.0) == []
+    status = subprocess.run([sys.executable, "-m", "grpo_launch", "status", str(run), "--json"],
+                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    grace = json.loads(status.stdout)["stop_grace"]
+    assert grace == {"seconds": 300.0, "source": "launch.stop_grace_s's default"}, grace

@@ -4,6 +4,7 @@ with a stand-in trainer that honours the request as the training entry does (tes
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -186,3 +187,106 @@ def test_the_grace_running_out_stops_without_a_checkpoint(tmp_path):
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 143), lines
     assert "[grpo-launch] grace of 2 s ran out: stopped without a checkpoint" in lines
     assert control.stopped_at(paths.root) is None
+
+
+def test_a_step_that_cannot_end_is_not_waited_for(tmp_path):
+    """The progress watchdog's evidence says the step in flight cannot reach its end: the first signal stops at once
+    and says why, with no checkpoint requested."""
+    session, stopping, paths = _session(tmp_path, SLOW="1")
+    why = "step 7 has run 12 s, 40× the median: no checkpoint possible"
+    stopping = dataclasses.replace(stopping, stuck=lambda: why)
+    lines: list[str] = []
+    _signal_after(1.5, signal.SIGTERM)
+    t0 = time.monotonic()
+    result = supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping)
+    assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 143), lines
+    assert "[grpo-launch] SIGTERM: step 7 has run 12 s, 40× the median: no checkpoint possible; stopping now" in lines
+    assert time.monotonic() - t0 < 10
+    assert control.stop_reason(paths.root) is None and control.stopped_at(paths.root) is None
+
+
+def test_a_step_that_stops_ending_while_the_stop_waits_ends_the_wait(tmp_path):
+    """Asked for a checkpoint, the trainers' step then runs past every step measured: the wait ends there, not at the
+    grace's end."""
+    session, stopping, paths = _session(tmp_path, SLOW="1")
+    later = time.monotonic() + 4.0
+    stuck = lambda: "step 3 has run 9 s, 30× the median: no checkpoint possible" if time.monotonic() > later else None  # noqa: E731
+    stopping = dataclasses.replace(stopping, grace_s=60.0, stuck=stuck)
+    lines: list[str] = []
+    _signal_after(1.2, signal.SIGTERM)
+    t0 = time.monotonic()
+    result = supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping)
+    assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 143), lines
+    assert any("checkpoint at the end of step 7 requested" in line for line in lines), lines
+    assert "[grpo-launch] step 3 has run 9 s, 30× the median: no checkpoint possible; stopping now" in lines
+    assert time.monotonic() - t0 < 15 and control.stopped_at(paths.root) is None
+
+
+def _watchdog_at(tmp_path, steps: list[float]):
+    """A watchdog over metrics holding ``steps`` (seconds each) of this attempt, and its clock to move."""
+    from grpo_launch.execute.watchdog import Watchdog
+    from grpo_launch.rundir.records import StepRecord, append
+
+    now = [1000.0]
+    metrics = tmp_path / "metrics.jsonl"
+    dog = Watchdog(metrics, clock=lambda: now[0])
+    for i, s in enumerate(steps, start=1):
+        append(metrics, StepRecord(i, s, s / 2, s / 2, max_steps=50))
+    dog()
+    return dog, now
+
+
+def test_the_watchdog_says_when_the_step_in_flight_cannot_end(tmp_path):
+    """STUCK_FACTOR × the longest step measured, and at least STUCK_FLOOR_S: short steps are judged by the floor, long
+    ones by the longest (a step with a generation round every few steps is not taken for a hang)."""
+    from grpo_launch.execute.watchdog import STUCK_FACTOR, STUCK_FLOOR_S
+
+    dog, now = _watchdog_at(tmp_path, [0.7, 0.08, 0.08])
+    now[0] += STUCK_FLOOR_S - 0.5
+    assert dog.stuck() is None
+    now[0] += 6.0
+    assert dog.stuck() == "step 4 has run 10 s, 131× the median: no checkpoint possible"
+    long, now = _watchdog_at(tmp_path / "b", [20.0, 2.0, 2.0, 2.0])
+    now[0] += STUCK_FACTOR * 20.0 - 1
+    assert long.stuck() is None  # 99 s: within five of its longest step
+    now[0] += 2
+    assert long.stuck() is not None
+
+
+def test_the_watchdog_does_not_judge_the_first_step(tmp_path):
+    """Before this attempt's first step the step in flight loads, compiles and warms up: unknown, never stuck."""
+    from grpo_launch.execute.watchdog import Watchdog
+
+    now = [1000.0]
+    dog = Watchdog(tmp_path / "metrics.jsonl", clock=lambda: now[0])
+    now[0] += 600
+    assert dog.stuck() is None
+
+
+def test_a_spot_task_declares_the_reclaim_notice_and_the_stop_fits_it():
+    """A SkyPilot spot task: the shortest of the clouds' reclaim notices (30 s) is in the task's environment, and a
+    stop there waits 25 s for its checkpoint; without it the default; launch.stop_grace_s wins over both."""
+    import yaml
+
+    from grpo_launch.backends.skypilot.task import SPOT_NOTICE_S, SkyTaskRequest, render_task
+    from grpo_launch.execute.run import notice_grace
+    from grpo_launch.rundir.layout import STOP_NOTICE_ENV
+
+    spot = SkyTaskRequest(name="grpo-x", recipe="r.yaml", workdir="/w", run_dir="runs/x", use_spot=True)
+    envs = yaml.safe_load(render_task(spot))["envs"]
+    assert envs[STOP_NOTICE_ENV] == f"{SPOT_NOTICE_S:g} a spot instance's reclaim"
+    assert notice_grace(envs) == (25.0, "a spot instance's reclaim's notice 30 s, less 5 s to stop")
+    plain = SkyTaskRequest(name="grpo-x", recipe="r.yaml", workdir="/w", run_dir="runs/x")
+    assert STOP_NOTICE_ENV not in yaml.safe_load(render_task(plain))["envs"]
+    assert notice_grace({}) is None and notice_grace({STOP_NOTICE_ENV: "soon"}) is None
+
+
+def test_every_hosts_guard_stops_within_the_runs_grace(tmp_path):
+    """ssh and Ray hosts: the shim's guard is given the run's launch.grace_period_s, not a fixed 10 s."""
+    from grpo_launch.backends.ssh import remote_command
+    from grpo_launch.rundir.layout import GRACE_ENV, RUN_ID_ENV
+    from grpo_launch.spec import ProcessSpec
+
+    spec = ProcessSpec("train@h1", ("python", "-c", "pass"), host="h1", env={RUN_ID_ENV: "r1@h1", GRACE_ENV: "7"})
+    line = remote_command(spec, python="python3", workdir=str(tmp_path), gpu_positions=None, stdin_env=False)
+    assert "--guard r1@h1 --grace 7 --" in line

@@ -31,7 +31,7 @@ from grpo_launch.backends.remote import (
 )
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
-from grpo_launch.rundir.layout import RUN_ID_ENV
+from grpo_launch.rundir.layout import GRACE_ENV, RUN_ID_ENV
 from grpo_launch.spec import ProcessSpec, RunContext
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ def remote_command(
         task.append("--env-stdin")
     if spec.env.get(RUN_ID_ENV):  # the host's guard stops the run's processes there when the ssh session ends
         task += ["--guard", spec.env[RUN_ID_ENV]]
+        if spec.env.get(GRACE_ENV):  # within the run's grace, as the launcher's own guard
+            task += ["--grace", spec.env[GRACE_ENV]]
     if gpu_positions is not None:
         task += ["--gpus", ",".join(gpu_positions)]
     env = [f"{k}={v}" for k, v in spec.env.items()]

@@ -16,7 +16,8 @@ def explain_sections(plan: Plan) -> list[Section]:
     lines = [(line,) for line in plan.estimate.explain] if plan.estimate else []
     if plan.estimate is None:
         lines = [("no estimate: the model shape or the GPU memory is unknown (a CPU plan, or pass --gpus MODEL)",)]
-    out = [Section("Arithmetic (estimates, see grpo_launch/planning/cost/ for the model)", lines, ())]
+    title = "Arithmetic (estimates, see grpo_launch/planning/cost/ for the model)"
+    out = [Section(title, [*lines, (_stop_line(plan),)], ())]
     out += _terms_section(plan)
     if not plan.candidates:
         return out
@@ -42,6 +43,20 @@ def explain_sections(plan: Plan) -> list[Section]:
     title = "Split candidates (the shortest time per prompt wins; prompts: the batch each split is planned at)"
     out.append(Section(title, rows, header))
     return out + _modes_section(plan)
+
+
+def _stop_line(plan: Plan) -> str:
+    """How long the first Ctrl-C or SIGTERM waits for a checkpoint, and where that comes from."""
+    from grpo_launch.execute.watchdog import STUCK_FACTOR, STUCK_FLOOR_S
+    from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
+
+    grace = plan.recipe.launch.stop_grace_s
+    said = (f"up to {grace:g} s (launch.stop_grace_s)" if grace is not None else "up to what the platform leaves, "
+            "read when the run starts (Slurm: the partition's GraceTime or the cluster's KillWait; a SkyPilot spot "
+            f"task: the reclaim notice), else {DEFAULT_STOP_GRACE_S:g} s (launch.stop_grace_s's default)")  # fmt: skip
+    return (f"stop: the first Ctrl-C or SIGTERM waits {said} for a checkpoint at the end of the step in flight, "
+            f"unless that step has run {STUCK_FACTOR:g}× the longest step measured (at least {STUCK_FLOOR_S:g} s): "
+            "then it stops at once, within launch.grace_period_s")  # fmt: skip
 
 
 def _terms_section(plan: Plan) -> list[Section]:

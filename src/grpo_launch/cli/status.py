@@ -15,6 +15,7 @@ from typing import Any
 from grpo_launch.enums import RunState
 from grpo_launch.errors import ConfigError
 from grpo_launch.machines.gpus import GIB
+from grpo_launch.rundir import control
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.measured import Measured, Progress, measure, progress
 from grpo_launch.rundir.records import JobState
@@ -170,6 +171,8 @@ def as_json(s: Standing) -> dict[str, Any]:
         data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
         data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
     data |= {"adaptations": adaptations(view.attempts), "startup": startup_terms(view.records)}
+    grace = control.stop_grace(view.root)
+    data["stop_grace"] = {"seconds": grace[0], "source": grace[1]} if grace is not None else None
     return data | {"logs": [str(x) for x in view.logs()]}
 
 
@@ -179,6 +182,10 @@ def _course_rows(s: Standing) -> list[tuple[str, str]]:
 
     view, last = s.view, s.view.last_attempt
     rows = [("launcher", f"running ({view.holder})" if view.holder else "not running")]
+    grace = control.stop_grace(view.root)
+    if grace is not None:
+        rows.append(("stop grace", f"{grace[0]:.0f} s for a checkpoint on Ctrl-C or SIGTERM ({grace[1]}); a step "
+                     "that cannot end is not waited for"))  # fmt: skip
     if s.resume:
         rows.append(("resume", s.resume))
         rows.append(("resumes", s.resume_from or ""))

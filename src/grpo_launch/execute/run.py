@@ -50,7 +50,7 @@ from grpo_launch.rundir.files import (
     set_aside_record,
     write_run_files,
 )
-from grpo_launch.rundir.layout import RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV, VLLM_TOKEN_ENV
+from grpo_launch.rundir.layout import GRACE_ENV, RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV, STOP_NOTICE_ENV, VLLM_TOKEN_ENV
 from grpo_launch.rundir.records import Attempt, StepRecord, append, read_metrics
 from grpo_launch.rundir.text import command_line
 from grpo_launch.rundir.tracking import keep_tracking
@@ -261,7 +261,8 @@ def _attempt(
         # A fresh token for the server's guard (grpo_launch.node.vllm_guard) and the trainers' clients: in the
         # processes' environment here, on stdin to ssh/Ray hosts (backends.remote.PASSED_ENV); never argv or a file.
         ctx = dataclasses.replace(ctx, environ={**ctx.environ, VLLM_TOKEN_ENV: secrets.token_urlsafe(32)})
-    prepared = prepare_attempt(plan, backend, ctx, {RUN_ID_ENV: run_id, **env})
+    grace = f"{plan.recipe.launch.grace_period_s:g}"  # every host's guard stops the run's processes within it
+    prepared = prepare_attempt(plan, backend, ctx, {RUN_ID_ENV: run_id, GRACE_ENV: grace, **env})
     write_run_files(plan.run_dir, prepared.files, locked=True)
     control.reset(plan.run_dir)
     if plan.train.backend.is_deepspeed:
@@ -292,7 +293,7 @@ def _attempt(
             on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
             signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
             watch=watchdog,
-            stopping=_stopping(plan, backend, ctx, env.get(RESUME_ENV, "")),
+            stopping=_stopping(plan, backend, ctx, env.get(RESUME_ENV, ""), watchdog.stuck),
         )
     return _how_it_stopped(plan, ctx, result)
 
@@ -344,12 +345,21 @@ def _how_it_stopped(plan: Plan, ctx: RunContext, result: RunResult) -> RunResult
     return result
 
 
-def _stopping(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str) -> Stopping:
+def _stopping(
+    plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, stuck: Callable[[], str | None]
+) -> Stopping:
     """How the first Ctrl-C or SIGTERM stops this attempt: a checkpoint request, within launch.stop_grace_s (unset:
-    what the backend's platform leaves, e.g. Slurm's GraceTime, else the default)."""
+    what the backend's platform leaves, e.g. Slurm's GraceTime, else the default), unless the step in flight cannot
+    reach its end (``stuck``: the watchdog's evidence). The grace and its source are written to the run's control
+    directory for ``status``."""
     grace, why = plan.recipe.launch.stop_grace_s, "launch.stop_grace_s"
     if grace is None:
-        grace, why = backend.stop_grace(ctx) or (DEFAULT_STOP_GRACE_S, "launch.stop_grace_s's default")
+        grace, why = (
+            backend.stop_grace(ctx)
+            or notice_grace(ctx.environ)
+            or (DEFAULT_STOP_GRACE_S, "launch.stop_grace_s's default")
+        )
+    control.write_stop_grace(plan.run_dir, grace, why)
     m = re.search(r"checkpoint-(\d+)$", resume_from)
     resumed = int(m.group(1)) if m else 0
     started = time.time()
@@ -373,7 +383,19 @@ def _stopping(plan: Plan, backend: Backend, ctx: RunContext, resume_from: str) -
         step_in_flight=step_in_flight,
         at_once=lambda signum: backend.stops_at_once(signum, ctx),
         requested=lambda: control.stop_reason(plan.run_dir),
+        stuck=stuck,
     )
+
+
+def notice_grace(environ: Mapping[str, str]) -> tuple[float, str] | None:
+    """The stop grace a platform's notice leaves (``STOP_NOTICE_ENV``, "SECONDS WHY", which a SkyPilot spot task sets),
+    less 5 s to stop; None without one."""
+    seconds, _, why = environ.get(STOP_NOTICE_ENV, "").partition(" ")
+    try:
+        notice = float(seconds)
+    except ValueError:
+        return None
+    return max(1.0, notice - 5.0), f"{why or 'the platform'}'s notice {notice:.0f} s, less 5 s to stop"
 
 
 def _record(plan: Plan, number: int, result: RunResult, adapter: Adapter | None = None) -> None:

@@ -106,7 +106,9 @@ class Stopping:
     ``grace_why`` says where the grace comes from; ``step_in_flight`` is the step the trainers are on (None:
     unknown); ``at_once`` says why a signal cannot wait (the platform is already killing the processes: Slurm's
     SIGTERM), or None; ``requested`` reads a request the trainers made themselves (a signal the platform sent them,
-    as Slurm's preemption does): its reason, or None."""
+    as Slurm's preemption does): its reason, or None; ``stuck`` says why the step in flight cannot reach its end
+    (the progress watchdog's evidence: it has run far past every step measured), or None: then no checkpoint is
+    waited for, before the request or during the wait."""
 
     request: Callable[[], None]
     grace_s: float
@@ -114,6 +116,7 @@ class Stopping:
     step_in_flight: Callable[[], int | None] = lambda: None
     at_once: Callable[[int], str | None] = lambda _signum: None
     requested: Callable[[], str | None] = lambda: None
+    stuck: Callable[[], str | None] = lambda: None
 
 
 class GraceOver(Interrupted):
@@ -142,6 +145,9 @@ class _SignalStop:
             raise Interrupted(signum)
         if not self.training:
             self.say(f"[grpo-launch] {name}: no step has started yet: nothing new to save")
+            raise Interrupted(signum)
+        if (stuck := st.stuck()) is not None:
+            self.say(f"[grpo-launch] {name}: {stuck}; stopping now")
             raise Interrupted(signum)
         try:
             st.request()
@@ -178,6 +184,9 @@ class _SignalStop:
             )
         if self.signum is not None and time.monotonic() > self.deadline:
             self.say(f"[grpo-launch] grace of {st.grace_s:.0f} s ran out: stopped without a checkpoint")
+            raise GraceOver(self.signum)
+        if self.signum is not None and (stuck := st.stuck()) is not None:
+            self.say(f"[grpo-launch] {stuck}; stopping now")
             raise GraceOver(self.signum)
 
 

@@ -25,6 +25,10 @@ FIRST_STEP_S = 3600.0  # loading and compiling a large model, its first generati
 HANG_FACTOR = 10.0  # × the median step
 HANG_FLOOR_S = 300.0  # never less than this after the first step
 DEADLINE_SAFETY = 2.0  # × (step + save)
+# A stop asked for a checkpoint at the end of the step in flight: a step already running this many times the longest
+# step the run has measured, and at least STUCK_FLOOR_S, cannot be expected to end (a hung reward, a dead peer).
+STUCK_FACTOR = 5.0
+STUCK_FLOOR_S = 5.0
 DEADLINE_SLACK_S = 30.0  # the processes' own exit after the save
 
 
@@ -96,6 +100,21 @@ class Watchdog:
         if self.hang_s is not None:
             return self.hang_s
         return max(self.floor_s, self.factor * statistics.median(self.steps))
+
+    def stuck(self) -> str | None:
+        """Why the step in flight cannot be expected to reach its end, or None: it has run past the hang bound, or
+        past ``STUCK_FACTOR`` × the longest step measured (at least ``STUCK_FLOOR_S``). Unknown (None) before this
+        attempt's first step: that one loads, compiles and warms up."""
+        self._read()
+        if not self._new_steps or not self.steps:
+            return None
+        running = self.clock() - self._last
+        longest, median = max(self.steps), statistics.median(self.steps)
+        if running <= min(self.bound(), max(STUCK_FACTOR * longest, STUCK_FLOOR_S)):
+            return None
+        step = (self.last_step or 0) + 1
+        times = f", {running / median:.0f}× the median" if median > 0 else ""
+        return f"step {step} has run {running:.0f} s{times}: no checkpoint possible"
 
     def __call__(self) -> str | None:
         """None while the run progresses; a reason when it is hung. Asks for the deadline stop on the way. Raises

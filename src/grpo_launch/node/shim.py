@@ -9,7 +9,8 @@
   stop the whole remote process tree (a killed ssh client does not stop it).
 - ``--guard RUN_ID``: fork a guard (:mod:`grpo_launch.node.reaper`) that watches this process's parent (the ssh
   session's sshd); when the session ends (the launcher or its ssh client died, or the command finished) it stops
-  every process marked with RUN_ID on this host.
+  every process marked with RUN_ID on this host: SIGTERM, then SIGKILL after ``--grace S`` seconds (the run's
+  launch.grace_period_s; 10 without it).
 - ``--hold-term``: start COMMAND with SIGTERM blocked, and say so in its environment
   (:data:`~grpo_launch.rundir.layout.HOLD_SIGTERM_ENV`). Slurm signals every task of every step itself (a
   preemption's GraceTime sends SIGTERM to the tasks, not to the batch shell): a blocked SIGTERM stays pending in
@@ -68,8 +69,8 @@ def read_env(stream) -> dict[str, str]:
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         raise SystemExit(
-            "usage: python -m grpo_launch.node.shim [--gpus P] [--env-stdin] [--announce-pgid] [--hold-term] "
-            "-- COMMAND…"
+            "usage: python -m grpo_launch.node.shim [--gpus P] [--env-stdin] [--announce-pgid] [--guard RUN_ID "
+            "[--grace S]] [--hold-term] -- COMMAND…"
         )
     split = argv.index("--")
     opts, command = argv[:split], argv[split + 1 :]
@@ -77,6 +78,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit("grpo_launch.node.shim: no command after --")
     i = 0
     guard_id = None
+    grace_s = GUARD_GRACE_S
     hold_term = False
     while i < len(opts):
         opt = opts[i]
@@ -95,6 +97,9 @@ def main(argv: list[str]) -> int:
         elif opt == "--guard":
             guard_id = opts[i + 1]
             i += 2
+        elif opt == "--grace":
+            grace_s = float(opts[i + 1])
+            i += 2
         elif opt == "--hold-term":
             hold_term = True
             i += 1
@@ -106,7 +111,7 @@ def main(argv: list[str]) -> int:
         else:
             raise SystemExit(f"grpo_launch.node.shim: unknown option {opt!r}")
     if guard_id:
-        _fork_guard(guard_id)
+        _fork_guard(guard_id, grace_s)
     # Ignored and blocked signals stay so across exec: the thread of a Ray worker (the Ray backend's actor) that
     # starts the command blocks SIGINT, which would leave the command deaf to the SIGINT teardown forwards. The
     # command starts with the defaults, unblocked.
@@ -126,7 +131,7 @@ def main(argv: list[str]) -> int:
 GUARD_GRACE_S = 10.0
 
 
-def _fork_guard(run_id: str) -> None:
+def _fork_guard(run_id: str, grace_s: float) -> None:
     """A child in its own session watches the ssh session (this process's parent) and stops the run's processes
     here when it ends; this process goes on to exec the command."""
     session = os.getppid()
@@ -136,7 +141,7 @@ def _fork_guard(run_id: str) -> None:
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # hold none of the session's pipes: the ssh client must end with the command
             os.dup2(null, fd)
-        guard = [sys.executable, "-m", "grpo_launch.node.reaper", "watch", str(session), run_id, str(GUARD_GRACE_S)]
+        guard = [sys.executable, "-m", "grpo_launch.node.reaper", "watch", str(session), run_id, str(grace_s)]
         try:
             os.execv(sys.executable, guard)
         finally:

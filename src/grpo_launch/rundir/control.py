@@ -59,6 +59,22 @@ def stopped_at(run_dir: str | Path) -> int | None:
         return None
 
 
+def write_stop_grace(run_dir: str | Path, seconds: float, why: str) -> None:
+    """How long this attempt's stop waits for the trainers' checkpoint, and where that comes from (``status``)."""
+    paths = RunPaths(run_dir)
+    paths.control.mkdir(parents=True, exist_ok=True)
+    paths.stop_grace.write_text(f"{seconds:g} {why}\n")
+
+
+def stop_grace(run_dir: str | Path) -> tuple[float, str] | None:
+    """The last attempt's stop grace and its source, or None (none recorded)."""
+    try:
+        seconds, _, why = read_text(RunPaths(run_dir).stop_grace).strip().partition(" ")
+        return float(seconds), why
+    except (OSError, ValueError):
+        return None
+
+
 def request_stop_on_sigterm(run_dir: str | Path) -> None:
     """In a trainer rank started with SIGTERM held (``node.shim --hold-term``): from now on SIGTERM asks for a
     checkpoint at the end of this step (every rank agrees on it there) instead of killing the rank mid-step. Call

@@ -13,6 +13,8 @@ from grpo_launch.spec import frozen
 # The environment every process of a run gets.
 RUN_DIR_ENV = "GRPO_LAUNCH_RUN_DIR"  # the run directory: the trainers find their control files and logs there
 RUN_ID_ENV = "GRPO_LAUNCH_RUN_ID"  # marks every descendant, so teardown finds them all (grpo_launch.node.reaper)
+GRACE_ENV = "GRPO_LAUNCH_GRACE_S"  # launch.grace_period_s: how long a host's guard waits after SIGTERM before SIGKILL
+STOP_NOTICE_ENV = "GRPO_LAUNCH_STOP_NOTICE"  # "SECONDS WHY": a platform's notice before it kills the run (spot)
 SPAWNED_AT_ENV = "GRPO_LAUNCH_SPAWNED_AT"  # wall clock when the launcher started a process (its start phase)
 RESUME_ENV = "GRPO_LAUNCH_RESUME"  # the checkpoint every rank resumes from, or "none"
 NO_RESUME = "none"
@@ -144,6 +146,11 @@ class RunPaths:
     def stop_request(self) -> Path:
         """Created by the launcher: the trainers save a checkpoint at the end of the step and stop."""
         return self.control / "stop-requested"
+
+    @property
+    def stop_grace(self) -> Path:
+        """Written by the launcher at an attempt's start: how long a stop waits for a checkpoint, and why."""
+        return self.control / "stop-grace"
 
     @property
     def stopped_marker(self) -> Path:

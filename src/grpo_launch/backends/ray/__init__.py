@@ -28,7 +28,7 @@ from grpo_launch.backends.base import BackendOptions, BaseBackend, check_address
 from grpo_launch.backends.options import RayOptions
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
-from grpo_launch.rundir.layout import RUN_ID_ENV
+from grpo_launch.rundir.layout import GRACE_ENV, RUN_ID_ENV
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult
 
 if TYPE_CHECKING:
@@ -103,7 +103,8 @@ class RayBackend(BaseBackend[RayOptions]):
         names = [name for name, _, _ in bundles]
         _, gpus, cpus = bundles[names.index(spec.name)]
         env = {**spec.env, RUN_ID_ENV: marker}  # each host's processes carry their own mark, as over ssh
-        remote = [ctx.python, "-m", "grpo_launch.node.shim", "--announce-pgid", "--guard", marker, "--",
+        grace = ["--grace", env[GRACE_ENV]] if env.get(GRACE_ENV) else []  # the run's grace, as the launcher's guard
+        remote = [ctx.python, "-m", "grpo_launch.node.shim", "--announce-pgid", "--guard", marker, *grace, "--",
                   "env", *(f"{k}={v}" for k, v in env.items()), *spec.argv]  # fmt: skip
         stdin_env = passed_env_names(ctx.environ, plan.recipe.launch.pass_env)
         argv = [ctx.python, "-m", "grpo_launch.backends.ray.runner", "--address", self.address,

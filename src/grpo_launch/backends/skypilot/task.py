@@ -56,7 +56,13 @@ from dataclasses import field
 
 from grpo_launch import __version__
 from grpo_launch.errors import ConfigError
-from grpo_launch.rundir.layout import NODE_PYTHON_ENV, RAY_CLIENT_PORT_ENV, RAY_JOIN_TIMEOUT_ENV, RAY_PORT_ENV
+from grpo_launch.rundir.layout import (
+    NODE_PYTHON_ENV,
+    RAY_CLIENT_PORT_ENV,
+    RAY_JOIN_TIMEOUT_ENV,
+    RAY_PORT_ENV,
+    STOP_NOTICE_ENV,
+)
 from grpo_launch.spec import frozen
 
 # SkyPilot's own Ray uses 6380, its dashboard 8266 and its dashboard agent 52365 (sky/skylet/constants.py,
@@ -67,6 +73,11 @@ RAY_PORT = 6379
 RAY_CLIENT_PORT = 6381
 RAY_DASHBOARD_AGENT_PORT = 52366
 RUN_MOUNT = "/grpo-runs"  # where the task mounts the bucket or volume that holds its run directory
+# A spot VM's notice before it is reclaimed: GCP's preemption notice is 30 s (cloud.google.com/compute/docs/instances/
+# preemptible, "Preemption process"), Azure's Spot eviction notice at least 30 s (Scheduled Events, learn.microsoft.com
+# virtual-machines/linux/scheduled-events), AWS's Spot interruption notice 2 minutes (docs.aws.amazon.com AWSEC2
+# spot-instance-termination-notices). SkyPilot may pick any of them: the shortest.
+SPOT_NOTICE_S = 30.0
 JOIN_TIMEOUT_S = 600  # nodes of one cluster come up together; SkyPilot's template waits 300 s for its own Ray
 # Secrets never written into the task: declared by name with a null value (SkyPilot 0.14.1 task.py: a null-valued
 # key of `secrets:` is resolved at launch from `sky launch --secret NAME`, or refused).
@@ -194,6 +205,9 @@ def render_task(req: SkyTaskRequest) -> str:
         NODE_PYTHON_ENV: "python3",
         RAY_PORT_ENV: str(RAY_PORT),
         RAY_JOIN_TIMEOUT_ENV: str(JOIN_TIMEOUT_S),
+        # a spot instance is reclaimed after a notice (30 s on GCP and Azure, 2 min on AWS, whichever cloud
+        # SkyPilot picks): the first stop waits for a checkpoint within the shortest of them
+        **({STOP_NOTICE_ENV: f"{SPOT_NOTICE_S:g} a spot instance's reclaim"} if req.use_spot else {}),
         **req.envs,
     }
     lines = [
