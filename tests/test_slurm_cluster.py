@@ -229,6 +229,61 @@ def test_preemption_checkpoints_the_step_in_flight_and_the_requeued_job_resumes_
     assert wait_no_processes(run) == []
 
 
+# A reward that hangs at step 3 in every rank and ignores SIGTERM and SIGINT: the step in flight can never end.
+HANG = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "def reward(completions, trainer_state=None, **kw):\n"
+    "    if trainer_state is not None and trainer_state.global_step + 1 >= 3:\n"
+    "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "        time.sleep(3600)\n"
+    "    return [0.0] * len(completions)\n"
+)
+
+
+def test_a_signal_to_a_hung_step_stops_within_the_grace_and_leaves_nothing(cluster, tmp_path):
+    """scancel --signal=TERM reaches the trainers' steps (they hold it: a checkpoint request), while their step 3
+    hangs. The launcher does not wait for a checkpoint that cannot come (Slurm's KillWait, 5 s in the test cluster,
+    follows a cancel): it stops within launch.grace_period_s of the request, says why, and nothing is left on
+    either node."""
+    (tmp_path / "hangrewards.py").write_text(HANG)
+    run = tmp_path / "run"
+    env = {**cluster, "PYTHONPATH": str(tmp_path)}
+    job = submit(env, run, "max_steps=50", "save_steps=1000", "reward_funcs=[hangrewards:reward]",
+                 "launch.grace_period_s=3", f"launch.main_process_port={free_port()}")  # fmt: skip
+    out = run / f"slurm-{job}.out"
+    try:
+        wait_for_text(out, r"step 2/50 done", 240)
+        time.sleep(10)
+        t0 = time.monotonic()
+        sh(cluster, "scancel", "--signal=TERM", job)
+        text = wait_for_text(out, r"no checkpoint possible; stopping now", 60)
+        took = time.monotonic() - t0
+        assert re.search(r"step 3 has run \d+ s, \d+× the median: no checkpoint possible", text), text[-3000:]
+        assert took < 5, took  # within Slurm's KillWait of the signal
+        assert wait_no_processes(run, timeout=3 + 10) == []
+        assert not list((run / "output").glob("checkpoint-*"))
+    finally:
+        sh(cluster, "scancel", job, check=False)
+
+
+def test_the_same_signal_to_a_healthy_step_still_saves_it(cluster, tmp_path):
+    """The same scancel --signal=TERM on a run whose steps end: the step in flight is saved, the job requeued."""
+    run = tmp_path / "run"
+    job = submit(cluster, run, "max_steps=500", "save_steps=1000", f"launch.main_process_port={free_port()}")
+    out = run / f"slurm-{job}.out"
+    try:
+        wait_for_text(out, r"step 3/500 done", 240)
+        sh(cluster, "scancel", "--signal=TERM", job)
+        text = wait_for_text(out, r"stopped on request after step \d+", 120)
+        stopped = int(re.search(r"stopped on request after step (\d+)", text).group(1))
+        assert (run / "output" / f"checkpoint-{stopped}" / "trainer_state.json").is_file()
+        assert "no checkpoint possible" not in text
+    finally:
+        sh(cluster, "scancel", job, check=False)
+    assert wait_no_processes(run) == []
+
+
 def test_a_job_saves_and_requeues_before_its_time_limit(cluster, tmp_path):
     """A 1-minute job: grpo-launch reads its end time (scontrol EndTime) and, when the time left no longer covers
     a measured step and save (and the exit), checkpoints and requeues it, before Slurm's warning signal and kill

@@ -15,6 +15,7 @@ from grpo_launch.planning.batch_layout import Layout, solve_layout
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.estimate import Draft, estimate_plan, off_policy_lag, workload
 from grpo_launch.planning.gpu_types import roles_line, serve_topology, train_topology, types_text
+from grpo_launch.planning.save_steps import plan_saves
 from grpo_launch.planning.sizes import Batch
 from grpo_launch.planning.splits.allowed import colocate_weights_warning
 from grpo_launch.planning.splits.split import Split, SplitKind
@@ -65,6 +66,7 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
     estimate = estimate_plan(draft)
     vllm, train = draft.vllm, draft.train
     values = trainer_values(recipe, layout, vllm, train, trace, dense=ctx.model is not None and not ctx.model.is_moe)
+    values, estimate = plan_saves(recipe, values, estimate, ctx.topology, ctx.model, train, trace)
     settings = None
     if is_async:
         step = estimate.step if estimate else None

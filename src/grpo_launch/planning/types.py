@@ -11,6 +11,7 @@ from grpo_launch.enums import Device, DistBackend, GpuUse, Offload, Role, VllmMo
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_layout import Layout
+from grpo_launch.planning.cost.checkpoints import SaveInterval
 from grpo_launch.planning.cost.memory import TrainMemory, VllmMemory
 from grpo_launch.planning.cost.startup import Startup
 from grpo_launch.planning.cost.steptime import StepTime, TimeTerm
@@ -273,6 +274,7 @@ class Estimate:
     startup_s: float | None = None  # time to first step (to the first round generated): paid again on every restart
     startup: Startup | None = None  # the same as its phases, each measured or from the table
     restart_s: float | None = None  # what each start costs beyond its steps: startup_s less its warm generation
+    save_interval: SaveInterval | None = None  # the checkpoint interval and what it costs (planning/save_steps.py)
     terms: tuple[TimeTerm, ...] = ()  # each step term's table and measured values (--explain)
 
 

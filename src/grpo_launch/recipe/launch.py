@@ -84,6 +84,9 @@ class LaunchSettings:
     )  # price of one GPU-hour, any currency
     # Mean completion length in tokens, for the step time (default: every completion runs to max_completion_length).
     expected_completion_length: int | None = field(default=None, metadata={"min": 1, "max": 10_000_000})
+    # The run's mean time between failures, for the checkpoint interval (planning/save_steps.py; unset: the GPUs'
+    # published failure rate over the GPUs the run holds).
+    mtbf_hours: float | None = field(default=None, metadata={"min": 0.01, "max": 10**6, "kind": "float"})
     # Supervision: restarts after failures that are not the user's code, from the newest complete checkpoint.
     max_restarts: int = field(default=0, metadata={"min": 0, "max": 1000})
     restart_backoff_s: float = field(default=10.0, metadata={"min": 0, "max": 3600})  # doubles per restart

@@ -250,6 +250,15 @@ CONSTANTS: dict[str, Constant] = {
         0.05, "s per decode step", "H200 evidence: first generation 22.3 s, warm 7.4–9.8 s, 256 steps"
     ),
     "first_training_warmup_s": Constant(2.6, "s", "H200 evidence: first training step 3.4 s, warm 0.73–0.93 s"),
+    # Failures: The Llama 3 Herd of Models (arXiv 2407.21783), §3.3.4 and Table 5: 466 job interruptions in a 54-day
+    # snapshot of pre-training on 16,384 H100 GPUs, 419 of them unexpected (GPU and host faults, networking, software
+    # bugs): one per 54 × 24 × 16,384 / 419 = 50,700 GPU-hours, one every 3.1 hours at that scale.
+    "gpu_hours_between_failures": Constant(
+        50_700.0, "GPU-hours per failure", "Llama 3: 419 unexpected interruptions in 54 days on 16,384 H100 GPUs"
+    ),
+    # A checkpoint's write, where calibrate has not measured the disk: half the read speed load_bytes_per_s assumes
+    # (a datacenter NVMe writes at about half its sequential read speed; a network file system may be slower).
+    "save_bytes_per_s": Constant(1e9, "B/s", "half of load_bytes_per_s (vllm #10647's 1.9 GB/s read): assumed"),
     # The prior for a whole run's lower end when neither the recipe (launch.expected_completion_length) nor a
     # previous run (--calibrate-from) gives the mean completion length.
     "expected_completion_share": Constant(
