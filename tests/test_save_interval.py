@@ -90,4 +90,5 @@ def test_a_measured_disk_speed_sets_the_save_time_and_mtbf_hours_overrides_the_r
 def test_no_interval_where_the_run_saves_no_steps_or_runs_on_cpu():
     assert "save_steps" not in plan_recipe(_unset("save_steps"), "8xH100-80GB", "save_strategy=no").trainer_values
     cpu = plan_recipe(ROOT / "recipes" / "tiny-cpu.yaml", "cpu")
-    assert cpu.trainer_values["save_steps"] == 30 and cpu.estimate is None or cpu.estimate.save_interval is None
+    assert cpu.trainer_values["save_steps"] == 30
+    assert cpu.estimate is None or cpu.estimate.save_interval is None

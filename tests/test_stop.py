@@ -229,8 +229,9 @@ def test_a_stop_does_not_wait_for_a_step_that_cannot_end(tmp_path):
            "reward_funcs=[hangrewards:reward]", "launch.grace_period_s=5", "max_steps=50",
            f"launch.main_process_port={free_port()}", "--run-dir", str(run)]  # fmt: skip
     proc = start(cmd, env)
-    wait_for_line(proc, "step 2/50 done")
-    time.sleep(10)
+    seen = wait_for_line(proc, "step 2/50 done")
+    # 10 s into the hang, and past five times step 2 (the bound: a loaded machine's steps are slower)
+    time.sleep(max(10.0, 5 * float(re.search(r"step 2/50 done in ([\d.]+) s", seen[-1])[1]) + 2))
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=120)
@@ -238,7 +239,7 @@ def test_a_stop_does_not_wait_for_a_step_that_cannot_end(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, rest[-3000:]
     said = re.search(r"\[grpo-launch\] SIGTERM: step 3 has run (\d+) s, (\d+)× the median: no checkpoint possible; "
                      r"stopping now", rest)  # fmt: skip
-    assert said and int(said[1]) >= 10, rest[-3000:]
+    assert said and int(said[1]) >= 9, rest[-3000:]  # the watchdog reads the step's record within a second
     assert "checkpoint at the end of step 3 requested" not in rest
     assert took < 5 + 10, (took, rest[-3000:])
     assert checkpoints(run) == [] and leftovers(run, within=5.0) == []

@@ -237,20 +237,24 @@ def _watchdog_at(tmp_path, steps: list[float]):
 
 
 def test_the_watchdog_says_when_the_step_in_flight_cannot_end(tmp_path):
-    """STUCK_FACTOR × the longest step measured, and at least STUCK_FLOOR_S: short steps are judged by the floor, long
-    ones by the longest (a step with a generation round every few steps is not taken for a hang)."""
+    """STUCK_FACTOR × the longest step measured after the attempt's first (its warm-up), and at least STUCK_FLOOR_S:
+    short steps are judged by the floor, long ones by the longest (a step with a generation round every few steps
+    is not taken for a hang), and a slow first step does not widen the bound."""
     from grpo_launch.execute.watchdog import STUCK_FACTOR, STUCK_FLOOR_S
 
-    dog, now = _watchdog_at(tmp_path, [0.7, 0.08, 0.08])
+    dog, now = _watchdog_at(tmp_path, [30.0, 0.08, 0.08])
     now[0] += STUCK_FLOOR_S - 0.5
     assert dog.stuck() is None
-    now[0] += 6.0
-    assert dog.stuck() == "step 4 has run 10 s, 131× the median: no checkpoint possible"
-    long, now = _watchdog_at(tmp_path / "b", [20.0, 2.0, 2.0, 2.0])
+    now[0] += 5.5
+    assert dog.stuck() == "step 4 has run 10 s, 125× the median: no checkpoint possible"
+    long, now = _watchdog_at(tmp_path / "b", [3.0, 20.0, 2.0, 2.0])
     now[0] += STUCK_FACTOR * 20.0 - 1
     assert long.stuck() is None  # 99 s: within five of its longest step
     now[0] += 2
     assert long.stuck() is not None
+    only, now = _watchdog_at(tmp_path / "c", [4.0])  # one step: it is all there is to judge by
+    now[0] += STUCK_FACTOR * 4.0 + 1
+    assert only.stuck() is not None
 
 
 def test_the_watchdog_does_not_judge_the_first_step(tmp_path):

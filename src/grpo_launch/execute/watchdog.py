@@ -57,6 +57,7 @@ class Watchdog:
     _gap: GapWatch = field(default_factory=GapWatch)
     _stale: str | None = None
     _gaps_new: int = 0
+    _attempt: list[float] = field(default_factory=list)  # this attempt's step seconds
 
     def __post_init__(self) -> None:
         self._last = self.clock()
@@ -76,6 +77,7 @@ class Watchdog:
             if isinstance(record, StepRecord):
                 self.steps.append(record.step_s)
                 if count:
+                    self._attempt.append(record.step_s)
                     self._new_steps += 1
                     self._last = self.clock()
                     self._split.append((record.generation_s or 0.0, record.training_s or 0.0))
@@ -103,13 +105,15 @@ class Watchdog:
 
     def stuck(self) -> str | None:
         """Why the step in flight cannot be expected to reach its end, or None: it has run past the hang bound, or
-        past ``STUCK_FACTOR`` × the longest step measured (at least ``STUCK_FLOOR_S``). Unknown (None) before this
-        attempt's first step: that one loads, compiles and warms up."""
+        past ``STUCK_FACTOR`` × the longest step this attempt has measured after its first (which loads, compiles
+        and warms up; it alone when there is no other), and at least ``STUCK_FLOOR_S``. Unknown (None) before this
+        attempt's first step."""
         self._read()
-        if not self._new_steps or not self.steps:
+        if not self._attempt:
             return None
         running = self.clock() - self._last
-        longest, median = max(self.steps), statistics.median(self.steps)
+        warm = self._attempt[1:] or self._attempt
+        longest, median = max(warm), statistics.median(warm)
         if running <= min(self.bound(), max(STUCK_FACTOR * longest, STUCK_FLOOR_S)):
             return None
         step = (self.last_step or 0) + 1
