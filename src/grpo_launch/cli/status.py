@@ -15,7 +15,7 @@ from typing import Any
 from grpo_launch.enums import RunState
 from grpo_launch.errors import ConfigError
 from grpo_launch.machines.gpus import GIB
-from grpo_launch.rundir import control
+from grpo_launch.rundir import control, server_state
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.measured import Measured, Progress, measure, progress
 from grpo_launch.rundir.records import JobState
@@ -173,6 +173,7 @@ def as_json(s: Standing) -> dict[str, Any]:
     data |= {"adaptations": adaptations(view.attempts), "startup": startup_terms(view.records)}
     grace = control.stop_grace(view.root)
     data["stop_grace"] = {"seconds": grace[0], "source": grace[1]} if grace is not None else None
+    data["faults"] = [f.to_json() for f in server_state.read_faults(view.root)]
     return data | {"logs": [str(x) for x in view.logs()]}
 
 
@@ -201,9 +202,23 @@ def _course_rows(s: Standing) -> list[tuple[str, str]]:
         rows.append(("attempts", said))
     rows += attempt_rows(courses, running=view.holder is not None, last=SHOWN_ATTEMPTS)
     rows += adaptation_rows(view.attempts)
+    rows += fault_rows(server_state.read_faults(view.root))
     plan = view.plan
     first = startup_row(view.records, plan.startup_s if plan else None, plan.startup_phases if plan else ())
     rows += [row for row in (first, async_row(view.records, plan.queue_maxsize if plan else None)) if row]
+    return rows
+
+
+def fault_rows(faults: list[server_state.FaultRecord]) -> list[tuple[str, str]]:
+    """One row per fault the run survived or ended on, and what it cost."""
+    rows = []
+    for f in faults:
+        at = f" at step {f.step}" if f.step is not None else ""
+        if f.restarted == "server" and f.down_s is not None:
+            said = f"vLLM server replaced{at} ({f.down_s:.0f} s, {f.steps_lost} steps lost): {f.cause}"
+        else:
+            said = f"vLLM server lost{at}, not replaced: the attempt ended ({f.cause})"
+        rows.append(("fault", said))
     return rows
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from grpo_launch.backends.base import Backend
-from grpo_launch.enums import FailureKind, ResumeMode, Role, RunState, VllmMode
+from grpo_launch.enums import FailureKind, LaunchMode, ResumeMode, Role, RunState, VllmMode
 from grpo_launch.errors import size_text
 from grpo_launch.execute.live import live_run
 from grpo_launch.execute.policy import Action, Spent, next_action
@@ -35,6 +35,7 @@ from grpo_launch.execute.preflight import (
 from grpo_launch.execute.resplit import Adapter, adapter_for
 from grpo_launch.execute.session import SessionSpec, Stopping, supervise
 from grpo_launch.execute.watchdog import Watchdog
+from grpo_launch.node.vllm_guard import RESTARTED_ENV
 from grpo_launch.planning.types import Plan
 from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
 from grpo_launch.render import render_files
@@ -67,6 +68,8 @@ class Prepared:
     plan: Plan
     processes: tuple[ProcessSpec, ...]
     files: Mapping[str, str]
+    # the server's processes placed again as a replacement (execute/server_keeper.py), the server's first
+    replacement: tuple[ProcessSpec, ...] = ()
 
     @property
     def server(self) -> ProcessSpec | None:
@@ -89,7 +92,12 @@ def prepare_attempt(plan: Plan, backend: Backend, ctx: RunContext, env: Mapping[
     if env:
         specs = tuple(dataclasses.replace(s, env={**s.env, **env}) for s in specs)
     placed = tuple(backend.place(spec, plan, ctx) for spec in specs)
-    return Prepared(plan, placed, render_files(plan))
+    # a replacement server, should the first be lost: the same processes, their guard locked until the weights
+    # arrive (the mark must travel with each host's placement: on ssh and Ray hosts it is part of the command).
+    # None for AsyncGRPOTrainer, whose generation thread train/server_restart.py does not keep.
+    again = tuple(backend.place(dataclasses.replace(s, env={**s.env, RESTARTED_ENV: "1"}), plan, ctx)
+                  for s in specs if s.role == Role.VLLM and plan.recipe.launch.mode is LaunchMode.SYNC)  # fmt: skip
+    return Prepared(plan, placed, render_files(plan), again)
 
 
 def run_plan(
@@ -277,6 +285,8 @@ def _attempt(
     session = SessionSpec(
         server=prepared.server,
         server_workers=prepared.server_workers,
+        server_replacement=prepared.replacement,
+        server_restarts=launch.server_restarts,
         trainers=prepared.trainers,
         log_dir=plan.paths.logs,
         health_url=plan.vllm.health_url if prepared.server else None,

@@ -15,11 +15,13 @@ from pathlib import Path
 from grpo_launch.enums import FailureKind, Role, RunState
 from grpo_launch.errors import LaunchError
 from grpo_launch.execute import faults
+from grpo_launch.execute.server_keeper import ServerKeeper
 from grpo_launch.execute.supervisor import (
     HEALTH_GRACE_S,
     HEALTH_POLL_S,
     ChildFailed,
     RemoteSignaller,
+    ServerLost,
     StaleWeights,
     Stalled,
     Supervisor,
@@ -95,6 +97,8 @@ class SessionSpec:
     health_poll_s: float = HEALTH_POLL_S  # /health while training runs …
     health_grace_s: float = HEALTH_GRACE_S  # … and how long it may fail before the run stops
     server_workers: Sequence[ProcessSpec] = ()  # the server's headless processes on its other hosts
+    server_replacement: Sequence[ProcessSpec] = ()  # the server's processes to start again when it is lost
+    server_restarts: int = 0  # at most this many replacements (launch.server_restarts); 0: a lost server fails
 
 
 @frozen
@@ -241,13 +245,22 @@ def supervise(
                 if s.paths is not None:
                     append(s.paths.metrics, StartupRecord("vllm_ready", took, time.time()))
             stop.training = True
-            sup.wait_all(
-                train_children,
-                watch=watching,
-                health_url=health_url if srv is not None else None,
-                health_poll_s=s.health_poll_s,
-                health_grace_s=s.health_grace_s,
-            )
+            keeper = _keeper(sup, s)
+            running = [srv, *workers] if srv is not None else []
+            while True:
+                try:
+                    sup.wait_all(
+                        train_children,
+                        watch=watching,
+                        health_url=health_url if srv is not None else None,
+                        health_poll_s=s.health_poll_s,
+                        health_grace_s=s.health_grace_s,
+                        server=running if keeper is not None else (),
+                    )
+                    break
+                except ServerLost as lost:
+                    assert keeper is not None
+                    running = keeper.replace(lost, running, train_children)
             result = _finished(sup, s, stop)
         except Interrupted as sig:
             guard.ignore()
@@ -264,6 +277,14 @@ def supervise(
     if failed is not None:
         result = _failure_result(sup, failed, stacks)
     return result
+
+
+def _keeper(sup: Supervisor, s: SessionSpec) -> ServerKeeper | None:
+    """Who replaces a lost server (None: a run without one, or with launch.server_restarts 0: a loss fails)."""
+    if s.server is None or not s.server_replacement or not s.health_url or s.paths is None or s.server_restarts < 1:
+        return None
+    first, *others = s.server_replacement
+    return ServerKeeper(sup, s.paths, first, others, s.health_url, s.health_timeout_s, s.server_restarts)
 
 
 def _stop_now(sup: Supervisor, sig: Interrupted) -> RunResult:

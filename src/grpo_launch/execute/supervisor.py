@@ -81,6 +81,10 @@ class Stalled(LaunchError):
     """No progress: the watchdog's bound passed without an optimizer step, or the vLLM server stopped answering."""
 
 
+class ServerLost(ChildFailed):
+    """The vLLM server (one of its processes) stopped, or stopped answering, while its caller can start it again."""
+
+
 class StaleWeights(LaunchError):
     """vLLM generates with weights the trainers no longer hold (:mod:`grpo_launch.rundir.stale`)."""
 
@@ -263,10 +267,12 @@ class Supervisor:
         health_url: str | None = None,
         health_poll_s: float = HEALTH_POLL_S,
         health_grace_s: float = HEALTH_GRACE_S,
+        server: Sequence[Child] = (),
     ) -> int:
         """Until the ``main`` children (trainers) all exit 0 → 0; any child failing first → ChildFailed; ``watch``
         (called about once a second) returning a reason, or the server not answering ``health_url`` for
-        ``health_grace_s`` → Stalled."""
+        ``health_grace_s`` → Stalled. With ``server`` (its processes, which the caller can start again), a server
+        process exiting or the server not answering → ServerLost instead."""
         last_watch = last_health = time.monotonic()
         healthy_at = time.monotonic()
         while True:
@@ -276,6 +282,8 @@ class Supervisor:
                     continue
                 if c in main and code == 0:
                     continue
+                if c in server:
+                    raise ServerLost(f"{c.spec.name} stopped ({describe_exit(code)}); log: {c.log_path}", c)
                 if c not in main:
                     raise ChildFailed(
                         f"{c.spec.name} stopped unexpectedly ({describe_exit(code)}) while training ran; "
@@ -296,10 +304,39 @@ class Supervisor:
                 if healthy(health_url):
                     healthy_at = now
                 elif now - healthy_at > health_grace_s:
-                    raise Stalled(f"the vLLM server stopped answering {health_url} for {now - healthy_at:.0f} s")
+                    why = f"the vLLM server stopped answering {health_url} for {now - healthy_at:.0f} s"
+                    if server:
+                        raise ServerLost(why, server[0])
+                    raise Stalled(why)
             time.sleep(POLL_S)
 
     # ------------------------------------------------------------------ stop
+    def stop_children(self, children: Sequence[Child]) -> None:
+        """Stop ``children`` alone (a lost server's processes, before it starts again): SIGTERM to their groups
+        (on their hosts for remote ones), the grace period, SIGKILL; reaped, their logs drained, and no longer
+        watched."""
+        remote = [c for c in children if c.spec.remote_group]
+        self._signal_remote([c for c in remote if c.remote_pgid], signal.SIGTERM)
+        for c in children:
+            if c not in remote:
+                _signal_group(c.pgid, signal.SIGTERM)
+
+        def alive(c: Child) -> bool:
+            return c.proc.poll() is None if c in remote else _group_alive(c.pgid)
+
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and any(alive(c) for c in children):
+            time.sleep(0.05)
+        self._signal_remote([c for c in remote if alive(c) and c.remote_pgid], signal.SIGKILL)
+        for c in children:
+            if _group_alive(c.pgid):
+                _signal_group(c.pgid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(timeout=10)
+            c.pump.join(timeout=2)
+            if c in self.children:
+                self.children.remove(c)
+
     def stop_all(self, sig: int = signal.SIGTERM) -> None:
         """``sig`` to every group and marked process, wait out the grace period, SIGKILL what is left; reap and
         drain logs. Runs once; a second call only makes sure nothing is left.

@@ -58,6 +58,11 @@ answers GET alone (``POST /metrics`` is 403 with the token, 401 without). The pl
 
 Refused even with the token: ``/collective_rpc``, ``/sleep``, ``/wake_up``, ``/is_sleeping``, ``/abort_requests``,
 ``/tokenize``, ``/v1/responses``, the docs, and every other route. WebSocket connections are closed (TRL opens none).
+
+A server the launcher started again after losing the first (:data:`RESTARTED_ENV` set: it loaded its weights from
+disk, not the trainers' current ones) refuses generation (:data:`GENERATION`) with 503 until the trainers have
+pushed their weights: TRL's ``sync_weights`` ends with ``POST /reset_prefix_cache``, whose success unlocks it. So no
+completion is ever sampled from weights the trainers no longer hold (grpo_launch.train.server_restart).
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
+from grpo_launch.rundir.layout import VLLM_RESTARTED_ENV, VLLM_TOKEN_ENV
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -79,6 +84,10 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 # Without the token: the readiness probe (TRL's and the launcher's), and vLLM's read-only Prometheus counters (a
 # scraper cannot hold a token drawn per attempt; see above).
 OPEN = frozenset({("GET", "/health"), ("GET", "/metrics")})
+RESTARTED_ENV = VLLM_RESTARTED_ENV  # "1": a replacement server, locked until the trainers' weights arrive
+GENERATION = frozenset({("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                        ("POST", "/inference/v1/generate")})  # fmt: skip
+UNLOCK = ("POST", "/reset_prefix_cache")
 ALLOWED = frozenset(
     {
         ("GET", "/v1/models"),
@@ -126,9 +135,10 @@ def authorized(headers: list[tuple[bytes, bytes]], token: bytes) -> bool:
 class VllmGuard:
     """The ASGI middleware: ``VllmGuard(app)`` as Starlette's ``add_middleware`` builds it; ``token`` for tests."""
 
-    def __init__(self, app: App, token: str | None = None) -> None:
+    def __init__(self, app: App, token: str | None = None, *, restarted: bool | None = None) -> None:
         self.app = app
         self.token = (token or server_token()).encode()
+        self.locked = os.environ.get(RESTARTED_ENV) == "1" if restarted is None else restarted
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope.get("type")
@@ -148,7 +158,23 @@ class VllmGuard:
         if (method, path) not in ALLOWED:
             await _refuse(send, 403, f"{method} {path} is not an endpoint TRL's clients use")
             return
+        if self.locked and (method, path) in GENERATION:
+            await _refuse(send, 503, "this vLLM server was restarted: it generates once the trainers' weights are in")
+            return
+        if self.locked and (method, path) == UNLOCK:
+            await self.app(scope, receive, self._unlocking(send))
+            return
         await self.app(scope, receive, send)
+
+    def _unlocking(self, send: Send) -> Send:
+        """``send``, unlocking generation once the weights' last step answers 200."""
+
+        async def watched(message: Message) -> None:
+            if message.get("type") == "http.response.start" and message.get("status") == 200:
+                self.locked = False
+            await send(message)
+
+        return watched
 
 
 async def _refuse(send: Send, status: int, why: str) -> None:

@@ -87,6 +87,9 @@ class LaunchSettings:
     # The run's mean time between failures, for the checkpoint interval (planning/save_steps.py; unset: the GPUs'
     # published failure rate over the GPUs the run holds).
     mtbf_hours: float | None = field(default=None, metadata={"min": 0.01, "max": 10**6, "kind": "float"})
+    # A vLLM server lost mid-run is started again while the trainers wait (execute/server_keeper.py): at most this
+    # many times an attempt (0: a lost server ends the attempt).
+    server_restarts: int = field(default=3, metadata={"min": 0, "max": 100})
     # Supervision: restarts after failures that are not the user's code, from the newest complete checkpoint.
     max_restarts: int = field(default=0, metadata={"min": 0, "max": 1000})
     restart_backoff_s: float = field(default=10.0, metadata={"min": 0, "max": 3600})  # doubles per restart

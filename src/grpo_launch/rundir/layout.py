@@ -22,6 +22,7 @@ ATTEMPT_ENV = "GRPO_LAUNCH_ATTEMPT"  # the attempt's number in the run (1, 2, â€
 RUN_NAME_ENV = "GRPO_LAUNCH_RUN_NAME"  # the tracking run's name (TrackingRecord.name), kept over every attempt
 CALIBRATIONS_ENV = "GRPO_LAUNCH_CALIBRATIONS"  # where grpo-launch calibrate stores and plan finds (tests)
 VLLM_TOKEN_ENV = "GRPO_LAUNCH_VLLM_TOKEN"  # the attempt's vLLM server token (grpo_launch.node.vllm_guard)
+VLLM_RESTARTED_ENV = "GRPO_LAUNCH_VLLM_RESTARTED"  # "1": a replacement server, locked until the weights arrive
 HOLD_SIGTERM_ENV = "GRPO_LAUNCH_HOLD_SIGTERM"  # node.shim --hold-term: a trainer rank turns SIGTERM into a stop request
 # The SkyPilot task's own (backends/skypilot/task.py): its setup and run sections read them on every node, and
 # `sky launch --env NAME=VALUE` overrides them.

@@ -170,6 +170,11 @@ def main(argv: list[str] | None = None, job: JobEnvironment | None = None) -> in
     from grpo_launch.train.startup import record_startup
 
     record_startup(trainer, job.paths, is_main, (began, imported))
+    from grpo_launch.train.server_restart import keep_server
+
+    # A lost vLLM server is replaced by the launcher: wait for it as long as it may take to start (TRL's own
+    # vllm_server_timeout, which the plan sets to launch.vllm_health_timeout_s), and then some for the stop.
+    keep_server(trainer, str(job.paths.root) if job.paths else None, 2 * float(config.vllm_server_timeout), print)
     acc = trainer.accelerator
     stage = acc.state.deepspeed_plugin.zero_stage if acc.state.deepspeed_plugin else None
     print(
