@@ -19,7 +19,9 @@ RAY=${RAY:-$ROOT/.venv/bin/ray}
 HEAD=10.77.0.1
 PORT=6390
 # Short node-failure detection for the tests (Ray's defaults take about 30 s to declare a node dead).
-NODE_ENV="GRPO_RAY_CLUSTER=$DIR RAY_USAGE_STATS_ENABLED=0 RAY_health_check_period_ms=1000 RAY_health_check_failure_threshold=5 ${RAY_EXTRA_ENV:-}"
+# RAY_enable_metrics_collection=0: no node serves Ray's Prometheus metrics on every interface (as the SkyPilot task's
+# Ray: backends/skypilot/task.py, RAY_NODE_ENV); the head's dashboard and autoscaler exporters stay (Ray has no switch).
+NODE_ENV="GRPO_RAY_CLUSTER=$DIR RAY_USAGE_STATS_ENABLED=0 RAY_enable_metrics_collection=0 RAY_health_check_period_ms=1000 RAY_health_check_failure_threshold=5 ${RAY_EXTRA_ENV:-}"
 
 # Kill the processes of a test cluster: those whose environment has a line matching $1 (every node of a cluster
 # started here carries GRPO_RAY_CLUSTER=DIR; a plain `ray stop` would stop every Ray on the machine).

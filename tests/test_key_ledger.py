@@ -60,3 +60,26 @@ def test_async_and_open_r1_reward_keys_follow_the_run():
     assert uses["cosine_min_value_wrong"][1] is True  # cosine resolves through open-r1's registry
     asynchronous = ledger(values, dataclasses.replace(launch, mode="async"))
     assert asynchronous["max_staleness"] == ("AsyncGRPOConfig", True) and asynchronous["beta"][1] is False
+
+
+@pytest.mark.parametrize("launch", [{}, {"vllm": "colocate"}])
+def test_server_settings_a_colocated_engine_ignores_are_named(launch):
+    """``launch.vllm_extra_args`` and ``launch.vllm_env`` vanished when vLLM was colocated (chosen by ``auto`` or
+    pinned), while vLLM off names them: the plan says they are not used, and indeed nothing it starts carries them."""
+    from grpo_launch.enums import VllmMode
+    from grpo_launch.render.processes import all_processes
+
+    from .helpers import plan_recipe
+
+    plan = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB", 'launch.vllm_extra_args=["--enforce-eager"]',
+                       "launch.vllm_env={VLLM_LOGGING_LEVEL: DEBUG}",
+                       *(f"launch.{k}={v}" for k, v in launch.items()))  # fmt: skip
+    assert plan.vllm.mode == VllmMode.COLOCATE
+    said = [n for n in plan.notices if n.startswith("not used by this run")]
+    assert said and "launch.vllm_extra_args" in said[0] and "launch.vllm_env" in said[0], plan.notices
+    started = all_processes(plan)
+    assert not any("--enforce-eager" in p.argv for p in started)
+    assert not any("VLLM_LOGGING_LEVEL" in p.env for p in started)
+    server = plan_recipe(ROOT / "recipes" / "qwen1.5b.yaml", "8xH100-80GB", "launch.vllm=server",
+                         'launch.vllm_extra_args=["--enforce-eager"]')  # fmt: skip
+    assert not [n for n in server.notices if "launch.vllm_extra_args" in n]

@@ -142,6 +142,36 @@ def test_nonsense_gpu_spec(spec):
         parse_gpu_spec(spec)
 
 
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("8xH100-800GB", "no H100 is sold with 800 GB; H100 GPUs have 80 GB or 94 GB"),
+        ("8xH100-8GB", "no H100 is sold with 8 GB; H100 GPUs have 80 GB or 94 GB"),
+        ("8xA100-48GB", "no A100 is sold with 48 GB; A100 GPUs have 40 GB or 80 GB"),
+        ("2x8xA100-48GB", "no A100 is sold with 48 GB"),
+        ("8xH100-94GiB", "no H100-80GB has 94 GiB"),
+        ("8xH100-0.001GB", "GPU memory must be between 1 and"),
+        ("8xFOO-0.001GB", "GPU memory must be between 1 and"),
+        ("8xH100-80GB+8xH20-80GB", "no H20 is sold with 80 GB; H20 GPUs have 96 GB"),
+    ],
+)
+def test_a_memory_no_product_of_that_name_has_is_refused_naming_the_sizes(spec, named):
+    """``8xH100-800GB`` planned an "H100-80GB 745 GiB", ``8xA100-48GB`` an "A100-80GB" of 45 GiB and
+    ``8xH100-0.001GB`` failed later as "GPUs of 0 GiB": a size in GB is the one the product is sold as, and any
+    other is refused with the spec and the sizes that exist."""
+    with pytest.raises(ProbeError) as err:
+        parse_gpu_spec(spec)
+    assert spec in err.value.message and named in err.value.message
+    if "sold" in named:
+        assert err.value.hint is not None and "-80GB" in err.value.hint + err.value.message
+
+
+def test_a_measured_memory_in_gib_up_to_the_products_is_read_as_written():
+    """GiB is what nvidia-smi reports (a MIG slice reports less): read as written, never more than the product."""
+    assert parse_gpu_spec("8xH100-40GiB").hosts[0].gpus[0].memory_gib == 40
+    assert parse_gpu_spec("8xFOO-800GB").hosts[0].gpus[0].memory_bytes == 800e9  # a GPU the table lacks: as written
+
+
 def test_slurm_allocation():
     env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[01-03]", "SLURM_GPUS_ON_NODE": "4"}
     local = probe_local({}, read=fake(FOUR_L20), hostname="gpu01")

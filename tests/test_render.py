@@ -105,3 +105,18 @@ def test_every_path_follows_the_plans_run_dir(tmp_path):
     assert f"{tmp_path}/elsewhere/trainer_recipe.yaml" in spec.argv
     assert yaml.safe_load(render_files(moved)["trainer_recipe.yaml"])["output_dir"] == f"{tmp_path}/elsewhere/output"
     assert json.loads(render_files(moved)["plan.json"])["run_dir"] == f"{tmp_path}/elsewhere"
+
+
+@pytest.mark.parametrize(("backend", "dtype"), [("ddp", "float32"), ("zero2", "bfloat16")])
+def test_a_migrated_dtypes_notice_says_what_the_rendered_trainer_recipe_gets(backend, dtype):
+    """``torch_dtype: bfloat16`` under DDP: the notice said the dtype "migrated to dtype='bfloat16'", and the trainer
+    recipe got float32 (no fp32 master copy under DDP). The notice and the rendered recipe agree."""
+    values = {"model_name_or_path": QWEN, "num_generations": 8, "torch_dtype": "bfloat16",
+              "launch": {"backend": backend}}  # fmt: skip
+    plan = plan_recipe(values, "8xH100-80GB")
+    rendered = yaml.safe_load(next(t for p, t in render_files(plan).items() if p.endswith("trainer_recipe.yaml")))
+    assert rendered["dtype"] == dtype
+    said = [n for n in plan.notices if n.startswith("torch_dtype: migrated to dtype")]
+    assert len(said) == 1, plan.notices
+    assert f"dtype={dtype!r}" in said[0]
+    assert ("'float32'" in said[0]) == (dtype == "float32")

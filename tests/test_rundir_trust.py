@@ -192,7 +192,7 @@ class TestUntrustedDirectories:
         with pytest.raises(LaunchError) as err, RunLock(run):
             pass
         text = err.value.message + (err.value.hint or "")
-        assert str(run) in text and ("nobody" in text and "chown" in text if how == "foreign" else "chmod o-w" in text)
+        assert str(run) in text and ("nobody" in text and "chown" in text if how == "foreign" else "chmod go-w" in text)
         assert not RunPaths(run).lock.exists()  # nothing written there
 
     def test_a_sticky_shared_directory_is_fine(self, tmp_path):
@@ -240,7 +240,7 @@ class TestUntrustedDirectories:
         port = f"launch.main_process_port={free_port()}"  # other runs on this machine may hold 29500
         out = _cli("run", TINY_RECIPE, *tiny_overrides(tmp_path), "max_steps=1", port, "--run-dir", str(run))
         assert out.returncode != 0 and "writable by every user" in out.stderr, out.stderr
-        assert "Traceback" not in out.stderr and "chmod o-w" in out.stderr
+        assert "Traceback" not in out.stderr and "chmod -R go-w" in out.stderr
         assert not list((run / "logs").glob("train-*.log"))  # no trainer started
 
     def test_resume_refuses_another_users_run_directory_before_reading_its_record(self, tmp_path):
@@ -280,7 +280,7 @@ class TestHostileRunDirNames:
         with pytest.raises(LaunchError) as err, RunLock(run):
             pass
         command = (err.value.hint or "").split(": ", 1)[1].split(" (or use another", 1)[0]
-        assert shlex.split(command) == ["chmod", "o-w", str(run)]
+        assert shlex.split(command) == ["chmod", "go-w", str(run)]
 
     @pytest.mark.parametrize("name", HOSTILE_NAMES)
     def test_status_prints_a_resume_command_that_pastes_back(self, tmp_path, name):

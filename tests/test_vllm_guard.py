@@ -261,3 +261,102 @@ def test_the_token_travels_to_remote_hosts_on_stdin_like_hf_token(tmp_path):
     server = replace(server, env={**server.env, RUN_ID_ENV: "rid"})
     placed = RayBackend("10.0.0.1:6379").place(server, plan, ctx)
     assert placed.stdin_env == (VLLM_TOKEN_ENV,) and not any(secret in a for a in placed.argv)
+
+
+SERVER_OWN = [
+    (["--host", "0.0.0.0"], "--host", "host"),
+    (["--host=0.0.0.0"], "--host", "host"),
+    (["--port", "9000"], "--port", "port"),
+    (["--uds", "/tmp/vllm.sock"], "--uds", "uds"),
+    (["--grpc"], "--grpc", "grpc"),
+    (["--grp"], "--grp (vLLM reads it as --grpc)", "grpc"),
+    (["--middleware", "my.Mw"], "--middleware", "middleware"),
+    (["--middleware=my.Mw"], "--middleware", "middleware"),
+    (["--root-path", "/x"], "--root-path", "root_path"),
+    (["--root_path=/x"], "--root_path", "root_path"),
+]
+
+
+@pytest.mark.parametrize(("args", "named", "dest"), SERVER_OWN, ids=lambda v: str(v))
+def test_server_flags_that_bypass_the_guard_or_the_planned_address_are_refused(args, named, dest):
+    """--host, --grpc (a gRPC server the HTTP guard does not cover), --middleware and --root-path were accepted in
+    launch.vllm_extra_args, which come last on the server's command line, where argparse keeps the last value."""
+    from grpo_launch.errors import ConfigError
+    from grpo_launch.recipe import build_recipe
+
+    with pytest.raises(ConfigError) as err:
+        build_recipe({"model_name_or_path": QWEN, "launch": {"vllm": "server", "vllm_extra_args": args}})
+    said = "\n".join(err.value.problems)
+    assert f"launch.vllm_extra_args sets {named}:" in said and "Remove it" in said, said
+    plan_recipe({"model_name_or_path": QWEN, "launch": {"vllm": "server", "vllm_extra_args": ["--enforce-eager"]}},
+                "8xH100-80GB")  # fmt: skip
+
+
+def test_vllms_own_parser_reads_each_refused_form_as_the_flag_it_names():
+    """vLLM 0.31's serve parser (the oracle): each refused form, abbreviations and underscores included, sets the
+    option the refusal names (argparse expands unique prefixes; vLLM turns underscores into dashes)."""
+    import json
+
+    from .helpers import VLLM_PY, require_vllm
+
+    require_vllm()
+    code = (
+        "import json, sys\n"
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "parser = make_arg_parser(FlexibleArgumentParser())\n"
+        "base = vars(parser.parse_args([]))\n"
+        "out = []\n"
+        "for args, dest in json.loads(sys.argv[1]):\n"
+        "    out.append(vars(parser.parse_args(args))[dest] != base[dest])\n"
+        "print(json.dumps(out))\n"
+    )
+    cases = [[args, dest] for args, _, dest in SERVER_OWN]
+    done = subprocess.run([str(VLLM_PY), "-c", code, json.dumps(cases)], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True] * len(cases)
+
+
+def test_a_vllm_api_key_in_the_users_environment_does_not_reach_the_server():
+    """A VLLM_API_KEY exported in the launcher's environment reached vLLM's server (processes inherit the parent's
+    environment), which then answered every TRL request with 401. The server's environment empties it, and vLLM's
+    own middleware registration (the oracle) then installs no key check; pass_env cannot bring it back."""
+    import json
+
+    from grpo_launch.errors import ConfigError
+    from grpo_launch.recipe import build_recipe
+
+    from .helpers import VLLM_PY, require_vllm
+
+    plan = plan_recipe({"model_name_or_path": QWEN, "launch": {"vllm": "server"}}, "8xH100-80GB")
+    servers = [p for p in all_processes(plan) if p.role == "vllm"]
+    assert servers and all(p.launch_env["VLLM_API_KEY"] == "" for p in servers)
+    assert all(p.role == "vllm" or "VLLM_API_KEY" not in p.env for p in all_processes(plan))
+    assert "VLLM_API_KEY=''" in servers[0].shell()  # shown as it is: an empty value is no secret
+    with pytest.raises(ConfigError, match=r"launch\.pass_env names VLLM_API_KEY"):
+        build_recipe({"model_name_or_path": QWEN, "launch": {"pass_env": ["VLLM_API_KEY"]}})
+
+    require_vllm()
+    argv = list(servers[0].argv)
+    code = (
+        "import json, os, sys\n"
+        "from fastapi import FastAPI\n"
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "from vllm.entrypoints.serve.middleware.register import init_entrypoints_middleware\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "args = make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1]))\n"
+        "app = FastAPI()\n"
+        "init_entrypoints_middleware(args, app, ())\n"
+        "print(json.dumps([m.cls.__name__ for m in app.user_middleware]))\n"
+    )
+    flags = argv[argv.index("--host") :]
+    user = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "VLLM_API_KEY": "sk-users-own-key"}
+    middleware = {}
+    for name, env in (("inherited", user), ("planned", {**user, **servers[0].launch_env})):
+        done = subprocess.run([str(VLLM_PY), "-c", code, json.dumps(flags)], capture_output=True, text=True,
+                              timeout=300, cwd=ROOT, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        middleware[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "AuthenticationMiddleware" in middleware["inherited"]  # the user's key alone turns vLLM's check on
+    assert "AuthenticationMiddleware" not in middleware["planned"], middleware

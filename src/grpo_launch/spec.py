@@ -23,31 +23,57 @@ from grpo_launch.enums import FailureKind, Role, RunState
 T = TypeVar("T")
 
 REDACTED = "<redacted>"
-# A name that ends so (hub_token, WANDB_API_KEY, OPENAI_KEY, launch.train_env.HF_TOKEN, --hf-token), not one with it
-# inside (PasswordAuth, TOKENIZERS_PARALLELISM, max_new_tokens).
+# A name whose last word says it holds a secret: hub_token, WANDB_API_KEY, OPENAI_KEY, PGPASSWORD, launch.train_env.
+# HF_TOKEN, --hf-token; GITHUB_PAT (a personal access token: GitHub's, GitLab's, Azure DevOps' name), MYSQL_PWD and
+# SMTP_PASS (PWD and PASS after a word: PWD alone is the shell's working directory, BYPASS no password). Not a name
+# with it inside (PasswordAuth, TOKENIZERS_PARALLELISM, max_new_tokens), nor one that says where a secret is
+# (KEY_PATH, PASSWORD_FILE: the value is a path, and the secret never reaches a command line).
 _SECRET_NAME = re.compile(
-    r"(token|secret|passw(or)?d|passphrase|(^|[_-])key|api[_-]?key|access[_-]?key|private[_-]?key|credentials?)$", re.I
+    r"(token|secret|passw(or)?d|passphrase|(^|[_-])key|api[_-]?key|access[_-]?key|private[_-]?key|credentials?"
+    r"|[_-](pat|pwd|pass))$",
+    re.I,
 )
+# A numbered secret is one too (API_KEY_2, HF_TOKEN2): the number is dropped before the name is read.
+_NUMBERED = re.compile(r"[_-]?[0-9]+$")
 # A value shaped like a Hugging Face, OpenAI, GitHub, AWS or Slack token, whatever its name.
 _SECRET_VALUE = re.compile(
     r"^(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|AKIA[0-9A-Z]{16}"
     r"|xox[abprs]-[A-Za-z0-9-]{10,})$"
 )
+# A password in a URL's user part, anywhere in a value (postgres://user:pw@host/db, redis://:pw@host:6379).
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]+@")
 # A secret name as a key inside a value: {WANDB_API_KEY: x} (a YAML mapping override), ALL,HF_TOKEN=x (--export=);
 # not an import path's colon ([rewards.judge_key:score]).
 _NAME_INSIDE = re.compile(r"(?:^|[{,])\s*[\"']?([A-Za-z_][A-Za-z0-9_.-]*)[\"']?\s*(?:=|:(?=[\s\"'{\[]|$))")
+# A secret assigned inside a connection string: libpq's "host=h password=pw", ODBC's "Server=h;Pwd=pw".
+_ASSIGNED_INSIDE = re.compile(r"(?:^|[\s;])([A-Za-z_][A-Za-z0-9_.-]*)\s*=")
 
 
 def is_secret_name(name: str) -> bool:
     """Whether a variable, key or flag name says it holds a secret: the last part of a dotted key, without a flag's
-    dashes, ends in token, secret, password, key, api_key, credentials …"""
-    return bool(_SECRET_NAME.search(name.rsplit(".", 1)[-1].lstrip("-")))
+    dashes and a trailing number, ends in token, secret, password, key, api_key, credentials, _pat, _pwd …"""
+    return bool(_SECRET_NAME.search(_NUMBERED.sub("", name.rsplit(".", 1)[-1].lstrip("-"))))
 
 
-def _holds_secret(name: str, value: str) -> bool:
-    if is_secret_name(name) or _SECRET_VALUE.match(value):
+def looks_secret(value: str) -> bool:
+    """Whether a value is one, whatever its name: token-shaped (hf_…, sk-…, ghp_…, AKIA…), or a URL with a
+    password in it."""
+    return bool(_SECRET_VALUE.match(value) or _URL_PASSWORD.search(value))
+
+
+def holds_secret(name: str, value: str) -> bool:
+    """Whether ``name=value`` is redacted when printed or written down (:func:`redact_env`), and so must never
+    travel on a command line either (the remote backends send it on stdin): the name says so, the value looks like
+    a secret, or the value assigns one (``{JUDGE_KEY: x}``, ``host=h password=pw``). An empty value holds none (the
+    vLLM server's emptied VLLM_API_KEY, render/processes.py, is shown as it is)."""
+    if not value:
+        return False
+    if is_secret_name(name) or looks_secret(value):
         return True
-    return any(is_secret_name(m.group(1)) for m in _NAME_INSIDE.finditer(value))
+    if any(is_secret_name(m.group(1)) for m in _NAME_INSIDE.finditer(value)):
+        return True
+    # In a connection string a bare PWD or PASS is the password (ODBC's "UID=u;PWD=pw").
+    return any(is_secret_name(k) or k.lower() in ("pwd", "pass") for k in _ASSIGNED_INSIDE.findall(value))
 
 
 def redact_arg(arg: str, names: list[str] | None = None) -> str:
@@ -56,10 +82,10 @@ def redact_arg(arg: str, names: list[str] | None = None) -> str:
     of a shell line given as one argument (``ssh HOST -- 'cd … && exec …'``). ``names`` collects what was redacted."""
     seen = names if names is not None else []
     key, sep, value = arg.partition("=")
-    if sep and " " not in key and _holds_secret(key, value):
+    if sep and " " not in key and holds_secret(key, value):
         seen.append(key)
         return f"{key}={REDACTED}"
-    if _SECRET_VALUE.match(arg):
+    if looks_secret(arg):
         seen.append("a positional argument")
         return REDACTED
     if " " in arg:
@@ -90,7 +116,7 @@ def redact_argv(argv: Sequence[str], names: list[str] | None = None) -> list[str
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     """An environment as it may be printed or written down: a secret's value redacted, its name kept."""
-    return {k: REDACTED if _holds_secret(k, v) else v for k, v in env.items()}
+    return {k: REDACTED if holds_secret(k, v) else v for k, v in env.items()}
 
 
 def _compared(obj: Any) -> tuple[Any, ...]:

@@ -19,6 +19,7 @@ from grpo_launch.probe.dataset import looks_local
 from grpo_launch.recipe.versions import version_tuple
 from grpo_launch.render.processes import weight_sync_port
 from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
+from grpo_launch.spec import holds_secret
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
@@ -51,6 +52,15 @@ def passed_env_names(environ: Mapping[str, str], named: Sequence[str] = ()) -> t
 
     wanted = (*PASSED_ENV, *named)
     return tuple(sorted(k for k in environ if k in named or any(fnmatch.fnmatchcase(k, p) for p in wanted)))
+
+
+def off_the_command_line(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """A process's variables split for a remote host: those that may go on its command line (``env K=V``), and
+    those whose value would be redacted in print (:func:`grpo_launch.spec.holds_secret`: a token-shaped value or a
+    password in a URL, under whatever name), which travel on stdin like HF_TOKEN. A command line is seen by every
+    user of both hosts (``ps``), and ssh's and Ray's logs keep it."""
+    clear = {k: v for k, v in env.items() if not holds_secret(k, v)}
+    return clear, {k: v for k, v in env.items() if k not in clear}
 
 
 def kill_line(pgid: int, sig: int, *, run_id: str | None = None, python: str = "python3") -> str:

@@ -4,7 +4,8 @@ grpo_launch.node.shim --announce-pgid --env-stdin --gpus P -- env K=V … COMMAN
 - the shim starts a new session and prints its process-group id, so teardown can signal the whole remote tree
   (``ssh HOST kill -TERM -- -PGID``): a killed ssh client does not stop a remote process that has no tty;
 - variables from :data:`.remote.PASSED_ENV` and the recipe's launch.pass_env travel on ssh's stdin, never on a
-  command line or in a file (HF_TOKEN, …);
+  command line or in a file (HF_TOKEN, …), and so does any variable of the process whose value would be redacted in
+  print (:func:`.remote.off_the_command_line`);
 - the planned GPU positions select from the host's own CUDA_VISIBLE_DEVICES.
 
 Before anything starts, every host is checked in parallel: ssh in batch mode, the same grpo-launch and Python,
@@ -27,6 +28,7 @@ from grpo_launch.backends.remote import (
     host_ports,
     kill_line,
     local_paths,
+    off_the_command_line,
     passed_env_names,
 )
 from grpo_launch.errors import LaunchError
@@ -65,15 +67,20 @@ def ssh_spec(spec: ProcessSpec, ssh: SshOptions, *, python: str, workdir: str, s
     if spec.env.get(RUN_ID_ENV):  # each host's processes carry their own mark: a host's guard stops only its own
         marker = {RUN_ID_ENV: f"{spec.env[RUN_ID_ENV]}@{host}"}
         spec = replace(spec, env={**spec.env, **marker})
-    line = remote_command(spec, python=python, workdir=workdir, gpu_positions=spec.gpus, stdin_env=bool(stdin_env))
+    clear, hidden = off_the_command_line(spec.env)
+    names = tuple(sorted({*stdin_env, *hidden}))
+    line = remote_command(replace(spec, env=clear), python=python, workdir=workdir, gpu_positions=spec.gpus,
+                          stdin_env=bool(names))  # fmt: skip
     return ProcessSpec(
         name=spec.name,
         argv=(*ssh.argv(host), "--", line),
         host=host,
         role=spec.role,
-        stdin_env=tuple(stdin_env),
+        stdin_env=names,
         remote_group=True,
-        env=marker,  # for kill_command (the local ssh client itself is marked with the plain run id)
+        # The marker for kill_command (the local ssh client itself is marked with the plain run id), and the values
+        # sent on stdin (the run's environment carries them to the supervisor: execute/run.py)
+        env={**marker, **hidden},
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from grpo_launch.backends import option_classes, select
@@ -124,6 +125,18 @@ def given_flags(args: argparse.Namespace) -> list[Flag]:
         else:
             flags.append(Flag(name, str(value)))
     return flags
+
+
+def pasteable(emit: Callable[[str], None]) -> Callable[[str], None]:
+    """``emit`` for output a user pastes into a shell (``--dry-run``): a comment line (``# plan: RECIPE …``) holding
+    user text stays one comment line (:func:`~grpo_launch.rundir.text.one_line`: a recipe path with a line break in
+    it would otherwise end the comment and run what follows); the commands are shell-quoted where they are made."""
+    from grpo_launch.rundir.text import one_line
+
+    def out(line: str) -> None:
+        emit(one_line(line) if line.startswith("#") else line)
+
+    return out
 
 
 def invocation_of(args: argparse.Namespace, backend: str, run_dir: str, ctx: RunContext) -> Invocation:
@@ -261,8 +274,9 @@ def plan_on(
     model, warning = resolve_model_shape(recipe.get("model_name_or_path"), ctx.environ)
     run_dir = os.path.normpath(os.path.join(ctx.workdir, args.run_dir or default_run_dir(recipe)))
     rows, rows_source = None, "launch.dataset_rows"
-    if not recipe.launch.dataset_rows and int(recipe.get("max_steps") or -1) <= 0:
-        rows, rows_source = dataset_rows(recipe.values, ctx.workdir, ctx.environ)
+    if not recipe.launch.dataset_rows:  # with max_steps too: a batch larger than the training set trains 0 steps
+        hub = int(recipe.get("max_steps") or -1) <= 0
+        rows, rows_source = dataset_rows(recipe.values, ctx.workdir, ctx.environ, hub=hub)
     runtime = Runtime(
         run_dir=run_dir,
         python=ctx.python,

@@ -88,6 +88,10 @@ def command(args: argparse.Namespace, ctx: RunContext) -> Any:
     parsed = _parse(record, run_dir, args.dry_run)
     parsed.resuming, parsed.debug = Resuming(record, args.force), args.debug
     prefix = "# " if args.dry_run else "[grpo-launch] "
+    if args.dry_run:  # pasted into a shell: the recorded command's quoted line breaks must not end the comment
+        from grpo_launch.cli.common import pasteable
+
+        ctx = dataclasses.replace(ctx, emit=pasteable(ctx.emit))
     ctx.emit(f"{prefix}resume {run_dir}: {record.command}")
     with _in(record.workdir):
         return run_verb(parsed, dataclasses.replace(ctx, workdir=record.workdir))
@@ -102,7 +106,7 @@ def _record(run_dir: Path) -> Invocation:
             hint="Give the directory a run was started in (grpo-launch status lists the newest run).",
         )
     try:
-        record = read_invocation(paths.invocation)
+        record = read_invocation(paths.invocation, to_run=True)  # run again: refused if another could rewrite it
     except RunFileError as exc:
         raise ConfigError(
             exc.message,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from grpo_launch.cli.common import add_planning_args, invocation_of, plan_for, record_invocation
+from grpo_launch.cli.common import add_planning_args, invocation_of, pasteable, plan_for, record_invocation
 from grpo_launch.cli.resume import check_continuity
 from grpo_launch.enums import ResumeMode
 from grpo_launch.errors import ConfigError, GrpoLaunchError
@@ -51,6 +51,8 @@ def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
     from grpo_launch.cli.tables import summary_lines
     from grpo_launch.execute.run import run_plan
 
+    if args.dry_run:  # pasted into a shell: each comment line stays one, whatever the recipe's path holds
+        ctx = dataclasses.replace(ctx, emit=pasteable(ctx.emit))
     plan, backend = plan_for(args, ctx, starts=not args.dry_run)
     prefix = "# " if args.dry_run else "[grpo-launch] "
     check_continuity(plan, args, ctx, prefix)  # in a run's directory: where it continues; resume refuses a change

@@ -20,24 +20,36 @@ from typing import Any
 
 from grpo_launch.errors import LaunchError
 from grpo_launch.planning.types import Plan
+from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.live_metrics import METRICS, samples
+from grpo_launch.rundir.records import MetricsTail
 from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import RunContext
 
 REPORT_POLL_S = 2.0  # how often the report thread looks for a new step
+# A scrape's connection: how long it may stay silent before it is closed, and how many are served at once (each is a
+# thread of the launcher; one more is closed at once, never queued). Prometheus scrapes once per interval, and a
+# scrape is answered in milliseconds: what holds a connection longer is not a scraper.
+CONNECTION_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 16
 
 
 class RunCollector:
-    """A prometheus_client collector over a run directory: every scrape reads it once (:class:`RunView`)."""
+    """A prometheus_client collector over a run directory: every scrape reads it once (:class:`RunView`), and
+    metrics.jsonl only from where the last scrape stopped (:class:`MetricsTail`: a long run's file is not parsed
+    again every few seconds)."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
+        self.tail = MetricsTail(RunPaths(self.run_dir).metrics)
+        self._reading = threading.Lock()  # scrapes may overlap; the tail is read by one at a time
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         try:
-            found = samples(RunView.load(self.run_dir, strict=False))
+            with self._reading:
+                found = samples(RunView.load(self.run_dir, strict=False, tail=self.tail))
         except Exception:  # a run file being replaced mid-read: this scrape serves nothing, the next reads again
             found = []
         for metric in METRICS:
@@ -49,16 +61,37 @@ class RunCollector:
             yield family
 
 
-def serve_metrics(run_dir: str | Path, host: str, port: int) -> http.server.ThreadingHTTPServer:
-    """A started HTTP server on ``host:port`` answering ``GET /metrics`` with the run's metrics. Raises LaunchError
-    when the port cannot be bound."""
+class MetricsServer(http.server.ThreadingHTTPServer):
+    """The run's endpoint: a thread per connection (daemon threads: a stuck scrape never holds the launcher's exit),
+    and its collector, whose reading of the run directory :func:`serve_metrics` keeps between scrapes."""
+
+    daemon_threads = True
+    allow_reuse_address = False  # another listener on the port must be an error, not shared
+    collector: RunCollector
+
+
+def serve_metrics(
+    run_dir: str | Path,
+    host: str,
+    port: int,
+    *,
+    timeout_s: float = CONNECTION_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> MetricsServer:
+    """A started HTTP server on ``host:port`` answering ``GET /metrics`` with the run's metrics, each connection
+    closed after ``timeout_s`` of silence and at most ``max_connections`` served at once (a connection beyond them
+    is closed at once: idle connections cannot pile up threads in the launcher). Raises LaunchError when the port
+    cannot be bound."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+    collector = RunCollector(run_dir)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(run_dir))
+    registry.register(collector)
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        timeout = timeout_s  # an idle or slow connection is closed, and its thread ends
+
         def do_GET(self) -> None:
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404, "the run's metrics are at /metrics")
@@ -73,13 +106,30 @@ def serve_metrics(run_dir: str | Path, host: str, port: int) -> http.server.Thre
         def log_message(self, *args: Any) -> None:  # scrapes are not the launcher's news
             pass
 
-    class Server(http.server.ThreadingHTTPServer):
+    slots = threading.BoundedSemaphore(max_connections)
+
+    class Server(MetricsServer):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        daemon_threads = True
-        allow_reuse_address = False  # another listener on the port must be an error, not shared
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not slots.acquire(blocking=False):  # as many connections as threads allowed: closed, no thread
+                self.shutdown_request(request)
+                return
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                slots.release()  # no thread started to release it
+                raise
+
+        def finish_request(self, request: Any, client_address: Any) -> None:
+            try:  # in the connection's own thread, until its handler is done (or timed out)
+                super().finish_request(request, client_address)
+            finally:
+                slots.release()
 
     try:
         server = Server((host, port), Handler)
+        server.collector = collector
     except OSError as exc:
         raise LaunchError(
             f"cannot serve the run's metrics on {host}:{port}: {exc.strerror or exc}",

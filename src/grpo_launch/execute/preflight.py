@@ -22,6 +22,7 @@ from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
 from grpo_launch.recipe.rewards import OPEN_R1_INSTALL, reward_imports
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.recipe.versions import TRL_VLLM_RANGE, TRL_VLLM_RANGE_TEXT, version_tuple
+from grpo_launch.rundir.trust import private_dir
 
 
 def preflight(plan: Plan, workdir: str) -> None:
@@ -267,7 +268,7 @@ def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], i
 
     out = output_dir_of(plan, workdir)
     try:  # as the trainers will: create it, write in it (permission bits say nothing for root or read-only mounts)
-        out.mkdir(mode=0o775, parents=True, exist_ok=True)  # never writable by all (rundir/trust.py refuses that)
+        private_dir(out)  # 0700: auto-resume loads what is there (rundir/trust.py refuses what others may change)
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as exc:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from grpo_launch.backends.base import Backend
 from grpo_launch.enums import FailureKind, LaunchMode, ResumeMode, Role, RunState, VllmMode
-from grpo_launch.errors import size_text
+from grpo_launch.errors import ConfigError, size_text
 from grpo_launch.execute.live import live_run
 from grpo_launch.execute.policy import Action, Spent, next_action
 from grpo_launch.execute.preflight import (
@@ -55,6 +55,7 @@ from grpo_launch.rundir.layout import GRACE_ENV, RESUME_ENV, RUN_DIR_ENV, RUN_ID
 from grpo_launch.rundir.records import Attempt, StepRecord, append, read_metrics
 from grpo_launch.rundir.text import command_line
 from grpo_launch.rundir.tracking import keep_tracking
+from grpo_launch.rundir.trust import private_umask
 from grpo_launch.rundir.verdict import split_verdict
 from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
@@ -100,6 +101,23 @@ def prepare_attempt(plan: Plan, backend: Backend, ctx: RunContext, env: Mapping[
     return Prepared(plan, placed, render_files(plan), again)
 
 
+def stdin_values(processes: tuple[ProcessSpec, ...]) -> dict[str, str]:
+    """The values a remote backend took off its command lines (a value that would be redacted in print travels on
+    stdin: :func:`grpo_launch.backends.remote.off_the_command_line`). The supervisor sends a process's stdin names
+    with their values in the run's environment, one value per name: two processes that need two such values under
+    one name are refused, never sent the wrong one."""
+    out: dict[str, str] = {}
+    for spec in processes:
+        for name in spec.stdin_env:
+            if name in spec.env and out.setdefault(name, spec.env[name]) != spec.env[name]:
+                raise ConfigError(
+                    f"{name} has two values that look like secrets (launch.train_env and launch.vllm_env?), and "
+                    "such a value travels to the hosts on stdin, one value per name",
+                    hint=f"Give both processes the same {name}, or rename one of them.",
+                )
+    return out
+
+
 def run_plan(
     plan: Plan,
     backend: Backend,
@@ -126,7 +144,9 @@ def run_plan(
         return _dry_run(plan, backend, ctx)
     check_vllm(plan)
     limit = plan.recipe.launch.max_restarts if max_restarts is None else max_restarts
-    with RunLock(plan.run_dir, backend=backend.name, job_id=backend.job_id(ctx)), live_run(plan, ctx):
+    # Under the private umask, the processes the run starts create what only its user may change (its checkpoints:
+    # auto-resume unpickles them); the launcher's own files are made 0600/0700 explicitly.
+    with private_umask(), RunLock(plan.run_dir, backend=backend.name, job_id=backend.job_id(ctx)), live_run(plan, ctx):
         warnings = check_output_dir(plan, ctx.workdir)
         backend.preflight(plan, ctx)
         if log is not None:  # every check passed: the run starts here
@@ -241,14 +261,14 @@ def _disk_advice(plan: Plan, ctx: RunContext) -> str:
 
 def _report(plan: Plan, ctx: RunContext) -> None:
     """The run report (plots of the run's measurements), when the run trained a step and matplotlib is there."""
-    from grpo_launch.errors import ConfigError
+    from grpo_launch.errors import GrpoLaunchError
     from grpo_launch.rundir.report import write_report
 
     if not plan.paths.metrics.is_file():
         return
     try:
         ctx.emit(f"[grpo-launch] run report: {write_report(plan.run_dir)}")
-    except ConfigError as exc:
+    except GrpoLaunchError as exc:  # no matplotlib, a link planted in the report's place: the run's end stands
         ctx.emit(f"[grpo-launch] no run report: {exc.message} ({exc.hint})")
     except (OSError, ValueError) as exc:
         ctx.emit(f"[grpo-launch] no run report: {exc}")
@@ -271,6 +291,7 @@ def _attempt(
         ctx = dataclasses.replace(ctx, environ={**ctx.environ, VLLM_TOKEN_ENV: secrets.token_urlsafe(32)})
     grace = f"{plan.recipe.launch.grace_period_s:g}"  # every host's guard stops the run's processes within it
     prepared = prepare_attempt(plan, backend, ctx, {RUN_ID_ENV: run_id, GRACE_ENV: grace, **env})
+    ctx = dataclasses.replace(ctx, environ={**ctx.environ, **stdin_values(prepared.processes)})
     write_run_files(plan.run_dir, prepared.files, locked=True)
     control.reset(plan.run_dir)
     if plan.train.backend.is_deepspeed:

@@ -140,3 +140,15 @@ def find_sold_as(model: str, size_gb: float) -> GpuSpec | None:
     family = model.lower().split("-")[0]
     sized = [s for s in GPU_SPECS if s.nominal_gb == size_gb and s.name.lower().split("-")[0] == family]
     return sized[0] if len(sized) == 1 else named
+
+
+def sold_sizes(model: str) -> tuple[int, ...]:
+    """The sizes (GB) that GPUs called ``model`` are sold with: its own entry's and those of the entries of its
+    family (``H100``: the 80 GB SXM and PCIe parts and the 94 GB NVL). A ``--gpus`` size in GB outside these is a
+    typo (``8xH100-800GB``), not a GPU: no product of that name has it."""
+    family = model.lower().split("-")[0]
+    named = find_gpu_spec(model)
+    sizes = {s.nominal_gb for s in GPU_SPECS if s.name.lower().split("-")[0] == family}
+    if named is not None:
+        sizes.add(named.nominal_gb)
+    return tuple(sorted(sizes))

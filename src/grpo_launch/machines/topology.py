@@ -9,7 +9,7 @@ import re
 from dataclasses import field
 
 from grpo_launch.errors import ProbeError, short
-from grpo_launch.machines.gpus import GIB, GPU_SPECS, GpuSpec, find_gpu_spec, find_sold_as
+from grpo_launch.machines.gpus import GIB, GPU_SPECS, GpuSpec, find_gpu_spec, find_sold_as, sold_sizes
 from grpo_launch.spec import frozen
 
 
@@ -190,6 +190,7 @@ SPEC_PATTERN = re.compile(
     re.IGNORECASE | re.ASCII,
 )
 MAX_GPU_GB = 4096  # no GPU comes near this
+MIN_GPU_GB = 1  # below this not even a model's embedding fits: a typo (8xFOO-0.001GB), refused naming the spec
 # No cluster has more: the largest Slurm systems have some thousands of GPU nodes of 4–8 GPUs (an HGX B200 has 8).
 MAX_NODES, MAX_GPUS_PER_NODE = 4096, 64
 MAX_TFLOPS, MAX_TBS = 20_000, 100  # a B200 is 2,250 dense bf16 TF and 8 TB/s
@@ -274,8 +275,11 @@ def _parse_group(text: str, spec: str) -> Topology:
     name = known.name if known else model
     if m["mem"]:
         size = float(m["mem"])
-        if not 0 < size <= MAX_GPU_GB:
-            raise ProbeError(f"--gpus {short(spec)}: GPU memory must be between 0 and {MAX_GPU_GB} GB", hint=SPEC_HELP)
+        if not MIN_GPU_GB <= size <= MAX_GPU_GB:
+            raise ProbeError(f"--gpus {short(spec)}: GPU memory must be between {MIN_GPU_GB} and {MAX_GPU_GB} GB",
+                             hint=SPEC_HELP)  # fmt: skip
+        if known is not None:
+            _check_known_size(spec, m, known, size, in_gb=in_gb)
         if known is not None and in_gb and size == known.nominal_gb:
             memory = int(known.memory_gib * GIB)
         else:
@@ -317,3 +321,24 @@ def _parse_group(text: str, spec: str) -> Topology:
         for n in range(nodes)
     )
     return Topology(hosts=hosts, source="spec", warnings=warnings, given_spec=given)
+
+
+def _check_known_size(spec: str, m: re.Match[str], known: GpuSpec, size: float, *, in_gb: bool) -> None:
+    """Refuse a size no GPU of a table model's name has. In GB a size is the one the product is sold as
+    (``8xH100-800GB`` and ``8xA100-48GB`` are typos: read as written they planned an "H100-80GB" of 745 GiB and an
+    "A100-80GB" of 45 GiB); in GiB it is a measurement (what nvidia-smi reports, a MIG slice), which may be less
+    than the product has but not more."""
+    model = m["model"]
+    sizes = sold_sizes(model)
+    prefix = f"{m['nodes'] + 'x' if m['nodes'] else ''}{m['count']}x{model}"
+    hint = (
+        f"Write the size it is sold as ({', '.join(f'{prefix}-{s}GB' for s in sizes)}), or a measured memory in GiB "
+        f"up to the product's (what nvidia-smi reports: {prefix}-{known.memory_gib:g}GiB for the {known.name})."
+    )
+    sold = " or ".join(f"{s} GB" for s in sizes)
+    if in_gb and size != known.nominal_gb:
+        raise ProbeError(f"--gpus {short(spec)}: no {model} is sold with {size:g} GB; {model} GPUs have {sold}",
+                         hint=hint)  # fmt: skip
+    if not in_gb and size > known.nominal_gb:
+        raise ProbeError(f"--gpus {short(spec)}: no {known.name} has {size:g} GiB (it has {known.memory_gib:g} GiB; "
+                         f"{model} GPUs are sold with {sold})", hint=hint)  # fmt: skip

@@ -19,7 +19,9 @@
   The launcher stops them with SIGINT or SIGKILL. (Blocked, not ignored: torchrun's agent and uvicorn install their
   own SIGTERM handlers, which replace an ignored disposition but not a blocked mask.)
 
-Then it ``exec``s COMMAND with SIGINT and SIGTERM at their defaults and unblocked (a parent that ignores or blocks
+Then it ``exec``s COMMAND under the run's umask (:data:`~grpo_launch.rundir.layout.PRIVATE_UMASK`: a remote
+process does not inherit the launcher's, and what it creates, checkpoints and vLLM's sockets among them, is its
+user's alone), with SIGINT and SIGTERM at their defaults and unblocked (a parent that ignores or blocks
 them, as a Ray worker's thread blocks SIGINT, would leave the command deaf to teardown), SIGTERM blocked under
 ``--hold-term``. Standard library only: it must start fast.
 """
@@ -31,7 +33,7 @@ import os
 import signal
 import sys
 
-from grpo_launch.rundir.layout import HOLD_SIGTERM_ENV, PGID_ANNOUNCE
+from grpo_launch.rundir.layout import HOLD_SIGTERM_ENV, PGID_ANNOUNCE, PRIVATE_UMASK
 
 
 def select_gpus(inherited: str | None, positions: str) -> str:
@@ -122,6 +124,7 @@ def main(argv: list[str]) -> int:
     if hold_term:
         os.environ[HOLD_SIGTERM_ENV] = "1"
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    os.umask(PRIVATE_UMASK)
     try:
         os.execvp(command[0], command)
     except FileNotFoundError:

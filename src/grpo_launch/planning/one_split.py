@@ -13,6 +13,7 @@ from grpo_launch.errors import PlanError
 from grpo_launch.planning import placement, roles
 from grpo_launch.planning.batch_layout import Layout, solve_layout
 from grpo_launch.planning.context import Context
+from grpo_launch.planning.dataset_rows import check_rows
 from grpo_launch.planning.estimate import Draft, estimate_plan, off_policy_lag, workload
 from grpo_launch.planning.gpu_types import roles_line, serve_topology, train_topology, types_text
 from grpo_launch.planning.save_steps import plan_saves
@@ -23,7 +24,7 @@ from grpo_launch.planning.trainer_values import lora_decision, trainer_values
 from grpo_launch.planning.training import choose_training
 from grpo_launch.planning.types import Plan, Trace, TrainHost, TrainPlan, VllmPlan
 from grpo_launch.planning.vllm_sizing import size_vllm
-from grpo_launch.recipe import Recipe
+from grpo_launch.recipe import Recipe, as_planned
 
 DEFAULT_RUN_ROOT = "grpo_runs"
 
@@ -63,6 +64,10 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
     n = sum(h.processes for h in train_hosts)
     layout = _layout(ctx, recipe, vllm, n, batch, trace)
     draft = _draft(ctx, recipe, vllm, train_hosts, layout, is_async, trace)
+    if not is_async:  # AsyncGRPOTrainer's rollout worker cycles over the rows (``_repeat_iterator``): no sampler
+        # After the memory: a per-device batch too large for both is refused with the fixes that fit the GPUs, and
+        # those the rows then refuse are dropped when the refusal plans them again.
+        check_rows(layout, recipe, draft.rows, ctx.runtime.dataset_rows_source, pinned=batch is not None)
     estimate = estimate_plan(draft)
     vllm, train = draft.vllm, draft.train
     values = trainer_values(recipe, layout, vllm, train, trace, dense=ctx.model is not None and not ctx.model.is_moe)
@@ -77,6 +82,8 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
     else:
         lora_decision(recipe, vllm, trace)
     runtime = ctx.runtime
+    # A migration's notice says the value the trainer recipe gets, not only the recipe's (dtype under DDP).
+    notices = as_planned(recipe, trace.notices, values)
     return Plan(
         recipe=recipe,
         topology=ctx.topology,
@@ -91,7 +98,7 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
         trainer_values=values,
         roles=roles.gpu_roles(ctx.topology, vllm, train_hosts),
         decisions=tuple(trace.decisions),
-        notices=(*trace.notices, *runtime.notices),
+        notices=(*notices, *runtime.notices),
         warnings=(*trace.warnings, *runtime.warnings),
         estimate=estimate,
         split=split.label if split is not None else "no vLLM (CPU)",

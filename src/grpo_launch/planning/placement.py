@@ -13,6 +13,7 @@ from grpo_launch.planning.splits.split import Split, SplitKind, served, server_w
 from grpo_launch.planning.types import ServerNode, Trace, TrainHost, VllmPlan
 from grpo_launch.planning.vllm_sizing import colocate_utilization, server_utilization
 from grpo_launch.recipe import Recipe
+from grpo_launch.recipe.launch import LaunchSettings
 
 
 def place(
@@ -128,6 +129,13 @@ def _nodes_why(split: Split, head: str, others: int, local_gpus: int) -> str:
 
 
 def _colocate(recipe: Recipe, split: Split, trace: Trace) -> VllmPlan:
+    if unused := server_only_settings(recipe):
+        # As the key ledger names what vLLM off leaves unused (recipe/ledger.py), whether colocate was pinned or chosen.
+        trace.notice(
+            f"not used by this run: {', '.join(unused)} (vLLM is colocated: TRL builds its engine inside each trainer "
+            "with vllm.LLM from GRPOConfig's vllm_* keys, and no server is started; environment variables for "
+            "that engine go in launch.train_env; launch.vllm=server uses these settings)"
+        )
     util = colocate_utilization(recipe)
     trace.decide("vllm_tensor_parallel_size", split.tp, f"colocate: {split.dp} engine(s) of TP {split.tp}")
     trace.decide("vllm_gpu_memory_utilization", util, "vLLM shares each training GPU (colocate)")
@@ -147,3 +155,17 @@ def _colocate(recipe: Recipe, split: Split, trace: Trace) -> VllmPlan:
         max_prompt_length=prompt_bound(recipe),
         sleep_mode=sleep,
     )
+
+
+def server_only_settings(recipe: Recipe) -> list[str]:
+    """The launch settings the recipe sets that only a vLLM server reads (its command line, its environment, its
+    address): a colocated engine takes none of them."""
+    launch, default = recipe.launch, LaunchSettings()
+    given = (
+        ("launch.vllm_command", launch.vllm_command != default.vllm_command),
+        ("launch.vllm_extra_args", bool(launch.vllm_extra_args)),
+        ("launch.vllm_env", bool(launch.vllm_env)),
+        ("launch.vllm_host", launch.vllm_host is not None),
+        ("launch.vllm_port", launch.vllm_port != default.vllm_port),
+    )
+    return [name for name, set_ in given if set_]

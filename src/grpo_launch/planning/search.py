@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from grpo_launch.enums import VllmMode
-from grpo_launch.errors import PlanError
+from grpo_launch.errors import Fix, PlanError
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_advice import batch_fixes, better_batch, latency_bound
 from grpo_launch.planning.batch_layout import LayoutError, solve_layout
@@ -116,6 +116,7 @@ class _Tally:
     planned: dict[str, Split] = field(default_factory=dict)
     skipped: list[Candidate] = field(default_factory=list)
     outscored: list[Candidate] = field(default_factory=list)  # TP × DP variants that lost on generation alone
+    fixes: list[Fix] = field(default_factory=list)  # the recipe changes the refused splits' own refusals offer
 
 
 def search_splits(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
@@ -137,9 +138,22 @@ def search_splits(ctx: Context, splits: list[Split], target: Batch | None) -> Pl
             "no split of the GPUs between vLLM and the trainers plans:",
             problems=[f"{c.label}: {c.rejected}" for c in tally.rejected],
             hint="grpo-launch plan --explain shows each split's arithmetic.",
-            fixes=batch_fixes(ctx, tally.misses, target),
+            # The splits' own fixes too (per_device_train_batch_size for activations that fit no split): the
+            # refusal's verification plans each again and shows only those that plan.
+            fixes=[*batch_fixes(ctx, tally.misses, target), *_nearest_of_each(tally.fixes)],
         )
     return _chosen(ctx, tally, target)
+
+
+def _nearest_of_each(fixes: list[Fix]) -> list[Fix]:
+    """One fix per change the splits' refusals offer (their values differ with each split's memory budget): the
+    nearest to the recipe, as applied it plans on the split that allows it."""
+    best: dict[tuple[str, tuple[str, ...]], Fix] = {}
+    for f in fixes:
+        key = (f.setting, tuple(k for k, _ in f.also))
+        if key not in best or f.cost < best[key].cost:
+            best[key] = f
+    return list(best.values())
 
 
 def _bound(ctx: Context, variants: list[Split], target: Batch | None, tally: _Tally) -> None:
@@ -182,6 +196,7 @@ def _plan_in_full(ctx: Context, split: Split, bound: float, target: Batch | None
         plan = plan_one(ctx, split, target)
     except PlanError as exc:
         tally.rejected.append(candidate(split, None, rejected=reason(exc)))
+        tally.fixes += [f for f in exc.fixes if f.in_recipe]  # another split's GPU counts are not this plan's
         return
     assert plan.estimate is not None
     tally.scored.append((candidate(split, plan, prompts=prompts_of(plan)), plan))

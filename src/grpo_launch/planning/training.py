@@ -178,10 +178,19 @@ def _refuse_gpu_memory(
 ) -> NoReturn:  # fmt: skip
     from grpo_launch.planning.refusal.memory_fixes import memory_fixes  # only a refusal needs it
 
-    need = train_memory(model, n, last[0], last[1], dataclasses.replace(work, gradient_checkpointing=last[2]))
+    w_last = dataclasses.replace(work, gradient_checkpointing=last[2])
+    need = train_memory(model, n, last[0], last[1], w_last)
+    cause = ""
+    one = train_memory(model, n, last[0], last[1], dataclasses.replace(w_last, per_device=1))
+    if work.per_device > 1 and one.total <= budget:  # the per-device batch alone keeps it out: name that key
+        cause = (
+            f"; per_device_train_batch_size={work.per_device} puts {work.per_device} completions in each forward "
+            f"pass ({(need.activations + need.lm_head) / GIB:.1f} GiB of activations; 1 would need "
+            f"{one.total / GIB:.1f} GiB)"
+        )
     raise PlanError(
         f"{model.name} does not fit on {n} training GPU(s) of {mem / GIB:.0f} GiB: even {setting_label(last)} needs "
-        f"{need.total / GIB:.1f} GiB per GPU (budget {budget / GIB:.1f} GiB)",
+        f"{need.total / GIB:.1f} GiB per GPU (budget {budget / GIB:.1f} GiB){cause}",
         fixes=memory_fixes(model, n, mem, budget, last, work, recipe),
         hint="Each fix listed would fit by the estimate (grpo-launch plan --explain).",
         explain=explain,

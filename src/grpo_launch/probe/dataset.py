@@ -50,11 +50,14 @@ def dataset_rows(
     workdir: str,
     environ: Mapping[str, str],
     fetch: Callable[[str, float], bytes] | None = None,
+    *,
+    hub: bool = True,
 ) -> tuple[int | None, str]:
     """The training split's rows and where they came from, or (None, why not): a local JSON Lines / CSV file
     (counted), the datasets cache (``dataset_info.json``, offline), else the Hub's dataset metadata (one small
-    request to ``HF_ENDPOINT``/api/datasets/ID, cached; skipped with HF_HUB_OFFLINE or HF_DATASETS_OFFLINE).
-    Never downloads the data."""
+    request to ``HF_ENDPOINT``/api/datasets/ID, cached; skipped with HF_HUB_OFFLINE or HF_DATASETS_OFFLINE, or
+    ``hub=False``: a run whose max_steps sets its length needs the rows only to refuse a batch larger than the
+    training set, not worth a request). Never downloads the data."""
     name = str(values.get("dataset_name") or "")
     config = values.get("dataset_config")
     split = str(values.get("dataset_train_split") or "train")
@@ -72,6 +75,8 @@ def dataset_rows(
         return rows, "the datasets cache"
     if known := KNOWN_ROWS.get((name, config, split)):
         return known
+    if not hub:
+        return None, "not asked of the Hub (max_steps sets the run's length)"
     if environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or environ.get("HF_DATASETS_OFFLINE", "0") not in ("0", ""):
         return None, "not in the datasets cache, and offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)"
     return _hub_rows(name, config, split, environ, fetch or _http_get)

@@ -27,7 +27,7 @@ from grpo_launch.recipe.trl_schema import CONVERSIONS
 from grpo_launch.recipe.values import AUTO, check_consistency, check_value, unlikely
 from grpo_launch.spec import frozen
 
-__all__ = ["LOCAL_DATA_SUFFIXES", "LaunchSettings", "Recipe", "build_recipe", "load_recipe"]
+__all__ = ["LOCAL_DATA_SUFFIXES", "LaunchSettings", "Recipe", "as_planned", "build_recipe", "load_recipe"]
 
 
 # dataset_name values with these suffixes are local files, loaded with the datasets builder named here.
@@ -97,6 +97,7 @@ class Recipe:
     source: str | None = None
     notices: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # values that run but are likely mistakes
+    migrated: tuple[str, ...] = ()  # the old keys renamed into ``values`` (their notices are in ``notices``)
 
     def is_set(self, key: str) -> bool:
         """True if the user gave ``key`` a concrete value (not absent, not "auto")."""
@@ -138,7 +139,8 @@ def build_recipe(
 
     given_launch = sorted(launch_raw)  # before a TRL key sets one of its launch twins
     notices: list[str] = []
-    values = _convert(_migrate(values, notices, problems), notices)
+    migrated: list[str] = []  # the renamed keys whose value moved (their notice may need the planned value)
+    values = _convert(_migrate(values, notices, problems, migrated), notices)
     refused = {key: problem for key, value in values.items() if (problem := check_value(key, value))}
     problems += refused.values()
     # The checks between keys read only values that passed their own check (reward_funcs: 3 is refused once, above).
@@ -174,7 +176,8 @@ def build_recipe(
     if problems:
         where = f"recipe {source!r}" if source else "recipe"
         raise ConfigError(f"{where} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:", problems=problems)
-    return Recipe(values=values, launch=launch, source=source, notices=tuple(notices), warnings=tuple(unlikely(values)))
+    return Recipe(values=values, launch=launch, source=source, notices=tuple(notices), warnings=tuple(unlikely(values)),
+                  migrated=tuple(migrated))  # fmt: skip
 
 
 def _convert(values: dict[str, Any], notices: list[str]) -> dict[str, Any]:
@@ -191,7 +194,7 @@ def _convert(values: dict[str, Any], notices: list[str]) -> dict[str, Any]:
     return out
 
 
-def _migrate(values: dict[str, Any], notices: list[str], problems: list[str]) -> dict[str, Any]:
+def _migrate(values: dict[str, Any], notices: list[str], problems: list[str], migrated: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in values.items():
         m = _MIGRATIONS_BY_KEY.get(key)
@@ -209,5 +212,28 @@ def _migrate(values: dict[str, Any], notices: list[str], problems: list[str]) ->
         except ConfigError as exc:
             problems.append(exc.render())
             continue
-        notices.append(f"{key}: migrated to {m.new}={out[m.new]!r} — {m.why}")
+        notices.append(migration_notice(m, out[m.new]))
+        migrated.append(key)
     return out
+
+
+def migration_notice(m: Migration, value: Any, planned: Any = None) -> str:
+    """What a migration did, and with ``planned`` the value the trainer recipe gets when the plan changed the
+    recipe's (dtype under DDP: float32 master weights), so the notice never contradicts the rendered recipe."""
+    if planned is not None and planned != value:
+        return (f"{m.old}: migrated to {m.new} — {m.why}; the recipe's {value!r} becomes {m.new}={planned!r} in the "
+                f"trainer recipe (the plan's Why row {m.new} says why)")  # fmt: skip
+    return f"{m.old}: migrated to {m.new}={value!r} — {m.why}"
+
+
+def as_planned(recipe: Recipe, notices: Sequence[str], planned: Mapping[str, Any]) -> list[str]:
+    """``notices`` (the recipe's among them) with each migration's notice saying the value the trainer recipe gets
+    (``planned``: the planned trainer values) where the plan changed the migrated value."""
+    changed: dict[str, str] = {}
+    for old in recipe.migrated:
+        m = _MIGRATIONS_BY_KEY[old]
+        assert m.new is not None  # only renames are recorded
+        value, given = recipe.values.get(m.new), planned.get(m.new)
+        if given is not None and given != value:
+            changed[migration_notice(m, value)] = migration_notice(m, value, given)
+    return [changed.get(n, n) for n in notices]

@@ -286,4 +286,40 @@ def _server_auth_problems(launch: LaunchSettings) -> list[str]:
         problems.append(f"launch.vllm_extra_args sets --api-key: {why}. Remove it")
     if "VLLM_API_KEY" in launch.vllm_env:
         problems.append(f"launch.vllm_env sets VLLM_API_KEY: {why}. Remove it")
+    if "VLLM_API_KEY" in launch.pass_env:  # the server's environment empties it (render/processes.py)
+        problems.append(f"launch.pass_env names VLLM_API_KEY: {why}. Remove it")
+    for arg in args:
+        flag = vllm_flag(arg)
+        refused = next((f for f in SERVER_OWN_FLAGS if flag == f or (len(flag) > 3 and f.startswith(flag))), None)
+        if refused is not None:
+            named = arg.partition("=")[0] + ("" if flag == refused else f" (vLLM reads it as {refused})")
+            problems.append(f"launch.vllm_extra_args sets {named}: {SERVER_OWN_FLAGS[refused]}")
     return problems
+
+
+# The server's flags the launcher sets itself or that would open what its guard closes: vLLM's parser keeps the last
+# of a repeated flag (argparse), so one in launch.vllm_extra_args, which come last, would replace the planned one.
+SERVER_OWN_FLAGS = {
+    "--host": "the server's bind address is launch.vllm_host (a second --host replaces it, and 0.0.0.0 would open "
+    "the server on every interface). Remove it; set launch.vllm_host",
+    "--port": "the server's port is launch.vllm_port, which the trainers' URL and the health check use. Remove it; "
+    "set launch.vllm_port",
+    "--uds": "the server would listen on a Unix socket instead of launch.vllm_host:launch.vllm_port, where the "
+    "trainers and the health check reach it. Remove it",
+    "--grpc": "it starts vLLM's gRPC server in place of the HTTP one: TRL's clients speak HTTP only, and the guard "
+    "(grpo_launch.node.vllm_guard, an ASGI middleware) does not cover gRPC. Remove it",
+    "--middleware": "grpo-launch installs its guard (grpo_launch.node.vllm_guard) as the server's middleware; another "
+    "one runs around or after it, and could answer or rewrite requests before the guard checks the token. Remove it",
+    "--root-path": "it moves the server's routes under a prefix behind a proxy, so the paths the guard and TRL's "
+    "clients use no longer match what vLLM serves. Remove it",
+}
+
+
+def vllm_flag(arg: str) -> str:
+    """An argument's flag as vLLM's parser reads it: before any ``=``, underscores as dashes up to the first dot
+    (vllm/utils/argparse_utils.py, ``FlexibleArgumentParser.parse_args``); "" for a value."""
+    if not arg.startswith("--"):
+        return ""
+    key = arg.partition("=")[0]
+    head, dot, rest = key[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + rest

@@ -13,6 +13,7 @@ import yaml
 from grpo_launch import __version__
 from grpo_launch.enums import DistBackend, Offload
 from grpo_launch.planning.types import Plan
+from grpo_launch.rundir.text import one_line
 
 
 @functools.cache
@@ -99,8 +100,8 @@ def render_deepspeed_config(plan: Plan) -> dict[str, Any] | None:
 
 def render_trainer_recipe(plan: Plan) -> str:
     """The resolved recipe the training entry reads: every planned TRL value written out."""
-    header = (
-        f"# Resolved by grpo-launch {__version__} from {plan.recipe.source or 'a recipe'}.\n"
+    header = (  # the recipe's path is the user's text: one_line keeps a line break in it from starting a key
+        f"# Resolved by grpo-launch {__version__} from {one_line(plan.recipe.source or 'a recipe')}.\n"
         f"# Every value the planner chose is written out; plan.json says why.\n"
     )
     return header + yaml.safe_dump(plan.resolved_trainer_values, sort_keys=False, default_flow_style=False)

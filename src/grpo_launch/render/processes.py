@@ -31,6 +31,15 @@ def weight_sync_port(plan: Plan) -> int:
     return int(plan.trainer_values.get("vllm_group_port") or TRL_DEFAULTS["vllm_group_port"])
 
 
+# vLLM's own API key, emptied in the server's environment: a VLLM_API_KEY the user exported (for another vLLM) would
+# reach the server through the inherited environment and turn on vLLM's key check, and TRL's clients, which send no
+# key, would get 401 on every request. An empty key is none: vLLM keeps only non-empty keys (0.31,
+# vllm/entrypoints/serve/middleware/register.py: ``[key for key in (args.api_key or [envs.VLLM_API_KEY]) if key]``;
+# earlier versions test ``args.api_key or envs.VLLM_API_KEY``). The server is guarded by grpo-launch's own per-attempt
+# token instead (grpo_launch.node.vllm_guard); the recipe refuses --api-key and VLLM_API_KEY for the same reason.
+NO_VLLM_API_KEY = {"VLLM_API_KEY": ""}
+
+
 def vllm_server(plan: Plan) -> ProcessSpec | None:
     """The vLLM server for TRL 1.16's server mode, or None when the plan has no server.
 
@@ -93,7 +102,8 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         GUARD_MIDDLEWARE,
         *launch.vllm_extra_args,
     ]
-    env = {"VLLM_SERVER_DEV_MODE": "1", **lora_env, **network_env(plan), **_host_ip(v, v.address), **launch.vllm_env}
+    env = {"VLLM_SERVER_DEV_MODE": "1", **NO_VLLM_API_KEY, **lora_env, **network_env(plan), **_host_ip(v, v.address),
+           **launch.vllm_env}  # fmt: skip
     return ProcessSpec(
         name="vllm",
         argv=tuple(argv),

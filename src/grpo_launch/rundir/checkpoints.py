@@ -22,6 +22,7 @@ from typing import Any
 
 from grpo_launch.enums import ResumeMode
 from grpo_launch.errors import ConfigError
+from grpo_launch.rundir.fields import loads
 from grpo_launch.rundir.layout import COMPLETE_MARKER, NO_RESUME
 from grpo_launch.rundir.records import CompletionRecord
 from grpo_launch.rundir.trust import check_trusted, open_nofollow
@@ -37,7 +38,7 @@ def _safetensors_problem(path: Path) -> str | None:
             (n,) = struct.unpack("<Q", f.read(8))
             if n > size - 8:
                 return "header cut short"
-            header = json.loads(f.read(n))
+            header = loads(f.read(n))
     except (OSError, struct.error, ValueError) as exc:
         return f"unreadable ({exc.__class__.__name__})"
     ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
@@ -60,7 +61,7 @@ def file_problem(path: Path) -> str | None:
         return None
     if suffix == ".json":
         try:
-            json.loads(path.read_text())
+            loads(path.read_text())
         except (OSError, ValueError):
             return "not whole JSON"
     return None
@@ -97,7 +98,7 @@ def completed(output_dir: Path) -> CompletionRecord | None:
     """The training entry's record of a finished run (step, max_steps, when), or None (none, or one that does not
     read: the run is then resumed, never skipped on a guess)."""
     try:
-        data = json.loads((output_dir / COMPLETE_MARKER).read_text())
+        data = loads((output_dir / COMPLETE_MARKER).read_text())
         return CompletionRecord.from_json(data) if isinstance(data, dict) else None
     except (OSError, ValueError, TypeError, OverflowError):
         return None

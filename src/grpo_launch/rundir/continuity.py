@@ -22,6 +22,7 @@ from typing import Any
 
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.rundir.checkpoints import checkpoint_problems, checkpoints, completed, max_steps_of
+from grpo_launch.rundir.fields import loads
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.spec import frozen
 
@@ -201,7 +202,7 @@ def model_mismatches(checkpoint: Path, model: Mapping[str, Any]) -> list[Change]
     checkpoint: an adapter, or a save that writes none) is no mismatch; an unreadable one is left to the
     completeness check."""
     try:
-        saved = json.loads((checkpoint / "config.json").read_text())
+        saved = loads((checkpoint / "config.json").read_text())
     except (OSError, ValueError):
         return []
     if not isinstance(saved, dict):

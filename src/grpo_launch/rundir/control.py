@@ -15,16 +15,23 @@ import contextlib
 import signal
 from pathlib import Path
 
+from grpo_launch.errors import LaunchError
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.trust import read_text
+from grpo_launch.rundir.trust import open_nofollow, private_dir, read_text
 
 LAUNCHER = "checkpoint and stop"  # the launcher's own request (its text, for a reader of the file)
+
+
+def _write(path: Path, text: str) -> None:
+    """A control file, 0600 and never through a link planted in the control directory."""
+    with open_nofollow(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def reset(run_dir: str | Path) -> None:
     """Forget an earlier run's request and answer (a requeued job must not stop at its first step)."""
     paths = RunPaths(run_dir)
-    paths.control.mkdir(parents=True, exist_ok=True)
+    private_dir(paths.control)
     for path in (paths.stop_request, paths.stopped_marker):
         path.unlink(missing_ok=True)
 
@@ -33,9 +40,9 @@ def request_stop(run_dir: str | Path, reason: str = LAUNCHER) -> None:
     """Ask the trainers to save a checkpoint at the end of the step in flight and stop. ``reason``: who asked (the
     launcher, or a signal the trainers received); an earlier request keeps its reason."""
     paths = RunPaths(run_dir)
-    paths.control.mkdir(parents=True, exist_ok=True)
+    private_dir(paths.control)
     if not paths.stop_request.exists():
-        paths.stop_request.write_text(f"{reason}\n")
+        _write(paths.stop_request, f"{reason}\n")
 
 
 def stop_reason(run_dir: str | Path) -> str | None:
@@ -48,7 +55,7 @@ def stop_reason(run_dir: str | Path) -> str | None:
 
 def mark_stopped(run_dir: str | Path, step: int) -> None:
     """Rank 0's answer: it saved a checkpoint after ``step`` and stopped."""
-    RunPaths(run_dir).stopped_marker.write_text(f"{step}\n")
+    _write(RunPaths(run_dir).stopped_marker, f"{step}\n")
 
 
 def stopped_at(run_dir: str | Path) -> int | None:
@@ -62,8 +69,8 @@ def stopped_at(run_dir: str | Path) -> int | None:
 def write_stop_grace(run_dir: str | Path, seconds: float, why: str) -> None:
     """How long this attempt's stop waits for the trainers' checkpoint, and where that comes from (``status``)."""
     paths = RunPaths(run_dir)
-    paths.control.mkdir(parents=True, exist_ok=True)
-    paths.stop_grace.write_text(f"{seconds:g} {why}\n")
+    private_dir(paths.control)
+    _write(paths.stop_grace, f"{seconds:g} {why}\n")
 
 
 def stop_grace(run_dir: str | Path) -> tuple[float, str] | None:
@@ -81,7 +88,7 @@ def request_stop_on_sigterm(run_dir: str | Path) -> None:
     on the main thread. The launcher stops the rank otherwise (SIGINT, SIGKILL)."""
 
     def handle(signum: int, _frame: object) -> None:
-        with contextlib.suppress(OSError):  # a full disk must not turn a stop into a traceback
+        with contextlib.suppress(OSError, LaunchError):  # a full disk or a planted link: no traceback mid-step
             request_stop(run_dir, signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, handle)

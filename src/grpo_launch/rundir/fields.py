@@ -33,6 +33,34 @@ def file_error(path: str | Path, where: str, problem: str) -> RunFileError:
     )
 
 
+# How deep a run file's JSON may nest. grpo-launch's own records nest a few levels; Python's parser recurses per
+# level and raises RecursionError near 1,000, and whatever walks a value again (json.dumps, a deep compare) recurses
+# as deep: a crafted line is refused here, well before either.
+MAX_DEPTH = 64
+
+
+def loads(text: str | bytes) -> Any:
+    """``json.loads`` for a run file's text: a value nested deeper than :data:`MAX_DEPTH` (a crafted metrics line
+    1,200 levels deep) is a ValueError, as text that is not JSON is, so every reader skips or refuses it as it does
+    a malformed line, never a RecursionError in ``status``, ``report`` or ``--calibrate-from``."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
+    stack = [(value, 1)]
+    while stack:  # without recursion: the check must not fail the way it guards against
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= MAX_DEPTH:
+                    raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+                stack.append((child, depth + 1))
+    return value
+
+
 def number(value: Any) -> bool:
     """A finite JSON number (not a bool: JSON's true is not 1 here)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

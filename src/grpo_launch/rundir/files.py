@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from grpo_launch.errors import ConfigError, LaunchError
+from grpo_launch.rundir.fields import loads
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.text import command_line
-from grpo_launch.rundir.trust import check_run_dir, nofollow_fd, open_nofollow
+from grpo_launch.rundir.trust import check_run_dir, nofollow_fd, open_nofollow, private_dir
 
 
 def in_use(run_dir: Path, holder: str) -> LaunchError:
@@ -84,7 +85,7 @@ def last_holder(run_dir: str | Path) -> dict:
     try:
         fd = _open_lock(RunPaths(run_dir).lock)
         try:
-            info = json.loads(os.read(fd, 1 << 16).decode(errors="replace"))
+            info = loads(os.read(fd, 1 << 16).decode(errors="replace"))
         finally:
             os.close(fd)
     except (OSError, ValueError):
@@ -121,7 +122,7 @@ def _open_lock(path: Path) -> int:
 
 def _make_dir(root: Path) -> None:
     try:
-        root.mkdir(mode=0o775, parents=True, exist_ok=True)  # never writable by all, whatever the umask
+        private_dir(root)  # 0700, whatever the umask: no other user changes what the run reads back
     except OSError as exc:
         raise ConfigError(
             f"cannot create run directory {str(root)!r}: {exc.strerror}", hint="Choose another with --run-dir DIR."
@@ -161,7 +162,7 @@ def write_run_files(run_dir: str | Path, files: Mapping[str, str], *, locked: bo
     written = []
     for rel, text in files.items():
         path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         fd, tmp = _temp_beside(path)
         try:
             with os.fdopen(fd, "w") as f:
@@ -212,7 +213,7 @@ def set_aside_record(run_dir: str | Path) -> Path | None:
     while target.exists():
         n += 1
         target = target.with_name(f"{target.name.split('.', 1)[0]}.{n}")
-    (target / "control").mkdir(parents=True)
+    private_dir(target / "control")
     for path in (paths.plan_json, paths.metrics, paths.attempts, paths.tracking):  # a fresh run: a new W&B run too
         if path.is_file():
             path.rename(target / paths.relative(path))
@@ -257,7 +258,7 @@ class LauncherLog:
         if not self._ok:
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)
             with open_nofollow(self.path, "a", encoding="utf-8") as f:
                 f.write(lines)
         except (OSError, LaunchError):  # a link planted there: refused by the run's start, and never written through

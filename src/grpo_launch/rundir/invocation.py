@@ -10,9 +10,9 @@ keeps the submitter's record: resuming such a run submits it again (:data:`SUBMI
 
 Never a secret: a value that looks like one (by :func:`grpo_launch.spec.redact_arg`'s rule: an override or
 ``--flag=`` whose name says token, secret, password or key, a mapping holding such a name, a value shaped like a
-Hugging Face, OpenAI, GitHub, AWS or Slack token) is written as ``<redacted>`` and its name kept in ``redacted``.
-Tokens travel by environment variable name only (launch.pass_env). ``from_json`` is strict: a missing or mistyped
-key is a RunFileError naming the file and the key.
+Hugging Face, OpenAI, GitHub, AWS or Slack token, a URL with a password in it) is written as ``<redacted>`` and its
+name kept in ``redacted``. Tokens travel by environment variable name only (launch.pass_env). ``from_json`` is strict:
+a missing or mistyped key is a RunFileError naming the file and the key.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.rundir.fields import Fields, file_error
+from grpo_launch.rundir.fields import Fields, file_error, loads
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.trust import read_text
+from grpo_launch.rundir.trust import private_dir, read_own_text, read_text
 from grpo_launch.spec import REDACTED, frozen, is_secret_name, redact_arg, redact_argv
 
 # The verb that submitted a run → the backend its job's own `grpo-launch run` uses: that run keeps the record.
@@ -148,16 +148,18 @@ def _redact_value(name: str, value: str | None, names: list[str]) -> str | None:
 __all__ = ["REDACTED", "Flag", "Invocation", "read_invocation", "redact_argv", "write_invocation"]
 
 
-def read_invocation(path: str | Path) -> Invocation | None:
-    """The record at ``path``, None when there is none; one that does not read is a RunFileError naming it."""
+def read_invocation(path: str | Path, *, to_run: bool = False) -> Invocation | None:
+    """The record at ``path``, None when there is none; one that does not read is a RunFileError naming it.
+    ``to_run``: the command will be run again (``resume``), so a record another user could have rewritten (not
+    yours, group- or world-writable, or in a directory they may write in) is refused: a LaunchError naming it."""
     try:
-        text = read_text(path)
+        text = read_own_text(path) if to_run else read_text(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise file_error(path, "", f"cannot be read ({exc.strerror or exc})") from None
     try:
-        data = json.loads(text)
+        data = loads(text)
     except ValueError as exc:
         raise file_error(path, "", f"not JSON ({exc})") from None
     return Invocation.from_json(data, path)
@@ -170,8 +172,8 @@ def write_invocation(record: Invocation) -> None:
     import tempfile
 
     path = RunPaths(record.run_dir).invocation
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    private_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600: resume runs what it holds
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(record.to_json(), indent=2) + "\n")

@@ -31,6 +31,10 @@ RAY_PORT_ENV = "GRPO_LAUNCH_RAY_PORT"  # the user Ray head's port (SkyPilot's ow
 RAY_JOIN_TIMEOUT_ENV = "GRPO_LAUNCH_RAY_JOIN_TIMEOUT"  # seconds the head waits for every node to join
 RAY_CLIENT_PORT_ENV = "GRPO_LAUNCH_RAY_CLIENT_PORT"  # the head's Ray client server port
 
+# The umask of every process of a run (the launcher's own while it runs, grpo_launch.node.shim's on other hosts):
+# what they create (checkpoints, logs, vLLM's IPC sockets) is its user's alone, whatever the login's umask.
+PRIVATE_UMASK = 0o077
+
 # grpo_launch.node.shim prints this, then its process-group id, so the launcher can stop the remote tree.
 PGID_ANNOUNCE = "[grpo-launch-task] pgid="
 

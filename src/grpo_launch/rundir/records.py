@@ -36,12 +36,13 @@ from grpo_launch.rundir.fields import (
     float_or,
     float_or_none,
     int_or_none,
+    loads,
     number,
     seconds,
     whole,
 )
 from grpo_launch.rundir.plan_record import PlanRecord, Prediction
-from grpo_launch.rundir.trust import open_nofollow, read_text
+from grpo_launch.rundir.trust import open_nofollow, private_dir, read_text
 from grpo_launch.spec import frozen
 
 __all__ = [
@@ -186,7 +187,7 @@ def parse_lines(data: bytes | str) -> Iterator[dict[str, Any]]:
     """The JSON objects of complete lines (a line cut short by a crash is skipped)."""
     for raw in data.splitlines():
         try:
-            row = json.loads(raw)
+            row = loads(raw)
         except ValueError:
             continue
         if isinstance(row, dict):
@@ -197,6 +198,55 @@ def read_metrics(path: str | Path) -> list[MetricRecord]:
     """Every record of a metrics.jsonl, leniently (a line that does not read is left out). Raises OSError when it
     cannot be read."""
     return [r for row in parse_lines(read_text(path)) if (r := metric_record(row))]
+
+
+class MetricsTail:
+    """A metrics.jsonl read as it grows, for a reader that reads it again and again while the run goes (the
+    launcher's Prometheus endpoint, scraped every few seconds): each :meth:`read` reads only the bytes appended since
+    the last one and parses only those lines, keeping the records already parsed, as :func:`read_metrics` reads
+    (leniently). A line still being written waits for its end. A file replaced (another inode: ``--resume never``
+    sets the record aside) or cut shorter is read again from its start. Not thread-safe: one caller at a time."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.records: list[MetricRecord] = []
+        self.bytes_read = 0  # in all, over every read (what a second read costs is what was appended)
+        self._offset = 0
+        self._pending = b""
+        self._file: tuple[int, int] | None = None
+
+    def read(self) -> tuple[tuple[MetricRecord, ...], bool]:
+        """The records so far, and whether the file is there. Raises OSError when it cannot be read (a FIFO or
+        device planted in its place is one)."""
+        import os
+        import stat
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._restart(None)
+            return (), False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(f"{self.path}: not a regular file")
+            if (st.st_dev, st.st_ino) != self._file or st.st_size < self._offset:
+                self._restart((st.st_dev, st.st_ino))
+            chunks, at = [], self._offset
+            while chunk := os.pread(fd, 1 << 20, at):
+                chunks.append(chunk)
+                at += len(chunk)
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        self._offset += len(data)
+        self.bytes_read += len(data)
+        whole, _, self._pending = (self._pending + data).rpartition(b"\n")
+        self.records += [r for row in parse_lines(whole) if (r := metric_record(row))]
+        return tuple(self.records), True
+
+    def _restart(self, file: tuple[int, int] | None) -> None:
+        self.records, self._offset, self._pending, self._file = [], 0, b"", file
 
 
 def load_lines(path: str | Path, text: str, parse: Callable[[dict[str, Any]], R | None]) -> list[R]:
@@ -210,7 +260,7 @@ def load_lines(path: str | Path, text: str, parse: Callable[[dict[str, Any]], R 
         if not line:
             continue
         try:
-            row = json.loads(line)
+            row = loads(line)
         except ValueError as exc:
             being_written = n == len(lines) and not text.endswith("\n")  # a writer is in the middle of it
             if being_written or not line.endswith("}"):
@@ -230,7 +280,7 @@ def load_lines(path: str | Path, text: str, parse: Callable[[dict[str, Any]], R 
 def append(path: str | Path, record: MetricRecord | Attempt) -> None:
     """Append one record as one line (the one way every writer writes)."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)
     with open_nofollow(target, "a+b") as f:  # never through a link planted in the run directory
         # A line an earlier writer left cut short (it died mid-line) is ended first, so this record is whole.
         f.seek(0, 2)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.records import LogRecord, MetricRecord, StartupRecord, StepRecord
 from grpo_launch.rundir.report_summary import log_links, plan_rows, summary_rows
 from grpo_launch.rundir.text import printable
+from grpo_launch.rundir.trust import nofollow_fd, open_own_dir
 from grpo_launch.rundir.view import RunView
 
 
@@ -117,10 +120,23 @@ def write_report(run_dir: str | Path | RunView) -> Path:
     view = run_dir if isinstance(run_dir, RunView) else RunView.load(run_dir)
     series = series_of(view.curve())  # each step once: a resumed attempt's records win
     out = view.paths.report
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "report.html"
-    path.write_text(_page(view, series, _plot_sections(series, view.plan, out)))
+    # The report may be written in another user's run directory: never through a link planted there (the report
+    # directory itself, or a file in it), only in a directory of this user's that no one else may write in.
+    folder = open_own_dir(out, "report directory")
+    try:
+        path = out / "report.html"
+        _write(path, folder, _page(view, series, _plot_sections(series, view.plan, out, folder)).encode())
+    finally:
+        os.close(folder)
     return path
+
+
+def _write(path: Path, folder: int, data: bytes) -> None:
+    """One of the report's files, by its name in the report directory open at ``folder``: 0600, never through a
+    link, never a file with another name (a hard link)."""
+    fd = nofollow_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, dir_fd=folder)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def _label(name: str) -> str:
@@ -129,8 +145,9 @@ def _label(name: str) -> str:
     return printable(name, newlines=False).replace("$", r"\$")
 
 
-def _plot_sections(series: dict[str, dict[str, Series]], plan: PlanRecord | None, out: Path) -> list[str]:
-    """Each plot drawn into OUT/PLOT.png, with the plan's prediction dashed, and embedded as an HTML section."""
+def _plot_sections(series: dict[str, dict[str, Series]], plan: PlanRecord | None, out: Path, folder: int) -> list[str]:
+    """Each plot drawn into OUT/PLOT.png (``folder``: OUT, open), with the plan's prediction dashed, and embedded as
+    an HTML section."""
     import matplotlib.pyplot as plt
 
     sections = []
@@ -138,10 +155,11 @@ def _plot_sections(series: dict[str, dict[str, Series]], plan: PlanRecord | None
         if not lines:
             continue
         fig = draw(plot, lines, plan)
-        png = out / f"{plot}.png"
-        fig.savefig(png)
+        png = io.BytesIO()
+        fig.savefig(png, format="png")  # drawn in memory: matplotlib would open a path through a link
         plt.close(fig)
-        data = base64.b64encode(png.read_bytes()).decode()
+        _write(out / f"{plot}.png", folder, png.getvalue())
+        data = base64.b64encode(png.getvalue()).decode()
         title = TITLES[plot][0]
         sections.append(f"<h2>{html.escape(title)}</h2><img alt='{plot}' src='data:image/png;base64,{data}'>")
     return sections

@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from grpo_launch.rundir.fields import Fields, file_error, float_or_none
+from grpo_launch.rundir.fields import Fields, file_error, float_or_none, loads
 from grpo_launch.rundir.files import write_run_files
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.trust import read_text
@@ -52,7 +52,7 @@ def read_tracking(paths: RunPaths) -> TrackingRecord | None:
     except FileNotFoundError:
         return None
     try:
-        return TrackingRecord.from_json(json.loads(text), str(paths.tracking))
+        return TrackingRecord.from_json(loads(text), str(paths.tracking))
     except ValueError as exc:
         raise file_error(paths.tracking, "", f"not JSON ({exc})") from None
 

@@ -12,18 +12,18 @@ directory of a plan alone has no attempts; the readers say what they lack.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from grpo_launch.rundir.control import stopped_at
 from grpo_launch.rundir.course import AttemptCourse, courses, curve, next_attempt, warm_steps
-from grpo_launch.rundir.fields import file_error
+from grpo_launch.rundir.fields import file_error, loads
 from grpo_launch.rundir.files import last_holder, lock_holder
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.records import (
     Attempt,
     MetricRecord,
+    MetricsTail,
     StepRecord,
     attempts_of,
     load_lines,
@@ -59,10 +59,12 @@ class RunView:
     stopped_at: int | None
 
     @classmethod
-    def load(cls, run_dir: str | Path, *, strict: bool = True) -> RunView:
+    def load(cls, run_dir: str | Path, *, strict: bool = True, tail: MetricsTail | None = None) -> RunView:
+        """``tail``: metrics.jsonl as a reader that reads it again and again keeps it (the launcher's endpoint):
+        only what was appended since its last read is read (leniently, as ``strict=False``)."""
         root = Path(run_dir)
         paths = RunPaths(root)
-        records, found = _metrics(paths.metrics, strict)
+        records, found = tail.read() if tail is not None else _metrics(paths.metrics, strict)
         return cls(
             root=root,
             plan=_plan(paths.plan_json),
@@ -127,7 +129,7 @@ def _plan(path: Path) -> PlanRecord | None:
     if text is None:
         return None
     try:
-        data = json.loads(text)
+        data = loads(text)
     except ValueError as exc:
         raise file_error(path, "", f"not JSON ({exc})") from None
     return PlanRecord.from_json(data, path)

@@ -93,7 +93,7 @@ class RayBackend(BaseBackend[RayOptions]):
         return probe_cluster(self._ray(), sys.executable, environ)
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
-        from grpo_launch.backends.remote import passed_env_names
+        from grpo_launch.backends.remote import off_the_command_line, passed_env_names
 
         host = spec.host or plan.topology.hosts[0].name
         self.addresses.update((h.name, h.addr) for h in plan.topology.hosts)
@@ -102,17 +102,18 @@ class RayBackend(BaseBackend[RayOptions]):
         bundles = host_bundles(plan)[host]
         names = [name for name, _, _ in bundles]
         _, gpus, cpus = bundles[names.index(spec.name)]
-        env = {**spec.env, RUN_ID_ENV: marker}  # each host's processes carry their own mark, as over ssh
+        # each host's processes carry their own mark, as over ssh; a secret-looking value goes on stdin, as over ssh
+        env, hidden = off_the_command_line({**spec.env, RUN_ID_ENV: marker})
         grace = ["--grace", env[GRACE_ENV]] if env.get(GRACE_ENV) else []  # the run's grace, as the launcher's guard
         remote = [ctx.python, "-m", "grpo_launch.node.shim", "--announce-pgid", "--guard", marker, *grace, "--",
                   "env", *(f"{k}={v}" for k, v in env.items()), *spec.argv]  # fmt: skip
-        stdin_env = passed_env_names(ctx.environ, plan.recipe.launch.pass_env)
+        stdin_env = tuple(sorted({*passed_env_names(ctx.environ, plan.recipe.launch.pass_env), *hidden}))
         argv = [ctx.python, "-m", "grpo_launch.backends.ray.runner", "--address", self.address,
                 "--pg", pg_name(run_id, host), "--bundle", str(names.index(spec.name)), "--gpus", str(gpus),
                 "--cpus", f"{cpus:g}", "--name", spec.name, "--host", host, "--planned", ",".join(spec.gpus or ()),
                 "--cwd", ctx.workdir, *(["--env-stdin"] if stdin_env else []), "--", *remote]  # fmt: skip
         return ProcessSpec(name=spec.name, argv=tuple(argv), host=host, role=spec.role, stdin_env=stdin_env,
-                           remote_group=True, env={RUN_ID_ENV: marker})  # fmt: skip
+                           remote_group=True, env={RUN_ID_ENV: marker, **hidden})  # fmt: skip
 
     def preflight(self, plan: Plan, ctx: RunContext) -> None:
         """Every planned node is in the cluster and ready: this grpo-launch and Python, the working directory,

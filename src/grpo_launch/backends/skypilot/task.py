@@ -17,7 +17,13 @@ How the run section behaves (``render_run_script``): every node starts its own R
 of the script in a session (and process group) of its own, so the script stops exactly that Ray and nothing else:
 SIGTERM to ``ray start`` (which stops what it started), then SIGKILL to the group, which also reaches Ray's dashboard
 and runtime-env agents, which outlive a raylet killed hard. Draining is off (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0):
-the run is over when the script stops Ray, and a worker's drain would wait 30 s for a head that is gone.
+the run is over when the script stops Ray, and a worker's drain would wait 30 s for a head that is gone. Ray's metrics
+collection is off (:data:`RAY_NODE_ENV`): Ray 2.60's dashboard agent serves every node's Prometheus metrics on
+``--metrics-export-port`` (a random port unless given) on every interface, without authentication, whenever the
+node's address is not loopback (``ray/dashboard/modules/reporter/reporter_agent.py``: the exporter's address is
+loopback only for a loopback node), and no ``ray start`` option binds it elsewhere; ``RAY_enable_metrics_collection=0``
+starts the agent with ``--disable-metrics-collection``, and no exporter (ray-project/ray#24333). grpo-launch reads none
+of Ray's metrics: its own endpoint is ``launch.metrics_port``.
 
 Every node's Ray runs with token authentication (``RAY_AUTH_MODE=token``, Ray ≥ 2.52, the floor the Ray extra
 sets: before it, Ray's dashboard runs commands for anyone who reaches it, CVE-2025-62593). The token is the
@@ -72,6 +78,8 @@ from grpo_launch.spec import frozen
 RAY_PORT = 6379
 RAY_CLIENT_PORT = 6381
 RAY_DASHBOARD_AGENT_PORT = 52366
+# The environment every node's `ray start` runs with: no per-node Prometheus exporter on every interface (above).
+RAY_NODE_ENV = ("RAY_enable_metrics_collection=0",)
 RUN_MOUNT = "/grpo-runs"  # where the task mounts the bucket or volume that holds its run directory
 # A spot VM's notice before it is reclaimed: GCP's preemption notice is 30 s (cloud.google.com/compute/docs/instances/
 # preemptible, "Preemption process"), Azure's Spot eviction notice at least 30 s (Scheduled Events, learn.microsoft.com
@@ -85,6 +93,8 @@ SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
 RAY_TOKEN_SECRET = "RAY_AUTH_TOKEN"  # Ray's own name for its token: every task declares it (the nodes' Ray needs it)
 # What YAML 1.1/1.2 files may not hold (their "printable" set: tab, line breaks and the printable Unicode ranges).
 _NOT_YAML = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# What ends a line in YAML 1.1 (as PyYAML reads it: NEL and the Unicode line and paragraph separators too), and NUL.
+_YAML_BREAK = re.compile("[\n\r\x85\u2028\u2029\0]")
 
 
 @frozen
@@ -124,7 +134,7 @@ def check_request(req: SkyTaskRequest) -> None:
     named = [("recipe path", req.recipe), ("--run-dir", req.run_dir), ("workdir", req.workdir), ("name", req.name),
              *((f"override {o.split('=', 1)[0]!r}", o) for o in req.overrides)]  # fmt: skip
     for what, value in named:
-        if "\n" in value or "\r" in value or "\0" in value:
+        if _YAML_BREAK.search(value):
             problems.append(f"{what} contains a line break or NUL byte: {value!r}")
         elif _NOT_YAML.search(value):
             problems.append(f"{what} contains a control character, which a YAML file cannot hold: {value!r}")
@@ -254,6 +264,7 @@ def render_run_script(req: SkyTaskRequest) -> str:
         "@VERSION@": __version__,
         "@CLIENT_PORT@": str(RAY_CLIENT_PORT),
         "@AGENT_PORT@": str(RAY_DASHBOARD_AGENT_PORT),
+        "@RAY_NODE_ENV@": " ".join(RAY_NODE_ENV),
         "@RAY_PORT@": str(RAY_PORT),
         "@JOIN_TIMEOUT@": str(JOIN_TIMEOUT_S),
         # the variables' names are the run directory contract's (rundir/layout.py), never spelled here
@@ -307,7 +318,8 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 start_ray() {  # in a session of its own, so that stop_ray can reach every process it starts and nothing else
-  RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 "$py" -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' \
+  RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 @RAY_NODE_ENV@ \
+    "$py" -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' \
     "$py" -m ray.scripts.scripts start --block --disable-usage-stats --temp-dir "$temp_dir" \
     --node-ip-address "$node_ip" --num-gpus "$gpus" --dashboard-agent-listen-port @AGENT_PORT@ "$@" &
   ray_pid=$!
