@@ -19,4 +19,6 @@ if [ "$(id -u)" = 0 ]; then
   export GRPO_LAUNCH_REQUIRE_RAY=1  # a real Ray cluster over the namespace hosts (scripts/ray_hosts.sh)
   export GRPO_LAUNCH_REQUIRE_PROMETHEUS=1  # Prometheus scrapes a real run, status --watch in tmux (test_watch_live.py)
 fi
-exec .venv/bin/python -m pytest tests -q "$@"
+# One line per file with its time (console_output_style=times): a log cut short still says where the time went.
+# The extended tier: bash scripts/test.sh -m extended (pyproject.toml's addopts leaves it out otherwise).
+exec .venv/bin/python -m pytest tests -o console_output_style=times "$@"

@@ -78,6 +78,7 @@ def test_bf16_recipe_updates_fp32_weights_and_bf16_weights_would_not(tmp_path):
     assert bf16 < 0.1 < fp32, f"bf16 weights moved {bf16:.1%}, fp32 {fp32:.1%}"
 
 
+@pytest.mark.extended
 def test_lora_run_trains_an_adapter(tmp_path):
     """use_peft: true (the planner's LoRA memory fix) runs: peft is in the train extra, TRL wraps the model with the
     recipe's LoRA settings, and the saved adapter's B matrices (initialised to zero) have moved."""

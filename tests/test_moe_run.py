@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 VARIED = "def distinct_chars(prompts, completions, **kw):\n    return [float(len(set(str(c)))) for c in completions]\n"
 
 
+@pytest.mark.extended
 def test_tiny_moe_trains_with_zero3(tmp_path):
     from safetensors.torch import load_file
 

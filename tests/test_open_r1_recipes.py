@@ -212,6 +212,7 @@ def get_reward_funcs(script_args):
 '''
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_open_r1_codeforces_recipe_trains_on_cpu_with_a_tiny_model(tmp_path):
     """open-r1's codeforces recipe (dr_grpo, scale_rewards: false, 16 generations, batch 4 × 32 accumulation, its

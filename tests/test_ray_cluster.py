@@ -111,6 +111,7 @@ def failure_of(run: Path) -> dict:
     return json.loads((run / "control" / "attempts.jsonl").read_text().splitlines()[-1])
 
 
+@pytest.mark.extended
 def test_a_killed_actor_is_an_infra_failure_and_the_run_is_torn_down(cluster, tmp_path):
     """SIGKILL of the Ray worker that hosts train@h2's actor: its runner names the lost actor, the run fails as an
     infrastructure failure with that root cause, and nothing of the run is left on any node."""
@@ -129,6 +130,7 @@ def test_a_killed_actor_is_an_infra_failure_and_the_run_is_torn_down(cluster, tm
     assert leftovers(run, within=15.0) == []
 
 
+@pytest.mark.extended
 def test_ctrl_c_stops_every_node_within_the_grace_period(cluster, tmp_path):
     """SIGINT to the launcher: each node's process group gets it (in a task on its node) and ends on its own, before
     the grace period's SIGKILL. The thread of the Ray worker that starts each process blocks SIGINT, which the shim
@@ -229,6 +231,7 @@ def metric_steps(run: Path) -> list[int]:
     return [x["step"] for x in lines if "step_s" in x]
 
 
+@pytest.mark.extended
 def test_a_lost_node_that_rejoins_restarts_the_run_there_from_the_checkpoint(cluster_at, tmp_path):
     """h2's Ray killed mid-run (raylet, workers, the rank): the attempt fails as an infrastructure failure, the
     restart finds h2 gone and waits (launch.node_wait_s); h2's Ray starts again (a new node id at its address) and
@@ -273,6 +276,7 @@ def node_id_at(address: str) -> str:
                           timeout=120, check=True).stdout.strip()  # fmt: skip
 
 
+@pytest.mark.extended
 def test_a_drained_node_checkpoints_the_step_and_the_run_restarts_when_it_is_back(cluster_at, tmp_path):
     """`ray drain-node` (reason preemption, a 300 s deadline) on h2 mid-run: the launcher sees the drain, the
     trainers save a checkpoint at the end of the step and stop; the restart waits without the draining node; h2

@@ -30,6 +30,7 @@ def cluster(tmp_path_factory):
         yield address
 
 
+@pytest.mark.extended
 def test_the_h20_node_serves_the_h100_node_trains_and_each_process_runs_on_its_roles_node(cluster, tmp_path):
     from grpo_launch.backends.ray import RayBackend
     from grpo_launch.models.builtin import find_model_shape
@@ -82,6 +83,7 @@ def combined_python(tmp_path) -> str:
     return str(root / "bin" / "python")
 
 
+@pytest.mark.extended
 @pytest.mark.vllm
 def test_a_mixed_run_trains_with_the_h20_node_serving_and_the_h100_node_training(cluster, tmp_path):
     """The whole run on the real cluster: the plan serves on h1 (the H20) and trains on h2 (the H100); the vLLM

@@ -35,6 +35,7 @@ def cli(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=ROOT)  # fmt: skip
 
 
+@pytest.mark.extended
 def test_uneven_nodes_are_probed_on_each_node_and_planned(cluster, tmp_path):
     """Each node reports itself from a task pinned to it (its host name, address, its own GPU count by NVML); the
     plan uses both nodes' GPUs, never more than a node has."""

@@ -467,6 +467,7 @@ def test_a_stopped_run_continues_by_the_printed_hint_with_its_overrides(tmp_path
     assert (run / "output" / "model.safetensors").is_file()
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_finished_run_run_longer_trains_as_the_warning_says(tmp_path):
     """A real CPU run of 2 steps (linear schedule, checkpoint at step 2), then the same command with max_steps=4:

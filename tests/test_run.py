@@ -112,6 +112,7 @@ def test_deepspeed_zero2_two_processes(tmp_path):
     assert len(logged_steps(tmp_path / "run")) == 2
 
 
+@pytest.mark.extended
 def test_reward_by_import_path_runs_in_every_trainer(tmp_path):
     mod = tmp_path / "pkg_rewards"
     mod.mkdir()
@@ -277,6 +278,7 @@ def test_zero3_run_saves_a_model_from_pretrained_loads(tmp_path):
     assert all(float(p.abs().sum()) > 0 for n, p in saved.named_parameters() if float(before[n].abs().sum()) > 0)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("backend", ["ddp", "zero2", "zero3"])
 def test_checkpoint_size_matches_the_plans_estimate(tmp_path, backend):
     """The disk preflight's estimate (planning/storage.py) against the checkpoint and final model a real run

@@ -368,6 +368,7 @@ def _assert_passed_and_never_written(tmp_path: Path, run: Path, out: str) -> Non
     assert leaked == [], leaked
 
 
+@pytest.mark.extended
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_passed_secret_reaches_every_ray_node_and_no_command_line_or_file(tmp_path):

@@ -147,6 +147,7 @@ exec {python} "$@"
 """
 
 
+@pytest.mark.extended
 def test_the_run_section_starts_ray_on_both_hosts_and_the_head_code_is_the_task_code(
     hosts, tmp_path, monkeypatch, capsys
 ):
@@ -173,6 +174,7 @@ def test_the_run_section_starts_ray_on_both_hosts_and_the_head_code_is_the_task_
     assert left_in_namespaces() == []
 
 
+@pytest.mark.extended
 def test_a_worker_that_never_joins_fails_the_head_with_a_clear_message(hosts, tmp_path, monkeypatch, capsys):
     """Only rank 0 runs (rank 1's node never starts its part): the head waits GRPO_LAUNCH_RAY_JOIN_TIMEOUT, says
     how many nodes joined, exits 1 and stops its Ray."""

@@ -137,6 +137,7 @@ def test_two_node_job_trains_across_both_nodes(cluster, tmp_path):
     assert "step 3/3" in status and "finished" in status
 
 
+@pytest.mark.extended
 def test_scancel_leaves_no_process_on_any_node(cluster, tmp_path):
     run = tmp_path / "run"
     job = submit(cluster, run, "max_steps=500")
@@ -147,6 +148,7 @@ def test_scancel_leaves_no_process_on_any_node(cluster, tmp_path):
     assert wait_no_processes(run) == []
 
 
+@pytest.mark.extended
 def test_failing_trainer_on_one_node_fails_the_job_with_its_root_cause(cluster, tmp_path):
     pkg = tmp_path / "flaky_rewards"
     pkg.mkdir()
@@ -269,6 +271,7 @@ def test_a_signal_to_a_hung_step_stops_within_the_grace_and_leaves_nothing(clust
         sh(cluster, "scancel", job, check=False)
 
 
+@pytest.mark.extended
 def test_the_same_signal_to_a_healthy_step_still_saves_it(cluster, tmp_path):
     """The same scancel --signal=TERM on a run whose steps end: the step in flight is saved, the job requeued."""
     run = tmp_path / "run"
@@ -286,6 +289,7 @@ def test_the_same_signal_to_a_healthy_step_still_saves_it(cluster, tmp_path):
     assert wait_no_processes(run) == []
 
 
+@pytest.mark.extended
 def test_a_job_saves_and_requeues_before_its_time_limit(cluster, tmp_path):
     """A 1-minute job: grpo-launch reads its end time (scontrol EndTime) and, when the time left no longer covers
     a measured step and save (and the exit), checkpoints and requeues it, before Slurm's warning signal and kill
@@ -305,6 +309,7 @@ def test_a_job_saves_and_requeues_before_its_time_limit(cluster, tmp_path):
     assert wait_state(cluster, job, {"CANCELLED", "COMPLETED", "FAILED"}, 60) in {"CANCELLED", "COMPLETED"}
 
 
+@pytest.mark.extended
 def test_gpu_job_places_server_and_trainers_per_node(cluster, tmp_path):
     """A 2 × 4-GPU allocation (fake GPUs): the plan grpo-launch makes inside it, and its srun steps (dry run)."""
     run = tmp_path / "run"
@@ -346,6 +351,7 @@ def test_gpu_job_places_server_and_trainers_per_node(cluster, tmp_path):
         assert f"--main_process_ip {plan['train']['main_process_ip']} " in step or len(trains) == 1
 
 
+@pytest.mark.extended
 def test_hostile_job_name_and_run_dir_reach_slurm_unchanged(cluster, tmp_path):
     name = "grpo 'x' \"$(id)\" `id`"
     run = tmp_path / "runs with 'space' $(id)" / "100%"
@@ -387,6 +393,7 @@ def plan_in_two_node_job(cluster, tmp_path: Path, stand_in: str, *overrides: str
     return json.loads(text[text.index("{") :])
 
 
+@pytest.mark.extended
 def test_a_heterogeneous_job_serves_on_one_component_and_trains_on_the_other(cluster, tmp_path):
     """A real heterogeneous job (`sbatch -w n1 --gres=gpu:2 : -w n2 --gres=gpu:4`, Slurm's own components): the
     probe reads both components' nodes and their different GPU counts, each node reports its own model from a step
@@ -427,6 +434,7 @@ def test_a_heterogeneous_job_serves_on_one_component_and_trains_on_the_other(clu
     assert not any("--het-group" in line for line in on["n1"]), on["n1"]
 
 
+@pytest.mark.extended
 def test_every_node_of_the_allocation_is_probed_in_its_own_step(cluster, tmp_path):
     """`plan --slurm` inside a 2-node job: each node reports its own GPU model (n1 H100, n2 A100-40GB, from a pynvml
     stand-in keyed by the node the srun step runs on), the plan is sized for the smaller GPU with a warning naming
@@ -546,6 +554,7 @@ def test_a_dedicated_vllm_node_serves_two_training_nodes(cluster, tmp_path):
     assert wait_no_processes(run) == []
 
 
+@pytest.mark.extended
 @pytest.mark.vllm
 def test_a_data_parallel_server_over_two_nodes_serves_the_third(cluster, tmp_path):
     """Three nodes of 1 (fake) GPU, the server on 2: vLLM's multi-node data parallel as planned, unchanged: the API
@@ -563,6 +572,7 @@ def test_a_data_parallel_server_over_two_nodes_serves_the_third(cluster, tmp_pat
     assert wait_no_processes(run) == []
 
 
+@pytest.mark.extended
 @pytest.mark.vllm
 def test_a_pipeline_over_two_nodes_serves_the_third(cluster, tmp_path):
     """Three nodes of 1 (fake) GPU, the server one replica of 2 pipeline stages over n2 and n3 (vLLM's --nnodes:
@@ -584,6 +594,7 @@ def test_a_pipeline_over_two_nodes_serves_the_third(cluster, tmp_path):
     assert wait_no_processes(run) == []
 
 
+@pytest.mark.extended
 @pytest.mark.vllm
 def test_adapt_resplits_inside_the_allocation_and_resumes(cluster, tmp_path):
     """launch.adapt inside a Slurm job (one node, 3 fake L4s probed through the pynvml stand-in of
@@ -626,6 +637,7 @@ def test_adapt_resplits_inside_the_allocation_and_resumes(cluster, tmp_path):
 MIXED_GPU = {"n1": ("NVIDIA H20", 102641664000), "n2": ("NVIDIA H100 80GB HBM3", 85520809984)}
 
 
+@pytest.mark.extended
 def test_a_mixed_allocation_serves_on_its_bandwidth_node_and_trains_on_its_flops_node(cluster, tmp_path):
     """`plan --slurm` inside a 2-node job whose nodes report different GPU models: the server goes to n1 (the H20),
     the trainers to n2 (the H100, machine rank 0), the sbatch steps are rendered for those nodes, and the plan says

@@ -112,6 +112,7 @@ def test_trains_across_two_hosts_and_passes_secrets_only_on_stdin(hosts, tmp_pat
     assert leftovers(run) == []
 
 
+@pytest.mark.extended
 def test_failing_trainer_on_one_host_stops_every_host(hosts, tmp_path):
     env = reward_module(
         tmp_path,
@@ -130,6 +131,7 @@ def test_failing_trainer_on_one_host_stops_every_host(hosts, tmp_path):
     assert leftovers(run) == [], "processes left on the hosts"
 
 
+@pytest.mark.extended
 def test_ctrl_c_stops_the_remote_process_groups(hosts, tmp_path):
     run = tmp_path / "run"
     hf = hostfile(tmp_path, "h1 slots=1", "h2 slots=1")
@@ -151,6 +153,7 @@ def test_ctrl_c_stops_the_remote_process_groups(hosts, tmp_path):
     assert leftovers(run) == []
 
 
+@pytest.mark.extended
 def test_a_sigtermed_two_host_run_saves_the_step_in_flight_and_resumes_there(hosts, tmp_path):
     """SIGTERM to the launcher of a two-host run: the trainers on both hosts save a checkpoint at the end of the
     step in flight (the control file in the shared run directory), the launcher exits 143, nothing is left on the
@@ -314,6 +317,7 @@ def test_a_dedicated_vllm_host_serves_two_training_hosts(hosts, tmp_path):
     assert leftovers(run) == []
 
 
+@pytest.mark.extended
 @pytest.mark.vllm
 def test_a_data_parallel_server_over_two_hosts_serves_the_third(hosts, tmp_path):
     """Three 1-GPU sshd hosts, the server on two: vLLM's multi-node data parallel as planned (the API server and
@@ -327,6 +331,7 @@ def test_a_data_parallel_server_over_two_hosts_serves_the_third(hosts, tmp_path)
     assert leftovers(run) == []
 
 
+@pytest.mark.extended
 @pytest.mark.vllm
 def test_a_pipeline_over_two_hosts_serves_the_third(hosts, tmp_path):
     """Three 1-GPU sshd hosts, the server one replica of 2 pipeline stages over h2 and h3 (vLLM's --nnodes, node
@@ -373,6 +378,7 @@ def vllm_python_with_mixed_nvml(tmp_path: Path) -> str:
     return str(root / "bin" / "python")
 
 
+@pytest.mark.extended
 @pytest.mark.vllm
 def test_mixed_gpu_types_the_bandwidth_host_serves_and_the_flops_host_trains(hosts, tmp_path):
     """h1 (an H20 by its probe) and h2 (an H100), no gpu= in the hostfile: the plan puts the vLLM server on h1 and
