@@ -138,7 +138,9 @@ def test_every_batch_value_the_recipe_sets_is_kept_or_named_in_a_notice(name, gp
     _trl_accepts(plan)
 
 
-PINS = "launch.prompts_per_step=16 num_generations=8 per_device_train_batch_size=1"
+# qwen1.5b sets its own batch (gradient_accumulation_steps: 8): pinned as its values, so the job plans by the same
+# rule (issue 50: a prompts-per-step pin let the allocation's split change the accumulation).
+PINS = "gradient_accumulation_steps=8 num_generations=8 per_device_train_batch_size=1"
 
 
 def test_sbatch_and_sky_dry_runs_carry_the_pinned_batch(capsys, monkeypatch):

@@ -183,7 +183,7 @@ def test_sbatch_dry_run_prints_the_script_and_passes_extra_args(tmp_path, capsys
     out = capsys.readouterr().out
     assert "#SBATCH --nodes=2\n" in out and "#SBATCH --gpus-per-node=8\n" in out and "#SBATCH --qos=high\n" in out
     # the planned batch pinned after the user's overrides: the job plans again at it, or stops (issue 36)
-    pins = "launch.prompts_per_step=16 num_generations=8 per_device_train_batch_size=1"
+    pins = "gradient_accumulation_steps=8 num_generations=8 per_device_train_batch_size=1"  # the recipe's (issue 50)
     assert f"--slurm {QWEN} max_steps=5 {pins} --run-dir {tmp_path}/r" in out
     assert f"# batch pinned: {pins} (the job plans again in its allocation at this batch, or stops)" in out
     assert not (tmp_path / "r").exists(), "a dry run writes nothing"

@@ -114,7 +114,9 @@ def test_every_rendered_task_is_what_skypilot_parses(sky_python, tmp_path, capsy
         assert "pip install -e '.[train" in task["setup"]  # ROOT is grpo-launch's source: the nodes install it
     assert parsed[0]["name"] == "grpo-qwen1-5b" and parsed[2]["name"] == "my-run"
     assert parsed[1]["disk_size"] == 512
-    assert "max_steps=5 launch.prompts_per_step=" in parsed[0]["run"]  # the planned batch pinned after them
+    # the planned batch pinned after them: the recipe's own values (issue 50)
+    pins = "gradient_accumulation_steps=8 num_generations=8 per_device_train_batch_size=1"
+    assert f"max_steps=5 {pins}" in parsed[0]["run"]
     assert "per_device_train_batch_size=1 --run-dir grpo_runs/sky-test-0" in parsed[0]["run"]
     assert "launch.network_interface=eth0" in parsed[3]["run"]
     assert "vllm" not in parsed[3]["setup"], "tiny-cpu runs without vLLM: no vllm extra"
@@ -332,7 +334,7 @@ def test_hostile_overrides_reach_the_run_command_as_written(sky_python, tmp_path
     (task,) = sky_reads(sky_python, [path], tmp_path / "home")
     line = next(x for x in task["run"].splitlines() if "-m grpo_launch run" in x)
     words = shlex.split(line)
-    pins = ["launch.prompts_per_step=8", "num_generations=8", "per_device_train_batch_size=1"]  # the planned batch
+    pins = ["gradient_accumulation_steps=8", "num_generations=8", "per_device_train_batch_size=1"]  # the recipe's batch
     assert words[words.index("run") + 1 :] == [QWEN, *HOSTILE, *pins, "--run-dir", "grpo_runs/sky test", "--ray",
                                                "$head_ip:$port"]  # fmt: skip
     with pytest.raises(ConfigError, match="control character"):

@@ -1,6 +1,7 @@
 """Checks before a run starts anything, reported together: the recipe's inputs (model, data, rewards, the
-report_to integrations), vLLM in every Python that will import it, the output directory (writable, with room for the
-checkpoints the plan implies), and torch extension build locks DeepSpeed would wait on forever. ``run`` (its dry run
+report_to integrations), vLLM in every Python that will import it, whether the trainers can load a Hub model (a run
+that starts its processes: :func:`check_models_load`), the output directory (writable, with room for the checkpoints
+the plan implies), and torch extension build locks DeepSpeed would wait on forever. ``run`` (its dry run
 too) and the submit verbs (``sbatch``, ``sky``, ``ray-submit``: cli/submitting.py) call :func:`preflight` before
 anything starts or is queued."""
 
@@ -186,14 +187,185 @@ def unset_pass_env(plan: Plan, environ: Mapping[str, str]) -> str | None:
 
 
 def check_pass_env(plan: Plan, environ: Mapping[str, str], warn: Callable[[str], None] | None = None) -> None:
-    """A name of launch.pass_env not set in ``environ`` refuses the run (LaunchError), or with ``warn`` (a dry run,
-    a submission whose job has its own environment) is said there."""
+    """What the environment the processes start in (``environ``, the launcher's) lacks. A name of launch.pass_env
+    not set there refuses the run (LaunchError), or with ``warn`` (a dry run, a submission whose job has its own
+    environment) is said there. A run that starts its processes (no ``warn``) is also refused when its trainers
+    cannot load a model they would load (:func:`check_models_load`); a dry run and a submission load nothing, and a
+    submitted job checks in its own environment when it runs."""
     problem = unset_pass_env(plan, environ)
     if problem and warn is not None:
         warn(problem)
     elif problem:
         raise LaunchError(problem, hint="A secret reaches every process by its name in launch.pass_env; its value "
                           "comes from the environment grpo-launch starts in.")  # fmt: skip
+    if warn is None:
+        check_models_load(plan, environ)
+
+
+# A Hub model the trainers load: (repo id, revision, cache_dir, what it is, gguf_file).
+HubModel = tuple[str, str | None, str | None, str, str | None]
+
+
+def hub_models(plan: Plan) -> list[HubModel]:
+    """The Hub models the trainers load, as (repo id, revision, cache_dir, what, gguf_file): the policy model (its
+    weights at model_init_kwargs' revision, else model_revision; in model_init_kwargs' cache_dir), its tokenizer
+    (model_revision, the default cache; vLLM loads both from the same repository) and a reward_model_name_or_path
+    (its model and tokenizer). A local path is none of them (preflight checks its config.json)."""
+    values = plan.trainer_values
+    given = values.get("model_init_kwargs")
+    init: dict[str, Any] = given if isinstance(given, dict) else {}
+    out: list[HubModel] = []
+    model = str(values.get("model_name_or_path") or "")
+    if model and not looks_local(model):
+        revision = values.get("model_revision")
+        rev = str(init.get("revision") or revision or "") or None
+        cache, gguf = init.get("cache_dir"), init.get("gguf_file")
+        out.append((model, rev, str(cache) if cache else None, "model", str(gguf) if gguf else None))
+        out.append((model, str(revision) if revision else None, None, "tokenizer", None))
+    reward = str(values.get("reward_model_name_or_path") or "")
+    if reward and not looks_local(reward):
+        out += [(reward, None, None, "reward model", None), (reward, None, None, "reward tokenizer", None)]
+    return out
+
+
+def check_models_load(plan: Plan, environ: Mapping[str, str]) -> None:
+    """Refuse, before anything starts, a run whose trainers cannot load a Hub model (or its tokenizer): offline
+    (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE) and not in the Hugging Face cache, or not cached and the Hub not
+    reachable (or it has no such model, or it is gated). Otherwise every rank fails in from_pretrained after the
+    start, each with its traceback. Asked of huggingface_hub in the trainers' Python with the trainers' environment
+    (``environ`` and launch.train_env), so the cache is the one transformers reads (HF_HUB_CACHE, HF_HOME, …):
+    :data:`_MODEL_PROBE`. Only where the run's hosts are this machine or a Slurm allocation (the launcher runs on
+    its first node, whose processes get this environment); other hosts have their own caches."""
+    models = hub_models(plan)
+    if not models or plan.topology.source in ("hostfile", "ray", "spec", "sbatch", "sky"):
+        return
+    env = {**environ, **plan.recipe.launch.train_env}
+    found = _probe_models(plan.python, env, models)
+    if found is None:
+        return
+    offline, cache, cli = str(found["offline"]), str(found["cache"]), str(found["cli"])
+    lacking: dict[tuple[str, str | None, str | None], tuple[list[str], list[str], str | None]] = {}
+    for (repo, rev, cache_dir, what, _), result in zip(models, found["models"], strict=True):
+        if result["missing"] and (offline or result["reach"] is not None):
+            whats, parts, _ = lacking.setdefault((repo, rev, cache_dir), ([], [], result["reach"]))
+            whats.append(what)
+            parts += [m for m in result["missing"] if m not in parts]
+    if not lacking:
+        return
+    problems, downloads = [], []
+    for (repo, rev, cache_dir), (whats, parts, reach) in lacking.items():
+        why = f"the trainers run offline ({offline} is set)" if offline else reach
+        nothing = "config.json" in parts and any(p.startswith("the weights") for p in parts)
+        said = "not" if nothing else f"{', '.join(parts)} not"  # nothing of it, or what is missing
+        problems.append(f"{repo}{'@' + rev if rev else ''} ({' and '.join(whats)}): {said} in the Hugging Face "
+                        f"cache {cache_dir or cache}, and {why}")  # fmt: skip
+        downloads.append(shlex.join([cli, "download", repo, *(["--revision", rev] if rev else []),
+                                     *(["--cache-dir", cache_dir] if cache_dir else [])]))  # fmt: skip
+    hint = f"Download it first, into the cache the trainers read ({cache}): {'; '.join(dict.fromkeys(downloads))}"
+    if any("cannot be reached" in str(reach) for _, _, reach in lacking.values()):
+        hint += " (copy the cache over from a machine that reaches the Hub, or fix the network, proxy or HF_ENDPOINT)"
+    if offline:
+        hint += (
+            f"; or unset {offline} (the launcher's environment, or launch.train_env) and let the trainers download it"
+        )
+    raise ConfigError("the trainers cannot load the model:", problems=problems, hint=hint)
+
+
+def _probe_models(python: str, env: Mapping[str, str], models: list[HubModel]) -> dict[str, Any] | None:
+    """:data:`_MODEL_PROBE`'s answer, or None when it could not answer (the trainers' start then says why)."""
+    import subprocess
+
+    argv = [python, "-I", "-c", _MODEL_PROBE, json.dumps(models)]
+    try:
+        out = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=120)
+        found = json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    if not isinstance(found, dict) or len(found.get("models") or []) != len(models):
+        return None
+    return found
+
+
+# In the trainers' Python with their environment: huggingface_hub's own cache (constants.HF_HUB_CACHE, resolved from
+# HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME as transformers' from_pretrained resolves it) and offline flag, and
+# try_to_load_from_cache for what from_pretrained reads: config.json and the weights (model.safetensors, its index and
+# every shard it names, or pytorch_model.bin likewise; a gguf_file), and a tokenizer's files. What is missing online
+# is asked of the Hub once (the metadata of config.json, with huggingface_hub's own timeout): unreachable, no such
+# model, gated or no such revision is said; any other answer is left to the start.
+_MODEL_PROBE = """
+import json, sys
+try:
+    import huggingface_hub
+    from huggingface_hub import constants, try_to_load_from_cache
+except Exception:
+    sys.exit(0)
+def lookup(repo, name, rev, cache):
+    try:
+        found = try_to_load_from_cache(repo, name, cache_dir=cache, revision=rev)
+    except Exception:
+        return None
+    return found if isinstance(found, str) else None
+def cached(repo, name, rev, cache):
+    return lookup(repo, name, rev, cache) is not None
+def weights(repo, rev, cache, gguf):
+    if gguf:
+        return [] if cached(repo, gguf, rev, cache) else [gguf]
+    for single, index in (("model.safetensors", "model.safetensors.index.json"),
+                          ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+        if cached(repo, single, rev, cache):
+            return []
+        path = lookup(repo, index, rev, cache)
+        if path is not None:
+            try:
+                shards = sorted(set(json.load(open(path))["weight_map"].values()))
+            except Exception:
+                return ["the weight shards (" + index + " unreadable)"]
+            lacking = [s for s in shards if not cached(repo, s, rev, cache)]
+            return ["%d of %d weight shards (%s)" % (len(lacking), len(shards), lacking[0])] if lacking else []
+    return ["the weights (model.safetensors or pytorch_model.bin, or their index)"]
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+def missing(repo, rev, cache, what, gguf):
+    if what.endswith("tokenizer"):
+        found = any(cached(repo, n, rev, cache) for n in TOKENIZER)
+        return [] if found else ["the tokenizer files (tokenizer.json, tokenizer_config.json, …)"]
+    out = [] if cached(repo, "config.json", rev, cache) else ["config.json"]
+    return out + weights(repo, rev, cache, gguf)
+def reach(repo, rev):
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub import errors
+    try:
+        get_hf_file_metadata(hf_hub_url(repo, "config.json", revision=rev))
+        return None
+    except errors.GatedRepoError:
+        return "it is gated: accept its terms on the Hub and give the trainers a token (HF_TOKEN in launch.pass_env)"
+    except errors.RepositoryNotFoundError:
+        return "the Hub has no such model (or it is private: give the trainers a token, HF_TOKEN in launch.pass_env)"
+    except errors.RevisionNotFoundError:
+        return "the Hub has no revision %r of it" % (rev,)
+    except errors.HfHubHTTPError:
+        return None
+    except Exception as exc:
+        name = type(exc).__name__
+        if isinstance(exc, OSError) or any(w in name for w in ("Connect", "Timeout", "Network", "Proxy")):
+            return "the Hub (%s) cannot be reached: %s" % (constants.ENDPOINT, name)
+        return None
+import os
+offline = next((n for n in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                if constants.HF_HUB_OFFLINE and os.environ.get(n, "").upper() in constants.ENV_VARS_TRUE_VALUES), "")
+out = []
+asked = {}
+for repo, rev, cache, what, gguf in json.loads(sys.argv[1]):
+    lacking = missing(repo, rev, cache, what, gguf)
+    said = None
+    if lacking and not offline:
+        if (repo, rev) not in asked:
+            asked[repo, rev] = reach(repo, rev)
+        said = asked[repo, rev]
+    out.append({"missing": lacking, "reach": said})
+major = int(huggingface_hub.__version__.split(".")[0])
+print(json.dumps({"offline": offline, "cache": constants.HF_HUB_CACHE, "cli": "hf" if major >= 1 else "huggingface-cli",
+                  "models": out}))
+"""
 
 
 def check_vllm(plan: Plan) -> str | None:

@@ -27,7 +27,7 @@ def better_batch(ctx: Context, misses: list[Split], best: Candidate, chosen_spli
     chosen = best.step.total_s / best.prompts_per_step
     found: tuple[float, int, Split] | None = None
     for split in misses:
-        unit = _unit(split.trainers, req.per_device, k)
+        unit = least_prompts(split.trainers, req.per_device, k)
         for prompts in {max(unit, unit * math.floor(best.prompts_per_step / unit)),
                         unit * math.ceil(best.prompts_per_step / unit)}:  # fmt: skip
             try:
@@ -94,7 +94,7 @@ def latency_bound(ctx: Context, best: Candidate, split: Split, target: Batch) ->
     )
 
 
-def _unit(trainers: int, per_device: int | None, k: int) -> int:
+def least_prompts(trainers: int, per_device: int | None, k: int) -> int:
     """The least prompts per step ``trainers`` can take in whole groups of ``k``."""
     share = trainers * (per_device or 1)
     return share // math.gcd(share, k)
@@ -109,7 +109,7 @@ def batch_fixes(ctx: Context, misses: list[Split], target: Batch | None) -> list
     k, prompts = target.group, target.prompts
     fixes = []
     for split in misses:
-        unit = _unit(split.trainers, req.per_device, k)
+        unit = least_prompts(split.trainers, req.per_device, k)
         for near in {max(unit, unit * math.floor(prompts / unit)), unit * math.ceil(prompts / unit)}:
             fixes.append(Fix("launch.prompts_per_step", near, f"{split.trainers} trainers of {split.label} take it "
                              "evenly (a different batch)", rank=1, cost=abs(math.log(near / prompts))))  # fmt: skip

@@ -60,6 +60,9 @@ class Layout:
     per_device_eval_batch_size: int | None = None  # set when evaluation is on
     num_generations_eval: int | None = None
     generation_batch_size_given: bool = False  # the user set generation_batch_size (not steps_per_generation)
+    # The key by which the recipe sets its own batch when this layout keeps the recipe's values (each split runs them
+    # on its own trainers); None when it meets a pinned or default batch (launch.prompts_per_step).
+    recipe_batch_key: str | None = None
 
     @property
     def prompts_per_generation(self) -> int:
@@ -102,6 +105,16 @@ class LayoutRequest:
     def group(self) -> int:
         """The group size: num_generations, else TRL's default."""
         return group_size(self.num_generations)
+
+    @property
+    def own_batch_key(self) -> str | None:
+        """The key by which the recipe sets its own batch (its accumulation or generation rhythm), if any."""
+        for key, value in (("generation_batch_size", self.generation_batch_size),
+                           ("steps_per_generation", self.steps_per_generation),
+                           ("gradient_accumulation_steps", self.grad_accum)):  # fmt: skip
+            if value is not None:
+                return key
+        return None
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> LayoutRequest:
@@ -197,6 +210,7 @@ def solve_layout(
         per_device_eval_batch_size=pe,
         num_generations_eval=req.num_generations_eval,
         generation_batch_size_given=req.generation_batch_size is not None,
+        recipe_batch_key=req.own_batch_key if completions is None else None,
     )
     return layout, notes.why
 

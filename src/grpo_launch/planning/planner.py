@@ -23,7 +23,7 @@ from grpo_launch.planning.lengths import check_positions
 from grpo_launch.planning.one_split import mixed_precision, plan_one
 from grpo_launch.planning.search import best_plan
 from grpo_launch.planning.sizes import Batch
-from grpo_launch.planning.splits.allowed import allowed_splits, requested_mode
+from grpo_launch.planning.splits.allowed import allowed_splits, fewer_hosts, requested_mode
 from grpo_launch.planning.splits.batch_target import planned_batch, sets_its_batch
 from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.types import Plan, Runtime, Trace
@@ -84,6 +84,10 @@ def _plan(
     if any(s.kind != SplitKind.OFF for s in splits):
         check_positions(recipe, model)  # vLLM generates: its max length must fit the model's positions
     target = _batch(ctx, splits)
+    if target is not None and ctx.estimable:
+        # After the batch (it never depends on the splits compared): the hosts a fixed batch can use, when it cannot
+        # use every host's trainers; picked only where predicted faster, and said so.
+        splits = [*splits, *fewer_hosts(topology, splits, target.completions, ctx.request.per_device)]
     if asynchronous:
         from grpo_launch.planning import modes
 

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning.batch_advice import batch_fixes, better_batch, latency_bound
+from grpo_launch.planning.batch_advice import batch_fixes, better_batch, latency_bound, least_prompts
 from grpo_launch.planning.batch_layout import LayoutError, solve_layout
 from grpo_launch.planning.bounds import best_variant, candidate, prompts_of, reason
 from grpo_launch.planning.context import Context
+from grpo_launch.planning.cost.steptime import StepTime
 from grpo_launch.planning.one_split import plan_one
 from grpo_launch.planning.sizes import Batch
 from grpo_launch.planning.splits.batch_target import feasible
@@ -53,11 +54,36 @@ def best_plan(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
     if split.idle:
         ctx.base.decide("idle_gpus", split.idle, _only_split_reason(split, ctx.model, ctx.recipe))
     try:
-        return plan_one(ctx, split, target)
+        plan = plan_one(ctx, split, target)
     except PlanError as exc:
         if len(splits) == 1:  # the others were left out for their weights: say which, and why
             exc.explain = (*exc.explain, *unfit_servers(ctx.topology, ctx.model))
         raise
+    if target is None and len({s.trainers for s in splits}) > 1:
+        plan = dataclasses.replace(plan, notices=(*plan.notices, _unestimated_batch(ctx, plan, split)))
+    return plan
+
+
+def _unestimated_batch(ctx: Context, plan: Plan, split: Split) -> str:
+    """Without an estimate the default split decides the trainers, and with the recipe's own batch values the global
+    batch follows them: say so, since a plan that can compare the splits (the GPU model named, or the job inside its
+    allocation) may choose other trainers, and with them another global batch, the recipe's values kept."""
+    lay = plan.layout
+    unknown = "the model's shape" if ctx.model is None else "the GPU model"
+    per_trainer = lay.per_device_train_batch_size * lay.gradient_accumulation_steps
+    said = (
+        f"{unknown} is unknown, so no split is compared: the default one, {split.label}, runs the recipe's batch on "
+        f"its {lay.num_processes} trainers ({lay.per_device_train_batch_size} per device × {lay.num_processes} × "
+        f"{lay.gradient_accumulation_steps} accumulation = {lay.completions_per_optimizer_step} completions per "
+        f"step); the recipe's values are kept on every split, so a split with other trainers runs another global "
+        f"batch ({per_trainer} completions per trainer per step)"
+    )
+    if ctx.topology.source == "sbatch":
+        said += (
+            ": the job plans its split on the allocation's GPUs, with these values (pass --gpu-type to compare the "
+            "splits here)"
+        )
+    return said
 
 
 def _only_split_reason(split: Split, model: ModelShape | None, recipe: Recipe) -> str:
@@ -220,6 +246,8 @@ def _chosen(ctx: Context, tally: _Tally, target: Batch | None) -> Plan:
         if better is not None:
             decisions.append(Decision("prompts_per_step_alternative", better[0], better[1]))
             notices.append(better[1])
+    if said := _idle_hosts(ctx, chosen_split, plan, (best, *others), skipped):
+        notices.append(said)
     own = target or Batch(round(best.prompts_per_step), ctx.group)  # the recipe's batch on the chosen split
     larger = latency_bound(ctx, best, chosen_split, own) if own.prompts == best.prompts_per_step else None
     if larger is not None:
@@ -271,6 +299,53 @@ def _slower(c: Candidate, best: Candidate) -> str:
     return f"{((c.per_prompt_s or 0.0) / (best.per_prompt_s or 1.0) - 1):.0%} slower"
 
 
+def _idle_hosts(ctx: Context, split: Split, plan: Plan, planned: tuple[Candidate, ...],
+                skipped: list[Candidate]) -> str | None:  # fmt: skip
+    """The notice of a batch too small for every host (:func:`.splits.allowed.fewer_hosts`): which hosts idle, why
+    (the trainers it keeps busy, the split that uses every GPU and how much slower it is) and the two ways to use
+    them, neither applied: the batch is the user's."""
+    if split.kind != SplitKind.COLOCATE or split.types or len(split.train_hosts) == split.hosts:
+        return None
+    best = planned[0]
+    assert best.step is not None
+    hosts = ctx.topology.hosts
+    idle = [hosts[i].name for i in range(split.hosts) if i not in split.train_hosts]
+    layout = plan.layout
+    busy = [c for c in planned if not c.idle and c.step]
+    bounded = [c for c in skipped if not c.idle]
+    if busy:
+        c = busy[0]
+        assert c.step is not None
+        slower = f"faster than every split that uses every GPU ({c.label}: {c.step.total_s:.2f} s, {_slower(c, best)})"
+    elif bounded:
+        c = bounded[0]
+        slower = (f"faster than every split that uses every GPU ({c.label}: at least {c.bound_s or 0.0:.2f} s, its "
+                  "lower bound)")  # fmt: skip
+    else:
+        slower = "and no split that uses every GPU plans (the recipe's vLLM settings, or the batch, leave none)"
+    every = split.hosts * split.gpus_per_host
+    unit = least_prompts(every, ctx.request.per_device, ctx.group)
+    prompts = round(best.prompts_per_step)
+    return (
+        f"{split.idle} GPUs idle ({', '.join(idle)}): {prompts} prompts per step "
+        f"({layout.completions_per_optimizer_step} completions, per_device_train_batch_size "
+        f"{layout.per_device_train_batch_size}) keep at most {split.trainers} of the {every} GPUs training, and "
+        f"colocating on {len(split.train_hosts)} of the {split.hosts} hosts predicts {best.step.total_s:.2f} s per "
+        f"step, {slower}; to use them, raise launch.prompts_per_step "
+        f"(the batch is yours: {unit * -(-prompts // unit)} is the least that colocating on every host takes "
+        f"evenly), or free them: the same plan runs on {len(split.train_hosts)} hosts"
+    )
+
+
+def _generation_phase(step: StepTime) -> str:
+    """What the trainers time as generation, by its terms: the estimate's "generation" is vLLM's generating alone, and
+    the balance weighs it with the old log-probs and the weight sync (``generation 2.70 s + old log-probs 0.13 s =
+    2.83 s``), so the two numbers never share a name."""
+    terms = [("generation", step.generation_s), ("old log-probs", step.old_logprobs_s), ("sync", step.sync_s)]
+    shown = [f"{name} {s:.2f} s" for name, s in terms if s or name == "generation"]
+    return " + ".join(shown) + (f" = {step.trainer_generation_s:.2f} s" if len(shown) > 1 else "")
+
+
 def _idle_and_balance(best: Candidate, others: list[Candidate], skipped: list[Candidate]) -> list[Decision]:
     """Why GPUs idle (only when every split that uses them is slower), and generation against training."""
     assert best.step is not None
@@ -292,7 +367,7 @@ def _idle_and_balance(best: Candidate, others: list[Candidate], skipped: list[Ca
     ratio = best.balance
     if ratio is None:
         return out
-    said = f"generation {best.step.trainer_generation_s:.2f} s vs training {best.step.training_s:.2f} s per step"
+    said = f"{_generation_phase(best.step)} vs training {best.step.training_s:.2f} s per step"
     if best.mode == VllmMode.COLOCATE:
         out.append(Decision("balance", round(ratio, 2), f"{said}, one after the other on every GPU: none waits"))
     elif 1 / BALANCED <= ratio <= BALANCED:

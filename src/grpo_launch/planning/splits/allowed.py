@@ -13,6 +13,8 @@ from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import VLLM_SERVER_UTILIZATION
 from grpo_launch.planning.cost.memory import weights_fit
+from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.splits.batch_target import feasible
 from grpo_launch.planning.splits.refusals import (
     check_tp,
     refuse_no_server,
@@ -131,6 +133,31 @@ def allowed_splits(topology: Topology, recipe: Recipe, model: ModelShape | None,
     if not fitting and not colocated and model is not None and mem is not None:
         refuse_unfit(topology, model, served)
     return colocated + fitting
+
+
+def fewer_hosts(topology: Topology, splits: list[Split], completions: int, per_device: int | None) -> list[Split]:
+    """Colocated engines on fewer whole hosts, for a fixed batch (pinned or default: decided before, never by the
+    splits compared) of ``completions`` per step that colocating on every host cannot take evenly (more trainers than
+    it has completions per ``per_device`` batch, or trainers that do not divide it): on the most hosts whose trainers
+    do take it, the others idle. Each TP of the allowed colocated splits (their weights fit: one GPU type, so the
+    same fit). The search compares them at the same batch beside the splits that use every GPU, and picks one only
+    where it predicts a shorter step (it then says which GPUs idle, and why). One GPU type and count on every host
+    (a mixed cluster has its own: one type alone)."""
+    every = [s for s in splits if s.kind == SplitKind.COLOCATE and not s.types and len(s.train_hosts) == s.hosts]
+    n = len(topology.hosts)
+    if not every or n < 2 or len(set(topology.gpus_per_host)) > 1 or len(topology.gpu_types) > 1:
+        return []
+    if any(feasible(completions, s.trainers, per_device) for s in every):
+        return []
+    g = every[0].gpus_per_host
+    m = next((m for m in range(n - 1, 0, -1) if feasible(completions, m * g, per_device)), None)
+    if m is None:
+        return []
+    return [
+        Split(SplitKind.COLOCATE, n, g, g, tuple(range(m)), Parallelism(s.tp, dp=m * g // s.tp))
+        for s in every
+        if (m * g) % s.tp == 0
+    ]
 
 
 def _by_type(topology: Topology, model: ModelShape | None, every: list[Split]) -> list[Split]:

@@ -30,12 +30,7 @@ def feasible(completions: int, trainers: int, per_device: int | None) -> bool:
 
 def sets_its_batch(req: LayoutRequest) -> str | None:
     """The key by which the recipe sets its own batch (its accumulation or generation rhythm), if any."""
-    for key, value in (("generation_batch_size", req.generation_batch_size),
-                       ("steps_per_generation", req.steps_per_generation),
-                       ("gradient_accumulation_steps", req.grad_accum)):  # fmt: skip
-        if value is not None:
-            return key
-    return None
+    return req.own_batch_key
 
 
 def default_prompts(req: LayoutRequest, trainers: int) -> int:
@@ -67,15 +62,27 @@ def planned_batch(req: LayoutRequest, pinned: int | None, trainers: int, gpus: i
 
 
 def batch_pins(layout: Layout) -> list[str]:
-    """The recipe overrides that pin a planned batch (the algorithm: its prompts per step, group size and
-    per-device batch), for a job that plans again inside its allocation (``sbatch``, ``sky``, ``ray-submit``): it
-    keeps this batch, or refuses (a split that cannot take it evenly is never planned at another). A generation
-    rhythm that spans optimizer steps (not whole groups per step) pins nothing: the recipe's own values keep it."""
+    """The recipe overrides that pin a planned batch (the algorithm), for a job that plans again inside its
+    allocation (``sbatch``, ``sky``, ``ray-submit``): it keeps this batch, or refuses.
+
+    - A batch the recipe sets itself (its accumulation, generation rhythm or generation batch) is pinned as those
+      values, never as a prompts-per-step: the job then plans by the same rule as here (each split runs the
+      recipe's values on its own trainers), so on the same GPUs it plans the same split and the same batch. A
+      ``launch.prompts_per_step`` taken from the split planned here would turn the recipe's accumulation into a
+      derived one and let the allocation's split change it (4 → 2 where the job found more trainers than a plan made
+      without the GPU model), and beside a ``generation_batch_size`` it is refused.
+    - A pinned or default batch is pinned as its prompts per step, group size and per-device batch (a split that
+      cannot take it evenly is never planned at another). A generation rhythm that spans optimizer steps (not whole
+      groups per step) pins nothing: the recipe's own values keep it."""
     completions, k = layout.completions_per_optimizer_step, layout.num_generations
+    common = [f"num_generations={k}", f"per_device_train_batch_size={layout.per_device_train_batch_size}"]
+    if layout.recipe_batch_key is not None:
+        own = [f"gradient_accumulation_steps={layout.gradient_accumulation_steps}"]
+        if layout.generation_batch_size_given:
+            own.append(f"generation_batch_size={layout.generation_batch_size}")
+        elif layout.steps_per_generation != layout.gradient_accumulation_steps:  # the recipe's own rhythm
+            own.append(f"steps_per_generation={layout.steps_per_generation}")
+        return [*own, *common]
     if completions % k:
         return []
-    return [
-        f"launch.prompts_per_step={completions // k}",
-        f"num_generations={k}",
-        f"per_device_train_batch_size={layout.per_device_train_batch_size}",
-    ]
+    return [f"launch.prompts_per_step={completions // k}", *common]

@@ -2,7 +2,9 @@
 
 A split is one of:
 
-- **colocate**: every GPU trains, and each TP group of trainers also runs a vLLM engine (TRL's colocate mode);
+- **colocate**: every GPU trains, and each TP group of trainers also runs a vLLM engine (TRL's colocate mode); on
+  fewer whole hosts when a fixed batch cannot use every host's trainers (:func:`.allowed.fewer_hosts`), the others
+  idle;
 - **server**: on one host, ``k`` of its GPUs run the vLLM server as TP × DP, the others train;
 - **nodes**: ``j`` whole hosts run the server (TP within a host × DP over their GPUs; for ``j`` > 1 vLLM's
   multi-node data parallel: the first serving host runs the API server, the others run headless engines), the other
@@ -113,6 +115,8 @@ class Split:
 
     @property
     def _where(self) -> str:
+        if self.kind == SplitKind.COLOCATE and not self.types and len(self.train_hosts) < self.hosts:
+            return f"colocate on {len(self.train_hosts)} of {self.hosts} hosts ({self.dp} engine(s) × TP {self.tp})"
         if self.kind == SplitKind.COLOCATE:
             return f"colocate ({self.dp} engine(s) × TP {self.tp})"
         if self.kind == SplitKind.OFF:
