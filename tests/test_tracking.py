@@ -8,7 +8,9 @@
 - ``status`` and the report show each attempt once (its steps, own step time, checkpoint, end); a resumed run's
   curve has each step once, the later attempt's record of a repeated step winning.
 - The real thing (slow): a CPU GRPO run with report_to wandb, offline, a restart and a resume: one W&B run id, whose
-  history (read with wandb's own reader) has every step once.
+  history (read with wandb's own reader) has every step once, the killed attempt's included.
+- A rank ended by a signal keeps its W&B history (issue 50): wandb-core writes the run's file only every 15 s unless
+  told otherwise and dies with the rank without writing the rest, so the trainers have it write every 0.1 s.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from grpo_launch.rundir.records import Attempt, LogRecord, SaveRecord, StepRecor
 from grpo_launch.rundir.report_summary import summary_rows
 from grpo_launch.rundir.tracking import TrackingRecord, keep_tracking, read_tracking
 from grpo_launch.rundir.view import RunView
+from grpo_launch.train.tracking import FLUSH_ENV, FLUSH_S, tracking_defaults
 
 from .helpers import ROOT, TINY_RECIPE, plan_recipe, tiny_overrides
 
@@ -249,26 +252,79 @@ def test_records_of_an_older_version_are_split_into_attempts_where_the_steps_go_
 # --------------------------------------------------------------------------- the real thing: W&B, offline
 
 
-def _wandb_history(run_dir: Path) -> tuple[dict, list[dict]]:
-    """(the run record: id, name, …; its history rows) of one offline W&B run directory, read with wandb's own
-    reader of the .wandb transaction log (``wandb leet inspect --json``)."""
+def _wandb_records(run_dir: Path) -> dict[str, list[dict]]:
+    """The records of one offline W&B run directory by type ("run", "history", "metric", "exit", …), each as its
+    message, read with wandb's own reader of the .wandb transaction log (``wandb leet inspect --json``)."""
     out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
                          capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    (run,) = [r["run"] for r in records if r.get("type") == "run"]
-    return run, [r["history"]["item"] for r in records if r.get("type") == "history"]
+    records: dict[str, list[dict]] = {}
+    for line in out.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            kind = record.get("type", "")
+            records.setdefault(kind, []).append(record.get(kind, {}))
+    return records
+
+
+def _wandb_history(run_dir: Path) -> tuple[dict, list[dict]]:
+    """(the run record: id, name, resume, …; its history rows) of one offline W&B run directory."""
+    records = _wandb_records(run_dir)
+    size = sum(f.stat().st_size for f in run_dir.glob("*.wandb"))
+    assert records.get("run"), f"{run_dir.name}: no run record, its .wandb file holds {size} bytes"
+    return records["run"][0], [r["item"] for r in records.get("history", [])]
+
+
+SIGTERMED = """
+import os, signal, sys, time
+import wandb
+
+wandb.init(project="p", id=sys.argv[1], resume="allow")
+for step in (1, 2, 3):
+    wandb.log({"train/global_step": step, "train/reward": step / 10})
+time.sleep(1.0)  # ten times the trainers' flush interval
+os.kill(os.getpid(), signal.SIGTERM)  # as torchrun and the teardown end a rank: no exit handler, no wandb.finish
+"""
+
+
+def test_the_trainers_have_wandb_write_its_file_often_unless_told_otherwise():
+    environ: dict[str, str] = {}
+    tracking_defaults(environ)
+    assert environ == {FLUSH_ENV: f"{FLUSH_S:g}"} and FLUSH_S <= 0.25
+    mine = {FLUSH_ENV: "30"}
+    tracking_defaults(mine)
+    assert mine == {FLUSH_ENV: "30"}
+
+
+@pytest.mark.slow
+def test_a_rank_ended_by_sigterm_keeps_its_wandb_history(tmp_path):
+    """W&B's service process (wandb-core) holds an offline run's records in memory and dies with the rank that
+    started it, without writing them; a rank ended by SIGTERM runs no wandb.finish. With W&B's own flush interval
+    (15 s) the file of such a rank holds its 7-byte header alone (issue 50); with the trainers' it holds every row
+    logged before the last tenth of a second."""
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    env.pop(FLUSH_ENV, None)
+    tracking_defaults(env)  # as the training entry does (prepare_process)
+    done = subprocess.run([sys.executable, "-c", SIGTERMED, "abc12345"], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*-abc12345")
+    record, rows = _wandb_history(run_dir)
+    assert record["run_id"] == "abc12345" and [r["train/global_step"] for r in rows] == [1, 2, 3]
 
 
 @pytest.mark.slow
 def test_a_restart_and_a_resume_keep_one_wandb_run_with_every_step_once(tmp_path):
-    """report_to wandb, WANDB_MODE=offline: rank 1 is killed in step 3 (a restart from checkpoint-2), SIGUSR2 stops
-    the run with a checkpoint later on, and the same command resumes it to the end. Three attempts, three offline
-    run directories (W&B writes one per process start), one run id: the one in RUN_DIR/tracking.json; the history's
-    training rows, in order, have each step once. status lists the three attempts with their ends."""
+    """report_to wandb, WANDB_MODE=offline: rank 0, the one holding the W&B run, is killed outright in step 3 (a
+    restart from checkpoint-2), SIGUSR2 stops the run with a checkpoint later on, and the same command resumes it to
+    the end. Three attempts, three offline run directories (W&B writes one per process start), one run id: the one in
+    RUN_DIR/tracking.json, each directory marked as resuming it. Each attempt's training rows are there, the killed
+    one's too (with W&B's own 15 s flush its file held its header alone, issue 50), and in order they have each
+    step once by train/global_step, the axis transformers gives every metric; W&B's own _step starts at 0 in each
+    directory. status lists the three attempts with their ends."""
     from .test_healing import argv, fault_env, wait_for_line
 
     run = tmp_path / "run"
-    env = {**os.environ, **fault_env(tmp_path, "kill", at=3), "WANDB_MODE": "offline",
+    env = {**os.environ, **fault_env(tmp_path, "kill", at=3, rank=0), "WANDB_MODE": "offline",
            "WANDB_DIR": str(tmp_path / "wandb-dir"), "WANDB_SILENT": "true"}  # fmt: skip
     env.pop("WANDB_RUN_ID", None)
     command = argv(run, "max_steps=10", "save_steps=1", "reward_funcs=[faultmod:reward]", "report_to=[wandb]",
@@ -293,14 +349,17 @@ def test_a_restart_and_a_resume_keep_one_wandb_run_with_every_step_once(tmp_path
     said = f"[grpo-launch] tracking: wandb, one run over every attempt: W&B id {tracking.run_id}, name run"
     assert said in "".join(seen) and said in again.stdout
     dirs = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
-    assert len(dirs) == 3, dirs  # one per attempt
-    steps: list[int] = []
+    assert len(dirs) == 3, dirs  # one per attempt, named by their start
+    steps: list[list[int]] = []
     for d in dirs:
         record, rows = _wandb_history(d)
-        assert record["run_id"] == tracking.run_id  # one W&B run: wandb sync uploads all three into it
+        assert record["run_id"] == tracking.run_id  # one W&B run
         assert record["resume"] is True and record["display_name"] == tracking.name == "run"  # the run dir's name
-        steps += [int(r["train/global_step"]) for r in rows if "train/reward" in r]
-    assert steps == list(range(1, 11)), steps
+        axis = [m for m in _wandb_records(d).get("metric", []) if m.get("glob_name") == "*"]
+        assert [m.get("step_metric") for m in axis] == ["train/global_step"], axis  # transformers' WandbCallback
+        assert rows and rows[0]["_step"] == 0  # W&B's own row counter: not carried over offline
+        steps.append([int(r["train/global_step"]) for r in rows if "train/reward" in r])
+    assert steps == [[1, 2], list(range(3, stopped + 1)), list(range(stopped + 1, 11))], steps
 
     view = RunView.load(run)
     assert [s.step for s in view.steps()] == list(range(1, 11))

@@ -32,6 +32,7 @@ from grpo_launch.train.core import build_inputs, config_kwargs, train_and_finish
 from grpo_launch.train.data import split_values
 from grpo_launch.train.environment import JobEnvironment
 from grpo_launch.train.server_auth import guard_clients
+from grpo_launch.train.tracking import tracking_defaults
 
 _KEEP: list[Any] = []  # the stack-dump file stays open for faulthandler
 
@@ -61,7 +62,8 @@ class TiedHeadFilter(logging.Filter):
 
 
 def prepare_process(job: JobEnvironment) -> None:
-    """What every rank sets up before the recipe is read: warnings, loggers' directories and the hang dump."""
+    """What every rank sets up before the recipe is read: warnings, loggers' directories, how often W&B writes its
+    file, and the hang dump."""
     import faulthandler
     import signal
     import warnings
@@ -69,6 +71,9 @@ def prepare_process(job: JobEnvironment) -> None:
     # TRL 1.16 reads model.is_gradient_checkpointing, which transformers 5 deprecated: a warning at every save that
     # no setting of the recipe can avoid. This one message only; every other warning stays.
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+    # W&B's file written often, so that a rank ended by a signal keeps its history (grpo_launch.train.tracking).
+    tracking_defaults(os.environ)
 
     # grpo-launch's watchdog asks for every rank's stack when no step finishes in time (a hang): each rank writes it
     # to RUN_DIR/control/stacks/rank-R.txt (on stderr when grpo-launch did not start it).
