@@ -1,8 +1,9 @@
 """Benchmark the planning path.
 
-1. `grpo-launch plan recipes/qwen1.5b.yaml --gpus 8xH100-80GB` wall time (median of N runs), as a ratio to the
-   median of `python -c "import yaml"` measured in the same run, interleaved (target: ratio ≤ 3). The ratio cancels
-   most of the machine's load; the table (rich) and the --json path are measured separately. Bytecode caching is
+1. `grpo-launch plan recipes/qwen1.5b.yaml --gpus 8xH100-80GB` wall time (median of N runs; target ≤ 150 ms on a
+   quiet machine, with no private API of any library), beside `python -c "import yaml"` measured in the same run,
+   interleaved, to tell a slow machine from a slow plan; the table (rich) and the --json path are measured
+   separately. Bytecode caching is
    on for the measured commands, as for any installed package (this workplace sets PYTHONDONTWRITEBYTECODE=1,
    which would compile grpo-launch's sources on every start while site-packages' yaml loads precompiled).
 2. `python -X importtime` of that command: torch/trl/transformers/deepspeed/accelerate must not appear.
@@ -44,7 +45,7 @@ def main() -> int:
         med = statistics.median(times)
         print(
             f"{name:12} median {med * 1000:4.0f} ms (min {min(times) * 1000:.0f}, max {max(times) * 1000:.0f}) "
-            f"= {med / base:.2f}× import yaml" + ("" if name == "import yaml" else " (target ≤ 3×)")
+            f"= {med / base:.2f}× import yaml" + ("" if name == "import yaml" else " (target ≤ 150 ms)")
         )
 
     proc = subprocess.run([sys.executable, "-X", "importtime", *cmd[1:]], cwd=ROOT, capture_output=True, text=True)

@@ -9,13 +9,12 @@ goes through (plan.json, ``--dry-run``, the run lock, invocation.json, launcher.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import FrozenInstanceError, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from grpo_launch.enums import FailureKind, Role, RunState
@@ -139,22 +138,6 @@ def _repr(self: Any) -> str:
     return f"{type(self).__qualname__}({', '.join(shown)})"
 
 
-def _setattr(self: Any, name: str, value: Any) -> None:
-    raise FrozenInstanceError(f"cannot assign to field {name!r} of a {type(self).__qualname__}")
-
-
-def _delattr(self: Any, name: str) -> None:
-    raise FrozenInstanceError(f"cannot delete field {name!r} of a {type(self).__qualname__}")
-
-
-_setattr.__name__ = _setattr.__qualname__ = "__setattr__"
-_delattr.__name__ = _delattr.__qualname__ = "__delattr__"
-
-
-def _shared_refusals(cls: type, fields: Any, globals: Any) -> tuple[Any, ...]:
-    return _setattr, _delattr
-
-
 if TYPE_CHECKING or sys.version_info >= (3, 11):
     from typing import dataclass_transform
 else:  # Python 3.10: the decorator only informs type checkers
@@ -165,21 +148,11 @@ else:  # Python 3.10: the decorator only informs type checkers
 
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def frozen(cls: type[T]) -> type[T]:
-    """``@dataclass(frozen=True)`` with the equality, hashing, repr and the refusal to assign shared by every value
-    type instead of generated for each: before Python 3.13 dataclasses compile each generated method on its own
-    (three for a frozen class: __init__, __setattr__ and __delattr__, which differ only by the class they name), and
-    with some 60 value types that was half of ``grpo-launch plan``'s start-up. Only __init__ is generated (its
-    object.__setattr__ keeps instances as quick to make as before: a __setattr__ that let __init__ through would
-    slow make_plan by half, scripts/bench_plan.py). Python 3.13 compiles a class's methods at once and needs none of
-    this; an earlier Python without dataclasses' ``_frozen_get_del_attr`` gets the generated ones."""
-    if sys.version_info < (3, 13) and hasattr(dataclasses, "_frozen_get_del_attr"):
-        generated, dataclasses._frozen_get_del_attr = dataclasses._frozen_get_del_attr, _shared_refusals
-        try:
-            cls = dataclass(frozen=True, eq=False, repr=False)(cls)
-        finally:
-            dataclasses._frozen_get_del_attr = generated
-    else:
-        cls = dataclass(frozen=True, eq=False, repr=False)(cls)
+    """``@dataclass(frozen=True)`` with the equality, hashing and repr shared by every value type instead of generated
+    and compiled for each (about 60 value types: a third of ``grpo-launch plan``'s start-up went to compiling them
+    before Python 3.13, scripts/bench_plan.py). The shared ones read the fields as the generated ones would; only
+    __init__, __setattr__ and __delattr__ are dataclasses' own."""
+    cls = dataclass(frozen=True, eq=False, repr=False)(cls)
     cls.__eq__ = _eq  # type: ignore[method-assign]
     cls.__hash__ = _hash  # type: ignore[method-assign]
     cls.__repr__ = _repr  # type: ignore[method-assign]

@@ -26,11 +26,10 @@ Say = Callable[[str], None]
 def _vllm_phase(python: str | None, spec: Any, seconds: float, batches: list[int]) -> tuple[dict[str, Any] | None, str]:
     """vLLM's start-up and decode measured in ``python``; (None, why) when it cannot run."""
     import json
-    import signal
-    import subprocess
     import tempfile
 
     from grpo_launch.probe import bench_vllm
+    from grpo_launch.probe.bench_child import json_child
 
     if python is None:
         return None, "vLLM start-up and decode: no vLLM in this Python (give --vllm-python)"
@@ -39,25 +38,13 @@ def _vllm_phase(python: str | None, spec: Any, seconds: float, batches: list[int
            "completion_len": spec.completion_len, "random_weights": spec.random_weights,
            "batches": batches, "seconds": seconds / 2, "graphs": spec.device == "cuda"}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="grpo-calibrate-vllm-") as tmp:
-        # vLLM leaves socket files in TMPDIR; its engine core and workers are children of their own: the whole
-        # session is stopped on a timeout
+        # vLLM leaves socket files in TMPDIR; its engine core and workers are children of their own (json_child
+        # stops the whole session on a timeout)
         kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TMPDIR": tmp,
                "VLLM_CACHE_ROOT": f"{tmp}/cache", "VLLM_CPU_KVCACHE_SPACE": kv}  # fmt: skip
-        cmd = [python, bench_vllm.__file__, json.dumps(job)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
-                                start_new_session=True)  # fmt: skip
-        try:
-            out, err = proc.communicate(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return None, f"vLLM start-up and decode: not done within its {seconds:.0f} s (raise --minutes)"
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if proc.returncode or not lines:
-        tail = (err.strip().splitlines() or ["no output"])[-1][:200]
-        return None, f"vLLM start-up and decode: vLLM failed here ({tail})"
-    return json.loads(lines[-1]), ""
+        report, why = json_child([python, bench_vllm.__file__, json.dumps(job)], env, seconds, cwd=tmp)
+    return report, why and f"vLLM start-up and decode: {why}"
 
 
 OVERHEAD_STEPS = 4  # the short real run's steps: the first warms up and is left out
@@ -80,9 +67,11 @@ def _trainer_overhead(
     if args.random_weights:
         return None, f"{what}: not measured with --random-weights (a real run needs the weights)"
     with tempfile.TemporaryDirectory(prefix="grpo-calibrate-") as tmp:
-        cmd = [sys.executable, "-m", "grpo_launch", "run", args.recipe, *args.overrides, f"max_steps={OVERHEAD_STEPS}",
-               "save_strategy=no", "report_to=none", "logging_steps=1", "--run-dir", f"{tmp}/run", "--resume",
-               "never"]  # fmt: skip
+        # ports of its own: the recipe's (29500, 8000 by default) may be held by a run of the user's on this machine
+        ports = [f"launch.main_process_port={_free_port()}", f"launch.vllm_port={_free_port()}"]
+        cmd = [sys.executable, "-m", "grpo_launch", "run", args.recipe, *args.overrides, *ports,
+               f"max_steps={OVERHEAD_STEPS}", "save_strategy=no", "report_to=none", "logging_steps=1", "--run-dir",
+               f"{tmp}/run", "--resume", "never"]  # fmt: skip
         env = {**ctx.environ, CALIBRATIONS_ENV: f"{tmp}/none", "PYTHONUNBUFFERED": "1"}
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds, env=env, cwd=ctx.workdir,
@@ -101,6 +90,15 @@ def _trainer_overhead(
     gen = max(0.0, (m.generation_s - kernels.trainer_generation_s) / rounds)
     train = max(0.0, m.training_s - kernels.training_s)
     return (gen, train, max(0, m.steps - 1)), ""
+
+
+def _free_port() -> int:
+    """A TCP port no process on this machine listens on now (the system's choice of a free one)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 RESERVE_S = 3.0  # kept back from --minutes for writing the record and printing it

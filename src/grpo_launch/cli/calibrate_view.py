@@ -33,10 +33,14 @@ def measured_lines(t: Any, model: Any, at: dict[str, int]) -> list[str]:
     if t.prefill_s:
         lines.append(f"prefill ({t.prefill_batch or 'one micro-batch of'} prompts): {t.prefill_s * 1000:.1f} ms")
     head = "TRL's fused LM head" if t.fused_head else "torch's log-softmax over the whole logits"
-    lines.append(
-        f"training step ({head}, no distributed engine): {t.train_tokens_per_s:,.0f} tokens/s; with activation "
-        f"checkpointing {t.train_tokens_per_s_ckpt:,.0f} tokens/s; forward alone {t.forward_tokens_per_s:,.0f} tokens/s"
-    )
+    rates = [
+        (f"training step ({head}, no distributed engine)", t.train_tokens_per_s),
+        ("with activation checkpointing", t.train_tokens_per_s_ckpt),
+        ("forward alone", t.forward_tokens_per_s),
+    ]
+    shown = [f"{what}: {rate:,.0f} tokens/s" for what, rate in rates if rate]  # 0: not measured (named below)
+    if shown:
+        lines.append("; ".join(shown))
     for backend, ckpt, rate in t.backend_train:
         lines.append(f"training step through {backend}{' with activation checkpointing' if ckpt else ''}: "
                      f"{rate:,.0f} tokens/s")  # fmt: skip

@@ -242,8 +242,12 @@ def _measured_cpu(draft: Draft, terms: MeasuredTerms) -> Estimate | None:
     work = draft.workload
     found = measured_time.measured_step_time(terms, draft.train.num_processes, work,
                                              vllm=draft.vllm.mode != VllmMode.OFF, model=draft.model)  # fmt: skip
-    if found is None:
-        return None
+    if found is None:  # a calibration whose budget did not hold the decode or the training step
+        engine = "vLLM's" if draft.vllm.mode != VllmMode.OFF else "this engine's"
+        why = (f"no step time: the calibration ({terms.device}) has no {engine} decode or no training step at these "
+               "sizes (its budget was spent: grpo-launch calibrate --minutes 2 measures more)")  # fmt: skip
+        return Estimate(step=None, train_memory_gib=None, vllm_memory_gib=None, gpu_memory_gib=0.0,
+                        explain=(*_workload_lines(work), why), workload=work, time_missing=why)  # fmt: skip
     step, lines = found
     startup = first_step(draft, step) if draft.model is not None else None
     explain = [*_workload_lines(work), *lines, *([startup.line()] if startup else []), _step_line(step)]

@@ -188,7 +188,8 @@ def measure_decode(model: Any, spec: BenchSpec, budget: Budget, engine: str, out
             out["failed"].append(f"decode ({engine}): the budget is spent (needs ≈ {need:.0f} s; raise --minutes)")
             return
         if points and not budget.fits(need):
-            out["failed"].append(f"decode ({engine}) beyond batch {max(points)}: the budget is spent (raise --minutes)")
+            left = ", ".join(str(b) for b in batches if b not in points)
+            out["failed"].append(f"decode ({engine}) at batch {left}: the budget is spent (raise --minutes)")
             break
         deadline = time.monotonic() + min(budget.left(), need)
         long_s = _median(functools.partial(run, ids, LONG), spec.device, deadline, at_least=1, at_most=3)

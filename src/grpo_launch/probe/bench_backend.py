@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+from grpo_launch.probe.bench_child import json_child
 
 
 def measure_backend(job: dict[str, Any], seconds: float) -> tuple[dict[str, Any] | None, str]:
@@ -29,19 +29,7 @@ def measure_backend(job: dict[str, Any], seconds: float) -> tuple[dict[str, Any]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "GLOO_SOCKET_IFNAME": "lo",
                "NCCL_SOCKET_IFNAME": "lo", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                "LOCAL_WORLD_SIZE": "1"}  # fmt: skip
-        argv = [sys.executable, "-m", __name__, json.dumps({**job, "store": f"{tmp}/store"})]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)  # fmt: skip
-        try:
-            out, err = proc.communicate(timeout=max(1.0, seconds))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return None, f"not done within its {seconds:.0f} s (raise --minutes)"
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if proc.returncode or not lines:
-        return None, f"failed here ({(err.strip().splitlines() or ['no output'])[-1][:200]})"
-    return json.loads(lines[-1]), ""
+        return json_child([sys.executable, "-m", __name__, json.dumps({**job, "store": f"{tmp}/store"})], env, seconds)
 
 
 def _run(job: dict[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ class LaunchSettings:
 
     # sync: TRL's GRPOTrainer; async: its AsyncGRPOTrainer (trl/experimental/async_grpo), generation and training
     # overlapped on disjoint GPUs; auto: the planner chooses by the model and the predicted step. Sync by default
-    # until async has run on a GPU somewhere (issue 25).
+    # until async has run on a GPU somewhere.
     mode: LaunchMode = field(default=LaunchMode.SYNC, metadata={"enum": LaunchMode})
     vllm: VllmMode | None = field(default=None, metadata={"enum": VllmMode})  # None: auto (the planner chooses)
     vllm_gpus: int | None = field(default=None, metadata={"min": 1, "max": 4096})

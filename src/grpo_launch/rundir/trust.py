@@ -203,17 +203,9 @@ def read_own_text(path: str | Path) -> str:
     a FileNotFoundError, as for :func:`read_text`."""
     p = Path(path)
     check_trusted(p.parent, "run directory")
+    fd = _open_regular(p)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _linked(p) from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _not_own(p, "is not a regular file")
-        _check_own(p, st)
+        _check_own(p, os.fstat(fd))
         os.set_blocking(fd, True)
         with os.fdopen(fd, encoding="utf-8", errors="replace", closefd=False) as f:
             return f.read()
@@ -338,22 +330,29 @@ def _check_own(path: Path, st: os.stat_result) -> None:
         )
 
 
-def _existing(path: Path) -> os.stat_result | None:
-    """What ``path`` is, as the launcher would open it (O_NOFOLLOW | O_NONBLOCK, then fstat: a link is refused, and
-    a FIFO neither holds the open nor passes as a file), None when it is not there; anything but a regular file is
-    refused (a LaunchError naming it)."""
+def _open_regular(path: Path) -> int:
+    """``path`` opened for reading as the launcher opens a run file (O_NOFOLLOW | O_NONBLOCK: a link is refused, and
+    a FIFO does not hold the open), refused unless fstat says it is a regular file (a LaunchError naming it); a file
+    that is not there is a FileNotFoundError. The caller closes the descriptor."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _linked(path) from None
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_own(path, "is not a regular file")
+    return fd
+
+
+def _existing(path: Path) -> os.stat_result | None:
+    """What ``path`` is, as the launcher would open it (:func:`_open_regular`), None when it is not there."""
     try:
-        st = os.fstat(fd)
+        fd = _open_regular(path)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.fstat(fd)
     finally:
         os.close(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise _not_own(path, "is not a regular file")
-    return st

@@ -16,7 +16,7 @@ from grpo_launch.recipe.rewards import reward_names
 SYNC = Fix("launch.mode", "sync", "TRL's GRPOTrainer, which supports it", rank=2)
 
 # packing.py:160-165 loads the tree-attention kernel from the Hub: kernels-community/flash-attn3 on CUDA (its model
-# card lists compute capability 8.0 and 9.0 only: issue 25, huggingface.co/kernels-community/flash-attn3), and
+# card lists compute capability 8.0 and 9.0 only: huggingface.co/kernels-community/flash-attn3), and
 # kernels-community/aiter-flash-attn on ROCm. Compute capabilities: developer.nvidia.com/cuda-gpus.
 FA3_CAPABILITIES = ((8, 0), (9, 0))
 COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
