@@ -122,6 +122,7 @@ def test_sigkill_of_the_launcher_leaves_no_process(tmp_path):
     assert gone_within(run, 10) == []
 
 
+@pytest.mark.extended
 def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     run = tmp_path / "run"
     proc = start(run, "max_steps=50", "reward_funcs=[faultmod:reward]", env=fault_env(tmp_path, "ignore-term", at=2))
@@ -134,7 +135,7 @@ def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     rank = int(ignoring.read_text())
     # The first SIGTERM asks for a checkpoint at the end of the step (issue 36); the second stops now.
     proc.send_signal(signal.SIGTERM)
-    wait_for_line(proc, "Ctrl-C again to stop now", timeout=30)
+    wait_for_line(proc, "SIGTERM again to stop now", timeout=30)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
@@ -146,6 +147,7 @@ def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     assert gone_within(run, 5) == []
 
 
+@pytest.mark.extended
 def test_two_runs_in_one_run_dir(tmp_path):
     run = tmp_path / "run"
     first = start(run, "max_steps=500")
@@ -182,6 +184,7 @@ def test_two_runs_in_one_run_dir(tmp_path):
     assert "learning_rate" not in log  # the second launcher, refused before it started, wrote nothing
 
 
+@pytest.mark.extended
 def test_a_closed_stdout_does_not_stop_the_run(tmp_path):
     """The console reader goes away (``| head``, a lost tee): the run goes on to the end, its log complete."""
     run = tmp_path / "run"
@@ -194,6 +197,7 @@ def test_a_closed_stdout_does_not_stop_the_run(tmp_path):
     assert "step 6/6 done" in log and (run / "output" / "model.safetensors").is_file()
 
 
+@pytest.mark.extended
 def test_rerunning_a_completed_run_says_so_and_trains_nothing(tmp_path):
     run = tmp_path / "run"
     assert run_cli(run, "max_steps=2").returncode == 0
@@ -247,7 +251,7 @@ def test_a_killed_rank_restarts_and_no_step_is_lost_or_repeated(tmp_path):
     )  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    assert "restart 1/1 in 0 s after a infra failure ([train rank 1] killed by SIGKILL)" in out
+    assert "restart 1/1 in 0 s after an infra failure ([train rank 1] killed by SIGKILL)" in out
     assert f"resuming from {run / 'output' / 'checkpoint-2'}" in out
     assert metric_steps(run) == [1, 2, 3, 4, 5, 6]
     attempts = [json.loads(x) for x in (run / "control" / "attempts.jsonl").read_text().splitlines()]
@@ -257,6 +261,7 @@ def test_a_killed_rank_restarts_and_no_step_is_lost_or_repeated(tmp_path):
     ]
 
 
+@pytest.mark.extended
 def test_the_users_own_error_is_not_retried(tmp_path):
     run = tmp_path / "run"
     done = run_cli(run, "max_steps=6", "reward_funcs=[faultmod:reward]", "launch.max_restarts=3",
@@ -266,6 +271,7 @@ def test_the_users_own_error_is_not_retried(tmp_path):
     assert len((run / "control" / "attempts.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.extended
 def test_nohup_is_respected(tmp_path):
     """Started with SIGHUP ignored (nohup), a hangup does not stop the run."""
     run = tmp_path / "run"
@@ -280,6 +286,7 @@ def test_nohup_is_respected(tmp_path):
     assert "training done" in out
 
 
+@pytest.mark.extended
 def test_a_local_time_limit_saves_a_checkpoint_before_it(tmp_path):
     """launch.time_limit_s: the run stops with a checkpoint when the time left no longer covers a step and a save
     (and the processes' exit), as measured; the next run resumes from it."""
@@ -295,6 +302,7 @@ def test_a_local_time_limit_saves_a_checkpoint_before_it(tmp_path):
     assert 1 <= step < 500 and (run / "output" / f"checkpoint-{step}" / "trainer_state.json").is_file()
 
 
+@pytest.mark.extended
 def test_an_unwritable_output_dir_fails_before_anything_starts(tmp_path):
     run = tmp_path / "run"
     done = run_cli(run, "output_dir=/proc/grpo-launch-test/out")
@@ -333,6 +341,7 @@ def test_a_full_disk_is_named_and_the_damaged_checkpoint_skipped_after(tmp_path)
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+@pytest.mark.extended
 def test_a_killed_torchrun_agent_fails_the_run_and_leaves_no_rank(tmp_path):
     """SIGKILL to accelerate's launcher (the torchrun agent) leaves its ranks running in their own sessions; the
     supervisor sees the launcher fail, names it as infrastructure, and stops the ranks too."""

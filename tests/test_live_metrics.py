@@ -198,7 +198,7 @@ def test_status_watch_draws_a_finished_run_once_and_ends(tmp_path, capsys):
     assert main(["status", str(run), "--watch", "--interval", "0.1"], environ={}) == 0
     shown = capsys.readouterr().out
     assert "(ended)" in shown and "2/10" in shown and "failed (infra: NCCL timeout)" in shown
-    assert "generation 1.50 s (75%)" in shown and "0.5 ± 0.1" in shown
+    assert "generation 1.5 s (75%)" in shown and "0.500 ± 0.100" in shown  # the digits that show them
     assert main(["status", str(run), "--watch", "--interval", "0"], environ={}) == 2
     assert "--interval must be above 0" in capsys.readouterr().err
 

@@ -142,7 +142,8 @@ def _first_signal(tmp_path, signum):
     result = supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping)
     name = signal.Signals(signum).name
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 128 + signum), lines
-    assert f"[grpo-launch] {name}: checkpoint at the end of step 7 requested; Ctrl-C again to stop now (waiting up " \
+    again = "Ctrl-C again" if signum == signal.SIGINT else f"{name} again"  # the signal received, a second time
+    assert f"[grpo-launch] {name}: checkpoint at the end of step 7 requested; {again} to stop now (waiting up " \
            "to 20 s: a test)" in lines  # fmt: skip
     assert control.stopped_at(paths.root) is not None and result.message == f"interrupted by {name}"
 

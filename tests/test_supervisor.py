@@ -150,7 +150,7 @@ def test_sigterm_to_grpo_launch_leaves_no_descendant(tmp_path):
     proc.send_signal(signal.SIGTERM)
     for line in proc.stdout:
         seen.append(line)
-        if "Ctrl-C again to stop now" in line or time.monotonic() > deadline:
+        if "SIGTERM again to stop now" in line or time.monotonic() > deadline:
             break
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)

@@ -157,7 +157,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         _error("grpo-launch: interrupted")
         return 130
     except BrokenPipeError:
-        return 1
+        # The reader of stdout went away (`plan … | head -2`): what it read was right, so exit 0, quietly, with
+        # stdout on /dev/null so that the interpreter's last flush fails no more (Python docs, "Note on SIGPIPE").
+        drop(sys.stdout)
+        return 0
     console.close()
     if isinstance(outcome, RunResult):
         if outcome.state == RunState.FAILED:

@@ -19,7 +19,7 @@ from grpo_launch.rundir import control, server_state
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.measured import Measured, Progress, measure, progress
 from grpo_launch.rundir.records import JobState
-from grpo_launch.rundir.text import command_line
+from grpo_launch.rundir.text import command_line, seconds, significant
 from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import RunContext, frozen
 
@@ -227,13 +227,12 @@ def text_rows(s: Standing) -> list[tuple[str, str]]:
     rows = [("state", f"{p.state}: {p.detail}")]
     if m is not None:
         rows.append(("step", f"{m.last_step}/{m.max_steps or '?'}"))
-        rows.append(
-            ("step time", f"{m.step_s:.1f} s (generation {m.generation_s:.1f} s, training {m.training_s:.1f} s)")
-        )
-    if p.eta_s is not None:
+        rows.append(("step time", f"{seconds(m.step_s)} (generation {seconds(m.generation_s)}, training "
+                                  f"{seconds(m.training_s)})"))  # fmt: skip
+    if p.eta_s is not None and p.state != "finished":  # a finished run has no time left to show
         rows.append(("ETA", f"{_hours(p.eta_s)} at the measured step time; planned {_hours(p.planned_eta_s)}"))
     rows += _course_rows(s)
-    rows += [(k, f"{m.last_log[k]:.4g}") for k in SHOWN if m is not None and k in m.last_log]
+    rows += [(k, significant(m.last_log[k])) for k in SHOWN if m is not None and k in m.last_log]
     if m is not None and m.peak_memory_bytes:
         rows.append(("peak memory", f"{m.peak_memory_bytes / GIB:.1f} GiB ({m.memory_kind}, largest rank)"))
     logs = s.view.logs()
@@ -259,18 +258,19 @@ def watch_rows(view: RunView, workdir: str) -> list[tuple[str, str]]:
     if m is not None:
         rows.append(("step", f"{m.last_step}/{m.max_steps or '?'}  {_bar(m.last_step, m.max_steps)}"))
         gen_share = 100 * m.generation_s / m.step_s if m.step_s else 0.0
-        rows.append(("step time", f"{m.step_s:.2f} s: generation {m.generation_s:.2f} s ({gen_share:.0f}%), "
-                                  f"training {m.training_s:.2f} s ({100 - gen_share:.0f}%)"))  # fmt: skip
+        rows.append(("step time", f"{seconds(m.step_s)}: generation {seconds(m.generation_s)} ({gen_share:.0f}%), "
+                                  f"training {seconds(m.training_s)} ({100 - gen_share:.0f}%)"))  # fmt: skip
         pred = m.prediction
         if pred is not None:
             rows.append(("planned split", f"generation {pred.trainer_generation_s:.2f} s, training "
                                           f"{pred.training_s:.2f} s per step"))  # fmt: skip
-    if p.eta_s is not None or p.planned_eta_s is not None:
+    if (p.eta_s is not None or p.planned_eta_s is not None) and p.state != "finished":
         eta = _hours(p.eta_s) if p.eta_s is not None and p.eta_s >= 60 else f"{p.eta_s or 0:.0f} s"
         rows.append(("ETA", f"{eta} at the measured step time; planned {_hours(p.planned_eta_s)}"))
     if m is not None and "reward" in m.last_log:
         std = m.last_log.get("reward_std")
-        rows.append(("reward", f"{m.last_log['reward']:.4g}" + (f" ± {std:.3g}" if std is not None else "")))
+        said = significant(m.last_log["reward"]) + (f" ± {significant(std)}" if std is not None else "")
+        rows.append(("reward", said))
     restarts = [a for a in view.attempts if a.failure]
     rows.append(("attempts", f"{len(view.attempts) + (1 if view.holder else 0)}, restarts after a failure: "
                              f"{len(restarts) if view.holder or len(view.attempts) > 1 else 0}"))  # fmt: skip

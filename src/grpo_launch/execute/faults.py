@@ -7,6 +7,11 @@ consequences (``SECONDARY``), chosen only when nothing else was seen. It also so
 whether a restart can help: the user's code or configuration (never retried), a lost process or network error
 (retried with ``launch.max_restarts``), an out-of-memory error (replanned with ``launch.on_oom: replan``), a full
 disk, a hang.
+
+A trainer rank states its error in one line (:class:`~grpo_launch.rundir.text.Raised`: when it was raised, the user's
+frame, the file holding the traceback), and the root cause is the error *raised* first by those times; a line that
+states no time counts from its arrival. :class:`ConsoleFilter` keeps tracebacks, torchrun's failure report and the
+ranks' stated errors off the console (they stay in the logs): the run's summary names the root cause once.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from grpo_launch.enums import FailureKind, Role
+from grpo_launch.rundir.text import Raised
 from grpo_launch.spec import Failure, frozen
 
 
@@ -59,7 +65,7 @@ _INFRA = re.compile(
     re.IGNORECASE,
 )
 _MARKERS = ("Error", "Exception", "error", "ERROR", "Killed", "exitcode", "local_rank:", "out of memory",
-            "No space left", "Timeout")  # fmt: skip
+            "No space left", "Timeout", " (raised ")  # fmt: skip
 
 
 def looks_like_error(line: str) -> bool:
@@ -125,27 +131,46 @@ def _signal_name(code: int) -> str:
         return f"exit code {code}"
 
 
+@frozen
+class Diagnosis:
+    """:func:`explain`'s answer: the Failure, and for an error a rank stated, what it said besides (``raised``: its
+    frame and traceback file); ``stated`` is False when no real error was seen (only consequences, or nothing)."""
+
+    failure: Failure
+    raised: Raised | None = None
+    stated: bool = False
+
+
 def diagnose(events: Iterable[Event], *, exits: Sequence[tuple[str, int | None, Role | None]] = ()) -> Failure:
     """The root cause of a failed run: the earliest real error across processes (secondary ones only if nothing
     else), its kind, where it happened and on which side. ``exits`` are (process, exit code, role) of the processes
     that ended."""
+    return explain(events, exits=exits).failure
+
+
+def explain(events: Iterable[Event], *, exits: Sequence[tuple[str, int | None, Role | None]] = ()) -> Diagnosis:
+    """:func:`diagnose`, with what the root cause's own line said besides (a rank's frame and traceback file)."""
     ordered = sorted(events, key=lambda e: e.time)
-    found: list[tuple[str, str | None, bool, Role | None]] = []
+    found: list[tuple[float, str, str | None, bool, Role | None, Raised | None]] = []
     for e in ordered:
         text, who = _strip(e.line)
-        said = _candidate(text)
+        raised = Raised.parse(text)
+        said = raised.error if raised is not None else _candidate(text)
         if said is not None:
             at = " ".join(x for x in (e.process, who) if x) or None
-            found.append((said, at, bool(SECONDARY.search(said)), e.role))
-    primary = [f for f in found if not f[2]]
+            when = min(raised.at, e.time) if raised is not None else e.time  # raised, not arrived (nor after it)
+            found.append((when, said, at, bool(SECONDARY.search(said)), e.role, raised))
+    found.sort(key=lambda f: f[0])  # stable: lines of one time keep their order of arrival
+    primary = [f for f in found if not f[3]]
     cause: str | None = None
     where: str | None = None
     side: Role | None = None
+    first: Raised | None = None
     if primary or found:
-        cause, where, _, side = (primary or found)[0]
-    if any(_DISK_FULL.search(c) for c, *_ in found):
+        _, cause, where, _, side, first = (primary or found)[0]
+    if any(_DISK_FULL.search(c) for _, c, *_ in found):
         kind = FailureKind.DISK_FULL
-    elif any(_OOM.search(c) for c, *_ in primary):
+    elif any(_OOM.search(c) for _, c, *_ in primary):
         kind = FailureKind.OOM
     elif not primary or (cause and _INFRA.search(cause)):
         kind = FailureKind.INFRA  # only consequences were seen: a process was killed or a peer was lost
@@ -159,7 +184,57 @@ def diagnose(events: Iterable[Event], *, exits: Sequence[tuple[str, int | None, 
         elif signalled:
             process, code, side = signalled[0]
             cause, where = f"ended by {_signal_name(code)} (killed, or its host was lost)", process
-    return Failure(kind, cause, where, side)
+    return Diagnosis(Failure(kind, cause, where, side), first if primary else None, bool(primary))
+
+
+# torch.distributed.elastic's own log lines of a failure: what it does about a failed rank (the summary says why).
+_TORCHRUN_LOG = re.compile(
+    r"^[IWE]\d{4} [\d:.]+ +\d+ \S*torch/distributed/elastic/\S+\] (?:Sending process \d+ closing signal|failed \()"
+)
+_RULE = re.compile(r"^={20,}$")  # torchrun's failure report opens and closes with one
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+class ConsoleFilter:
+    """Which of one process's output lines the console shows (every line goes to its log first): a traceback
+    (from ``Traceback (most recent call last):`` to its exception line, chained ones too), torchrun's failure report
+    after its ChildFailedError, torch.distributed.elastic's lines about the failed rank, and a rank's stated error
+    (:class:`Raised`) stay in the logs; the run's summary names the root cause once, with its log. A traceback's
+    exception line is still shown unless it is a consequence (:data:`SECONDARY`): a library may print one and go on.
+
+    Pure: one instance per process, fed its lines in order (each rank's lines, told apart by their prefix, on their
+    own)."""
+
+    def __init__(self) -> None:
+        self._state: dict[str, str] = {}  # per rank or vLLM process: "", "traceback", "after" (its end), "report"
+
+    def show(self, line: str) -> str | None:
+        """``line`` as the console shows it, or None: the logs alone keep it."""
+        text, who = _strip(line)
+        key, body = who or "", text.strip()
+        state = self._state.get(key, "")
+        if state == "report":
+            if _RULE.match(body):
+                self._state[key] = ""
+            return None
+        if body.startswith("Traceback (most recent call last):"):
+            self._state[key] = "traceback"
+            return None
+        if state == "traceback":
+            if not body or text[:1].isspace():  # its frames, source lines and carets
+                return None
+            self._state[key] = "after"  # the exception line ends it
+            return None if SECONDARY.search(body) else f"{line} (traceback in the log)"
+        if state == "after":
+            if not body or body.startswith(_CHAINED):
+                return None
+            if _RULE.match(body):
+                self._state[key] = "report"
+                return None
+            self._state[key] = ""
+        if _TORCHRUN_LOG.match(body) or Raised.parse(body) is not None:
+            return None
+        return line
 
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")

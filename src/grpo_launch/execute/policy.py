@@ -19,6 +19,7 @@ import dataclasses
 from grpo_launch.enums import FailureKind, OnOom, Role, RunState, StrEnum
 from grpo_launch.planning.after_run.oom import next_frugal_plan
 from grpo_launch.planning.types import Plan
+from grpo_launch.rundir.text import with_article
 from grpo_launch.spec import RunResult, frozen
 
 MAX_OOM_REPLANS = 4  # launch.on_oom: replan, at most this many times in a run
@@ -97,7 +98,7 @@ def next_action(
     startup = plan.estimate.startup_s if plan.estimate is not None else None
     again = f" (about {startup:.0f} s to the first step again)" if startup else ""
     note = (
-        f"restart {restart}/{max_restarts} in {wait:.0f} s after a {failure.kind} failure "
+        f"restart {restart}/{max_restarts} in {wait:.0f} s after {with_article(failure.kind)} failure "
         f"({result.cause or result.message}); resuming from the newest complete checkpoint{again}"
     )
     return Next(Action.RESTART, result, wait_s=wait, note=note)

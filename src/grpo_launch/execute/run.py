@@ -41,7 +41,7 @@ from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
 from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes, attempt_env
 from grpo_launch.rundir import control
-from grpo_launch.rundir.checkpoints import decide_resume, max_steps_of
+from grpo_launch.rundir.checkpoints import checkpoint_problems, checkpoints, decide_resume, max_steps_of, set_aside
 from grpo_launch.rundir.files import (
     LauncherLog,
     RunLock,
@@ -52,7 +52,7 @@ from grpo_launch.rundir.files import (
     write_run_files,
 )
 from grpo_launch.rundir.layout import GRACE_ENV, RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV, STOP_NOTICE_ENV, VLLM_TOKEN_ENV
-from grpo_launch.rundir.records import Attempt, StepRecord, append, read_metrics
+from grpo_launch.rundir.records import Attempt, SaveRecord, StepRecord, append, read_metrics
 from grpo_launch.rundir.text import command_line
 from grpo_launch.rundir.tracking import keep_tracking
 from grpo_launch.rundir.trust import private_umask
@@ -345,7 +345,7 @@ def _watchdog(plan: Plan, ctx: RunContext, deadline: float | None, adapter: Adap
 
     def show_split(generation_s: float, training_s: float) -> None:
         verdict = split_verdict(generation_s, training_s, plan.vllm.mode, planned=planned, run_dir=plan.run_dir,
-                                cpu=plan.topology.is_cpu, step=watchdog.last_step)  # fmt: skip
+                                cpu=plan.topology.is_cpu, step=watchdog.split_steps)  # fmt: skip
         ctx.emit(f"[grpo-launch] {verdict}")
 
     watchdog = Watchdog(
@@ -373,7 +373,39 @@ def _how_it_stopped(plan: Plan, ctx: RunContext, result: RunResult) -> RunResult
     elif result.ok and step is not None:
         ctx.emit(f"[grpo-launch] stopped after step {step} with a checkpoint; the next run resumes from it")
         result = dataclasses.replace(result, state=RunState.STOPPED_FOR_CHECKPOINT, stopped_at_step=step)
+    elif result.state == RunState.INTERRUPTED and (lost := _what_was_lost(plan, ctx)) is not None:
+        ctx.emit(f"[grpo-launch] {lost}")  # a second Ctrl-C, or a stop that could not wait: what it cost
+        result = dataclasses.replace(result, message=f"{result.message}: {lost}")
     return result
+
+
+def _what_was_lost(plan: Plan, ctx: RunContext) -> str | None:
+    """After a stop without a checkpoint (every process has ended): the checkpoint that was being written, set aside
+    now if it is half-written (a resume would skip it as damaged), and the steps that will be trained again; None
+    when nothing was lost."""
+    out = output_dir_of(plan, ctx.workdir)
+    writing = control.saving(plan.run_dir)
+    said, last = [], 0
+    with contextlib.suppress(OSError, ValueError):
+        last = max((r.step for r in read_metrics(plan.paths.metrics) if isinstance(r, StepRecord)), default=0)
+    if writing is not None:
+        step, _ = writing
+        last = max(last, step)
+        path = out / f"checkpoint-{step}"
+        if not path.is_dir():
+            said.append(f"checkpoint-{step} abandoned before its first file")
+        elif checkpoint_problems(path):
+            with contextlib.suppress(OSError):
+                aside = set_aside(path, "abandoned")
+                said.append(f"checkpoint-{step} abandoned half-written (set aside as {aside.name})")
+        control.saved(plan.run_dir)
+    complete = [s for s, p in checkpoints(out) if not checkpoint_problems(p)]
+    newest = complete[-1] if complete else 0
+    if last <= newest:
+        return None
+    back = f"the newest complete checkpoint is checkpoint-{newest}" if newest else "no complete checkpoint"
+    steps = f"step {last}" if last == newest + 1 else f"steps {newest + 1}–{last}"
+    return "; ".join([*said, f"{back}: {steps} will be trained again"])
 
 
 def _stopping(
@@ -407,6 +439,31 @@ def _stopping(
                 return steps[-1].step + 1
         return resumed + 1
 
+    def newest() -> int:
+        """The newest complete checkpoint's step: the one this attempt resumed from, or a save it finished since
+        (a save record follows its step's record)."""
+        saves, mine = [resumed], False
+        with contextlib.suppress(OSError, ValueError):
+            for r in read_metrics(plan.paths.metrics):
+                mine = mine or (isinstance(r, StepRecord) and (r.time or 0) >= started)
+                if mine and isinstance(r, SaveRecord):
+                    saves.append(r.step)
+        return max(saves)
+
+    planned = plan.estimate.save_interval if plan.estimate is not None else None
+
+    def saving() -> tuple[int, float | None] | None:
+        """The checkpoint being written, and the seconds its save should still take (the last save measured, else
+        the plan's; None: neither)."""
+        if (now := control.saving(plan.run_dir)) is None:
+            return None
+        step, began = now
+        took: float | None = planned.save_s if planned is not None else None
+        with contextlib.suppress(OSError, ValueError):
+            took = next((r.save_s for r in reversed(read_metrics(plan.paths.metrics)) if isinstance(r, SaveRecord)),
+                        took)  # fmt: skip
+        return step, (took - (time.time() - began) if took is not None else None)
+
     return Stopping(
         request=lambda: control.request_stop(plan.run_dir),
         grace_s=grace,
@@ -415,6 +472,8 @@ def _stopping(
         at_once=lambda signum: backend.stops_at_once(signum, ctx),
         requested=lambda: control.stop_reason(plan.run_dir),
         stuck=stuck,
+        newest=newest,
+        saving=saving,
     )
 
 

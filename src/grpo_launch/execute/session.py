@@ -103,7 +103,7 @@ class SessionSpec:
 
 @frozen
 class Stopping:
-    """How a stop on a signal goes (issue 36): the first Ctrl-C, SIGTERM or SIGHUP asks the trainers to save a
+    """How a stop on a signal goes: the first Ctrl-C, SIGTERM or SIGHUP asks the trainers to save a
     checkpoint at the end of the step in flight (``request``, the run directory's control file, as SIGUSR2 does)
     and waits ``grace_s`` for them to stop; a second signal, or the grace running out, stops everything at once.
 
@@ -112,7 +112,11 @@ class Stopping:
     SIGTERM), or None; ``requested`` reads a request the trainers made themselves (a signal the platform sent them,
     as Slurm's preemption does): its reason, or None; ``stuck`` says why the step in flight cannot reach its end
     (the progress watchdog's evidence: it has run far past every step measured), or None: then no checkpoint is
-    waited for, before the request or during the wait."""
+    waited for, before the request or during the wait.
+
+    What a second signal costs is said before it is sent: ``newest`` is the step of the newest complete checkpoint
+    (0: none; None: unknown), and ``saving`` the checkpoint the trainers are writing now, with the seconds its save
+    should still take from the saves measured or planned (None: unknown), or None when none is being written."""
 
     request: Callable[[], None]
     grace_s: float
@@ -121,6 +125,21 @@ class Stopping:
     at_once: Callable[[int], str | None] = lambda _signum: None
     requested: Callable[[], str | None] = lambda: None
     stuck: Callable[[], str | None] = lambda: None
+    newest: Callable[[], int | None] = lambda: None
+    saving: Callable[[], tuple[int, float | None] | None] = lambda: None
+
+
+def again(signum: int) -> str:
+    """How the user sends ``signum`` a second time: Ctrl-C for SIGINT, else the signal's name (a platform's SIGTERM,
+    a hangup)."""
+    return "Ctrl-C again" if signum == signal.SIGINT else f"{signal.Signals(signum).name} again"
+
+
+def steps_lost(newest: int, upto: int) -> str:
+    """The steps a stop loses when the newest complete checkpoint is at step ``newest`` (0: none) and training has
+    reached step ``upto``: ``steps 1–16 (no complete checkpoint yet)``."""
+    span = f"step {upto}" if newest + 1 >= upto else f"steps {newest + 1}–{upto}"
+    return f"{span} ({f'back to checkpoint-{newest}' if newest else 'no complete checkpoint yet'})"
 
 
 class GraceOver(Interrupted):
@@ -137,6 +156,7 @@ class _SignalStop:
         self.by_launcher = False  # the signal reached grpo-launch (not only the trainers)
         self.deadline = 0.0
         self.training = False  # the trainers run (a server, if any, answers): a step can end and be saved
+        self.writing: int | None = None  # the checkpoint being written whose cost was said
 
     def soft(self, signum: int) -> None:
         """SIGINT, SIGTERM or SIGHUP reached grpo-launch: ask for a checkpoint, or stop at once."""
@@ -160,10 +180,30 @@ class _SignalStop:
             raise Interrupted(signum) from None
         self._begin(signum)
         self.by_launcher = True
+        step = st.step_in_flight()
+        at = f"step {step}" if step is not None else "the step in flight"
+        newest = st.newest()
+        cost = f"; stopping now loses {steps_lost(newest, step)}" if newest is not None and step is not None else ""
         self.say(
-            f"[grpo-launch] {name}: checkpoint at the end of {self._step()} requested; Ctrl-C again to stop now "
-            f"(waiting up to {st.grace_s:.0f} s: {st.grace_why})"
+            f"[grpo-launch] {name}: checkpoint at the end of {at} requested; {again(signum)} to stop now "
+            f"(waiting up to {st.grace_s:.0f} s: {st.grace_why}){cost}"
         )
+
+    def _writing(self, st: Stopping, signum: int) -> None:
+        """Once the checkpoint asked for is being written: what a second signal would cost now."""
+        writing = st.saving()
+        if writing is None or writing[0] == self.writing:
+            return
+        self.writing, (step, left) = writing[0], writing
+        if left is None:
+            eta = " (no save measured yet)"
+        elif left >= 0.5:
+            eta = f", about {left:.0f} s left"
+        else:
+            eta = ", taking longer than the saves measured"
+        newest = st.newest()
+        loses = f" and loses {steps_lost(newest, step)}" if newest is not None else ""
+        self.say(f"[grpo-launch] writing checkpoint-{step}{eta}; {again(signum)} abandons it{loses}")
 
     def _begin(self, signum: int) -> None:
         assert self.stopping is not None
@@ -189,6 +229,8 @@ class _SignalStop:
         if self.signum is not None and time.monotonic() > self.deadline:
             self.say(f"[grpo-launch] grace of {st.grace_s:.0f} s ran out: stopped without a checkpoint")
             raise GraceOver(self.signum)
+        if self.by_launcher and self.signum is not None:
+            self._writing(st, self.signum)
         if self.signum is not None and (stuck := st.stuck()) is not None:
             self.say(f"[grpo-launch] {stuck}; stopping now")
             raise GraceOver(self.signum)
@@ -314,9 +356,12 @@ def _finished(sup: Supervisor, s: SessionSpec, stop: _SignalStop) -> RunResult:
 
 def _failure_result(sup: Supervisor, exc: LaunchError, stacks: Mapping[str, str]) -> RunResult:
     """The failed run's result, once every process has stopped and every log is drained: the root cause across
-    processes (or, after a hang, where each rank was), its kind, and the failing process's last lines."""
+    processes (or, after a hang, where each rank was), its kind, and where to read more: the frame that raised it and
+    its traceback's file when a rank stated it, else the failing process's last lines (the console had none of
+    the tracebacks: :class:`~grpo_launch.execute.faults.ConsoleFilter`)."""
     child = exc.child if isinstance(exc, ChildFailed) else None
-    diagnosis = sup.diagnose()
+    explained = sup.explain()
+    diagnosis = explained.failure
     if isinstance(exc, Stalled):
         diagnosis = Failure(FailureKind.HANG, exc.message)
     elif isinstance(exc, StaleWeights):
@@ -328,11 +373,15 @@ def _failure_result(sup: Supervisor, exc: LaunchError, stacks: Mapping[str, str]
     elif isinstance(exc, Stalled):
         lines.append("no trainer stack could be read (a rank on another host, or no rank running)")
     headline = diagnosis.headline()
+    stated = explained.stated and diagnosis is explained.failure  # a rank's own error is the cause said
     if headline and not isinstance(exc, (Stalled, StaleWeights)):
         lines.append(f"root cause: {headline}")
+    if stated and (raised := explained.raised) is not None:
+        lines += [f"  raised in {raised.frame}"] if raised.frame else []
+        lines += [f"  traceback: {raised.traceback}"] if raised.traceback else []
     if exc.hint:
         lines.append(exc.hint)
-    if child is not None:
+    if child is not None and not stated:  # torchrun's report of the cause above: its traceback has it in full
         lines.append(child.tail())
     return RunResult(
         RunState.FAILED,

@@ -32,7 +32,7 @@ from grpo_launch.errors import LaunchError
 from grpo_launch.execute import faults
 from grpo_launch.node import reaper
 from grpo_launch.rundir.layout import PGID_ANNOUNCE, RUN_ID_ENV, SPAWNED_AT_ENV, announced_pgid
-from grpo_launch.rundir.text import printable
+from grpo_launch.rundir.text import printable, without_colours
 from grpo_launch.rundir.trust import open_nofollow
 from grpo_launch.spec import Failure, ProcessSpec
 
@@ -200,6 +200,7 @@ class Supervisor:
         name = child.spec.name
         log_ok = True
         first = child.spec.remote_group  # a shim announces its pgid as its first line only (> 1: announced_pgid)
+        shown = faults.ConsoleFilter()  # tracebacks and torchrun's report stay in the log: the summary says the cause
         for raw in iter(stream.readline, b""):
             if log_ok:
                 try:
@@ -208,7 +209,7 @@ class Supervisor:
                 except OSError as exc:
                     log_ok = False
                     self.say(f"[grpo-launch] cannot write {child.log_path} ({exc.strerror}): log lost from here")
-            line = raw.decode(errors="replace").rstrip("\n")
+            line = without_colours(raw.decode(errors="replace").rstrip("\n"))  # wandb's colours: its words only
             if first and line.startswith(PGID_ANNOUNCE):
                 first, child.remote_pgid = False, announced_pgid(line)
                 if child.remote_pgid is None:
@@ -218,8 +219,8 @@ class Supervisor:
             first = False
             if faults.looks_like_error(line) and len(self.events) < 2000:
                 self.events.append(faults.Event(time.time(), name, line, child.spec.role))
-            if not self.quiet:
-                self.say(console_line(child.spec, line))
+            if not self.quiet and (text := shown.show(line)) is not None:
+                self.say(console_line(child.spec, text))
         with contextlib.suppress(OSError):
             log_file.close()
 
@@ -230,8 +231,12 @@ class Supervisor:
 
     def diagnose(self) -> Failure:
         """The run's root cause across every child, from the lines seen so far."""
+        return self.explain().failure
+
+    def explain(self) -> faults.Diagnosis:
+        """:meth:`diagnose`, with what the root cause's line said besides (a rank's frame and traceback file)."""
         exits = [(c.spec.name, c.proc.returncode, c.spec.role) for c in self.children]
-        return faults.diagnose(self.events, exits=exits)
+        return faults.explain(self.events, exits=exits)
 
     # ------------------------------------------------------------------ watch
     def wait_healthy(self, child: Child, url: str, timeout_s: float, also_watch: Sequence[Child] = ()) -> float:

@@ -48,12 +48,14 @@ class Watchdog:
     clock: Callable[[], float] = time.time
     steps: list[float] = field(default_factory=list)  # measured step seconds (earlier attempts' too)
     last_step: int | None = None  # the step of the last step record read (on_split's step)
+    split_steps: tuple[int, int] | None = None  # the first and last step on_split's means are over
     saves: list[float] = field(default_factory=list)
     _offset: int = 0
     _last: float = 0.0  # when the last step of this attempt finished (or the attempt started)
     _new_steps: int = 0
     _asked: bool = False
     _split: list[tuple[float, float]] = field(default_factory=list)
+    _split_at: list[int] = field(default_factory=list)  # the step of each of _split
     _gap: GapWatch = field(default_factory=GapWatch)
     _stale: str | None = None
     _gaps_new: int = 0
@@ -81,10 +83,12 @@ class Watchdog:
                     self._new_steps += 1
                     self._last = self.clock()
                     self._split.append((record.generation_s or 0.0, record.training_s or 0.0))
+                    self._split_at.append(record.step)
                     self.last_step = record.step
                     last = record.max_steps is not None and record.step >= record.max_steps  # "training done" next
                     if self.on_split is not None and not last and (self._new_steps == 5 or self._new_steps % 20 == 0):
                         recent = self._split[-20:]
+                        self.split_steps = (self._split_at[-len(recent)], record.step)
                         self.on_split(*(sum(x) / len(recent) for x in zip(*recent, strict=True)))
                     if self.on_step is not None:
                         self.on_step(self._new_steps)

@@ -82,7 +82,7 @@ def size_vllm(
             fixes=fixes,
             explain=explain,
         )
-    trace.decide("vllm_max_num_seqs", sized.max_num_seqs, sized.lines()[0])
+    trace.decide("vllm_max_num_seqs", sized.max_num_seqs, sized.lines(share)[0])  # colocated: the share it is given
     sized_plan = dataclasses.replace(
         vllm,
         max_num_seqs=sized.max_num_seqs,

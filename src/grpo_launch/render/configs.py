@@ -102,6 +102,8 @@ def render_trainer_recipe(plan: Plan) -> str:
     """The resolved recipe the training entry reads: every planned TRL value written out."""
     header = (  # the recipe's path is the user's text: one_line keeps a line break in it from starting a key
         f"# Resolved by grpo-launch {__version__} from {one_line(plan.recipe.source or 'a recipe')}.\n"
+        # what runs, whatever a comment of the recipe says (one may describe a vLLM server the plan colocates)
+        f"# Split: {one_line(plan.split or plan.vllm.mode)}; training: {plan.train.backend}.\n"
         f"# Every value the planner chose is written out; plan.json says why.\n"
     )
     return header + yaml.safe_dump(plan.resolved_trainer_values, sort_keys=False, default_flow_style=False)

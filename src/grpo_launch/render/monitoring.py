@@ -93,6 +93,14 @@ def _legend(metric: Metric) -> str:
     return short + "".join(f" {{{{{label}}}}}" for label in metric.labels)
 
 
+def _query(metric: Metric, unit: str) -> tuple[str, str]:
+    """(PromQL, legend) of ``metric`` in a panel of ``unit``: a counter drawn on a per-second axis as its rate (the
+    tokens counter beside tokens per second), else the metric itself."""
+    if metric.kind == "counter" and unit == "ops":
+        return f"rate({metric.name}[1m])", f"rate of {_legend(metric)} over 1m"
+    return metric.name, _legend(metric)
+
+
 def dashboard() -> dict[str, Any]:
     """monitoring/grafana-dashboard.json: a panel per panel title of the metric list, then vLLM's panels."""
     panels: dict[str, list[Metric]] = {}
@@ -100,8 +108,9 @@ def dashboard() -> dict[str, Any]:
         panels.setdefault(metric.panel, []).append(metric)
     out = []
     for i, (title, metrics) in enumerate(panels.items(), start=1):
-        exprs = [(m.name, _legend(m)) for m in metrics]
-        out.append(_panel(i, title, exprs, 8 * ((i - 1) // 2), _unit(metrics)))
+        unit = _unit(metrics)
+        exprs = [_query(m, unit) for m in metrics]
+        out.append(_panel(i, title, exprs, 8 * ((i - 1) // 2), unit))
     vllm: dict[str, list[tuple[str, str]]] = {}
     for title, expr, source in VLLM_PANELS:
         vllm.setdefault(title, []).append((expr, source.removeprefix("vllm:")))

@@ -7,12 +7,16 @@ checkpoint and exit 0; rank 0 writes the step into ``stopped-at-step``. A new ru
 Under Slurm the platform signals the trainers' own steps too (a preemption's GraceTime sends SIGTERM to every task
 of every step, not to the batch shell): there the trainers hold SIGTERM (``node.shim --hold-term``, which sets
 ``HOLD_SIGTERM_ENV``) and turn it into the same request (:func:`request_stop_on_sigterm`), naming the signal as its
-reason, so the launcher learns why the run stops. Standard library only (the training entry imports it)."""
+reason, so the launcher learns why the run stops. Standard library only (the training entry imports it).
+
+While a checkpoint is written rank 0 keeps ``saving-checkpoint`` (its step and when the write began): a second
+Ctrl-C then abandons a half-written checkpoint, and the launcher says so before (:func:`saving`)."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from pathlib import Path
 
 from grpo_launch.errors import LaunchError
@@ -20,6 +24,7 @@ from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.trust import open_nofollow, private_dir, read_text
 
 LAUNCHER = "checkpoint and stop"  # the launcher's own request (its text, for a reader of the file)
+SAVING = "saving-checkpoint"  # in the control directory: the checkpoint rank 0 is writing, "STEP EPOCH-SECONDS"
 
 
 def _write(path: Path, text: str) -> None:
@@ -32,7 +37,7 @@ def reset(run_dir: str | Path) -> None:
     """Forget an earlier run's request and answer (a requeued job must not stop at its first step)."""
     paths = RunPaths(run_dir)
     private_dir(paths.control)
-    for path in (paths.stop_request, paths.stopped_marker):
+    for path in (paths.stop_request, paths.stopped_marker, paths.control / SAVING):
         path.unlink(missing_ok=True)
 
 
@@ -62,6 +67,25 @@ def stopped_at(run_dir: str | Path) -> int | None:
     """The step the trainers stopped at on request, or None if they did not."""
     try:
         return int(read_text(RunPaths(run_dir).stopped_marker).strip())
+    except (OSError, ValueError):
+        return None
+
+
+def mark_saving(run_dir: str | Path, step: int, now: float | None = None) -> None:
+    """Rank 0, at the end of a step whose checkpoint is about to be written."""
+    _write(RunPaths(run_dir).control / SAVING, f"{step} {time.time() if now is None else now}\n")
+
+
+def saved(run_dir: str | Path) -> None:
+    """Rank 0, once the checkpoint is written."""
+    (RunPaths(run_dir).control / SAVING).unlink(missing_ok=True)
+
+
+def saving(run_dir: str | Path) -> tuple[int, float] | None:
+    """The checkpoint being written: (its step, when the write began), or None."""
+    try:
+        step, began = read_text(RunPaths(run_dir).control / SAVING).split()
+        return int(step), float(began)
     except (OSError, ValueError):
         return None
 

@@ -6,7 +6,8 @@ GPU-hours and cost, reward, measured against predicted step time and memory, the
 Plots, from the trainers' ``metrics.jsonl`` and the plan's ``plan.json``: the reward and each reward function over
 steps; completion lengths; the step time split into generation and training against the plan's prediction; the
 peak memory of every rank against the estimate; each rank's GPU utilisation when NVML was there. The series
-themselves are embedded in the HTML as JSON (``<script id="series">``), so what was plotted can be read back.
+themselves are embedded in the HTML as JSON (``<script id="series">``, valid JSON as it stands: :func:`script_json`),
+so what was plotted can be read back.
 matplotlib is an optional extra (the ``report`` extra): the planner never imports it.
 """
 
@@ -215,9 +216,28 @@ def _page(view: RunView, series: dict[str, dict[str, Series]], sections: list[st
         + "".join(f"<div><code>{html.escape(k)}</code>: {html.escape(v)}</div>" for k, v in recipe)
         + "</details>"
         + "<script type='application/json' id='series'>"
-        + html.escape(json.dumps({p: {k: vars(s) for k, s in lines.items()} for p, lines in series.items()}))
+        + script_json({p: {k: vars(s) for k, s in lines.items()} for p, lines in series.items()})
         + "</script>"
     )
+
+
+def script_json(value: Any) -> str:
+    """``value`` as JSON to embed in a ``<script type="application/json">``: a script's text is not HTML (no entity
+    is decoded there, so ``&quot;`` would stay), and only ``<``, ``>`` and ``&`` are escaped, as JSON's own
+    ``\\u003c``-style escapes, so that no ``</script>`` or ``<!--`` in a name ends or changes the element; NaN and
+    infinities, which JSON lacks, are null."""
+    text = json.dumps(_finite(value), allow_nan=False)
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 STYLE = (
@@ -238,4 +258,4 @@ def embedded_series(report_html: str) -> dict[str, Any]:
     start = report_html.index("<script type='application/json' id='series'>") + len(
         "<script type='application/json' id='series'>"
     )
-    return json.loads(html.unescape(report_html[start : report_html.index("</script>", start)]))
+    return json.loads(report_html[start : report_html.index("</script>", start)])

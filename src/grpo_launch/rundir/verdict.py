@@ -23,10 +23,14 @@ def split_verdict(
     planned: tuple[float, float] | None = None,
     run_dir: str = "RUN_DIR",
     cpu: bool = False,
-    step: int | None = None,
+    step: int | tuple[int, int] | None = None,
 ) -> str:
-    """One line: the measured split (up to ``step``, when given) and the planned one, then what would help."""
-    at = f" at step {step}" if step is not None else ""
+    """One line: the measured split (up to ``step``, or the mean over the steps ``(first, last)``, when given) and
+    the planned one, then what would help."""
+    if isinstance(step, tuple):  # a mean: named as one, with its steps (other steps' lines printed their own)
+        at = f", mean of steps {step[0]}–{step[1]}" if step[0] != step[1] else f" of step {step[1]}"
+    else:
+        at = f" at step {step}" if step is not None else ""
     line = f"step split{at}: generation {generation_s:.2f} s, training {training_s:.2f} s"
     if planned:
         line += f" (planned {planned[0]:.2f} s / {planned[1]:.2f} s)"

@@ -7,10 +7,12 @@ into transformers' TrainerCallback when called (torch is imported by the steps t
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.errors import LaunchError
 from grpo_launch.rundir.async_signals import signals_text
 from grpo_launch.rundir.records import LogRecord, SaveRecord, StepRecord, append
 from grpo_launch.train.environment import JobEnvironment
@@ -195,8 +197,9 @@ class StopOnRequestSteps:
     exits 0 (a torchrun rank dies of SIGTERM otherwise, mid-step).
     """
 
-    def __init__(self, request: Path) -> None:
+    def __init__(self, request: Path, run_dir: Path | None = None) -> None:
         self.request = request
+        self.run_dir = run_dir  # rank 0 marks the checkpoint it writes there (rundir/control.py: saving)
         self.stopped_at: int | None = None
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -211,7 +214,21 @@ class StopOnRequestSteps:
             control.should_save = True
             control.should_training_stop = True
             self.stopped_at = state.global_step
+        if control.should_save and state.is_world_process_zero and self.run_dir is not None:
+            # the Trainer writes the checkpoint next (its schedule's, or the one asked for): while it does, a second
+            # Ctrl-C abandons it, and the launcher says so before
+            from grpo_launch.rundir.control import mark_saving
+
+            with contextlib.suppress(OSError, LaunchError):
+                mark_saving(self.run_dir, state.global_step)
         return control
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.run_dir is not None:
+            from grpo_launch.rundir.control import saved
+
+            with contextlib.suppress(OSError):
+                saved(self.run_dir)
 
 
 def make_callbacks(job: JobEnvironment, is_main: bool) -> tuple[Any, Any]:
@@ -234,7 +251,7 @@ def make_callbacks(job: JobEnvironment, is_main: bool) -> tuple[Any, Any]:
     if job.paths is None:
         return StepLog(job, is_main), None
     _hold_sigterm(job.paths.root)
-    return StepLog(job, is_main), StopOnRequest(job.paths.stop_request)
+    return StepLog(job, is_main), StopOnRequest(job.paths.stop_request, job.paths.root)
 
 
 def _hold_sigterm(run_dir: Path) -> None:

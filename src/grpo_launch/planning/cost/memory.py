@@ -193,12 +193,17 @@ class VllmMemory:
     weights_per_gpu: float
     kv_per_seq: float  # bytes per sequence of max_model_len, per GPU
 
-    def lines(self) -> list[str]:
-        return [
+    def lines(self, given: float | None = None) -> list[str]:
+        """The terms; with ``given``, the share the plan gives vLLM (a colocated engine's vllm_gpu_memory_utilization),
+        which the sized need is compared with rather than named as the share: the plan does not use the need."""
+        terms = (
             f"weights {self.weights_per_gpu / GIB:.1f} GiB/GPU + KV {self.kv_per_seq / GIB * 1024:.0f} MiB/sequence "
-            f"× {self.max_num_seqs} sequences + {VLLM_OVERHEAD_BYTES / GIB:.1f} GiB → "
-            f"gpu_memory_utilization {self.gpu_memory_utilization:.2f}"
-        ]
+            f"× {self.max_num_seqs} sequences + {VLLM_OVERHEAD_BYTES / GIB:.1f} GiB"
+        )
+        if given is not None and round(given, 2) != self.gpu_memory_utilization:
+            return [f"{terms} = {self.gpu_memory_utilization:.2f} of each GPU, within the {given:.2f} vLLM is given "
+                    "(vllm_gpu_memory_utilization)"]  # fmt: skip
+        return [f"{terms} → gpu_memory_utilization {self.gpu_memory_utilization:.2f}"]
 
 
 def vllm_memory(
