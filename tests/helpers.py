@@ -162,6 +162,30 @@ def write_scripts(tmp: Path) -> tuple[Path, Path]:
     return server, trainer
 
 
+def tiny_run_with_module(
+    tmp_path: Path, name: str, source: str, *overrides: str, **env: str
+) -> tuple[list[str], dict[str, str], Path]:
+    """A run of the tiny recipe whose reward is ``name``'s ``reward``, ``source`` written into ``tmp_path`` (on the
+    trainers' PYTHONPATH): its argv (``overrides`` after the tiny ones, a free rendezvous port, RUN_DIR
+    ``tmp_path/run``), its environment (``env`` added) and the run directory."""
+    (tmp_path / f"{name}.py").write_text(source)
+    run = tmp_path / "run"
+    environ = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env}
+    argv = [
+        sys.executable,
+        "-m",
+        "grpo_launch",
+        TINY_RECIPE,
+        *tiny_overrides(tmp_path),
+        *overrides,
+        f"reward_funcs=[{name}:reward]",
+        f"launch.main_process_port={free_port()}",
+        "--run-dir",
+        str(run),
+    ]
+    return argv, environ, run
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -22,7 +22,7 @@ from grpo_launch.execute import faults
 from grpo_launch.execute.faults import Event
 from grpo_launch.rundir import text
 
-from .helpers import ROOT, TINY_RECIPE, free_port, tiny_overrides
+from .helpers import ROOT, tiny_run_with_module
 
 T0 = 1_795_855_543.0  # an epoch time: the rank's stated times and the lines' arrival are on one clock
 
@@ -147,13 +147,9 @@ def reward(completions, trainer_state=None, **kw):
 @pytest.mark.slow
 def test_a_failing_reward_says_one_cause_once_with_the_rank_that_raised_first(tmp_path):
     """A real 2-rank run whose reward raises at step 3 on both ranks (about 35 s on 2 cores)."""
-    (tmp_path / "faultall.py").write_text(FAULT)
-    run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "FAULT_TIMES": str(tmp_path / "raised.txt")}  # fmt: skip
-    cmd = [sys.executable, "-m", "grpo_launch", TINY_RECIPE, *tiny_overrides(tmp_path), "max_steps=6",
-           "reward_funcs=[faultall:reward]", f"launch.main_process_port={free_port()}",
-           "--run-dir", str(run)]  # fmt: skip
+    cmd, env, run = tiny_run_with_module(
+        tmp_path, "faultall", FAULT, "max_steps=6", FAULT_TIMES=str(tmp_path / "raised.txt")
+    )
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     console = done.stdout + done.stderr
     assert done.returncode == 1, console[-3000:]

@@ -10,15 +10,13 @@ said only "train: exit code 1"; the next start set the half-written checkpoint a
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 
 import pytest
 
-from .helpers import ROOT, TINY_RECIPE, free_port, processes_of, tiny_overrides, wait_for_line
+from .helpers import ROOT, processes_of, tiny_run_with_module, wait_for_line
 
 # The Trainer writes a checkpoint's model, optimizer and RNG state, then trainer_state.json: here it waits after the
 # RNG state, so the checkpoint is half-written for SLOW_SAVE_S seconds.
@@ -42,13 +40,9 @@ def reward(completions, **kw):
 @pytest.mark.slow
 def test_a_second_ctrl_c_during_the_write_says_what_it_costs_before_and_after(tmp_path):
     """A real 2-rank CPU run (about 40 s on 2 cores)."""
-    (tmp_path / "slowsave.py").write_text(SLOW_SAVE)
-    run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "SLOW_SAVE_S": "120"}  # fmt: skip
-    cmd = [sys.executable, "-m", "grpo_launch", TINY_RECIPE, *tiny_overrides(tmp_path), "max_steps=50",
-           "save_steps=1000", "reward_funcs=[slowsave:reward]", f"launch.main_process_port={free_port()}",
-           "launch.grace_period_s=3", "--run-dir", str(run)]  # fmt: skip
+    cmd, env, run = tiny_run_with_module(
+        tmp_path, "slowsave", SLOW_SAVE, "max_steps=50", "save_steps=1000", "launch.grace_period_s=3", SLOW_SAVE_S="120"
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
     seen = wait_for_line(proc, "step 3/50 done")
     proc.send_signal(signal.SIGINT)
