@@ -170,6 +170,7 @@ def test_a_resplit_resumes_on_the_new_layout_without_losing_or_repeating_a_step(
     assert "time to first step" in status.stdout
 
 
+@pytest.mark.extended
 def test_a_server_left_on_old_weights_is_caught_and_named(tmp_path):
     """The fault: the trainers learn (learning_rate 1e-3) while the weight transfer does nothing, so vLLM keeps
     sampling from the start-up weights (trl#3247's state). The run stops with the stale-weights failure at the first

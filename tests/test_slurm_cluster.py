@@ -541,6 +541,7 @@ def run_dedicated_job(cluster, tmp_path: Path, nodes: int, gpus_per_node: int, r
     return run, text
 
 
+@pytest.mark.extended
 @pytest.mark.vllm
 def test_a_dedicated_vllm_node_serves_two_training_nodes(cluster, tmp_path):
     """Three nodes of 4 (fake) GPUs: n3 runs the real vLLM server from the rendered command through srun and the
