@@ -215,6 +215,7 @@ def _wait_healthy(base: str, deadline: float) -> None:
     raise AssertionError("the run's vLLM server never became healthy")
 
 
+@pytest.mark.extended
 def test_a_real_grpo_run_trains_through_the_guard_and_the_token_stays_secret(tmp_path):
     """The real launcher, server and trainers (3 simulated L4s: the server on one, two trainer ranks). While it
     runs, a client without the token is refused by its control plane; after it, the weights have moved."""
