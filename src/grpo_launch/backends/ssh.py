@@ -31,6 +31,7 @@ from grpo_launch.backends.remote import (
     off_the_command_line,
     passed_env_names,
 )
+from grpo_launch.enums import Role
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.rundir.layout import GRACE_ENV, RUN_ID_ENV
@@ -55,7 +56,26 @@ def remote_command(
         task += ["--gpus", ",".join(gpu_positions)]
     env = [f"{k}={v}" for k, v in spec.env.items()]
     command = [*task, "--", *(["env", *env] if env else []), *spec.argv]
+    if spec.role == Role.VLLM and spec.env.get(RUN_ID_ENV):
+        inner = f"cd {shlex.quote(workdir)} && {marked_per_start(command, spec.env[RUN_ID_ENV])}"
+        return f"exec sh -c {shlex.quote(inner)}"
     return f"cd {shlex.quote(workdir)} && exec {shlex.join(command)}"
+
+
+def marked_per_start(command: Sequence[str], mark: str) -> str:
+    """``exec COMMAND`` as a POSIX shell line in which the host's mark of the run (the guard's argument, and
+    GRPO_LAUNCH_RUN_ID=mark) becomes ``mark/vllm-PID``, PID the shell's own: a mark of this start alone.
+
+    For a vLLM server's processes, which the launcher may start again after losing them
+    (:mod:`grpo_launch.execute.server_keeper`). The guard of a start stops every process that carries its mark once
+    its session ends (:mod:`grpo_launch.node.reaper`); with the host's mark it would stop the trainer ranks on that
+    host and the replacement started after it. A server's processes stay in its process group, which teardown
+    signals; the mark finds them should the launcher die."""
+    words = {
+        mark: shlex.quote(f"{mark}/vllm-") + "$$",
+        f"{RUN_ID_ENV}={mark}": shlex.quote(f"{RUN_ID_ENV}={mark}/vllm-") + "$$",
+    }
+    return "exec " + " ".join(words.get(w, shlex.quote(w)) for w in command)
 
 
 def ssh_spec(spec: ProcessSpec, ssh: SshOptions, *, python: str, workdir: str, stdin_env: Sequence[str]) -> ProcessSpec:

@@ -15,7 +15,7 @@ from pathlib import Path
 from grpo_launch.enums import FailureKind, Role, RunState
 from grpo_launch.errors import LaunchError
 from grpo_launch.execute import faults
-from grpo_launch.execute.server_keeper import ServerKeeper
+from grpo_launch.execute.server_keeper import ServerKeeper, ServerNotKept
 from grpo_launch.execute.supervisor import (
     HEALTH_GRACE_S,
     HEALTH_POLL_S,
@@ -287,13 +287,13 @@ def supervise(
                 if s.paths is not None:
                     append(s.paths.metrics, StartupRecord("vllm_ready", took, time.time()))
             stop.training = True
-            keeper = _keeper(sup, s)
+            keeper = _keeper(sup, s, stopping.grace_s if stopping is not None else s.grace_s)
             running = [srv, *workers] if srv is not None else []
             while True:
                 try:
                     sup.wait_all(
                         train_children,
-                        watch=watching,
+                        watch=watching if keeper is None else keeper.watching(running, watching),
                         health_url=health_url if srv is not None else None,
                         health_poll_s=s.health_poll_s,
                         health_grace_s=s.health_grace_s,
@@ -321,12 +321,15 @@ def supervise(
     return result
 
 
-def _keeper(sup: Supervisor, s: SessionSpec) -> ServerKeeper | None:
-    """Who replaces a lost server (None: a run without one, or with launch.server_restarts 0: a loss fails)."""
-    if s.server is None or not s.server_replacement or not s.health_url or s.paths is None or s.server_restarts < 1:
+def _keeper(sup: Supervisor, s: SessionSpec, stop_grace_s: float) -> ServerKeeper | None:
+    """Who replaces a lost server (None: a run without one, or whose trainers cannot wait for one). With
+    launch.server_restarts 0 it replaces none: a loss ends the attempt, with the trainers' checkpoint at the end of
+    the step in flight when they are there (``stop_grace_s`` for it)."""
+    if s.server is None or not s.server_replacement or not s.health_url or s.paths is None:
         return None
     first, *others = s.server_replacement
-    return ServerKeeper(sup, s.paths, first, others, s.health_url, s.health_timeout_s, s.server_restarts)
+    timeout_s, restarts = s.health_timeout_s, s.server_restarts
+    return ServerKeeper(sup, s.paths, first, others, s.health_url, timeout_s, restarts, stop_grace_s=stop_grace_s)
 
 
 def _stop_now(sup: Supervisor, sig: Interrupted) -> RunResult:
@@ -366,6 +369,8 @@ def _failure_result(sup: Supervisor, exc: LaunchError, stacks: Mapping[str, str]
         diagnosis = Failure(FailureKind.HANG, exc.message)
     elif isinstance(exc, StaleWeights):
         diagnosis = Failure(FailureKind.STALE_WEIGHTS, exc.message, where="vllm", side=Role.VLLM)
+    elif isinstance(exc, ServerNotKept):  # the trainers' own lines after it are its consequences
+        diagnosis = exc.failure
     lines = []
     if stacks:
         lines.append("where each rank was (innermost frame of its main thread):")

@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
@@ -105,6 +105,13 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _unmarked(child: Child) -> Child:
+    """``child`` with its spec's environment rid of the run's mark: signalled through it, a remote host's kill line
+    reaches the child's process group alone (:func:`grpo_launch.backends.remote.kill_line`)."""
+    env = {k: v for k, v in child.spec.env.items() if k != RUN_ID_ENV}
+    return replace(child, spec=replace(child.spec, env=env))
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -316,23 +323,28 @@ class Supervisor:
             time.sleep(POLL_S)
 
     # ------------------------------------------------------------------ stop
-    def stop_children(self, children: Sequence[Child]) -> None:
+    def stop_children(self, children: Sequence[Child], grace_s: float | None = None) -> None:
         """Stop ``children`` alone (a lost server's processes, before it starts again): SIGTERM to their groups
-        (on their hosts for remote ones), the grace period, SIGKILL; reaped, their logs drained, and no longer
-        watched."""
-        remote = [c for c in children if c.spec.remote_group]
-        self._signal_remote([c for c in remote if c.remote_pgid], signal.SIGTERM)
-        for c in children:
-            if c not in remote:
-                _signal_group(c.pgid, signal.SIGTERM)
+        (on their hosts for remote ones), the grace period (``grace_s``, else the run's), SIGKILL; reaped, their
+        logs drained, and no longer watched.
+
+        A remote child's group alone: the backends' kill line signals every process of the run on the host too
+        when the spec carries the host's mark, and a server's host may hold trainer ranks (torchrun starts each in
+        a session of its own, so the mark is what finds them at teardown). A remote group has ended when its ssh
+        client or Ray runner has: the remote processes hold that connection's output open until they exit."""
+        remote = [_unmarked(c) for c in children if c.spec.remote_group and c.remote_pgid]
+        local = [c for c in children if not c.spec.remote_group]
+        self._signal_remote(remote, signal.SIGTERM)
+        for c in local:
+            _signal_group(c.pgid, signal.SIGTERM)
 
         def alive(c: Child) -> bool:
-            return c.proc.poll() is None if c in remote else _group_alive(c.pgid)
+            return c.proc.poll() is None if c.spec.remote_group else _group_alive(c.pgid)
 
-        deadline = time.monotonic() + self.grace_s
+        deadline = time.monotonic() + (self.grace_s if grace_s is None else grace_s)
         while time.monotonic() < deadline and any(alive(c) for c in children):
             time.sleep(0.05)
-        self._signal_remote([c for c in remote if alive(c) and c.remote_pgid], signal.SIGKILL)
+        self._signal_remote([c for c in remote if alive(c)], signal.SIGKILL)
         for c in children:
             if _group_alive(c.pgid):
                 _signal_group(c.pgid, signal.SIGKILL)

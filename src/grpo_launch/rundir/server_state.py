@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,27 @@ def mark_up(run_dir: str | Path) -> int:
 
 def mark_gone(run_dir: str | Path, why: str) -> None:
     _write(_path(run_dir, GONE), f"{why}\n")
+
+
+def port_refused(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a TCP connection to ``url``'s host and port is refused: the host answers and nothing listens on the
+    server's port, a sure sign that its API server is gone (a time-out or an unreachable host is not: a busy server
+    or network may answer later). Both sides read the server's loss from it: the launcher, whose ssh client or Ray
+    runner outlives a remote API server killed alone, and the trainers as a step ends."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        return False
+    if not parts.hostname or not port:
+        return False
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
 
 
 @frozen

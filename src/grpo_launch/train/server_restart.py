@@ -22,10 +22,20 @@ So a lost server is handled where every rank is (:class:`Keeper`, installed on `
   the ``POST /reset_prefix_cache`` TRL's ``sync_weights`` sends last unlocks it), so generation never runs on the
   weights it loaded from disk.
 
-Bounded: the launcher restarts the server at most ``launch.server_restarts`` times, each within its health timeout;
-when it gives up it says so in the control directory, and the trainers raise :class:`ServerGone`: the attempt ends,
-and the run resumes from its newest checkpoint. A server lost in the middle of a sync under ZeRO-3 or FSDP (whose
-parameter walk is collective) cannot be pushed again from rank 0 alone: that attempt ends the same way.
+Bounded: the launcher restarts the server at most ``launch.server_restarts`` times, each within its health timeout.
+When it gives up, it asks for a checkpoint and stop, then says so in the control directory:
+
+- a loss found as a step ends (:meth:`Keeper.at_step_end`, on the Trainer's ``on_optimizer_step``, before the
+  step's ``on_step_end``: the server was lost after the step's generation) is waited for there, and the Trainer's
+  own save at that step's end writes its checkpoint (the stop-on-request callback sets ``should_save`` and
+  ``should_training_stop``): the next attempt resumes from it, no step lost;
+- a loss found inside a step (in its generation or weight sync) has no whole step to save: the trainers raise
+  :class:`ServerGone`, and the run resumes from its newest checkpoint. Saving there would take the Trainer's
+  private ``_save_checkpoint`` (``save_model`` writes the weights alone, without the optimizer, scheduler and RNG
+  states a resume reads), and the Trainer looks at ``should_save`` only after the step's optimizer step.
+
+A server lost in the middle of a sync under ZeRO-3 or FSDP (whose parameter walk is collective) cannot be pushed
+again from rank 0 alone: that attempt ends the same way.
 
 Importing this module is cheap: accelerate and requests are imported where they are used."""
 
@@ -37,7 +47,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from grpo_launch.rundir import server_state
+from grpo_launch.rundir import control, server_state
 from grpo_launch.rundir.layout import RunPaths
 
 POLL_S = 1.0
@@ -78,8 +88,17 @@ class Keeper:
     ``VLLMGeneration``; ``run_dir`` the run's (its control directory); ``timeout_s`` how long to wait for a
     replacement; ``broadcast`` accelerate's ``broadcast_object_list`` (None: a world of one)."""
 
-    def __init__(self, generation: Any, run_dir: str, *, is_main: bool, device: Any, timeout_s: float,
-                 broadcast: Callable[..., Any] | None, say: Callable[[str], None] = print) -> None:  # fmt: skip
+    def __init__(
+        self,
+        generation: Any,
+        run_dir: str,
+        *,
+        is_main: bool,
+        device: Any,
+        timeout_s: float,
+        broadcast: Callable[..., Any] | None,
+        say: Callable[[str], None] = print,
+    ) -> None:
         self.generation, self.run_dir, self.is_main, self.device = generation, run_dir, is_main, device
         self.timeout_s, self.broadcast, self.say = timeout_s, broadcast, say
         self.synced = server_state.server_epoch(run_dir)  # the server that holds the trainers' weights
@@ -126,6 +145,31 @@ class Keeper:
             self._say(f"pushing the current weights to the replaced vLLM server (restart {epoch})")
             self._sync()  # a collective parameter walk (ZeRO-3, FSDP) cannot be done alone: it raises or hangs
         self.synced = epoch  # a server replaced again meanwhile is caught before the next generation
+
+    def at_step_end(self) -> None:
+        """Rank 0, once a step's optimizer has stepped and before the step ends (where the Trainer decides whether
+        to save it): a server lost since the step's generation is waited for here, while this step can still be
+        saved. Replaced: the next sync pushes the weights to it. Given up: the launcher has asked for a checkpoint
+        and stop before saying so, and the stop-on-request callback honours it at this step's end on every rank (it
+        agrees on the request across ranks): the Trainer saves this step. The other ranks wait for rank 0 in that
+        agreement. Only a sure loss is waited for (the launcher says the server is down or gone, or its port
+        refuses connections): a busy server that answers /health late must not hold the step."""
+        if not self.is_main or not self._surely_lost():
+            return
+        self._say("the vLLM server was lost after this step's generation: waiting for the launcher's word")
+        try:
+            self._wait()
+        except ServerGone as exc:
+            if control.stop_reason(self.run_dir) is None:  # the launcher has not given up: this is no stop
+                raise
+            self._say(f"{exc}: saving a checkpoint at the end of this step, then stopping")
+
+    def _surely_lost(self) -> bool:
+        return (
+            server_state.server_down(self.run_dir)
+            or server_state.server_gone(self.run_dir) is not None
+            or (bool(self.base_url) and server_state.port_refused(self.base_url))
+        )
 
     # ---------------------------------------------------------------- rank 0
     def _guarded_client_generate(self, *args: Any, **kwargs: Any) -> Any:
@@ -211,7 +255,28 @@ def keep_server(trainer: Any, run_dir: str | None, timeout_s: float, say: Callab
         from accelerate.utils import broadcast_object_list
 
         broadcast = broadcast_object_list
-    keeper = Keeper(generation, str(RunPaths(run_dir).root), is_main=accelerator.is_main_process,
-                    device=accelerator.device, timeout_s=timeout_s, broadcast=broadcast, say=say)  # fmt: skip
+    keeper = Keeper(
+        generation,
+        str(RunPaths(run_dir).root),
+        is_main=accelerator.is_main_process,
+        device=accelerator.device,
+        timeout_s=timeout_s,
+        broadcast=broadcast,
+        say=say,
+    )
     keeper.install()
+    trainer.add_callback(step_end_callback(keeper))
     return keeper
+
+
+def step_end_callback(keeper: Keeper) -> Any:
+    """A TrainerCallback whose ``on_optimizer_step`` runs :meth:`Keeper.at_step_end`: the Trainer calls it after
+    the optimizer's step and before ``on_step_end``, so it comes before the stop-on-request callback's agreement
+    whatever the callbacks' order."""
+    from transformers import TrainerCallback
+
+    class AtStepEnd(TrainerCallback):
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            keeper.at_step_end()
+
+    return AtStepEnd()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses
 from grpo_launch.backends.options import RayOptions
+from grpo_launch.enums import Role
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.rundir.layout import GRACE_ENV, RUN_ID_ENV
@@ -107,6 +108,10 @@ class RayBackend(BaseBackend[RayOptions]):
         grace = ["--grace", env[GRACE_ENV]] if env.get(GRACE_ENV) else []  # the run's grace, as the launcher's guard
         remote = [ctx.python, "-m", "grpo_launch.node.shim", "--announce-pgid", "--guard", marker, *grace, "--",
                   "env", *(f"{k}={v}" for k, v in env.items()), *spec.argv]  # fmt: skip
+        if spec.role == Role.VLLM:  # a server's processes carry a mark of their start alone, as over ssh
+            from grpo_launch.backends.ssh import marked_per_start
+
+            remote = ["sh", "-c", marked_per_start(remote, marker)]
         stdin_env = tuple(sorted({*passed_env_names(ctx.environ, plan.recipe.launch.pass_env), *hidden}))
         argv = [ctx.python, "-m", "grpo_launch.backends.ray.runner", "--address", self.address,
                 "--pg", pg_name(run_id, host), "--bundle", str(names.index(spec.name)), "--gpus", str(gpus),
