@@ -3,6 +3,7 @@ exits."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -74,8 +75,6 @@ def is_decimal(text: str) -> bool:
 
 def override_value(value: Any) -> str:
     """A value as a ``key=value`` override spells it (YAML, no spaces: one shell word): true, null, [a,b]."""
-    import json
-
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from grpo_launch.backends.base import Backend, BackendOptions
+from grpo_launch.backends.options import OPTIONS
 
 if TYPE_CHECKING:
     from grpo_launch.backends.submission import Submitter
@@ -44,8 +45,6 @@ def load_submitter(name: str) -> type[Submitter[Any]]:
 
 def option_classes() -> dict[str, type[BackendOptions]]:
     """Every backend's options dataclass, by backend name (from :mod:`.options`: no backend module is loaded)."""
-    from grpo_launch.backends.options import OPTIONS
-
     return dict(OPTIONS)
 
 

@@ -26,9 +26,13 @@ class SshOptions(BackendOptions):
     identity: str | None = option("--ssh-identity", "private key for ssh (ssh -i)", metavar="FILE", group=SSH_GROUP)
     config: str | None = option("--ssh-config", "ssh client config file (ssh -F)", metavar="FILE", group=SSH_GROUP)
     options: tuple[str, ...] = option(
-        "--ssh-option", "extra ssh -o option (repeatable)", default=(), metavar="KEY=VALUE", action="append",
+        "--ssh-option",
+        "extra ssh -o option (repeatable)",
+        default=(),
+        metavar="KEY=VALUE",
+        action="append",
         group=SSH_GROUP,
-    )  # fmt: skip
+    )
     connect_timeout_s: int = 10
 
     def chooses_backend(self) -> bool:
@@ -66,10 +70,15 @@ RAY_GROUP = "Ray cluster"
 
 @frozen
 class RayOptions(BackendOptions):
+    """The Ray backend's options: the cluster to attach to."""
+
     address: str | None = option(
-        "--ray", "attach to the Ray cluster at ADDRESS (the head's HOST:PORT, or 'auto' on a node of it); without "
-        "it, used when RAY_ADDRESS is set (as in a Ray job)", metavar="ADDRESS", group=RAY_GROUP,
-    )  # fmt: skip
+        "--ray",
+        "attach to the Ray cluster at ADDRESS (the head's HOST:PORT, or 'auto' on a node of it); without "
+        "it, used when RAY_ADDRESS is set (as in a Ray job)",
+        metavar="ADDRESS",
+        group=RAY_GROUP,
+    )
 
     def chooses_backend(self) -> bool:
         return bool(self.address)
@@ -77,6 +86,8 @@ class RayOptions(BackendOptions):
 
 @frozen
 class SlurmOptions(BackendOptions):
+    """The Slurm backend's option: run in the current allocation."""
+
     slurm: bool = option(
         "--slurm",
         "use the current Slurm allocation (an error outside one); without it, used when SLURM_JOB_ID is set",

@@ -9,16 +9,23 @@ How the line reaches the host is each backend's own: ``ssh HOST -- LINE`` (:mod:
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import shlex
+import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo_launch import __version__
 from grpo_launch.machines.gpus import GIB
+from grpo_launch.planning.cost.constants import HOST_HEADROOM
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.recipe.versions import version_tuple
 from grpo_launch.render.processes import weight_sync_port
+from grpo_launch.rundir.fields import RunFileError
 from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
+from grpo_launch.rundir.records import HostCheck
 from grpo_launch.spec import holds_secret
 
 if TYPE_CHECKING:
@@ -48,8 +55,6 @@ PASSED_ENV: tuple[str, ...] = (
 
 def passed_env_names(environ: Mapping[str, str], named: Sequence[str] = ()) -> tuple[str, ...]:
     """The names of :data:`PASSED_ENV` and of ``named`` (the recipe's launch.pass_env) set in ``environ``, sorted."""
-    import fnmatch
-
     wanted = (*PASSED_ENV, *named)
     return tuple(sorted(k for k in environ if k in named or any(fnmatch.fnmatchcase(k, p) for p in wanted)))
 
@@ -67,8 +72,6 @@ def kill_line(pgid: int, sig: int, *, run_id: str | None = None, python: str = "
     """The shell line run on a host to signal a process group there and, with ``run_id``, every process marked
     with it (the ssh backend runs it through ssh, :func:`grpo_launch.backends.ssh.kill_command`; the Ray backend in
     a task on the node)."""
-    import signal
-
     name = signal.Signals(sig).name.removeprefix("SIG")
     line = f"kill -{name} -- -{int(pgid)}"
     if run_id:
@@ -79,8 +82,6 @@ def kill_line(pgid: int, sig: int, *, run_id: str | None = None, python: str = "
 def check_command(python: str, workdir: str, paths: Sequence[str], ports: Sequence[int] = ()) -> str:
     """A remote shell line that runs :mod:`grpo_launch.node.host_check` in ``workdir`` with ``python``: the host's
     grpo-launch version, which of ``paths`` are missing, which of ``ports`` are taken, its vLLM version and RAM."""
-    import json
-
     q = shlex.quote
     asked = json.dumps({"paths": list(paths), "ports": [int(p) for p in ports]})
     return (
@@ -111,8 +112,6 @@ def host_ports(plan: Plan) -> dict[str, dict[int, str]]:
 
 def host_ram_problem(plan: Plan, ram: object) -> str | None:
     """What is wrong when a host's RAM (as its check reported it) cannot hold the plan's offload."""
-    from grpo_launch.planning.cost.constants import HOST_HEADROOM
-
     need = plan.estimate.host_memory_per_node_gib * GIB if plan.estimate else 0.0
     if not need or not isinstance(ram, int) or need <= HOST_HEADROOM * ram:
         return None
@@ -132,16 +131,11 @@ def local_paths(plan: Plan) -> list[str]:
     ]
 
 
-def check_problem(host: str, returncode: int, stdout: str, stderr: str, plan: Plan, python: str,
-                  ports: Mapping[int, str]) -> str | None:  # fmt: skip
+def check_problem(
+    host: str, returncode: int, stdout: str, stderr: str, plan: Plan, python: str, ports: Mapping[int, str]
+) -> str | None:
     """What is wrong on ``host``, from the output of :func:`check_command` run there (None: ready): the same
     rule for a host reached over ssh and a Ray node."""
-    import json
-
-    from grpo_launch import __version__
-    from grpo_launch.rundir.fields import RunFileError
-    from grpo_launch.rundir.records import HostCheck
-
     if returncode in (3, 4):
         return f"{host}: {stdout.strip()}"
     if "No module named grpo_launch" in stderr or "No module named 'grpo_launch" in stderr:

@@ -15,12 +15,17 @@ the working directory and the recipe's local paths (the check and the kill line 
 
 from __future__ import annotations
 
+import concurrent.futures
 import shlex
+import shutil
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses
+from grpo_launch.backends.hostfile import probe_hostfile, read_hostfile, topology_from_probes
 from grpo_launch.backends.options import SshOptions
 from grpo_launch.backends.remote import (
     check_command,
@@ -34,6 +39,7 @@ from grpo_launch.backends.remote import (
 from grpo_launch.enums import Role
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
+from grpo_launch.probe.hosts import collect_reports, report_command
 from grpo_launch.rundir.layout import GRACE_ENV, RUN_ID_ENV
 from grpo_launch.spec import ProcessSpec, RunContext
 
@@ -89,8 +95,9 @@ def ssh_spec(spec: ProcessSpec, ssh: SshOptions, *, python: str, workdir: str, s
         spec = replace(spec, env={**spec.env, **marker})
     clear, hidden = off_the_command_line(spec.env)
     names = tuple(sorted({*stdin_env, *hidden}))
-    line = remote_command(replace(spec, env=clear), python=python, workdir=workdir, gpu_positions=spec.gpus,
-                          stdin_env=bool(names))  # fmt: skip
+    line = remote_command(
+        replace(spec, env=clear), python=python, workdir=workdir, gpu_positions=spec.gpus, stdin_env=bool(names)
+    )
     return ProcessSpec(
         name=spec.name,
         argv=(*ssh.argv(host), "--", line),
@@ -115,13 +122,11 @@ def kill_command(
 def probe_over_ssh(hosts: list[str], ssh: SshOptions, environ: Mapping[str, str]) -> tuple[dict[str, dict], list[str]]:
     """Each host's own report (:mod:`grpo_launch.node.host_report`, in parallel), and what went wrong on the hosts
     that did not answer."""
-    import sys
-
-    from grpo_launch.probe.hosts import collect_reports, report_command
 
     command = shlex.join(report_command(sys.executable))
-    return collect_reports(hosts, lambda h: [*ssh.argv(h), "--", command], timeout_s=ssh.connect_timeout_s + 30,
-                           env=environ)  # fmt: skip
+    return collect_reports(
+        hosts, lambda h: [*ssh.argv(h), "--", command], timeout_s=ssh.connect_timeout_s + 30, env=environ
+    )
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -131,8 +136,6 @@ def _absolute_command(spec: ProcessSpec) -> ProcessSpec:
     """A bare command name (``vllm``) as the absolute path found here: a remote non-interactive shell has a minimal
     PATH, and the hosts share this environment's paths."""
 
-    import shutil
-
     first = spec.argv[0]
     found = shutil.which(first) if "/" not in first else None
     return replace(spec, argv=(found, *spec.argv[1:])) if found else spec
@@ -141,8 +144,6 @@ def _absolute_command(spec: ProcessSpec) -> ProcessSpec:
 def check_hosts(plan: Plan, ssh: SshOptions, ctx: RunContext) -> None:
     """Before anything starts: every host answers ssh in batch mode and has this grpo-launch, Python, working
     directory and the recipe's local paths. One error naming every host and what is wrong."""
-    import concurrent.futures
-    import subprocess
 
     python, environ = ctx.python, ctx.environ
     paths = local_paths(plan)
@@ -203,7 +204,6 @@ class SshBackend(BaseBackend[SshOptions]):
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
         """The hosts as each reports itself over ssh (GPUs, CPUs, RAM); a hostfile whose lines all name their GPUs
         (gpu=MODEL) is planned offline, and so is one whose hosts do not all answer (with a warning)."""
-        from grpo_launch.backends.hostfile import probe_hostfile, read_hostfile, topology_from_probes
 
         entries = read_hostfile(self.hostfile)
         offline = probe_hostfile(self.hostfile, local=local, cpu=local.is_cpu, entries=entries)
@@ -231,8 +231,6 @@ class SshBackend(BaseBackend[SshOptions]):
         check_hosts(plan, self.options, ctx)
 
     def signal_remote(self, spec: ProcessSpec, pgid: int, sig: int, ctx: RunContext) -> None:
-        import subprocess
-
         assert spec.host
         subprocess.run(
             kill_command(self.options, spec.host, pgid, sig, run_id=spec.env.get(RUN_ID_ENV), python=ctx.python),

@@ -17,10 +17,14 @@ from types import ModuleType
 from typing import Any
 
 from grpo_launch import __version__
+from grpo_launch.cli.common import EPILOG, VERB_HELP, examples
 from grpo_launch.cli.console import Console, drop, terminal_columns
-from grpo_launch.errors import GrpoLaunchError
+from grpo_launch.enums import RunState
+from grpo_launch.errors import GrpoLaunchError, did_you_mean
+from grpo_launch.rundir.text import printable
+from grpo_launch.spec import RunContext, RunResult
 
-VERBS = ("run", "plan", "calibrate", "inspect", "sbatch", "ray-submit", "sky", "status", "report", "resume")
+VERBS = tuple(VERB_HELP)
 SUBMIT_VERBS = ("sbatch", "ray-submit")  # their own arguments after "--" go to the batch system unchanged
 VALUE_OPTIONS = ("--gpus", "--hostfile", "--run-dir", "--nodes", "--gpus-per-node")
 
@@ -48,9 +52,8 @@ def _verb(name: str) -> ModuleType:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser; with ``only``, just that verb's subparser (the others' modules are then not imported)."""
-    from grpo_launch.cli.common import EPILOG, examples
-
+    """The parser; with ``only``, just that verb's subparser (the others' modules are then not imported), else every
+    verb by its line of :data:`VERB_HELP` (``--help``, ``--version``: no verb's module is imported)."""
     parser = Parser(
         prog="grpo-launch",
         description="Plan and launch GRPO training with TRL: split GPUs between vLLM and trainers, choose a batch "
@@ -60,8 +63,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"grpo-launch {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}", parser_class=Parser)
-    for name in VERBS if only is None else (only,):
-        _verb(name).register(sub, HelpFormatter, examples(name))  # a verb's help shows its own examples
+    if only is None:
+        for name in VERBS:
+            sub.add_parser(name, help=VERB_HELP[name])
+    else:
+        _verb(only).register(sub, HelpFormatter, examples(only))  # a verb's help shows its own examples
     return parser
 
 
@@ -113,8 +119,6 @@ def run_verb(args: argparse.Namespace, ctx: Any) -> Any:
 
 
 def _error(text: str) -> None:
-    from grpo_launch.rundir.text import printable
-
     try:
         print(printable(text), file=sys.stderr, flush=True)
     except (OSError, ValueError):
@@ -122,9 +126,6 @@ def _error(text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    from grpo_launch.enums import RunState
-    from grpo_launch.spec import RunContext, RunResult
-
     argv = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ if environ is None else environ
     cut = argv.index("--") if "--" in argv else len(argv)  # a submit verb's own arguments follow "--"
@@ -132,9 +133,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     argv = [a for i, a in enumerate(argv) if i >= cut or a != "--debug"]
     first = next((a for a in argv if not a.startswith("-")), None)
     if first is not None and first not in VERBS and not os.path.exists(first) and "/" not in first:
-        from grpo_launch.errors import did_you_mean
-
-        if near := did_you_mean(first, VERBS):
+        near = did_you_mean(first, VERBS)
+        if near:
             _error(f"grpo-launch: error: unknown command {first!r}{near}; commands: {', '.join(VERBS)}")
             return 2
     args = parse(argv)

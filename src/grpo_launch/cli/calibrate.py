@@ -10,7 +10,9 @@ on a GPU."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import json
 import os
 import shutil
 import sys
@@ -18,8 +20,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.cli.common import add_recipe_args, load, plan_on
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from grpo_launch.cli.calibrate_schedule import Schedule
+from grpo_launch.cli.calibrate_view import show
+from grpo_launch.cli.common import VERB_HELP, add_recipe_args, load, plan_on
 from grpo_launch.errors import ConfigError
+from grpo_launch.planning.estimate import workload
+from grpo_launch.probe.bench_phases import PHASES, run_bench
+from grpo_launch.probe.calibration import CalibrationRecord, calibration_key, save_calibration
+from grpo_launch.probe.local import probe_local
 from grpo_launch.rundir.layout import CALIBRATIONS_ENV
 from grpo_launch.spec import RunContext
 
@@ -46,38 +56,55 @@ MAX_MINUTES = 60.0
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
     p = sub.add_parser(
         "calibrate",
-        help="measure this machine's GPU (or CPU) for a recipe's model in minutes; plan then uses it",
+        help=VERB_HELP["calibrate"],
         description=DESCRIPTION,
         epilog=epilog,
         formatter_class=formatter,
     )
     add_recipe_args(p, optional=f"{DEFAULT_RECIPES['cpu']} on CPU, {DEFAULT_RECIPES['gpu']} on a GPU")
     p.add_argument("--run-dir", help="also write RUN_DIR/calibration.json (the cache copy is always written)")
-    p.add_argument("--gpus", metavar="SPEC",
-                   help="refused: calibrate measures the GPUs this machine sees (plan --gpus SPEC then uses a "
-                   "calibration stored for that GPU model)")  # fmt: skip
-    p.add_argument("--minutes", type=float, default=DEFAULT_MINUTES, metavar="N",
-                   help=f"time budget, shared out between the phases (default {DEFAULT_MINUTES:g}, at most "
-                   f"{MAX_MINUTES:g})")  # fmt: skip
-    p.add_argument("--random-weights", action="store_true",
-                   help="the model's config shapes with random weights (transformers from_config; vLLM "
-                   "load_format=dummy): no weights needed, nothing downloaded")  # fmt: skip
+    p.add_argument(
+        "--gpus",
+        metavar="SPEC",
+        help="refused: calibrate measures the GPUs this machine sees (plan --gpus SPEC then uses a "
+        "calibration stored for that GPU model)",
+    )
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=DEFAULT_MINUTES,
+        metavar="N",
+        help=f"time budget, shared out between the phases (default {DEFAULT_MINUTES:g}, at most {MAX_MINUTES:g})",
+    )
+    p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="the model's config shapes with random weights (transformers from_config; vLLM "
+        "load_format=dummy): no weights needed, nothing downloaded",
+    )
     p.add_argument("--out", metavar="FILE", help="also write the calibration JSON to FILE")
-    p.add_argument("--vllm-python", metavar="PYTHON",
-                   help="the Python whose vLLM is measured (default: this one, when it has vLLM)")  # fmt: skip
+    p.add_argument(
+        "--vllm-python",
+        metavar="PYTHON",
+        help="the Python whose vLLM is measured (default: this one, when it has vLLM)",
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
     if not 0 < args.minutes <= MAX_MINUTES:
-        raise ConfigError(f"--minutes {args.minutes:g}: the budget must be above 0 and at most {MAX_MINUTES:g}",
-                          hint="e.g. --minutes 5")  # fmt: skip
+        raise ConfigError(
+            f"--minutes {args.minutes:g}: the budget must be above 0 and at most {MAX_MINUTES:g}",
+            hint="e.g. --minutes 5",
+        )
     if args.vllm_python and not (os.access(args.vllm_python, os.X_OK) or shutil.which(args.vllm_python)):
         hint = "Give the Python of the environment vLLM is installed in, e.g. .venv-vllm/bin/python."
         raise ConfigError(f"--vllm-python {args.vllm_python}: no such program", hint=hint)
     if args.gpus is not None:
-        raise ConfigError("calibrate measures the GPUs this machine sees; --gpus describes other machines",
-                          hint="Run calibrate on a machine with the GPU model to measure (one GPU of the kind is "
-                          "enough), without --gpus.")  # fmt: skip
+        raise ConfigError(
+            "calibrate measures the GPUs this machine sees; --gpus describes other machines",
+            hint="Run calibrate on a machine with the GPU model to measure (one GPU of the kind is "
+            "enough), without --gpus.",
+        )
 
 
 def _with_recipe(args: argparse.Namespace, ctx: RunContext, cpu: bool) -> argparse.Namespace:
@@ -93,9 +120,11 @@ def _with_recipe(args: argparse.Namespace, ctx: RunContext, cpu: bool) -> argpar
         return argparse.Namespace(**{**vars(args), "overrides": overrides})
     name = DEFAULT_RECIPES["cpu" if cpu else "gpu"]
     if not (Path(ctx.workdir) / name).is_file():
-        raise ConfigError(f"calibrate: no RECIPE given, and the default {name} is not in {ctx.workdir}",
-                          hint="Give the recipe whose model to measure: grpo-launch calibrate RECIPE, or run it from "
-                          "the grpo-launch checkout.")  # fmt: skip
+        raise ConfigError(
+            f"calibrate: no RECIPE given, and the default {name} is not in {ctx.workdir}",
+            hint="Give the recipe whose model to measure: grpo-launch calibrate RECIPE, or run it from "
+            "the grpo-launch checkout.",
+        )
     random = args.random_weights or not cpu
     said = " with random weights (its shapes; nothing is downloaded)" if random and not args.random_weights else ""
     print(f"calibrate: no RECIPE: {name}'s model{said}", file=sys.stderr, flush=True)
@@ -108,17 +137,13 @@ def _weights(model: str, random_weights: bool) -> None:
         return
     path = Path(model)
     if path.is_dir() and not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-        raise ConfigError(f"model_name_or_path {model!r} has a config but no weights (*.safetensors, *.bin)",
-                          hint="Add --random-weights to measure its shapes with random weights.")  # fmt: skip
+        raise ConfigError(
+            f"model_name_or_path {model!r} has a config but no weights (*.safetensors, *.bin)",
+            hint="Add --random-weights to measure its shapes with random weights.",
+        )
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
-    import dataclasses
-
-    from grpo_launch.planning.estimate import workload
-    from grpo_launch.probe.calibration import CalibrationRecord, calibration_key, save_calibration
-    from grpo_launch.probe.local import probe_local
-
     _check(args)
     started = _STARTED[0] = time.monotonic()
     topo = probe_local(ctx.environ)
@@ -132,25 +157,29 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         raise ConfigError(f"model_name_or_path {recipe.get('model_name_or_path')!r}: no config.json here", hint=hint)
     _weights(str(recipe.get("model_name_or_path")), args.random_weights)
     work = workload(recipe, plan.layout)
-    from grpo_launch.cli.calibrate_schedule import Schedule
-
     schedule = Schedule(args, ctx, plan, recipe, work, _say, _measure, started)
     terms = schedule.run()
     not_measured = schedule.not_measured
     key = calibration_key(topo, plan.model, recipe, plan.vllm_version)
-    at = (("per_device_train_batch_size", work.per_device), ("prompt_len", work.prompt_len),
-          ("completion_len", work.completion_len), ("processes", plan.train.num_processes))  # fmt: skip
-    record = CalibrationRecord(key, terms, tuple(not_measured), tuple((k, float(v)) for k, v in at), args.recipe,
-                               datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                               round(time.monotonic() - started, 1))  # fmt: skip
+    at = (
+        ("per_device_train_batch_size", work.per_device),
+        ("prompt_len", work.prompt_len),
+        ("completion_len", work.completion_len),
+        ("processes", plan.train.num_processes),
+    )
+    record = CalibrationRecord(
+        key,
+        terms,
+        tuple(not_measured),
+        tuple((k, float(v)) for k, v in at),
+        args.recipe,
+        datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        round(time.monotonic() - started, 1),
+    )
     paths = save_calibration(record, ctx.environ, plan.run_dir if args.run_dir else None)
     if args.out:
-        import json
-
         Path(args.out).write_text(json.dumps(record.to_dict(), indent=2) + "\n")
         paths.append(Path(args.out))
-    from grpo_launch.cli.calibrate_view import show
-
     show(record, plan.model, paths)
     return 0
 
@@ -164,12 +193,8 @@ def _say(text: str) -> None:
 
 def _measure(spec: Any) -> tuple[dict[str, Any], Any]:
     """The in-process measurements under a progress bar (rich on a terminal; a line per phase elsewhere)."""
-    from grpo_launch.probe.bench_phases import PHASES, run_bench
-
     if not sys.stderr.isatty():
         return run_bench(spec, _say)
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task("calibrate", total=len(PHASES))
 

@@ -9,15 +9,24 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from grpo_launch import __version__
 from grpo_launch.backends import option_classes, select
 from grpo_launch.backends.base import Backend
 from grpo_launch.cli.options import add_options, read_options
 from grpo_launch.errors import ConfigError
-from grpo_launch.machines.topology import Topology
+from grpo_launch.machines.gpus import find_gpu_spec
+from grpo_launch.machines.topology import Topology, parse_gpu_spec
 from grpo_launch.planning import default_run_dir, make_plan
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.types import Plan, Runtime
+from grpo_launch.probe.calibration import any_stored, calibration_key, find_calibration
+from grpo_launch.probe.dataset import dataset_rows
+from grpo_launch.probe.model import resolve_model_shape
+from grpo_launch.probe.pythons import vllm_version_here
 from grpo_launch.recipe import Recipe, load_recipe
+from grpo_launch.rundir.fields import RunFileError
+from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.text import one_line
 from grpo_launch.spec import RunContext
 
 if TYPE_CHECKING:  # a record is read or written only by a run that keeps one (plan's start-up)
@@ -37,6 +46,20 @@ examples:
   grpo-launch calibrate recipes/qwen1.5b.yaml --random-weights  measure this GPU (or CPU) in minutes; plan uses it
 """
 
+# Each verb, in `grpo-launch --help`'s order, and its line there: the list needs none of the verbs' modules.
+VERB_HELP = {
+    "run": "plan, write configs, start the vLLM server and trainers (the default verb)",
+    "plan": "print the plan and write the configs; start nothing",
+    "calibrate": "measure this machine's GPU (or CPU) for a recipe's model in minutes; plan then uses it",
+    "inspect": "show the GPUs / hosts grpo-launch sees",
+    "sbatch": "plan for a Slurm allocation, write the batch script into the run dir and submit it",
+    "ray-submit": "plan on a Ray cluster and submit the run as a Ray job (ray job submit)",
+    "sky": "plan for a SkyPilot cluster, write the task YAML into the run dir; --launch runs sky launch",
+    "status": "show a run's state, step, ETA and last metrics",
+    "report": "write a run's report: HTML with plots of reward, lengths, step time and memory",
+    "resume": "continue a run: run again the command that started it (recorded in RUN_DIR/invocation.json)",
+}
+
 # Where a run's directory goes without --run-dir (planning/one_split.default_run_dir).
 RUN_DIR_DEFAULT = "(default: launch.run_dir or grpo_runs/NAME)"
 
@@ -53,9 +76,13 @@ def _verb_of(word: str) -> str:
 
 def add_recipe_args(p: argparse.ArgumentParser, *, optional: str = "") -> None:
     """RECIPE and its key=value overrides; ``optional``: what RECIPE defaults to, said in its help."""
-    p.add_argument("recipe", nargs="?" if optional else None, default=None,
-                   help="recipe YAML (TRL/open-r1 keys plus an optional launch: block)"
-                   + (f"; default: {optional}" if optional else ""))  # fmt: skip
+    p.add_argument(
+        "recipe",
+        nargs="?" if optional else None,
+        default=None,
+        help="recipe YAML (TRL/open-r1 keys plus an optional launch: block)"
+        + (f"; default: {optional}" if optional else ""),
+    )
     p.add_argument(
         "overrides",
         nargs="*",
@@ -131,7 +158,6 @@ def pasteable(emit: Callable[[str], None]) -> Callable[[str], None]:
     """``emit`` for output a user pastes into a shell (``--dry-run``): a comment line (``# plan: RECIPE …``) holding
     user text stays one comment line (:func:`~grpo_launch.rundir.text.one_line`: a recipe path with a line break in
     it would otherwise end the comment and run what follows); the commands are shell-quoted where they are made."""
-    from grpo_launch.rundir.text import one_line
 
     def out(line: str) -> None:
         emit(one_line(line) if line.startswith("#") else line)
@@ -141,13 +167,19 @@ def pasteable(emit: Callable[[str], None]) -> Callable[[str], None]:
 
 def invocation_of(args: argparse.Namespace, backend: str, run_dir: str, ctx: RunContext) -> Invocation:
     """The record of this command (secrets redacted), for RUN_DIR/invocation.json."""
-    from grpo_launch import __version__
     from grpo_launch.rundir.invocation import Invocation
 
     return Invocation.of(
-        args.verb, args.recipe, list(args.overrides), given_flags(args), extra_args=tuple(getattr(args, "extra", ())),
-        backend=backend, run_dir=os.path.abspath(run_dir), workdir=ctx.workdir, version=__version__,
-    )  # fmt: skip
+        args.verb,
+        args.recipe,
+        list(args.overrides),
+        given_flags(args),
+        extra_args=tuple(getattr(args, "extra", ())),
+        backend=backend,
+        run_dir=os.path.abspath(run_dir),
+        workdir=ctx.workdir,
+        version=__version__,
+    )
 
 
 def record_invocation(
@@ -156,9 +188,7 @@ def record_invocation(
     """Write RUN_DIR/invocation.json for this command (``resume``: the record it runs again, unchanged but for the
     batch job). Inside a submitted job (the record is a submitter's whose job runs on ``backend``) the submitter's
     record is kept: resuming that run submits it again."""
-    from grpo_launch.rundir.fields import RunFileError
     from grpo_launch.rundir.invocation import SUBMITTED_BACKEND, read_invocation, write_invocation
-    from grpo_launch.rundir.layout import RunPaths
 
     resuming = getattr(args, "resuming", None)
     record = resuming.record if resuming is not None else invocation_of(args, backend, run_dir, ctx)
@@ -203,8 +233,6 @@ def topology(
     """The machines to plan for and the backend that runs on them: --gpus > --hostfile > --ray (or RAY_ADDRESS) >
     Slurm > this machine.
     ``starts``: the plan's processes start here (``run`` without ``--dry-run``)."""
-    from grpo_launch.machines.topology import parse_gpu_spec
-
     options = {name: read_options(args, cls) for name, cls in option_classes().items()}
     if args.gpus is not None:
         asked = [name for name, opts in options.items() if opts.chooses_backend()]
@@ -235,7 +263,6 @@ def topology(
 
 def _refuse_simulated(spec: str, simulated: Topology, here: Topology) -> None:
     """``run --gpus SPEC`` (not a dry run) starts processes on this machine: refused unless SPEC is what is here."""
-    from grpo_launch.machines.gpus import find_gpu_spec
 
     def model(name: str) -> object:
         return find_gpu_spec(name) or name.lower()
@@ -267,10 +294,6 @@ def plan_on(
     """Plan ``recipe`` on ``topo`` with what this machine knows of the run: the run directory (--run-dir, else
     the recipe's, made absolute), this interpreter, the vLLM version it imports, the training set's rows when it
     is a local file, and the model's shape."""
-    from grpo_launch.probe.dataset import dataset_rows
-    from grpo_launch.probe.model import resolve_model_shape
-    from grpo_launch.probe.pythons import vllm_version_here
-
     model, warning = resolve_model_shape(recipe.get("model_name_or_path"), ctx.environ)
     run_dir = os.path.normpath(os.path.join(ctx.workdir, args.run_dir or default_run_dir(recipe)))
     rows, rows_source = None, "launch.dataset_rows"
@@ -297,15 +320,16 @@ def stored_calibration(
     """The calibration a plan uses: the stored ``grpo-launch calibrate`` file for this machine, model, dtype and
     library versions first (its measured terms), a run's scales (``--calibrate-from``, the adapt loop) on top. A
     stored one for another GPU model or library version is not used, and the plan's notices say why."""
-    from grpo_launch.probe.calibration import any_stored, calibration_key, find_calibration
-
     if not any_stored(ctx.environ):
         return run, ()
     found = find_calibration(calibration_key(topo, model, recipe, runtime.vllm_version), ctx.environ)
     notes = [f"calibration not used: {why}" for why in found.ignored]
     if found.record is not None:
-        notes.insert(0, f"calibration: {found.path} (measured: {', '.join(found.record.measured_terms())}; "
-                        "every other term from the GPU table)")  # fmt: skip
+        notes.insert(
+            0,
+            f"calibration: {found.path} (measured: {', '.join(found.record.measured_terms())}; "
+            "every other term from the GPU table)",
+        )
     if found.record is None:
         return run, tuple(notes)
     from grpo_launch.planning.calibration import from_record

@@ -5,10 +5,14 @@ run's measurements against its plan. Pure: sections for :mod:`.tables` to print.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from grpo_launch.cli.tables import Section
-from grpo_launch.planning.calibration import Comparison
 from grpo_launch.planning.types import Plan
+from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
+
+if TYPE_CHECKING:
+    from grpo_launch.planning.calibration import Comparison
 
 
 def explain_sections(plan: Plan) -> list[Section]:
@@ -48,15 +52,20 @@ def explain_sections(plan: Plan) -> list[Section]:
 def _stop_line(plan: Plan) -> str:
     """How long the first Ctrl-C or SIGTERM waits for a checkpoint, and where that comes from."""
     from grpo_launch.execute.watchdog import STUCK_FACTOR, STUCK_FLOOR_S
-    from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
 
     grace = plan.recipe.launch.stop_grace_s
-    said = (f"up to {grace:g} s (launch.stop_grace_s)" if grace is not None else "up to what the platform leaves, "
-            "read when the run starts (Slurm: the partition's GraceTime or the cluster's KillWait; a SkyPilot spot "
-            f"task: the reclaim notice), else {DEFAULT_STOP_GRACE_S:g} s (launch.stop_grace_s's default)")  # fmt: skip
-    return (f"stop: the first Ctrl-C or SIGTERM waits {said} for a checkpoint at the end of the step in flight, "
-            f"unless that step has run {STUCK_FACTOR:g}× the longest step measured (at least {STUCK_FLOOR_S:g} s): "
-            "then it stops at once, within launch.grace_period_s")  # fmt: skip
+    said = (
+        f"up to {grace:g} s (launch.stop_grace_s)"
+        if grace is not None
+        else "up to what the platform leaves, "
+        "read when the run starts (Slurm: the partition's GraceTime or the cluster's KillWait; a SkyPilot spot "
+        f"task: the reclaim notice), else {DEFAULT_STOP_GRACE_S:g} s (launch.stop_grace_s's default)"
+    )
+    return (
+        f"stop: the first Ctrl-C or SIGTERM waits {said} for a checkpoint at the end of the step in flight, "
+        f"unless that step has run {STUCK_FACTOR:g}× the longest step measured (at least {STUCK_FLOOR_S:g} s): "
+        "then it stops at once, within launch.grace_period_s"
+    )
 
 
 def _terms_section(plan: Plan) -> list[Section]:
@@ -71,8 +80,15 @@ def _terms_section(plan: Plan) -> list[Section]:
 
     rows = [(t.name, s(t.table_s), s(t.measured_s), t.used) for t in est.terms]
     if est.startup is not None:
-        rows += [(f"first step: {p.name}", "-" if p.measured else s(p.seconds), s(p.seconds) if p.measured else "-",
-                  "measured" if p.measured else "table") for p in est.startup.phases]  # fmt: skip
+        rows += [
+            (
+                f"first step: {p.name}",
+                "-" if p.measured else s(p.seconds),
+                s(p.seconds) if p.measured else "-",
+                "measured" if p.measured else "table",
+            )
+            for p in est.startup.phases
+        ]
     title = "Step terms: the table's and calibrate's for this plan's work ('-': none; grpo-launch calibrate measures)"
     return [Section(title, rows, ("term", "table", "measured", "used"))]
 
@@ -93,8 +109,18 @@ def _modes_section(plan: Plan) -> list[Section]:
         assert s is not None
         other = best[not is_async].step
         note = "chosen" if c.chosen else f"{s.total_s / other.total_s:.2f}× the chosen step" if other else ""
-        rows.append(("async" if is_async else "sync", c.label, f"{s.generation_s:.1f}", f"{s.old_logprobs_s:.1f}",
-                     f"{s.training_s:.1f}", f"{s.sync_s:.1f}", f"{s.total_s:.1f}", note))  # fmt: skip
+        rows.append(
+            (
+                "async" if is_async else "sync",
+                c.label,
+                f"{s.generation_s:.1f}",
+                f"{s.old_logprobs_s:.1f}",
+                f"{s.training_s:.1f}",
+                f"{s.sync_s:.1f}",
+                f"{s.total_s:.1f}",
+                note,
+            )
+        )
     said = f"async: overlap bound {a.overlap_bound:.2f}×, in flight {a.max_inflight_tasks}, queue {a.queue_maxsize}"
     said += f", predicted staleness {a.predicted_staleness:.2f} (max_staleness {a.max_staleness})"
     rows.append(("", said, "", "", "", "", "", ""))

@@ -6,12 +6,13 @@ import argparse
 import json
 from dataclasses import asdict
 
-from grpo_launch.cli.common import add_topology_args, topology
+from grpo_launch.cli.common import VERB_HELP, add_topology_args, topology
+from grpo_launch.cli.tables import print_sections, topology_sections
 from grpo_launch.spec import RunContext
 
 
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
-    p = sub.add_parser("inspect", help="show the GPUs / hosts grpo-launch sees")
+    p = sub.add_parser("inspect", help=VERB_HELP["inspect"])
     add_topology_args(p)
     p.add_argument("--json", action="store_true", help="print as JSON")
 
@@ -21,7 +22,5 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     if args.json:
         ctx.emit(json.dumps(asdict(topo), indent=2))
         return 0
-    from grpo_launch.cli.tables import print_sections, topology_sections
-
     print_sections(topology_sections(topo))
     return 0

@@ -8,6 +8,8 @@ import argparse
 import dataclasses
 from typing import Any
 
+from grpo_launch.errors import ConfigError
+
 
 def add_options(parser: argparse.ArgumentParser, options: type, groups: dict[str, Any] | None = None) -> None:
     """A flag for every field of ``options`` that declares one (``groups``: the help sections already made)."""
@@ -42,8 +44,6 @@ def read_options(args: argparse.Namespace, options: type) -> Any:
     filled = options(**values)
     problems = filled.problems()  # every options class derives from BackendOptions (tests/test_backends.py)
     if problems:
-        from grpo_launch.errors import ConfigError
-
         raise ConfigError(f"{len(problems)} option{'s' if len(problems) > 1 else ''} cannot work:", problems=problems)
     return filled
 

@@ -3,26 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo_launch.cli.common import add_planning_args, plan_for
+from grpo_launch.cli.common import VERB_HELP, add_planning_args, plan_for
+from grpo_launch.cli.explain import calibration_section, explain_sections
+from grpo_launch.cli.tables import Section, plan_sections, print_sections
+from grpo_launch.probe.calibration import read_calibration
+from grpo_launch.render import render_files
+from grpo_launch.render.plan_json import plan_to_dict
+from grpo_launch.rundir.files import write_plan_files
 from grpo_launch.spec import RunContext
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from grpo_launch.cli.tables import Section
     from grpo_launch.planning import Plan
     from grpo_launch.planning.calibration import Comparison
     from grpo_launch.planning.cost.workload import Calibration
 
 
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
-    p = sub.add_parser(
-        "plan", help="print the plan and write the configs; start nothing", epilog=epilog, formatter_class=formatter
-    )
+    p = sub.add_parser("plan", help=VERB_HELP["plan"], epilog=epilog, formatter_class=formatter)
     add_planning_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--no-write", action="store_true", help="do not write files to the run directory")
@@ -51,16 +56,9 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     written: list[str] = []
     kept: str | None = None  # where the files went instead of a run's record
     if not args.no_write:
-        from grpo_launch.render import render_files
-        from grpo_launch.rundir.files import write_plan_files
-
         paths, kept = write_plan_files(plan.run_dir, render_files(plan))
         written = [str(p) for p in paths]
     if args.json:
-        import json
-
-        from grpo_launch.render.plan_json import plan_to_dict
-
         data = plan_to_dict(plan)
         measured = _measured_rows(plan)
         if measured:
@@ -75,14 +73,9 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
             data["written_to"] = {"files": written, "why": kept}
         ctx.emit(json.dumps(data, indent=2, default=str))
         if written:  # standard output is the JSON alone; what was written is said beside it
-            import sys
-
             where = os.path.dirname(written[0]) or "."
             print(f"grpo-launch plan: wrote {len(written)} files to {where} (--no-write writes none)", file=sys.stderr)
         return 0
-    from grpo_launch.cli.explain import calibration_section, explain_sections
-    from grpo_launch.cli.tables import Section, plan_sections, print_sections
-
     sections = plan_sections(plan, written) + (explain_sections(plan) if args.explain else [])
     measured = _measured_rows(plan) if args.explain else None
     if measured:
@@ -100,12 +93,16 @@ def _measured_rows(plan: Plan) -> tuple[str, list[Comparison]] | None:
     if cal is None or cal.measured is None or plan.model is None:
         return None
     from grpo_launch.planning.calibration import measured_against_table
-    from grpo_launch.probe.calibration import read_calibration
 
     at = dict(read_calibration(Path(cal.measured_source)).at) if cal.measured_source else {}
-    rows, _, _ = measured_against_table(plan.model, plan.topology.planning_gpu_spec, cal.measured,
-                                        int(at.get("per_device_train_batch_size", 1)), int(at.get("prompt_len", 1)),
-                                        int(at.get("completion_len", 1)))  # fmt: skip
+    rows, _, _ = measured_against_table(
+        plan.model,
+        plan.topology.planning_gpu_spec,
+        cal.measured,
+        int(at.get("per_device_train_batch_size", 1)),
+        int(at.get("prompt_len", 1)),
+        int(at.get("completion_len", 1)),
+    )
     return cal.measured_source, rows
 
 
@@ -121,9 +118,8 @@ def measured_section(path: str, rows: Sequence[Comparison]) -> Section:
             else (f"{x * 1000:.2f} ms" if unit == "s" and x < 1 else f"{x:.2f} {unit}")
         )
 
-    table = [(r.term, fmt(r.predicted, r.unit), fmt(r.measured, r.unit), f"{r.ratio:.2f}" if r.ratio else "-")
-             for r in rows]  # fmt: skip
-    from grpo_launch.cli.tables import Section
-
+    table = [
+        (r.term, fmt(r.predicted, r.unit), fmt(r.measured, r.unit), f"{r.ratio:.2f}" if r.ratio else "-") for r in rows
+    ]
     header = ("term", "table", "measured", "measured/table")
     return Section(f"Measured by grpo-launch calibrate ({path}; '-': the table has no value here)", table, header)

@@ -4,10 +4,13 @@ submit it as one Ray job (backends/ray/submit.py)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 
 from grpo_launch.backends.ray.submit import dashboard_of
+from grpo_launch.cli.common import VERB_HELP
 from grpo_launch.cli.submitting import add_submit_args, emit_dry_run, plan_submission, write_submission
+from grpo_launch.errors import ConfigError
 from grpo_launch.spec import RunContext
 
 DESCRIPTION = (
@@ -24,7 +27,7 @@ DESCRIPTION = (
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
     p = sub.add_parser(
         "ray-submit",
-        help="plan on a Ray cluster and submit the run as a Ray job (ray job submit)",
+        help=VERB_HELP["ray-submit"],
         description=DESCRIPTION,
         epilog=epilog,
         formatter_class=formatter,
@@ -34,12 +37,8 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
-    import dataclasses
-
     def address(options, recipe):
         if options.gpus and not args.dry_run:
-            from grpo_launch.errors import ConfigError
-
             raise ConfigError(
                 "ray-submit --gpus plans without a cluster: it is for --dry-run",
                 hint="Submit with --ray HOST:PORT (the live cluster is probed and planned on).",

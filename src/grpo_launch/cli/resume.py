@@ -19,7 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.errors import ConfigError
+from grpo_launch.backends import REGISTRY, load
+from grpo_launch.cli import parse, run_verb
+from grpo_launch.cli.common import VERB_HELP, pasteable
+from grpo_launch.enums import JobStatus
+from grpo_launch.errors import ConfigError, LaunchError
+from grpo_launch.probe.model import cached_config
+from grpo_launch.render.plan_json import plan_to_dict
 from grpo_launch.rundir.checkpoints import max_steps_of
 from grpo_launch.rundir.continuity import (
     Change,
@@ -30,11 +36,13 @@ from grpo_launch.rundir.continuity import (
     schedule_change,
 )
 from grpo_launch.rundir.fields import RunFileError
+from grpo_launch.rundir.files import in_use, last_holder, lock_holder, run_record
 from grpo_launch.rundir.invocation import REDACTED, SUBMITTED_BACKEND, Invocation, read_invocation
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.text import command_line
 from grpo_launch.rundir.trust import check_run_dir
+from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import RunContext, frozen
 
 EXAMPLES = """\
@@ -48,7 +56,7 @@ examples:
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
     p = sub.add_parser(
         "resume",
-        help="continue a run: run again the command that started it (recorded in RUN_DIR/invocation.json)",
+        help=VERB_HELP["resume"],
         description="Run again exactly the command that started the run (its recipe, overrides and flags, on the "
         "backend it ran or was submitted to, from its working directory), continuing from its newest complete "
         "checkpoint, or from step 0 when nothing was saved. Refused when the recipe file or the overrides would now "
@@ -78,8 +86,6 @@ class Resuming:
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> Any:
-    from grpo_launch.cli import run_verb
-
     run_dir = Path(args.run_dir)
     check_run_dir(run_dir)  # before its record is read and run again: another user's directory, a planted link
     record = _record(run_dir)
@@ -89,8 +95,6 @@ def command(args: argparse.Namespace, ctx: RunContext) -> Any:
     parsed.resuming, parsed.debug = Resuming(record, args.force), args.debug
     prefix = "# " if args.dry_run else "[grpo-launch] "
     if args.dry_run:  # pasted into a shell: the recorded command's quoted line breaks must not end the comment
-        from grpo_launch.cli.common import pasteable
-
         ctx = dataclasses.replace(ctx, emit=pasteable(ctx.emit))
     ctx.emit(f"{prefix}resume {run_dir}: {record.command}")
     with _in(record.workdir):
@@ -126,9 +130,11 @@ def _record(run_dir: Path) -> Invocation:
             "complete checkpoint.",
         )
     if record.verb not in ("run", *SUBMITTED_BACKEND):
-        raise ConfigError(f"{paths.invocation}: key 'verb' is {record.verb!r}, not a verb that starts a run",
-                          hint=f"The file was written by hand or by another program: start the run again with its "
-                               f"command and {command_line(['--run-dir', run_dir])}.")  # fmt: skip
+        raise ConfigError(
+            f"{paths.invocation}: key 'verb' is {record.verb!r}, not a verb that starts a run",
+            hint=f"The file was written by hand or by another program: start the run again with its "
+            f"command and {command_line(['--run-dir', run_dir])}.",
+        )
     if record.redacted:
         raise ConfigError(
             f"{paths.invocation}: the run's command had secrets on it ({', '.join(record.redacted)}), which are "
@@ -168,11 +174,6 @@ def _refuse_foreign(record: Invocation, run_dir: Path) -> None:
 def _refuse_running(run_dir: Path) -> None:
     """A launcher holds the run, or its batch job (the one the run's lock names) is queued or running: that job
     continues the run by itself, and a second would race it."""
-    from grpo_launch.backends import REGISTRY, load
-    from grpo_launch.enums import JobStatus
-    from grpo_launch.errors import LaunchError
-    from grpo_launch.rundir.files import in_use, last_holder, lock_holder
-
     if (holder := lock_holder(run_dir)) is not None:
         raise in_use(run_dir, holder)
     job, backend = last_holder(run_dir).get("job_id"), last_holder(run_dir).get("backend")
@@ -188,8 +189,6 @@ def _refuse_running(run_dir: Path) -> None:
 
 
 def _recorded_plan(paths: RunPaths) -> PlanRecord | None:
-    from grpo_launch.rundir.view import RunView
-
     try:
         return RunView.load(paths.root).plan
     except RunFileError as exc:
@@ -204,8 +203,6 @@ def _recorded_plan(paths: RunPaths) -> PlanRecord | None:
 def _parse(record: Invocation, run_dir: Path, dry_run: bool) -> argparse.Namespace:
     """The recorded command as parsed arguments, in the recorded run directory (absolute: the recipe's own
     launch.run_dir may have changed since)."""
-    from grpo_launch.cli import parse
-
     argv = record.argv
     cut = argv.index("--") if "--" in argv else len(argv)
     head, tail = argv[:cut], argv[cut:]
@@ -238,8 +235,6 @@ def check_continuity(plan: Any, args: argparse.Namespace, ctx: RunContext, prefi
     """In a run directory that holds a run (or on ``resume``): say where the run would continue, refuse a
     checkpoint saved from another model, and compare the new plan with the run's plan.json on the values that define
     the algorithm and the model. A change is refused on ``resume`` (unless --force) and a warning on ``run``."""
-    from grpo_launch.rundir.files import run_record
-
     resuming: Resuming | None = getattr(args, "resuming", None)
     paths = plan.paths
     if resuming is None and not run_record(paths.root):
@@ -284,16 +279,16 @@ def _say_changes(
     if resuming is not None:
         ctx.emit(f"{prefix}--force: continuing the run with changed values (key: recorded → now):")
     else:
-        ctx.emit(f"{prefix}warning: the recipe differs from the run recorded in {paths.root}, whose checkpoints this "
-                 "continues (key: recorded → now; grpo-launch resume refuses it without --force):")  # fmt: skip
+        ctx.emit(
+            f"{prefix}warning: the recipe differs from the run recorded in {paths.root}, whose checkpoints this "
+            "continues (key: recorded → now; grpo-launch resume refuses it without --force):"
+        )
     for c in diff:
         ctx.emit(f"{prefix}  {c}")
 
 
 def _as_record(plan: Any) -> PlanRecord:
     """The new plan as its plan.json record (JSON and back: lists, not tuples, as the recorded one)."""
-    from grpo_launch.render.plan_json import plan_to_dict
-
     return PlanRecord.from_json(json.loads(json.dumps(plan_to_dict(plan), default=str)), "the new plan")
 
 
@@ -316,8 +311,6 @@ def _check_model(plan: Any, point: ResumePoint, ctx: RunContext) -> None:
 def _model_identity(model: str, shape: Any, ctx: RunContext) -> dict[str, Any]:
     """What identifies the model the plan loads: its config.json (a local directory or the hub cache's copy), else
     what the plan knows of its shape."""
-    from grpo_launch.probe.model import cached_config
-
     for config in (Path(ctx.workdir, model, "config.json"), cached_config(model, ctx.environ)):
         if config is not None and config.is_file():
             try:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from grpo_launch.cli.common import add_planning_args, invocation_of, pasteable, plan_for, record_invocation
+from grpo_launch.cli.common import VERB_HELP, add_planning_args, invocation_of, pasteable, plan_for, record_invocation
 from grpo_launch.cli.resume import check_continuity
+from grpo_launch.cli.tables import summary_lines
 from grpo_launch.enums import ResumeMode
 from grpo_launch.errors import ConfigError, GrpoLaunchError
+from grpo_launch.execute.run import run_plan
 from grpo_launch.rundir.files import LauncherLog
 from grpo_launch.spec import RunContext, RunResult
 
@@ -17,14 +19,17 @@ from grpo_launch.spec import RunContext, RunResult
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
     p = sub.add_parser(
         "run",
-        help="plan, write configs, start the vLLM server and trainers (the default verb)",
+        help=VERB_HELP["run"],
         epilog=epilog,
         formatter_class=formatter,
     )
     add_planning_args(p)
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the commands that would run (per host); start none of them (what runs: the hosts' "
-                   "probes and an isolated import check, python -I; nothing of the recipe's)")  # fmt: skip
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the commands that would run (per host); start none of them (what runs: the hosts' "
+        "probes and an isolated import check, python -I; nothing of the recipe's)",
+    )
     p.add_argument(
         "--resume",
         choices=[str(m) for m in ResumeMode],
@@ -48,9 +53,6 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
-    from grpo_launch.cli.tables import summary_lines
-    from grpo_launch.execute.run import run_plan
-
     if args.dry_run:  # pasted into a shell: each comment line stays one, whatever the recipe's path holds
         ctx = dataclasses.replace(ctx, emit=pasteable(ctx.emit))
     plan, backend = plan_for(args, ctx, starts=not args.dry_run)
@@ -73,9 +75,16 @@ def command(args: argparse.Namespace, ctx: RunContext) -> RunResult:
     if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
         raise ConfigError(f"--max-restarts must be from 0 to 1000, got {args.max_restarts}")
     try:
-        result = run_plan(plan, backend, ctx, dry_run=args.dry_run, resume=ResumeMode(args.resume),
-                          max_restarts=args.max_restarts, log=log,
-                          on_start=lambda: record_invocation(args, backend.name, plan.run_dir, ctx))  # fmt: skip
+        result = run_plan(
+            plan,
+            backend,
+            ctx,
+            dry_run=args.dry_run,
+            resume=ResumeMode(args.resume),
+            max_restarts=args.max_restarts,
+            log=log,
+            on_start=lambda: record_invocation(args, backend.name, plan.run_dir, ctx),
+        )
     except GrpoLaunchError as exc:
         if log is not None:
             log.write(f"error: {exc.render()}")

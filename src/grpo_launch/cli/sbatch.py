@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
+from grpo_launch.cli.common import VERB_HELP
 from grpo_launch.cli.submitting import add_submit_args, emit_dry_run, plan_submission, write_submission
 from grpo_launch.rundir.text import command_line
 from grpo_launch.spec import RunContext
@@ -22,7 +24,7 @@ DESCRIPTION = (
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
     p = sub.add_parser(
         "sbatch",
-        help="plan for a Slurm allocation, write the batch script into the run dir and submit it",
+        help=VERB_HELP["sbatch"],
         description=DESCRIPTION,
         epilog=epilog,
         formatter_class=formatter,
@@ -32,8 +34,6 @@ def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpForma
 
 
 def _cpu_nodes(options, recipe):
-    import dataclasses
-
     if recipe.values.get("use_cpu") is True and options.gpus_per_node is None:
         return dataclasses.replace(options, gpus_per_node=0)  # the recipe asks for CPU nodes
     return options

@@ -4,9 +4,15 @@ and with ``--launch`` hand it to ``sky launch``."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 
+from grpo_launch.cli.common import VERB_HELP
 from grpo_launch.cli.submitting import add_submit_args, emit_dry_run, plan_submission
 from grpo_launch.errors import ConfigError
+from grpo_launch.rundir.files import write_run_files
+from grpo_launch.rundir.invocation import write_invocation
+from grpo_launch.rundir.text import command_line
 from grpo_launch.spec import RunContext
 
 DESCRIPTION = (
@@ -27,28 +33,22 @@ DESCRIPTION = (
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
     p = sub.add_parser(
         "sky",
-        help="plan for a SkyPilot cluster, write the task YAML into the run dir; --launch runs sky launch",
+        help=VERB_HELP["sky"],
         description=DESCRIPTION,
         epilog=epilog,
         formatter_class=formatter,
     )
     add_submit_args(
-        p, "skypilot",
+        p,
+        "skypilot",
         "run directory on the nodes; a relative one is in the copy of this directory",
-    )  # fmt: skip
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the task YAML; write and launch nothing")
     mode.add_argument("--launch", action="store_true", help="write the task and run sky launch -c CLUSTER on it")
 
 
 def command(args: argparse.Namespace, ctx: RunContext) -> int:
-    import dataclasses
-    import os
-
-    from grpo_launch.rundir.files import write_run_files
-    from grpo_launch.rundir.invocation import write_invocation
-    from grpo_launch.rundir.text import command_line
-
     def cpu_or_gpus(options, recipe):
         if options.accelerators is None and recipe.values.get("use_cpu") is not True:
             raise ConfigError(
@@ -71,16 +71,19 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     write_run_files(plan.run_dir, {os.path.basename(submission.path): submission.text})
     ctx.emit(f"wrote {submission.path}: {submission.summary}")
     verb = ["sky", "jobs", "launch", "-n"] if submitter.managed else ["sky", "launch", "-c"]
-    launch = command_line([*verb, submitter.cluster, submission.path, *(a for s in submitter.secrets
-                                                                       for a in ("--secret", s))])  # fmt: skip
+    launch = command_line(
+        [*verb, submitter.cluster, submission.path, *(a for s in submitter.secrets for a in ("--secret", s))]
+    )
     if not args.launch:
         ctx.emit(f"  launch:  {launch}   (or grpo-launch sky … --launch)")
         return 0
     write_invocation(planned.invocation)  # `grpo-launch resume` launches it again
     cluster = submitter.submit(submission, ctx)
     if submitter.managed:
-        ctx.emit(f"launched the SkyPilot managed job {cluster}: after a preemption SkyPilot relaunches it and it "
-                 "resumes from its run directory")  # fmt: skip
+        ctx.emit(
+            f"launched the SkyPilot managed job {cluster}: after a preemption SkyPilot relaunches it and it "
+            "resumes from its run directory"
+        )
         follow, stop = (
             command_line(["sky", "jobs", "logs", "-n", cluster]),
             command_line(["sky", "jobs", "cancel", "-n", cluster]),

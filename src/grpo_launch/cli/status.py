@@ -12,14 +12,27 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.enums import RunState
+from grpo_launch.backends import REGISTRY, load
+from grpo_launch.cli.common import VERB_HELP
+from grpo_launch.cli.tables import Section, print_sections
+from grpo_launch.enums import JobStatus, RunState
 from grpo_launch.errors import ConfigError
 from grpo_launch.machines.gpus import GIB
+from grpo_launch.planning import DEFAULT_RUN_ROOT
 from grpo_launch.rundir import control, server_state
+from grpo_launch.rundir.fields import RunFileError
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.measured import Measured, Progress, measure, progress
 from grpo_launch.rundir.records import JobState
 from grpo_launch.rundir.text import command_line, seconds, significant
+from grpo_launch.rundir.timeline import (
+    adaptation_rows,
+    adaptations,
+    async_row,
+    attempt_rows,
+    startup_row,
+    startup_terms,
+)
 from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import RunContext, frozen
 
@@ -31,23 +44,23 @@ SHOWN = ("reward", "reward_std", "completions/mean_length", "kl", "entropy", "lo
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
     p = sub.add_parser(
         "status",
-        help="show a run's state, step, ETA and last metrics",
+        help=VERB_HELP["status"],
         description="Show where a run stands from its run directory: state, step, ETA from the measured step time "
         "(and the plan's), each attempt (its steps, own step time, last checkpoint and how it ended), the last "
         "logged metrics, peak memory and the logs.",
     )
     p.add_argument("run_dir", nargs="?", help="the run directory (default: the newest under grpo_runs/)")
     p.add_argument("--json", action="store_true", help="print as JSON")
-    p.add_argument("--watch", action="store_true",
-                   help="a live view redrawn from the run directory until the run ends (step, ETA, split, reward, "
-                   "restarts)")  # fmt: skip
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="a live view redrawn from the run directory until the run ends (step, ETA, split, reward, restarts)",
+    )
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="--watch: seconds between drawings")
 
 
 def newest_run(workdir: str) -> Path:
     """The run directory under grpo_runs/ whose run (not plan: a plan writes plan.json alone) was active last."""
-    from grpo_launch.planning import DEFAULT_RUN_ROOT
-
     stamps = {}
     for root in Path(workdir, DEFAULT_RUN_ROOT).glob("*/"):
         paths = RunPaths(root)
@@ -77,8 +90,6 @@ class Standing:
 
 def _job_state(view: RunView) -> tuple[str | None, JobState | None]:
     """The batch job the run's lock names, and what its backend says of it now."""
-    from grpo_launch.backends import REGISTRY, load
-
     if view.job is None or view.job.backend not in REGISTRY:
         return None, None
     return view.job.job_id, load(view.job.backend).job_state(view.job.job_id)
@@ -87,8 +98,9 @@ def _job_state(view: RunView) -> tuple[str | None, JobState | None]:
 def _resume_hint(view: RunView, workdir: str) -> tuple[str, str]:
     """The command that continues the run, shell-quoted, and where it would continue from. Without a record of the
     run's command (a run of an earlier grpo-launch) the command is rebuilt from plan.json and says what it lacks."""
+    # Here: only a stopped run's hint reads its checkpoints and command (zipfile, tempfile); the status of a running
+    # run, asked again and again, loads neither.
     from grpo_launch.rundir.continuity import resume_point
-    from grpo_launch.rundir.fields import RunFileError
     from grpo_launch.rundir.invocation import read_invocation
 
     plan = view.plan
@@ -139,8 +151,13 @@ def assess(view: RunView, workdir: str) -> Standing:
             why = f"{last.failure}: {last.why}" if last.failure else (last.why or f"exit code {last.exit_code}")
             p = replace(p, state=str(last.state), detail=why, eta_s=None)
         elif job is None:
-            p = replace(p, state="ended", detail="no launcher holds the run and it recorded no end: the launcher "
-                        "was killed, or its host went down", eta_s=None)  # fmt: skip
+            p = replace(
+                p,
+                state="ended",
+                detail="no launcher holds the run and it recorded no end: the launcher "
+                "was killed, or its host went down",
+                eta_s=None,
+            )
     if holder is None and p.state not in (str(RunState.SUCCEEDED), "finished") and not _queued(job_state):
         resume, resume_from = _resume_hint(view, workdir)  # after any stop, however it ended
     return Standing(view, m, p, job, job_state, resume, resume_from)
@@ -148,25 +165,29 @@ def assess(view: RunView, workdir: str) -> Standing:
 
 def _queued(state: JobState | None) -> bool:
     """The run's batch job will run it again by itself (requeued, or running): no resume to offer."""
-    from grpo_launch.enums import JobStatus
-
     return state is not None and state.state in (JobStatus.PENDING, JobStatus.RUNNING)
 
 
 def as_json(s: Standing) -> dict[str, Any]:
-    from grpo_launch.rundir.timeline import adaptations, startup_terms
-
     view, m = s.view, s.measured
-    data: dict[str, Any] = {"run_dir": str(view.root), "step": m.last_step if m else 0,
-                            "max_steps": m.max_steps if m else None}  # fmt: skip
+    data: dict[str, Any] = {
+        "run_dir": str(view.root),
+        "step": m.last_step if m else 0,
+        "max_steps": m.max_steps if m else None,
+    }
     data |= asdict(s.progress)
     courses = view.courses()
     attempts = [c.to_json() for c in courses]  # each attempt once: its steps, own step time, checkpoint and end
     if courses and courses[-1].end is None and view.holder:
         attempts[-1]["state"] = "running"
-    data |= {"launcher": view.holder, "attempts": attempts, "job": s.job,
-             "job_state": s.job_state.to_json() if s.job_state else None, "resume": s.resume,
-             "resume_from": s.resume_from}  # fmt: skip
+    data |= {
+        "launcher": view.holder,
+        "attempts": attempts,
+        "job": s.job,
+        "job_state": s.job_state.to_json() if s.job_state else None,
+        "resume": s.resume,
+        "resume_from": s.resume_from,
+    }
     if m is not None:
         data |= {"step_s": m.step_s, "generation_s": m.generation_s, "training_s": m.training_s}
         data |= {"peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind, "last_log": m.last_log}
@@ -179,14 +200,17 @@ def as_json(s: Standing) -> dict[str, Any]:
 
 def _course_rows(s: Standing) -> list[tuple[str, str]]:
     """The launcher, the batch job, the attempts and what the run did besides stepping."""
-    from grpo_launch.rundir.timeline import adaptation_rows, async_row, attempt_rows, startup_row
-
     view, last = s.view, s.view.last_attempt
     rows = [("launcher", f"running ({view.holder})" if view.holder else "not running")]
     grace = control.stop_grace(view.root)
     if grace is not None:
-        rows.append(("stop grace", f"{grace[0]:.0f} s for a checkpoint on Ctrl-C or SIGTERM ({grace[1]}); a step "
-                     "that cannot end is not waited for"))  # fmt: skip
+        rows.append(
+            (
+                "stop grace",
+                f"{grace[0]:.0f} s for a checkpoint on Ctrl-C or SIGTERM ({grace[1]}); a step "
+                "that cannot end is not waited for",
+            )
+        )
     if s.resume:
         rows.append(("resume", s.resume))
         rows.append(("resumes", s.resume_from or ""))
@@ -227,8 +251,12 @@ def text_rows(s: Standing) -> list[tuple[str, str]]:
     rows = [("state", f"{p.state}: {p.detail}")]
     if m is not None:
         rows.append(("step", f"{m.last_step}/{m.max_steps or '?'}"))
-        rows.append(("step time", f"{seconds(m.step_s)} (generation {seconds(m.generation_s)}, training "
-                                  f"{seconds(m.training_s)})"))  # fmt: skip
+        rows.append(
+            (
+                "step time",
+                f"{seconds(m.step_s)} (generation {seconds(m.generation_s)}, training {seconds(m.training_s)})",
+            )
+        )
     if p.eta_s is not None and p.state != "finished":  # a finished run has no time left to show
         rows.append(("ETA", f"{_hours(p.eta_s)} at the measured step time; planned {_hours(p.planned_eta_s)}"))
     rows += _course_rows(s)
@@ -258,12 +286,21 @@ def watch_rows(view: RunView, workdir: str) -> list[tuple[str, str]]:
     if m is not None:
         rows.append(("step", f"{m.last_step}/{m.max_steps or '?'}  {_bar(m.last_step, m.max_steps)}"))
         gen_share = 100 * m.generation_s / m.step_s if m.step_s else 0.0
-        rows.append(("step time", f"{seconds(m.step_s)}: generation {seconds(m.generation_s)} ({gen_share:.0f}%), "
-                                  f"training {seconds(m.training_s)} ({100 - gen_share:.0f}%)"))  # fmt: skip
+        rows.append(
+            (
+                "step time",
+                f"{seconds(m.step_s)}: generation {seconds(m.generation_s)} ({gen_share:.0f}%), "
+                f"training {seconds(m.training_s)} ({100 - gen_share:.0f}%)",
+            )
+        )
         pred = m.prediction
         if pred is not None:
-            rows.append(("planned split", f"generation {pred.trainer_generation_s:.2f} s, training "
-                                          f"{pred.training_s:.2f} s per step"))  # fmt: skip
+            rows.append(
+                (
+                    "planned split",
+                    f"generation {pred.trainer_generation_s:.2f} s, training {pred.training_s:.2f} s per step",
+                )
+            )
     if (p.eta_s is not None or p.planned_eta_s is not None) and p.state != "finished":
         eta = _hours(p.eta_s) if p.eta_s is not None and p.eta_s >= 60 else f"{p.eta_s or 0:.0f} s"
         rows.append(("ETA", f"{eta} at the measured step time; planned {_hours(p.planned_eta_s)}"))
@@ -272,8 +309,13 @@ def watch_rows(view: RunView, workdir: str) -> list[tuple[str, str]]:
         said = significant(m.last_log["reward"]) + (f" ± {significant(std)}" if std is not None else "")
         rows.append(("reward", said))
     restarts = [a for a in view.attempts if a.failure]
-    rows.append(("attempts", f"{len(view.attempts) + (1 if view.holder else 0)}, restarts after a failure: "
-                             f"{len(restarts) if view.holder or len(view.attempts) > 1 else 0}"))  # fmt: skip
+    rows.append(
+        (
+            "attempts",
+            f"{len(view.attempts) + (1 if view.holder else 0)}, restarts after a failure: "
+            f"{len(restarts) if view.holder or len(view.attempts) > 1 else 0}",
+        )
+    )
     for a in view.attempts[-5:]:
         why = f"{a.failure}: {a.why}" if a.failure else (a.why or f"exit code {a.exit_code}")
         rows.append((f"attempt {a.attempt}", f"{a.state} ({why})"[:200]))
@@ -292,7 +334,5 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     if args.json:
         ctx.emit(json.dumps(as_json(standing), indent=2))
         return 0
-    from grpo_launch.cli.tables import Section, print_sections
-
     print_sections([Section(f"grpo-launch status: {run_dir}", text_rows(standing))])
     return 0

@@ -125,12 +125,15 @@ def _layout_section(plan: Plan) -> Section:
         ("per_device_train_batch_size", str(lay.per_device_train_batch_size), recipe("per_device_train_batch_size")),
         ("gradient_accumulation_steps", str(lay.gradient_accumulation_steps), recipe("gradient_accumulation_steps")),
         ("steps_per_generation", str(lay.steps_per_generation), recipe("steps_per_generation")),
-        ("generation_batch_size", f"{lay.generation_batch_size} = {lay.prompts_per_generation} prompts × "
-         f"{lay.num_generations}", recipe("generation_batch_size")),
+        (
+            "generation_batch_size",
+            f"{lay.generation_batch_size} = {lay.prompts_per_generation} prompts × {lay.num_generations}",
+            recipe("generation_batch_size"),
+        ),
         ("num_generations", str(lay.num_generations), recipe("num_generations")),
         ("prompts per optimizer step", f"{prompts:g}", f"launch.prompts_per_step={pinned}" if pinned else "-"),
         ("completions per optimizer step", str(lay.completions_per_optimizer_step), "-"),
-    ]  # fmt: skip
+    ]
     if lay.per_device_eval_batch_size is not None:
         layout.append(("per_device_eval_batch_size", str(lay.per_device_eval_batch_size), "-"))
     return Section("Batch layout (TRL 1.16)", layout, ("", "planned", "the recipe"))
@@ -142,8 +145,10 @@ def _generation_section(plan: Plan) -> Section:
     gen = [("vLLM", str(v.mode))]
     if v.mode == "server":
         shape = v.parallelism.label + (", expert parallel" if v.expert_parallel else "")
-        where = "; ".join(f"{name} GPUs {_ranges(list(ids))}" for name, ids in
-                          ((v.host, v.gpus), *((n.name, n.gpus) for n in v.nodes)))  # fmt: skip
+        where = "; ".join(
+            f"{name} GPUs {_ranges(list(ids))}"
+            for name, ids in ((v.host, v.gpus), *((n.name, n.gpus) for n in v.nodes))
+        )
         gen.append(("vLLM server", f"{where}, {shape}, {v.base_url}"))
     elif v.mode == "colocate":
         gen.append(
@@ -181,8 +186,9 @@ def _estimate_section(plan: Plan) -> Section:
     if est.host_memory_per_node_gib:
         rows.append(("host RAM per node (offload)", f"{est.host_memory_per_node_gib:.0f} GiB"))
     if est.startup_s is not None:
-        rows.append(("time to first step", f"≈ {est.startup_s:.0f} s (load, vLLM ready, first sync; again on "
-                     "every restart)"))  # fmt: skip
+        rows.append(
+            ("time to first step", f"≈ {est.startup_s:.0f} s (load, vLLM ready, first sync; again on every restart)")
+        )
     if est.total is not None:
         rows += whole_run_rows(est.total)
     elif est.total_missing:
@@ -218,9 +224,12 @@ def summary_lines(plan: Plan) -> list[str]:
     else:
         groups = groupby(plan.roles, key=lambda r: (r.host, r.role))
         lines.append(
-            "  roles: " + ", ".join(f"{host} GPUs {_ranges([r.gpu for r in rs])} {role}" for (host, role), rs in
-                                    ((k, list(g)) for k, g in groups))
-        )  # fmt: skip
+            "  roles: "
+            + ", ".join(
+                f"{host} GPUs {_ranges([r.gpu for r in rs])} {role}"
+                for (host, role), rs in ((k, list(g)) for k, g in groups)
+            )
+        )
     lines.append(
         f"  layout: {lay.per_device_train_batch_size} per device × {lay.num_processes} process(es) × "
         f"{lay.gradient_accumulation_steps} accumulation = {lay.completions_per_optimizer_step} completions per step "
@@ -236,8 +245,11 @@ def summary_lines(plan: Plan) -> list[str]:
     lines.append(f"  vLLM: {vllm}; training: {train.backend}{off} on {train.device}")
     est = plan.estimate
     if est is not None:
-        mem = f", {est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB per training GPU" if (
-            est.train_memory_gib) else ""  # fmt: skip
+        mem = (
+            f", {est.train_memory_gib:.1f} of {est.gpu_memory_gib:.0f} GiB per training GPU"
+            if (est.train_memory_gib)
+            else ""
+        )
         total = f", {_hours_range(est.total)} for {est.total.steps} steps" if est.total else ""
         step = f"{est.step.total_s:.1f} s per step ({est.step.bottleneck})" if est.step else est.time_missing
         lines.append(f"  estimate: {step}{mem}{total}")

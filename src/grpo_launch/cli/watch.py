@@ -11,6 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich.live import Live
+from rich.table import Table
+
 from grpo_launch.errors import GrpoLaunchError
 from grpo_launch.rundir.fields import RunFileError
 from grpo_launch.rundir.view import RunView
@@ -19,8 +22,6 @@ DEFAULT_INTERVAL_S = 2.0
 
 
 def _table(title: str, rows: list[tuple[str, str]]) -> Any:
-    from rich.table import Table
-
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
@@ -32,8 +33,6 @@ def _table(title: str, rows: list[tuple[str, str]]) -> Any:
 def watch(run_dir: Path, interval: float, rows_of: Callable[[RunView], list[tuple[str, str]]]) -> int:
     """Redraw ``rows_of`` a fresh view every ``interval`` seconds until no launcher holds the run (it ended), then
     leave the last drawing on the terminal."""
-    from rich.live import Live
-
     title = f"grpo-launch status --watch: {run_dir}"
     seen_running = False
     with Live(_table(title, [("state", "reading the run directory")]), auto_refresh=False) as live:

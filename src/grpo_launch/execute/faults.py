@@ -17,6 +17,7 @@ ranks' stated errors off the console (they stay in the logs): the run's summary 
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterable, Sequence
 
 from grpo_launch.enums import FailureKind, Role
@@ -123,8 +124,6 @@ def torchrun_root(events: Sequence[Event]) -> tuple[str, int, int] | None:
 
 
 def _signal_name(code: int) -> str:
-    import signal
-
     try:
         return signal.Signals(-code).name if code < 0 else f"exit code {code}"
     except ValueError:

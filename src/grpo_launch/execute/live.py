@@ -18,11 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.errors import LaunchError
+from grpo_launch.errors import GrpoLaunchError, LaunchError
 from grpo_launch.planning.types import Plan
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.live_metrics import METRICS, samples
 from grpo_launch.rundir.records import MetricsTail
+from grpo_launch.rundir.report import write_report
 from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import RunContext
 
@@ -142,9 +143,6 @@ def serve_metrics(
 
 def _report_loop(plan: Plan, ctx: RunContext, every: int, stop: threading.Event) -> None:
     """Write the run report each time the run passes another ``every`` steps."""
-    from grpo_launch.errors import GrpoLaunchError
-    from grpo_launch.rundir.report import write_report
-
     written = 0
     while not stop.wait(REPORT_POLL_S):
         try:
@@ -174,9 +172,11 @@ def live_run(plan: Plan, ctx: RunContext) -> Iterator[None]:
     reporter = None
     if launch.report_every_steps:
         reporter = threading.Thread(
-            target=_report_loop, args=(plan, ctx, launch.report_every_steps, stop), name="grpo-launch-report",
+            target=_report_loop,
+            args=(plan, ctx, launch.report_every_steps, stop),
+            name="grpo-launch-report",
             daemon=True,
-        )  # fmt: skip
+        )
         reporter.start()
     try:
         yield

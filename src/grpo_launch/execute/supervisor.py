@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -133,7 +134,6 @@ class Supervisor:
         signal_remote: RemoteSignaller | None = None,
         run_id: str | None = None,
     ) -> None:
-        import uuid
 
         self.log_dir = log_dir
         self.emit = emit
@@ -159,17 +159,26 @@ class Supervisor:
         with contextlib.suppress(OSError):
             self._guard = subprocess.Popen(
                 [sys.executable, "-m", "grpo_launch.node.reaper", self.run_id, str(self.grace_s)],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, env=env, cwd=str(Path(reaper.__file__).parent.parent),
-            )  # fmt: skip
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+                cwd=str(Path(reaper.__file__).parent.parent),
+            )
 
     def start(self, spec: ProcessSpec) -> Child:
         self._start_guard()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = self.log_dir / f"{spec.name.replace('@', '-')}-{stamp}.log"
-        env = {**self.environ, **spec.launch_env, "PYTHONUNBUFFERED": "1", RUN_ID_ENV: self.run_id,
-               SPAWNED_AT_ENV: repr(time.time())}  # fmt: skip
+        env = {
+            **self.environ,
+            **spec.launch_env,
+            "PYTHONUNBUFFERED": "1",
+            RUN_ID_ENV: self.run_id,
+            SPAWNED_AT_ENV: repr(time.time()),
+        }
         log_file = open_nofollow(log_path, "ab")  # before the start: never through a link planted in the run dir
         try:
             proc = subprocess.Popen(
@@ -220,8 +229,10 @@ class Supervisor:
             if first and line.startswith(PGID_ANNOUNCE):
                 first, child.remote_pgid = False, announced_pgid(line)
                 if child.remote_pgid is None:
-                    self.say(f"[grpo-launch] warning: {name} announced no process group of its own: it is stopped "
-                             "through its connection and its host's guard only")  # fmt: skip
+                    self.say(
+                        f"[grpo-launch] warning: {name} announced no process group of its own: it is stopped "
+                        "through its connection and its host's guard only"
+                    )
                 continue
             first = False
             if faults.looks_like_error(line) and len(self.events) < 2000:

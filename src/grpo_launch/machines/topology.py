@@ -260,8 +260,9 @@ def _parse_group(text: str, spec: str) -> Topology:
     if nodes < 1 or count < 1:
         raise ProbeError(f"--gpus {short(spec)}: node and GPU counts must be at least 1", hint=SPEC_HELP)
     if nodes > MAX_NODES or count > MAX_GPUS_PER_NODE:
-        raise ProbeError(f"--gpus {short(spec)}: at most {MAX_NODES} nodes and {MAX_GPUS_PER_NODE} GPUs per node",
-                         hint=SPEC_HELP)  # fmt: skip
+        raise ProbeError(
+            f"--gpus {short(spec)}: at most {MAX_NODES} nodes and {MAX_GPUS_PER_NODE} GPUs per node", hint=SPEC_HELP
+        )
     model = m["model"].strip()
     if re.match(r"\d+x", model, re.IGNORECASE):
         raise ProbeError(f"--gpus {short(spec)}: at most two factors, nodes x GPUs per node", hint=SPEC_HELP)
@@ -276,8 +277,9 @@ def _parse_group(text: str, spec: str) -> Topology:
     if m["mem"]:
         size = float(m["mem"])
         if not MIN_GPU_GB <= size <= MAX_GPU_GB:
-            raise ProbeError(f"--gpus {short(spec)}: GPU memory must be between {MIN_GPU_GB} and {MAX_GPU_GB} GB",
-                             hint=SPEC_HELP)  # fmt: skip
+            raise ProbeError(
+                f"--gpus {short(spec)}: GPU memory must be between {MIN_GPU_GB} and {MAX_GPU_GB} GB", hint=SPEC_HELP
+            )
         if known is not None:
             _check_known_size(spec, m, known, size, in_gb=in_gb)
         if known is not None and in_gb and size == known.nominal_gb:
@@ -295,23 +297,33 @@ def _parse_group(text: str, spec: str) -> Topology:
     warnings: tuple[str, ...] = ()
     if m["tflops"] or m["tbs"]:
         if known is not None:
-            raise ProbeError(f"--gpus {short(spec)}: {known.name} is in the GPU table; its peak and bandwidth are "
-                             "known (drop the @… part)", hint=SPEC_HELP)  # fmt: skip
+            raise ProbeError(
+                f"--gpus {short(spec)}: {known.name} is in the GPU table; its peak and bandwidth are "
+                "known (drop the @… part)",
+                hint=SPEC_HELP,
+            )
         if not m["tflops"]:
-            raise ProbeError(f"--gpus {short(spec)}: give the dense bf16 peak first, e.g. "
-                             f"{count}x{model}-{m['mem'] or 48}GB@150TF@0.9TBs", hint=SPEC_HELP)  # fmt: skip
+            raise ProbeError(
+                f"--gpus {short(spec)}: give the dense bf16 peak first, e.g. "
+                f"{count}x{model}-{m['mem'] or 48}GB@150TF@0.9TBs",
+                hint=SPEC_HELP,
+            )
         tflops = float(m["tflops"])
         # Decoding is bound by memory bandwidth: without it, the table's GPU nearest in peak lends its own, said.
         nearest = min(GPU_SPECS, key=lambda g: abs(math.log(g.bf16_tflops / tflops)) if tflops > 0 else 0.0)
         tbs = float(m["tbs"]) if m["tbs"] else nearest.bandwidth_tbs
         if not (0 < tflops <= MAX_TFLOPS and 0 < tbs <= MAX_TBS):
-            raise ProbeError(f"--gpus {short(spec)}: peak must be in (0, {MAX_TFLOPS}] TF and bandwidth in "
-                             f"(0, {MAX_TBS}] TB/s", hint=SPEC_HELP)  # fmt: skip
+            raise ProbeError(
+                f"--gpus {short(spec)}: peak must be in (0, {MAX_TFLOPS}] TF and bandwidth in (0, {MAX_TBS}] TB/s",
+                hint=SPEC_HELP,
+            )
         source = "given with --gpus"
         if not m["tbs"]:
             source += f"; memory bandwidth assumed: {nearest.name}'s {tbs:g} TB/s, the table's GPU nearest in peak"
-            warnings += (f"{model}: {source.split('; ')[1]} (give yours: --gpus {count}x{model}-"
-                         f"{m['mem'] or 48}GB@{tflops:g}TF@<TB/s>TBs)",)  # fmt: skip
+            warnings += (
+                f"{model}: {source.split('; ')[1]} (give yours: --gpus {count}x{model}-"
+                f"{m['mem'] or 48}GB@{tflops:g}TF@<TB/s>TBs)",
+            )
         given = GpuSpec(name, memory / GIB, tflops, tbs, source=source, nvlink=False)
     hosts = tuple(
         Host(
@@ -337,8 +349,12 @@ def _check_known_size(spec: str, m: re.Match[str], known: GpuSpec, size: float, 
     )
     sold = " or ".join(f"{s} GB" for s in sizes)
     if in_gb and size != known.nominal_gb:
-        raise ProbeError(f"--gpus {short(spec)}: no {model} is sold with {size:g} GB; {model} GPUs have {sold}",
-                         hint=hint)  # fmt: skip
+        raise ProbeError(
+            f"--gpus {short(spec)}: no {model} is sold with {size:g} GB; {model} GPUs have {sold}", hint=hint
+        )
     if not in_gb and size > known.nominal_gb:
-        raise ProbeError(f"--gpus {short(spec)}: no {known.name} has {size:g} GiB (it has {known.memory_gib:g} GiB; "
-                         f"{model} GPUs are sold with {sold})", hint=hint)  # fmt: skip
+        raise ProbeError(
+            f"--gpus {short(spec)}: no {known.name} has {size:g} GiB (it has {known.memory_gib:g} GiB; "
+            f"{model} GPUs are sold with {sold})",
+            hint=hint,
+        )

@@ -137,8 +137,10 @@ def main(argv: list[str]) -> int:
         return watch_pid(int(argv[1]), argv[2], float(argv[3]))
     if len(argv) == 2:
         return guard(argv[0], float(argv[1]))
-    print("usage: python -m grpo_launch.node.reaper RUN_ID GRACE | watch PID RUN_ID GRACE | signal RUN_ID SIGNUM",
-          file=sys.stderr)  # fmt: skip
+    print(
+        "usage: python -m grpo_launch.node.reaper RUN_ID GRACE | watch PID RUN_ID GRACE | signal RUN_ID SIGNUM",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -85,8 +85,9 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 # scraper cannot hold a token drawn per attempt; see above).
 OPEN = frozenset({("GET", "/health"), ("GET", "/metrics")})
 RESTARTED_ENV = VLLM_RESTARTED_ENV  # "1": a replacement server, locked until the trainers' weights arrive
-GENERATION = frozenset({("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                        ("POST", "/inference/v1/generate")})  # fmt: skip
+GENERATION = frozenset(
+    {("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/inference/v1/generate")}
+)
 UNLOCK = ("POST", "/reset_prefix_cache")
 ALLOWED = frozenset(
     {

@@ -28,8 +28,10 @@ def better_batch(ctx: Context, misses: list[Split], best: Candidate, chosen_spli
     found: tuple[float, int, Split] | None = None
     for split in misses:
         unit = least_prompts(split.trainers, req.per_device, k)
-        for prompts in {max(unit, unit * math.floor(best.prompts_per_step / unit)),
-                        unit * math.ceil(best.prompts_per_step / unit)}:  # fmt: skip
+        for prompts in {
+            max(unit, unit * math.floor(best.prompts_per_step / unit)),
+            unit * math.ceil(best.prompts_per_step / unit),
+        }:
             try:
                 bound = best_variant(ctx, [split], Batch(prompts, k), [], [])
             except LayoutError:
@@ -111,6 +113,13 @@ def batch_fixes(ctx: Context, misses: list[Split], target: Batch | None) -> list
     for split in misses:
         unit = least_prompts(split.trainers, req.per_device, k)
         for near in {max(unit, unit * math.floor(prompts / unit)), unit * math.ceil(prompts / unit)}:
-            fixes.append(Fix("launch.prompts_per_step", near, f"{split.trainers} trainers of {split.label} take it "
-                             "evenly (a different batch)", rank=1, cost=abs(math.log(near / prompts))))  # fmt: skip
+            fixes.append(
+                Fix(
+                    "launch.prompts_per_step",
+                    near,
+                    f"{split.trainers} trainers of {split.label} take it evenly (a different batch)",
+                    rank=1,
+                    cost=abs(math.log(near / prompts)),
+                )
+            )
     return fixes

@@ -109,9 +109,11 @@ class LayoutRequest:
     @property
     def own_batch_key(self) -> str | None:
         """The key by which the recipe sets its own batch (its accumulation or generation rhythm), if any."""
-        for key, value in (("generation_batch_size", self.generation_batch_size),
-                           ("steps_per_generation", self.steps_per_generation),
-                           ("gradient_accumulation_steps", self.grad_accum)):  # fmt: skip
+        for key, value in (
+            ("generation_batch_size", self.generation_batch_size),
+            ("steps_per_generation", self.steps_per_generation),
+            ("gradient_accumulation_steps", self.grad_accum),
+        ):
             if value is not None:
                 return key
         return None
@@ -282,13 +284,19 @@ def _target_fixes(n: int, completions: int, req: LayoutRequest) -> list[Fix]:
     prompts = completions // k
     near = sorted({max(unit, unit * (prompts // unit)), unit * -(-prompts // unit)})
     said = f"{n} trainer{'s take' if n > 1 else ' takes'} it evenly (a different batch)"
-    fixes = [Fix("launch.prompts_per_step", v, said, rank=1,
-                 cost=abs(math.log(v / prompts))) for v in near]  # fmt: skip
+    fixes = [Fix("launch.prompts_per_step", v, said, rank=1, cost=abs(math.log(v / prompts))) for v in near]
     if req.per_device is not None and completions % n == 0:
         d = nearest(req.per_device, lambda v: (completions // n) % v == 0, hi=completions // n)
         if d is not None and d != req.per_device:
-            fixes.append(Fix("per_device_train_batch_size", d, f"{completions // n} completions per trainer", rank=1,
-                             cost=abs(math.log(d / req.per_device))))  # fmt: skip
+            fixes.append(
+                Fix(
+                    "per_device_train_batch_size",
+                    d,
+                    f"{completions // n} completions per trainer",
+                    rank=1,
+                    cost=abs(math.log(d / req.per_device)),
+                )
+            )
     return fixes
 
 

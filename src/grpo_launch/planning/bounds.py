@@ -11,6 +11,7 @@ from grpo_launch.enums import DistBackend, Offload, VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.machines.gpus import GpuSpec
 from grpo_launch.planning import placement
+from grpo_launch.planning.async_grpo import async_workload
 from grpo_launch.planning.batch_layout import solve_layout
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.cost.constants import STEP_UNCERTAINTY
@@ -67,8 +68,6 @@ def best_variant(
     layout, _ = solve_layout(s0.trainers, ctx.request, completions=completions)
     work = workload(ctx.recipe, layout, ctx.calibration)
     if s0.asynchronous:
-        from grpo_launch.planning.async_grpo import async_workload  # only for async plans (one_split.plan_one)
-
         work = async_workload(work, ctx.recipe)
     scored: list[tuple[float, float, Split]] = []  # (generation, sync, split)
     for split in variants:

@@ -74,9 +74,13 @@ def prior_calibration(plan: PlanRecord | None) -> Calibration:
 
     # A stored calibrate file's part is left out: the next plan takes it from the file again (calibration file
     # first, a run's scales on top), so it is not counted twice.
-    return Calibration(scale(recorded.generation) / recorded.measured_generation,
-                       scale(recorded.training) / recorded.measured_training, scale(recorded.memory),
-                       recorded.mean_completion_len, recorded.source)  # fmt: skip
+    return Calibration(
+        scale(recorded.generation) / recorded.measured_generation,
+        scale(recorded.training) / recorded.measured_training,
+        scale(recorded.memory),
+        recorded.mean_completion_len,
+        recorded.source,
+    )
 
 
 def with_file_part(run: Calibration, used: Calibration | None) -> Calibration:
@@ -85,12 +89,17 @@ def with_file_part(run: Calibration, used: Calibration | None) -> Calibration:
     adapt loop re-plans through make_plan, which reads no file itself."""
     if used is None or used.measured is None:
         return run
-    return dataclasses.replace(run, generation=run.generation * used.measured_generation,
-                               training=run.training * used.measured_training, measured=used.measured,
-                               measured_source=used.measured_source, measured_generation=used.measured_generation,
-                               measured_training=used.measured_training,
-                               activation_memory=used.activation_memory,
-                               measured_memory=used.measured_memory)  # fmt: skip
+    return dataclasses.replace(
+        run,
+        generation=run.generation * used.measured_generation,
+        training=run.training * used.measured_training,
+        measured=used.measured,
+        measured_source=used.measured_source,
+        measured_generation=used.measured_generation,
+        measured_training=used.measured_training,
+        activation_memory=used.activation_memory,
+        measured_memory=used.measured_memory,
+    )
 
 
 def calibrate_from_run(view: RunView) -> tuple[Calibration, list[Comparison]]:
@@ -142,8 +151,15 @@ def calibration_from(m: Measured) -> tuple[Calibration, list[Comparison]]:
     predicted_mem = pred.train_memory_gib
     if m.peak_memory_bytes and predicted_mem and m.memory_kind == "cuda_max_allocated":
         memory = max(FLOOR, m.peak_memory_bytes / GIB / float(predicted_mem))
-        rows.append(Comparison("peak memory per training GPU", float(predicted_mem), m.peak_memory_bytes / GIB,
-                               "GiB", f"× {memory:.2f}"))  # fmt: skip
+        rows.append(
+            Comparison(
+                "peak memory per training GPU",
+                float(predicted_mem),
+                m.peak_memory_bytes / GIB,
+                "GiB",
+                f"× {memory:.2f}",
+            )
+        )
     else:
         why = "a CPU run's resident set" if m.memory_kind == "rss_max" else "no GPU peak measured"
         rows.append(Comparison("peak memory per training GPU", predicted_mem, None, "GiB", f"not calibrated: {why}"))
@@ -151,8 +167,9 @@ def calibration_from(m: Measured) -> tuple[Calibration, list[Comparison]]:
     prior = prior_calibration(m.plan)
     if prior.source:
         source += f", over its own calibration ({prior.source})"
-    scaled = Calibration(gen * prior.generation, train * prior.training, memory * prior.memory,
-                         mean or prior.mean_completion_len, source)  # fmt: skip
+    scaled = Calibration(
+        gen * prior.generation, train * prior.training, memory * prior.memory, mean or prior.mean_completion_len, source
+    )
     return scaled, rows
 
 
@@ -163,15 +180,24 @@ def measured_against_table(
     ``per_device`` sequences of ``prompt_len`` + ``completion_len`` tokens), and the generation and training time
     ratios (measured ÷ table) the plan applies on that GPU. On CPU (``gpu`` None) the table has no value: 1, 1."""
     b = b_ = max(1, per_device)
-    at = Workload(prompt_len=prompt_len, completion_len=completion_len, completions=b, num_generations=b,
-                  per_device=b, gradient_checkpointing=False)  # fmt: skip
+    at = Workload(
+        prompt_len=prompt_len,
+        completion_len=completion_len,
+        completions=b,
+        num_generations=b,
+        per_device=b,
+        gradient_checkpointing=False,
+    )
     rows: list[Comparison] = []
     gen_ratio = train_ratio = 1.0
     # vLLM's decode speaks for generation where it was measured (a plan with vLLM on a GPU), else transformers', at
     # the measured batch nearest the micro-batch
     context = prompt_len + completion_len / 2
-    for path, points in (("transformers", terms.decode), ("continuous batching", terms.cb_decode),
-                         ("vllm", terms.vllm_decode)):  # fmt: skip
+    for path, points in (
+        ("transformers", terms.decode),
+        ("continuous batching", terms.cb_decode),
+        ("vllm", terms.vllm_decode),
+    ):
         nearest = min((b for b, _ in points), key=lambda b: abs(math.log(b / b_)), default=None) if points else None
         for batch, seconds in points:
             table = None
@@ -207,17 +233,34 @@ def measured_against_table(
             rows.append(Comparison(name, None, value, "s"))
     if terms.sync_s is not None:  # the table's within a node, on a GPU; gloo on CPU is no TRL path to compare with
         table = sync_time(model, across_nodes=False) if gpu is not None and terms.sync_path == "nccl" else None
-        rows.append(Comparison(f"weight sync ({terms.sync_path or 'unknown'})", table, terms.sync_s, "s",
-                               "the whole model, trainer → server, in vLLM's packed buffers"))  # fmt: skip
+        rows.append(
+            Comparison(
+                f"weight sync ({terms.sync_path or 'unknown'})",
+                table,
+                terms.sync_s,
+                "s",
+                "the whole model, trainer → server, in vLLM's packed buffers",
+            )
+        )
     for ckpt, peak in ((False, terms.peak_memory_bytes), (True, terms.peak_memory_bytes_ckpt)):
         if peak:
             name = "peak memory of the timed step (one micro-batch" + (", checkpointing)" if ckpt else ")")
-            rows.append(Comparison(name, None, peak / GIB, "GiB", "torch's log-softmax over whole logits, not "
-                                   "TRL's fused head: no model term (the row below is)"))  # fmt: skip
+            rows.append(
+                Comparison(
+                    name,
+                    None,
+                    peak / GIB,
+                    "GiB",
+                    "torch's log-softmax over whole logits, not TRL's fused head: no model term (the row below is)",
+                )
+            )
     for ckpt, predicted, measured in step_peak_points(terms):
         name = "training step's peak memory (fused LM head, AdamW" + (", checkpointing)" if ckpt else ")")
-        note = ("the memory model's tensors at this point" if terms.device != "cpu" else
-                "a CPU resident set, libraries included: not the GPU estimate's (not used)")  # fmt: skip
+        note = (
+            "the memory model's tensors at this point"
+            if terms.device != "cpu"
+            else "a CPU resident set, libraries included: not the GPU estimate's (not used)"
+        )
         rows.append(Comparison(name, predicted / GIB, measured / GIB, "GiB", note))
     for ckpt, modelled, measured in activation_points(model, terms, b, prompt_len, completion_len):
         name = "activation memory of one micro-batch" + (" (activation checkpointing)" if ckpt else "")
@@ -235,13 +278,22 @@ def activation_points(
         return []
     prec = Precision(terms.value_bytes, terms.value_bytes, triton=terms.device != "cpu")
     seq = prompt_len + completion_len
-    return [(ckpt, activation_memory(model, max(1, per_device), seq, completion_len, ckpt, prec).peak, measured)
-            for ckpt, measured in ((False, terms.activation_peak_bytes), (True, terms.activation_peak_bytes_ckpt))
-            if measured]  # fmt: skip
+    return [
+        (ckpt, activation_memory(model, max(1, per_device), seq, completion_len, ckpt, prec).peak, measured)
+        for ckpt, measured in ((False, terms.activation_peak_bytes), (True, terms.activation_peak_bytes_ckpt))
+        if measured
+    ]
 
 
-def step_peak_prediction(model: ModelShape, value_bytes: int, gpu: bool, per_device: int, prompt_len: int,
-                         completion_len: int, checkpointing: bool) -> float:  # fmt: skip
+def step_peak_prediction(
+    model: ModelShape,
+    value_bytes: int,
+    gpu: bool,
+    per_device: int,
+    prompt_len: int,
+    completion_len: int,
+    checkpointing: bool,
+) -> float:
     """The memory model's tensors of calibrate's training step (one process, the model at ``value_bytes`` width as
     calibrate loads it): weights, gradients and AdamW's two moments at that width (4 × value_bytes × P: torch's
     AdamW keeps its moments in the parameters' dtype), and one micro-batch's activation peak as
@@ -255,13 +307,21 @@ def step_peak_prediction(model: ModelShape, value_bytes: int, gpu: bool, per_dev
 
 def step_peak_points(terms: MeasuredTerms) -> list[tuple[bool, float, int]]:
     """(checkpointing, the memory model's prediction, the measured peak) of calibrate's training step, as stored."""
-    points = ((False, terms.step_peak_predicted_bytes, terms.step_peak_bytes),
-              (True, terms.step_peak_predicted_bytes_ckpt, terms.step_peak_bytes_ckpt))  # fmt: skip
+    points = (
+        (False, terms.step_peak_predicted_bytes, terms.step_peak_bytes),
+        (True, terms.step_peak_predicted_bytes_ckpt, terms.step_peak_bytes_ckpt),
+    )
     return [(ckpt, float(predicted), measured) for ckpt, predicted, measured in points if predicted and measured]
 
 
-def step_peak_scale(model: ModelShape, terms: MeasuredTerms, per_device: int, prompt_len: int, completion_len: int,
-                    activations: float = 1.0) -> float | None:  # fmt: skip
+def step_peak_scale(
+    model: ModelShape,
+    terms: MeasuredTerms,
+    per_device: int,
+    prompt_len: int,
+    completion_len: int,
+    activations: float = 1.0,
+) -> float | None:
     """On a GPU, measured ÷ predicted peak of calibrate's training step, the prediction's activation terms first
     raised by ``activations`` (calibrate's activation ratio, which the plan applies apart: not counted twice); the
     larger of the two points (without and with checkpointing). None on CPU (a resident set counts the libraries
@@ -269,16 +329,22 @@ def step_peak_scale(model: ModelShape, terms: MeasuredTerms, per_device: int, pr
     if terms.device == "cpu" or not terms.value_bytes:
         return None
     modelled = {ckpt: m for ckpt, m, _ in activation_points(model, terms, per_device, prompt_len, completion_len)}
-    ratios = [measured / (predicted + (activations - 1.0) * modelled.get(ckpt, 0.0))
-              for ckpt, predicted, measured in step_peak_points(terms)]  # fmt: skip
+    ratios = [
+        measured / (predicted + (activations - 1.0) * modelled.get(ckpt, 0.0))
+        for ckpt, predicted, measured in step_peak_points(terms)
+    ]
     return max(ratios) if ratios else None
 
 
-def activation_scale(model: ModelShape, terms: MeasuredTerms, per_device: int, prompt_len: int,
-                     completion_len: int) -> float | None:  # fmt: skip
+def activation_scale(
+    model: ModelShape, terms: MeasuredTerms, per_device: int, prompt_len: int, completion_len: int
+) -> float | None:
     """Measured ÷ modelled activation memory, the larger of the two micro-batches (None: not measured)."""
-    ratios = [measured / modelled for _, modelled, measured in
-              activation_points(model, terms, per_device, prompt_len, completion_len) if modelled]  # fmt: skip
+    ratios = [
+        measured / modelled
+        for _, modelled, measured in activation_points(model, terms, per_device, prompt_len, completion_len)
+        if modelled
+    ]
     return max(ratios) if ratios else None
 
 
@@ -287,9 +353,13 @@ def comparison_to_dict(rows: list[Comparison]) -> list[dict[str, Any]]:
 
 
 def from_record(
-    terms: MeasuredTerms, path: str, model: ModelShape, gpu: GpuSpec | None, at: dict[str, int],
+    terms: MeasuredTerms,
+    path: str,
+    model: ModelShape,
+    gpu: GpuSpec | None,
+    at: dict[str, int],
     run: Calibration | None = None,
-) -> tuple[Calibration, list[str]]:  # fmt: skip
+) -> tuple[Calibration, list[str]]:
     """The calibration a plan uses from a stored ``grpo-launch calibrate`` record measured ``at`` a micro-batch and
     lengths: its measured terms (used directly wherever they cover the plan's case), its ratios to the GPU table at
     that point (for the table's terms the record did not measure), its memory scales, and a run's own scales
@@ -300,26 +370,41 @@ def from_record(
     if gpu is not None:  # the table's terms the record did not measure are scaled to it
         point = (at.get("per_device_train_batch_size", 1), at.get("prompt_len", 1), at.get("completion_len", 1))
         _, gen, train = measured_against_table(model, gpu, terms, *point)
-        notes.append(f"calibration: on {gpu.name} each term it measured for this plan's work is used as measured; "
-                     f"the table's other terms × {gen:.2f} (generation) and × {train:.2f} (training), measured ÷ "
-                     "table at its point (plan --explain shows each term)")  # fmt: skip
+        notes.append(
+            f"calibration: on {gpu.name} each term it measured for this plan's work is used as measured; "
+            f"the table's other terms × {gen:.2f} (generation) and × {train:.2f} (training), measured ÷ "
+            "table at its point (plan --explain shows each term)"
+        )
         ratio = activation_scale(model, terms, *point)
         if ratio is not None and ratio > 1:
             activations = ratio
             notes.append(f"calibration: activation memory × {ratio:.2f} (one micro-batch measured ÷ the memory model)")
         elif ratio is not None:
-            notes.append(f"calibration: activation memory measured at {ratio:.2f} × the memory model's; the model's "
-                         "kept (a calibration only raises a memory estimate)")  # fmt: skip
+            notes.append(
+                f"calibration: activation memory measured at {ratio:.2f} × the memory model's; the model's "
+                "kept (a calibration only raises a memory estimate)"
+            )
         whole = step_peak_scale(model, terms, *point, activations=activations)
         if whole is not None and whole > 1:
             peak = whole
-            notes.append(f"calibration: memory per training GPU × {whole:.2f} (the training step's peak measured ÷ "
-                         "the memory model's tensors at that point)")  # fmt: skip
+            notes.append(
+                f"calibration: memory per training GPU × {whole:.2f} (the training step's peak measured ÷ "
+                "the memory model's tensors at that point)"
+            )
         elif whole is not None:
-            notes.append(f"calibration: the training step's peak measured at {whole:.2f} × the memory model's; the "
-                         "model's kept (a calibration only raises a memory estimate)")  # fmt: skip
-    scaled = dataclasses.replace(base, generation=base.generation * gen, training=base.training * train,
-                                 measured=terms, measured_source=path, measured_generation=gen,
-                                 measured_training=train, activation_memory=activations,
-                                 measured_memory=peak)  # fmt: skip
+            notes.append(
+                f"calibration: the training step's peak measured at {whole:.2f} × the memory model's; the "
+                "model's kept (a calibration only raises a memory estimate)"
+            )
+    scaled = dataclasses.replace(
+        base,
+        generation=base.generation * gen,
+        training=base.training * train,
+        measured=terms,
+        measured_source=path,
+        measured_generation=gen,
+        measured_training=train,
+        activation_memory=activations,
+        measured_memory=peak,
+    )
     return scaled, notes

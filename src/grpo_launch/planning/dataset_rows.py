@@ -75,16 +75,28 @@ def _fits(p: int, n: int, ga: int, spg: int, k: int, rows: int, iterations: int)
 def _fixes(layout: Layout, recipe: Recipe, rows: int, iterations: int, *, pinned: bool) -> list[Fix]:
     """The nearest batches that fit: the largest prompts per step (a pinned or default batch), else the largest
     per-device batch or accumulation of the recipe's (each is planned again before it is shown)."""
-    p, n, ga, spg, k = (layout.per_device_train_batch_size, layout.num_processes, layout.gradient_accumulation_steps,
-                        layout.steps_per_generation, layout.num_generations)  # fmt: skip
+    p, n, ga, spg, k = (
+        layout.per_device_train_batch_size,
+        layout.num_processes,
+        layout.gradient_accumulation_steps,
+        layout.steps_per_generation,
+        layout.num_generations,
+    )
     spg_follows = recipe.values.get("steps_per_generation") is None and not layout.generation_batch_size_given
     fixes: list[Fix] = []
     if pinned:
         unit = n * p // math.gcd(n * p, k)  # the least prompts per step these trainers take in whole groups
         if rows >= unit:
             most = unit * (rows // unit)
-            fixes.append(Fix("launch.prompts_per_step", most, f"the most prompts per step of whole groups over {n} "
-                             f"trainer(s) that the {rows} rows hold; a smaller batch", rank=1))  # fmt: skip
+            fixes.append(
+                Fix(
+                    "launch.prompts_per_step",
+                    most,
+                    f"the most prompts per step of whole groups over {n} "
+                    f"trainer(s) that the {rows} rows hold; a smaller batch",
+                    rank=1,
+                )
+            )
     if recipe.launch.prompts_per_step is None:  # a pinned batch derives the accumulation: per-device alone keeps it
         needed = max(1, math.ceil(ga / (spg * iterations)))
         top = min(p - 1, rows * k // (needed * n * spg))  # its rounds of p × n × spg / k prompts fit in rows
@@ -96,9 +108,22 @@ def _fixes(layout: Layout, recipe: Recipe, rows: int, iterations: int, *, pinned
             per_round = p * n * spg // k
             # spg follows GA: one round per step, of p × n × g / k prompts; else g ≤ spg × iterations × rounds
             top_g = rows * k // (p * n) if spg_follows else spg * iterations * (rows // max(1, per_round))
-            fewer = next((g for g in range(min(ga - 1, top_g), 0, -1)
-                          if _fits(p, n, g, g if spg_follows else spg, k, rows, iterations)), None)  # fmt: skip
+            fewer = next(
+                (
+                    g
+                    for g in range(min(ga - 1, top_g), 0, -1)
+                    if _fits(p, n, g, g if spg_follows else spg, k, rows, iterations)
+                ),
+                None,
+            )
             if fewer is not None:
-                fixes.append(Fix("gradient_accumulation_steps", fewer, f"the most accumulation steps the {rows} rows "
-                                 "hold; a smaller batch", rank=1, cost=abs(math.log(ga / fewer))))  # fmt: skip
+                fixes.append(
+                    Fix(
+                        "gradient_accumulation_steps",
+                        fewer,
+                        f"the most accumulation steps the {rows} rows hold; a smaller batch",
+                        rank=1,
+                        cost=abs(math.log(ga / fewer)),
+                    )
+                )
     return fixes

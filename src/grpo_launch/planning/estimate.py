@@ -145,14 +145,26 @@ def run_total(
     gpu_hours = hours * topology.num_gpus
     price = recipe.launch.gpu_hour_price
     low = (steps * expected[0].total_s + startup_s) / 3600 if expected else None
-    return Total(steps, hours, gpu_hours, gpu_hours * price if price is not None else None, source, low,
-                 expected[1] if expected else "")  # fmt: skip
+    return Total(
+        steps,
+        hours,
+        gpu_hours,
+        gpu_hours * price if price is not None else None,
+        source,
+        low,
+        expected[1] if expected else "",
+    )
 
 
 def _range(
-    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, train: TrainPlan, work: Workload, step: StepTime,
+    model: ModelShape,
+    gpu: GpuSpec,
+    vllm: VllmPlan,
+    train: TrainPlan,
+    work: Workload,
+    step: StepTime,
     serve_gpu: GpuSpec | None = None,
-) -> tuple[StepTime, tuple[StepTime, str]]:  # fmt: skip
+) -> tuple[StepTime, tuple[StepTime, str]]:
     """The step with every completion at the maximum length, and the step at the expected mean with its source."""
     if work.expected_completion_len:
         top = step_time(model, gpu, vllm, train, _at(work, 0.0), serve_gpu)[0]
@@ -211,8 +223,16 @@ def estimate_plan(draft: Draft) -> Estimate | None:
         explain.append(f"host RAM per node for offload (DeepSpeed's estimate): {training.host_memory / GIB:.0f} GiB")
     restart = once_s(startup, step)
     total, missing = _whole_run(draft, gpu, step, restart, serve_gpu)
-    return memory(step=step, explain=tuple(explain), total=total, total_missing=missing,
-                  startup_s=startup.first_step_s, startup=startup, terms=terms, restart_s=restart)  # fmt: skip
+    return memory(
+        step=step,
+        explain=tuple(explain),
+        total=total,
+        total_missing=missing,
+        startup_s=startup.first_step_s,
+        startup=startup,
+        terms=terms,
+        restart_s=restart,
+    )
 
 
 def first_step(draft: Draft, step: StepTime) -> Startup:
@@ -223,10 +243,18 @@ def first_step(draft: Draft, step: StepTime) -> Startup:
     rounds = work.generations_per_step or 1.0
     one = work.per_generation()
     steps = one.longest_of(trainer_decode_batch(train.num_processes, one)) if vllm.mode == VllmMode.OFF else 0.0
-    return startup_time(model, vllm.mode, deepspeed=train.backend.is_deepspeed, machines=train.num_machines,
-                        processes=train.num_processes, sync_across_nodes=across,
-                        first_generation_s=step.generation_s / rounds, first_decode_steps=steps,
-                        measured=work.scale.measured, gloo=draft.topology.is_cpu)  # fmt: skip
+    return startup_time(
+        model,
+        vllm.mode,
+        deepspeed=train.backend.is_deepspeed,
+        machines=train.num_machines,
+        processes=train.num_processes,
+        sync_across_nodes=across,
+        first_generation_s=step.generation_s / rounds,
+        first_decode_steps=steps,
+        measured=work.scale.measured,
+        gloo=draft.topology.is_cpu,
+    )
 
 
 def once_s(startup: Startup, step: StepTime) -> float:
@@ -240,20 +268,38 @@ def _measured_cpu(draft: Draft, terms: MeasuredTerms) -> Estimate | None:
     """On CPU the table has no speed: the step time is the one ``grpo-launch calibrate`` measured here, alone (None
     where it did not measure a term the step needs)."""
     work = draft.workload
-    found = measured_time.measured_step_time(terms, draft.train.num_processes, work,
-                                             vllm=draft.vllm.mode != VllmMode.OFF, model=draft.model)  # fmt: skip
+    found = measured_time.measured_step_time(
+        terms, draft.train.num_processes, work, vllm=draft.vllm.mode != VllmMode.OFF, model=draft.model
+    )
     if found is None:  # a calibration whose budget did not hold the decode or the training step
         engine = "vLLM's" if draft.vllm.mode != VllmMode.OFF else "this engine's"
-        why = (f"no step time: the calibration ({terms.device}) has no {engine} decode or no training step at these "
-               "sizes (its budget was spent: grpo-launch calibrate --minutes 2 measures more)")  # fmt: skip
-        return Estimate(step=None, train_memory_gib=None, vllm_memory_gib=None, gpu_memory_gib=0.0,
-                        explain=(*_workload_lines(work), why), workload=work, time_missing=why)  # fmt: skip
+        why = (
+            f"no step time: the calibration ({terms.device}) has no {engine} decode or no training step at these "
+            "sizes (its budget was spent: grpo-launch calibrate --minutes 2 measures more)"
+        )
+        return Estimate(
+            step=None,
+            train_memory_gib=None,
+            vllm_memory_gib=None,
+            gpu_memory_gib=0.0,
+            explain=(*_workload_lines(work), why),
+            workload=work,
+            time_missing=why,
+        )
     step, lines = found
     startup = first_step(draft, step) if draft.model is not None else None
     explain = [*_workload_lines(work), *lines, *([startup.line()] if startup else []), _step_line(step)]
-    return Estimate(step=step, train_memory_gib=None, vllm_memory_gib=None, gpu_memory_gib=0.0,
-                    explain=tuple(explain), workload=work, startup_s=startup.first_step_s if startup else None,
-                    startup=startup, total_missing="the whole run is not forecast on CPU")  # fmt: skip
+    return Estimate(
+        step=step,
+        train_memory_gib=None,
+        vllm_memory_gib=None,
+        gpu_memory_gib=0.0,
+        explain=tuple(explain),
+        workload=work,
+        startup_s=startup.first_step_s if startup else None,
+        startup=startup,
+        total_missing="the whole run is not forecast on CPU",
+    )
 
 
 def _workload_lines(work: Workload) -> list[str]:

@@ -52,8 +52,10 @@ def run_ports(plan: Plan) -> tuple[str, ...]:
         ports.append(f"{group} (TRL's weight sync, on {train.hosts[0].name})")
     launch = plan.recipe.launch
     if launch.metrics_port is not None and not _loopback(launch.metrics_host):
-        ports.append(f"{launch.metrics_port} (the run's metrics endpoint on the launcher's host, read-only, "
-                     "no authentication: only your Prometheus server needs it)")  # fmt: skip
+        ports.append(
+            f"{launch.metrics_port} (the run's metrics endpoint on the launcher's host, read-only, "
+            "no authentication: only your Prometheus server needs it)"
+        )
     ports.append("the ports gloo and NCCL pick between the hosts")
     return tuple(ports)
 

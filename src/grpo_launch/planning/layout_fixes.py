@@ -40,8 +40,11 @@ def on_policy_fixes(n: int, p: int, g: int, k: int, colocate_n: int | None) -> l
     out: list[Fix] = []
     unit = k // math.gcd(p * n, k)
     for v in {max(unit, (g // unit) * unit), (g // unit + 1) * unit}:
-        out.append(Fix("gradient_accumulation_steps", v, "one generation per optimizer step", rank=0,
-                       cost=abs(math.log(v / g))))  # fmt: skip
+        out.append(
+            Fix(
+                "gradient_accumulation_steps", v, "one generation per optimizer step", rank=0, cost=abs(math.log(v / g))
+            )
+        )
     pv = nearest(p, lambda v: (v * n * g) % k == 0)
     if pv:
         out.append(Fix("per_device_train_batch_size", pv, rank=1, cost=abs(math.log(pv / p))))
@@ -96,14 +99,28 @@ def rhythm_fixes(n: int, p: int, s: int, g: int, k: int, per_device_set: bool, c
         if v == g:
             out.append(Fix("steps_per_generation", v, "one generation per optimizer step", rank=0, cost=cost))
             continue
-        out.append(Fix("steps_per_generation", v, "one generation per optimizer step", rank=0, cost=cost,
-                       also=(("gradient_accumulation_steps", v),)))  # fmt: skip
+        out.append(
+            Fix(
+                "steps_per_generation",
+                v,
+                "one generation per optimizer step",
+                rank=0,
+                cost=cost,
+                also=(("gradient_accumulation_steps", v),),
+            )
+        )
         if v > g and v % g == 0:
             lag = v // g
             out.append(
-                Fix("steps_per_generation", v, f"off policy: one generation serves {lag} optimizer steps of "
-                    f"{p * n * g} completions, the last on a policy {lag - 1} step(s) old", rank=3, cost=1.0 + cost)
-            )  # fmt: skip
+                Fix(
+                    "steps_per_generation",
+                    v,
+                    f"off policy: one generation serves {lag} optimizer steps of "
+                    f"{p * n * g} completions, the last on a policy {lag - 1} step(s) old",
+                    rank=3,
+                    cost=1.0 + cost,
+                )
+            )
     if per_device_set:
         pv = nearest(p, lambda v: (v * n * s) % k == 0)
         if pv:

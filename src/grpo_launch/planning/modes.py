@@ -71,8 +71,10 @@ def plan_modes(ctx: Context, splits: list[Split], target: Batch | None) -> Plan:
     if mode is LaunchMode.AUTO and sync is not None and _per_prompt(sync) <= _per_prompt(chosen):
         why = f"auto: sync {_step(sync):.1f} s per step ≤ async {_step(chosen):.1f} s at the same work"
         if _prompts(sync) != _prompts(chosen):  # the recipe's batch on each split's trainers: per prompt
-            why = (f"auto: sync {_per_prompt(sync):.3f} s per prompt ≤ async {_per_prompt(chosen):.3f} s (the "
-                   f"recipe's batch on each: {_prompts(sync):g} and {_prompts(chosen):g} prompts)")  # fmt: skip
+            why = (
+                f"auto: sync {_per_prompt(sync):.3f} s per prompt ≤ async {_per_prompt(chosen):.3f} s (the "
+                f"recipe's batch on each: {_prompts(sync):g} and {_prompts(chosen):g} prompts)"
+            )
         return _merge(sync, chosen, Decision("launch.mode", LaunchMode.SYNC, why))
     return _finish(chosen, sync, ctx, _deadlock_warning(ctx, shared, chosen, target))
 
@@ -105,10 +107,12 @@ def _deadlock_warning(ctx: Context, shared: list[Split], chosen: Plan, target: B
         return None
     settings = chosen.asynchronous
     timeout = settings.weight_sync_timeout if settings else None
-    said = (f"{n} trainer ranks: TRL 1.16's full-weight sync to vLLM is reported to deadlock with more than "
-            f"{ASYNC_SAFE_RANKS} FSDP ranks (huggingface/trl#6797, #7103; fixes in #6798/#7131 are not in 1.16): a "
-            f"hang raises after weight_sync_timeout={timeout} s, and launch.hang_timeout_s stops the run with every "
-            "rank's stack")  # fmt: skip
+    said = (
+        f"{n} trainer ranks: TRL 1.16's full-weight sync to vLLM is reported to deadlock with more than "
+        f"{ASYNC_SAFE_RANKS} FSDP ranks (huggingface/trl#6797, #7103; fixes in #6798/#7131 are not in 1.16): a "
+        f"hang raises after weight_sync_timeout={timeout} s, and launch.hang_timeout_s stops the run with every "
+        "rank's stack"
+    )
     safe = [s for s in shared if s.trainers <= ASYNC_SAFE_RANKS]
     try:
         two = search_splits(ctx, safe, target) if safe else None
@@ -116,9 +120,11 @@ def _deadlock_warning(ctx: Context, shared: list[Split], chosen: Plan, target: B
         two = None
     if two is None or not (two.estimate and two.estimate.step and chosen.estimate and chosen.estimate.step):
         return said + "; no async split of 2 trainers fits here (LoRA, use_peft=true, syncs only the adapter)"
-    return (said + f"; {two.train.num_processes} ranks avoid it: launch.vllm_gpus={two.vllm.parallelism.gpus} "
-            f"({two.split}), predicted {_step(two):.1f} s per step against {_step(chosen):.1f} s, or LoRA "
-            "(use_peft=true), whose adapter-only sync is not affected")  # fmt: skip
+    return (
+        said + f"; {two.train.num_processes} ranks avoid it: launch.vllm_gpus={two.vllm.parallelism.gpus} "
+        f"({two.split}), predicted {_step(two):.1f} s per step against {_step(chosen):.1f} s, or LoRA "
+        "(use_peft=true), whose adapter-only sync is not affected"
+    )
 
 
 def _finish(plan: Plan, sync: Plan | None, ctx: Context, deadlock: str | None = None) -> Plan:
@@ -131,21 +137,33 @@ def _finish(plan: Plan, sync: Plan | None, ctx: Context, deadlock: str | None = 
     if sync is not None and sync.estimate and sync.estimate.step and plan.estimate and plan.estimate.step:
         speedup = _per_prompt(sync) / _per_prompt(plan)  # per step when both run one batch
         best_sync = next((c.label for c in sync.candidates if c.chosen), sync.vllm.mode)
-        settings = dataclasses.replace(settings, sync_step_s=round(_step(sync), 3), sync_label=str(best_sync),
-                                       speedup=round(speedup, 3))  # fmt: skip
-        why = (f"{said}: predicted {_step(plan):.1f} s per step against {_step(sync):.1f} s for the best sync plan "
-               f"({best_sync}) at the same completions per step: {speedup:.2f}× (overlap alone gains at most "
-               f"{settings.overlap_bound:.2f}× on this split); samples lag {settings.predicted_staleness:.1f} weight "
-               "versions on average (off-policy by that much)")  # fmt: skip
+        settings = dataclasses.replace(
+            settings, sync_step_s=round(_step(sync), 3), sync_label=str(best_sync), speedup=round(speedup, 3)
+        )
+        why = (
+            f"{said}: predicted {_step(plan):.1f} s per step against {_step(sync):.1f} s for the best sync plan "
+            f"({best_sync}) at the same completions per step: {speedup:.2f}× (overlap alone gains at most "
+            f"{settings.overlap_bound:.2f}× on this split); samples lag {settings.predicted_staleness:.1f} weight "
+            "versions on average (off-policy by that much)"
+        )
         if speedup < 1:
-            plan = dataclasses.replace(plan, warnings=(*plan.warnings, (
-                f"async is predicted slower than the best sync plan ({_step(plan):.1f} s against {_step(sync):.1f} s "
-                f"per step, {best_sync}): set launch.mode=sync, or auto to let the planner choose")))  # fmt: skip
+            plan = dataclasses.replace(
+                plan,
+                warnings=(
+                    *plan.warnings,
+                    (
+                        f"async is predicted slower than the best sync plan ({_step(plan):.1f} s against "
+                        f"{_step(sync):.1f} s per step, {best_sync}): set launch.mode=sync, or auto to let the planner "
+                        "choose"
+                    ),
+                ),
+            )
     else:
         why = f"{said}: no sync plan to compare" if plan.estimate else f"{said}: no estimate"
     decision = Decision("launch.mode", LaunchMode.ASYNC, why)
-    plan = dataclasses.replace(plan, asynchronous=settings,
-                               warnings=(*plan.warnings, *async_warnings(ctx.topology, ctx.recipe)))  # fmt: skip
+    plan = dataclasses.replace(
+        plan, asynchronous=settings, warnings=(*plan.warnings, *async_warnings(ctx.topology, ctx.recipe))
+    )
     return _merge(plan, sync, decision) if sync is not None else _with(plan, decision)
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from grpo_launch.enums import Device, VllmMode
 from grpo_launch.errors import PlanError
-from grpo_launch.planning import placement, roles
+from grpo_launch.planning import async_grpo, placement, roles
+from grpo_launch.planning.async_grpo import async_workload
 from grpo_launch.planning.batch_layout import Layout, solve_layout
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.dataset_rows import check_rows
@@ -45,10 +46,6 @@ def mixed_precision(device: Device, values: Mapping[str, Any]) -> str:
 def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
     """Plan one split (None: CPU) at ``batch`` per optimizer step (None: the recipe's own batch)."""
     is_async = split is not None and split.asynchronous
-    if is_async:
-        # Imported here: a synchronous plan (the common case) never loads the async modules (plan's start-up,
-        # scripts/bench_plan.py).
-        from grpo_launch.planning import async_grpo
     recipe = async_grpo.async_recipe(ctx.recipe) if is_async else ctx.recipe
     trace = Trace(list(ctx.base.decisions), list(ctx.base.notices), list(ctx.base.warnings))
     if split is None:
@@ -75,9 +72,15 @@ def plan_one(ctx: Context, split: Split | None, batch: Batch | None) -> Plan:
     settings = None
     if is_async:
         step = estimate.step if estimate else None
-        settings = async_grpo.choose_async(recipe, vllm, step, layout.completions_per_optimizer_step, trace,
-                                           lora_rank=async_grpo.lora_rank(recipe, vllm, trace),
-                                           dtype=values.get("dtype"))  # fmt: skip
+        settings = async_grpo.choose_async(
+            recipe,
+            vllm,
+            step,
+            layout.completions_per_optimizer_step,
+            trace,
+            lora_rank=async_grpo.lora_rank(recipe, vllm, trace),
+            dtype=values.get("dtype"),
+        )
         values = async_grpo.async_trainer_values(values, settings, vllm)
     else:
         lora_decision(recipe, vllm, trace)
@@ -147,16 +150,19 @@ def _layout(ctx: Context, recipe: Recipe, vllm: VllmPlan, n: int, batch: Batch |
 
 
 def _draft(
-    ctx: Context, recipe: Recipe, vllm: VllmPlan, hosts: tuple[TrainHost, ...], layout: Layout, is_async: bool,
+    ctx: Context,
+    recipe: Recipe,
+    vllm: VllmPlan,
+    hosts: tuple[TrainHost, ...],
+    layout: Layout,
+    is_async: bool,
     trace: Trace,
-) -> Draft:  # fmt: skip
+) -> Draft:
     """The workload, the training setting and vLLM's sizing of a placed split: everything its estimate prices."""
     topology, model = ctx.topology, ctx.model
     n = sum(h.processes for h in hosts)
     work = workload(recipe, layout, ctx.calibration)
     if is_async:
-        from grpo_launch.planning.async_grpo import async_workload  # only for async plans (see plan_one)
-
         work = async_workload(work, recipe)
     # Each side's memory on its own GPUs (a mixed cluster: the trainers' type, the server's type).
     training = choose_training(train_topology(topology, hosts), recipe, model, n, vllm, work, trace, nodes=len(hosts))
@@ -174,5 +180,6 @@ def _draft(
     if training.gradient_checkpointing is not None:
         work = dataclasses.replace(work, gradient_checkpointing=training.gradient_checkpointing)
     rows = recipe.launch.dataset_rows or ctx.runtime.dataset_rows
-    return Draft(topology, recipe, model, vllm, train, layout, work, training, sizing, rows,
-                 ctx.runtime.dataset_rows_source)  # fmt: skip
+    return Draft(
+        topology, recipe, model, vllm, train, layout, work, training, sizing, rows, ctx.runtime.dataset_rows_source
+    )

@@ -3,6 +3,8 @@ Which splits the recipe allows is :mod:`grpo_launch.planning.splits.allowed`'s."
 
 from __future__ import annotations
 
+import ipaddress
+
 from grpo_launch.enums import VllmMode
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
@@ -76,8 +78,6 @@ def _bind_address(addr: str) -> str:
     neighbour on another network of the host does not reach the port at all (the guard, grpo_launch.node.vllm_guard,
     refuses whoever does without the token). A host known by name binds every interface: on its own host a name
     may resolve to loopback (Debian's ``127.0.1.1 HOSTNAME`` line), where the other hosts could not reach it."""
-    import ipaddress
-
     try:
         ipaddress.ip_address(addr)
     except ValueError:

@@ -15,6 +15,7 @@ from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.one_split import DEFAULT_RUN_ROOT, default_run_dir
 from grpo_launch.planning.planner import plan_once, plan_split
+from grpo_launch.planning.refusal import verify
 from grpo_launch.planning.types import Plan, Runtime
 from grpo_launch.recipe import Recipe
 
@@ -38,8 +39,6 @@ def make_plan(
     try:
         return plan_once(topology, recipe, model, calibration, runtime)
     except PlanError as exc:
-        from grpo_launch.planning.refusal import verify  # only a refusal needs it
-
         error = verify.verified(exc, recipe, lambda r: plan_once(topology, r, model, calibration, runtime))
         raise verify.with_gpu_count(
             error, topology, lambda t: plan_once(t, recipe, model, calibration, runtime)

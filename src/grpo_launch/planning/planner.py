@@ -17,8 +17,11 @@ from grpo_launch.enums import Device, LaunchMode, VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
+from grpo_launch.planning import modes
+from grpo_launch.planning.adapt_terms import adapt_notice
 from grpo_launch.planning.context import Context
 from grpo_launch.planning.cost.workload import Calibration
+from grpo_launch.planning.exposure import public_address_notice
 from grpo_launch.planning.lengths import check_positions
 from grpo_launch.planning.one_split import mixed_precision, plan_one
 from grpo_launch.planning.search import best_plan
@@ -42,15 +45,11 @@ def plan_once(
 
 
 def _with_exposure_notice(plan: Plan) -> Plan:
-    from grpo_launch.planning.exposure import public_address_notice
-
     notice = public_address_notice(plan)
     return dataclasses.replace(plan, notices=(*plan.notices, notice)) if notice else plan
 
 
 def _with_adapt_notice(plan: Plan) -> Plan:
-    from grpo_launch.planning.adapt_terms import adapt_notice
-
     return dataclasses.replace(plan, notices=(*plan.notices, adapt_notice(plan)))
 
 
@@ -71,9 +70,6 @@ def _plan(
     ctx = Context.of(topology, recipe, model, calibration, runtime, base)
     asynchronous = False
     if recipe.launch.mode is not LaunchMode.SYNC:
-        # Imported here: a synchronous plan (launch.mode's default) never loads the async modules (plan's start-up).
-        from grpo_launch.planning import modes
-
         asynchronous = modes.check_mode(ctx)  # launch.mode async refuses here what AsyncGRPOTrainer cannot run
     if topology.is_cpu:
         requested_mode(topology, recipe)  # refuses a vLLM mode asked for on CPU
@@ -89,8 +85,6 @@ def _plan(
         # use every host's trainers; picked only where predicted faster, and said so.
         splits = [*splits, *fewer_hosts(topology, splits, target.completions, ctx.request.per_device)]
     if asynchronous:
-        from grpo_launch.planning import modes
-
         return modes.plan_modes(ctx, splits, target)
     return best_plan(ctx, splits, target)
 
@@ -103,18 +97,24 @@ def _batch(ctx: Context, splits: list[Split]) -> Batch | None:
     if ctx.recipe.launch.prompts_per_step is not None and ctx.request.generation_batch_size is not None:
         raise PlanError(
             "launch.prompts_per_step and generation_batch_size both pin the batch",
-            fixes=[Fix("generation_batch_size", None, "keep launch.prompts_per_step (one generation per step)"),
-                   Fix("launch.prompts_per_step", None, "keep the recipe's generation_batch_size", rank=1)],
-        )  # fmt: skip
+            fixes=[
+                Fix("generation_batch_size", None, "keep launch.prompts_per_step (one generation per step)"),
+                Fix("launch.prompts_per_step", None, "keep the recipe's generation_batch_size", rank=1),
+            ],
+        )
     # Every GPU a trainer, less the server GPUs the recipe pins (or the one trainer count the recipe and the model
     # leave): the recipe and the topology decide it, never the splits compared.
     trainers = counts.pop() if len(counts) == 1 else gpus - served if served and served < gpus else gpus
     planned = planned_batch(ctx.request, ctx.recipe.launch.prompts_per_step, trainers, gpus)
     if planned is None:
         key = sets_its_batch(ctx.request)
-        ctx.base.decide("prompts_per_step", None, f"the recipe sets its batch ({key}): every split keeps the recipe's "
-                        "values and runs TRL's per_device × its trainers × accumulation, so a split with fewer "
-                        "trainers runs a smaller batch; the splits are compared per completion")  # fmt: skip
+        ctx.base.decide(
+            "prompts_per_step",
+            None,
+            f"the recipe sets its batch ({key}): every split keeps the recipe's "
+            "values and runs TRL's per_device × its trainers × accumulation, so a split with fewer "
+            "trainers runs a smaller batch; the splits are compared per completion",
+        )
         return None
     prompts, why = planned
     ctx.base.decide("prompts_per_step", prompts, why)

@@ -29,9 +29,14 @@ KEEP = 2  # save_total_limit when the recipe sets none
 
 
 def plan_saves(
-    recipe: Recipe, values: dict[str, Any], estimate: Estimate | None, topology: Topology, model: ModelShape | None,
-    train: TrainPlan, trace: Trace,
-) -> tuple[dict[str, Any], Estimate | None]:  # fmt: skip
+    recipe: Recipe,
+    values: dict[str, Any],
+    estimate: Estimate | None,
+    topology: Topology,
+    model: ModelShape | None,
+    train: TrainPlan,
+    trace: Trace,
+) -> tuple[dict[str, Any], Estimate | None]:
     """The trainer values with the chosen ``save_steps`` and ``save_total_limit``, and the estimate with the interval's
     arithmetic; unchanged where the run saves no checkpoints, or its step time or GPUs are unknown."""
     step = estimate.step if estimate is not None else None
@@ -47,32 +52,51 @@ def plan_saves(
     recipe_steps = int(own) if isinstance(own, (int, float)) and own >= 1 else None
     if own is not None and recipe_steps is None:  # a fraction of the run (the Trainer's float form): the recipe's
         return values, estimate
-    interval = save_interval(one, rate, why, topology.num_gpus, recipe.launch.mtbf_hours, step.total_s,
-                             estimate.restart_s or 0.0, recipe_steps)  # fmt: skip
+    interval = save_interval(
+        one,
+        rate,
+        why,
+        topology.num_gpus,
+        recipe.launch.mtbf_hours,
+        step.total_s,
+        estimate.restart_s or 0.0,
+        recipe_steps,
+    )
     out = dict(values)
     if recipe_steps is None:
         out["save_steps"] = interval.steps
         trace.decide("save_steps", interval.steps, _why(interval))
         every = duration(interval.steps * step.total_s)
-        trace.notice(f"save_steps={interval.steps} (a checkpoint every {every}): the interval that loses least to "
-                     f"failures and saving for {topology.num_gpus} GPUs (Young/Daly; TRL's default is "
-                     f"{TRL_SAVE_STEPS}); plan --explain shows the arithmetic")  # fmt: skip
+        trace.notice(
+            f"save_steps={interval.steps} (a checkpoint every {every}): the interval that loses least to "
+            f"failures and saving for {topology.num_gpus} GPUs (Young/Daly; TRL's default is "
+            f"{TRL_SAVE_STEPS}); plan --explain shows the arithmetic"
+        )
     elif (ratio := off_the_optimum(interval)) > OFF_BY:
         lost, saving = interval.waste_per_day_s(interval.steps)
         best = sum(interval.waste_per_day_s(interval.optimum_steps))
-        trace.notice(f"save_steps={recipe_steps} (the recipe's) loses about {duration(lost + saving)} a day of "
-                     f"training to failures and saving, {ratio:.1f}× the {duration(best)} of save_steps="
-                     f"{interval.optimum_steps} (Young/Daly for {topology.num_gpus} GPUs); kept")  # fmt: skip
+        trace.notice(
+            f"save_steps={recipe_steps} (the recipe's) loses about {duration(lost + saving)} a day of "
+            f"training to failures and saving, {ratio:.1f}× the {duration(best)} of save_steps="
+            f"{interval.optimum_steps} (Young/Daly for {topology.num_gpus} GPUs); kept"
+        )
     if values.get("save_total_limit") is None:
         out["save_total_limit"] = KEEP
         disk = f"{(KEEP + 1) * one / 1e9:.1f} GB"
-        trace.decide("save_total_limit", KEEP, f"checkpoints kept: at most {KEEP + 1} on disk at once ({KEEP} and "
-                     f"the one being written), {disk}; set save_total_limit to keep more")  # fmt: skip
+        trace.decide(
+            "save_total_limit",
+            KEEP,
+            f"checkpoints kept: at most {KEEP + 1} on disk at once ({KEEP} and "
+            f"the one being written), {disk}; set save_total_limit to keep more",
+        )
     else:
         kept = int(values["save_total_limit"]) + 1
         disk = f"{kept * one / 1e9:.1f} GB"
-        trace.decide("save_total_limit", values["save_total_limit"],
-                     f"the recipe's: at most {kept} checkpoints on disk at once, {disk}")  # fmt: skip
+        trace.decide(
+            "save_total_limit",
+            values["save_total_limit"],
+            f"the recipe's: at most {kept} checkpoints on disk at once, {disk}",
+        )
     explain = (*estimate.explain, *interval.lines())
     return out, dataclasses.replace(estimate, explain=explain, save_interval=interval)
 
@@ -85,6 +109,8 @@ def _saves_by_steps(recipe: Recipe) -> bool:
 def _why(interval: SaveInterval) -> str:
     lost, saving = interval.waste_per_day_s(interval.steps)
     trl = sum(interval.waste_per_day_s(TRL_SAVE_STEPS))
-    return (f"Young/Daly √(2 · save {interval.save_s:.0f} s · {duration(interval.mtbf_s)} between failures): "
-            f"{duration(lost + saving)} a day lost to failures and saving, against {duration(trl)} at TRL's "
-            f"{TRL_SAVE_STEPS}")  # fmt: skip
+    return (
+        f"Young/Daly √(2 · save {interval.save_s:.0f} s · {duration(interval.mtbf_s)} between failures): "
+        f"{duration(lost + saving)} a day lost to failures and saving, against {duration(trl)} at TRL's "
+        f"{TRL_SAVE_STEPS}"
+    )

@@ -90,8 +90,15 @@ def _only_split_reason(split: Split, model: ModelShape | None, recipe: Recipe) -
     """Why GPUs idle when the recipe and the model leave one split: the recipe's pins when it has any (else the
     model, which no split that uses every GPU fits)."""
     launch = recipe.launch
-    pins = [f"launch.{k}={v}" for k, v in (("vllm", launch.vllm), ("vllm_gpus", launch.vllm_gpus),
-            ("vllm_tensor_parallel_size", launch.vllm_tensor_parallel_size)) if v not in (None, "auto")]  # fmt: skip
+    pins = [
+        f"launch.{k}={v}"
+        for k, v in (
+            ("vllm", launch.vllm),
+            ("vllm_gpus", launch.vllm_gpus),
+            ("vllm_tensor_parallel_size", launch.vllm_tensor_parallel_size),
+        )
+        if v not in (None, "auto")
+    ]
     if len(split.train_hosts) > 1 and split.kind == SplitKind.SHARED:
         why = (
             f"{'the recipe pins ' + ', '.join(pins) if pins else 'the only split that fits'}: accelerate runs "
@@ -266,8 +273,9 @@ def _simpler_variant(best: Candidate, outscored: list[Candidate]) -> list[Decisi
     if not passed:
         return []
     said = "; ".join(f"{c.label}: {c.outscored}" for c in passed)
-    return [Decision("vLLM engines", best.par.label, f"the fewest GPUs per engine among layouts predicted alike "
-                     f"({said})")]  # fmt: skip
+    return [
+        Decision("vLLM engines", best.par.label, f"the fewest GPUs per engine among layouts predicted alike ({said})")
+    ]
 
 
 def _why_split(best: Candidate, others: list[Candidate], skipped: list[Candidate]) -> str:
@@ -278,11 +286,16 @@ def _why_split(best: Candidate, others: list[Candidate], skipped: list[Candidate
         why += f"{best.step.total_s:.2f} s"
     else:
         # The recipe's batch kept on every split: fewer trainers run fewer prompts per step, so per completion.
-        said = ", ".join(f"{c.label} {c.step.total_s:.2f} s at {c.prompts_per_step:g} prompts, {_per_completion(c)}"
-                         for c in others[:4] if c.step)  # fmt: skip
-        why = (f"shortest predicted time per completion (the recipe's batch on each split's trainers: the batches "
-               f"differ): {best.label} {best.step.total_s:.2f} s at {best.prompts_per_step:g} prompts per step, "
-               f"{_per_completion(best)}")  # fmt: skip
+        said = ", ".join(
+            f"{c.label} {c.step.total_s:.2f} s at {c.prompts_per_step:g} prompts, {_per_completion(c)}"
+            for c in others[:4]
+            if c.step
+        )
+        why = (
+            f"shortest predicted time per completion (the recipe's batch on each split's trainers: the batches "
+            f"differ): {best.label} {best.step.total_s:.2f} s at {best.prompts_per_step:g} prompts per step, "
+            f"{_per_completion(best)}"
+        )
     if said:
         why += f" (vs {said})"
     if skipped:
@@ -299,8 +312,9 @@ def _slower(c: Candidate, best: Candidate) -> str:
     return f"{((c.per_prompt_s or 0.0) / (best.per_prompt_s or 1.0) - 1):.0%} slower"
 
 
-def _idle_hosts(ctx: Context, split: Split, plan: Plan, planned: tuple[Candidate, ...],
-                skipped: list[Candidate]) -> str | None:  # fmt: skip
+def _idle_hosts(
+    ctx: Context, split: Split, plan: Plan, planned: tuple[Candidate, ...], skipped: list[Candidate]
+) -> str | None:
     """The notice of a batch too small for every host (:func:`.splits.allowed.fewer_hosts`): which hosts idle, why
     (the trainers it keeps busy, the split that uses every GPU and how much slower it is) and the two ways to use
     them, neither applied: the batch is the user's."""
@@ -319,8 +333,10 @@ def _idle_hosts(ctx: Context, split: Split, plan: Plan, planned: tuple[Candidate
         slower = f"faster than every split that uses every GPU ({c.label}: {c.step.total_s:.2f} s, {_slower(c, best)})"
     elif bounded:
         c = bounded[0]
-        slower = (f"faster than every split that uses every GPU ({c.label}: at least {c.bound_s or 0.0:.2f} s, its "
-                  "lower bound)")  # fmt: skip
+        slower = (
+            f"faster than every split that uses every GPU ({c.label}: at least {c.bound_s or 0.0:.2f} s, its "
+            "lower bound)"
+        )
     else:
         slower = "and no split that uses every GPU plans (the recipe's vLLM settings, or the batch, leave none)"
     every = split.hosts * split.gpus_per_host

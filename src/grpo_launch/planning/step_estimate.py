@@ -46,8 +46,11 @@ def generation_part(
     if vllm.mode == VllmMode.SERVER:
         copies = server_prompt_copies(work.num_generations, par.dp)
         table = generation_time(model, gpu, par, seqs, work, prompt_copies=copies, pp_across_nodes=vllm.spans_hosts)
-        mine = (measured_time.generation(measured, model, n, work, engine="vllm", engines=par.dp, max_num_seqs=seqs)
-                if measured is not None and single_gpu_engines else None)  # fmt: skip
+        mine = (
+            measured_time.generation(measured, model, n, work, engine="vllm", engines=par.dp, max_num_seqs=seqs)
+            if measured is not None and single_gpu_engines
+            else None
+        )
         gen, gen_why, term = choose("generation", table, mine)
         # Trainer rank 0 (the first training host) broadcasts the weights to every server rank (one NCCL group).
         across = bool(vllm.nodes) or vllm.host != hosts[0].name
@@ -64,8 +67,11 @@ def generation_part(
         per_engine = (work.generation_batch or work.completions) // max(1, n) * par.tp  # each rank's slice, per call
         copies = colocate_prompt_copies(work.num_generations, par.dp, per_engine)
         table = generation_time(model, gpu, par, seqs, work, prompt_copies=copies)
-        mine = (measured_time.generation(measured, model, n, work, engine="vllm", engines=par.dp, max_num_seqs=seqs)
-                if measured is not None and single_gpu_engines else None)  # fmt: skip
+        mine = (
+            measured_time.generation(measured, model, n, work, engine="vllm", engines=par.dp, max_num_seqs=seqs)
+            if measured is not None and single_gpu_engines
+            else None
+        )
         gen, gen_why, term = choose("generation", table, mine)
         sync = colocate_switch_time(model, n, sleep_mode=vllm.sleep_mode)
         lines = [f"generation colocated ({par.dp} engine(s) × TP {par.tp}): {gen_why}"]
@@ -82,9 +88,13 @@ def generation_part(
 
 
 def step_time(
-    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, train: TrainPlan, work: Workload,
+    model: ModelShape,
+    gpu: GpuSpec,
+    vllm: VllmPlan,
+    train: TrainPlan,
+    work: Workload,
     serve_gpu: GpuSpec | None = None,
-) -> tuple[StepTime, list[str]]:  # fmt: skip
+) -> tuple[StepTime, list[str]]:
     """One optimizer step's times for ``work``, and their arithmetic: training on ``gpu``, generation on
     ``serve_gpu`` (a server on GPUs of another type; None: the same)."""
     step, lines, _ = step_terms(model, gpu, vllm, train, work, serve_gpu)
@@ -92,9 +102,13 @@ def step_time(
 
 
 def step_terms(
-    model: ModelShape, gpu: GpuSpec, vllm: VllmPlan, train: TrainPlan, work: Workload,
+    model: ModelShape,
+    gpu: GpuSpec,
+    vllm: VllmPlan,
+    train: TrainPlan,
+    work: Workload,
     serve_gpu: GpuSpec | None = None,
-) -> tuple[StepTime, list[str], tuple[TimeTerm, ...]]:  # fmt: skip
+) -> tuple[StepTime, list[str], tuple[TimeTerm, ...]]:
     """:func:`step_time`, and each term's table and measured values side by side."""
     n = train.num_processes
     # Generation, the weight sync and the old log-probs happen once per generation round, which may serve several
@@ -106,8 +120,10 @@ def step_terms(
             f"generation rounds per optimizer step: {rounds:.3g} (TRL generates {one.completions} completions every "
             f"steps_per_generation × num_iterations micro-steps; a step is gradient_accumulation_steps of them)"
         )
-        terms = [dataclasses.replace(t, table_s=_times(t.table_s, rounds), measured_s=_times(t.measured_s, rounds))
-                 for t in terms]  # fmt: skip
+        terms = [
+            dataclasses.replace(t, table_s=_times(t.table_s, rounds), measured_s=_times(t.measured_s, rounds))
+            for t in terms
+        ]
     gen, sync = gen * rounds, sync * rounds
     measured = work.scale.measured
     table_train = training_time(model, gpu, n, train.backend, train.offload, work, nodes=len(train.hosts))
@@ -116,8 +132,14 @@ def step_terms(
         extra = offload_time(model, n, len(train.hosts), train.backend, train.offload, work)
         if train.backend == DistBackend.ZERO3:
             extra += zero3_gather_time(model, n, work, passes=training_passes(work))
-        mine = measured_time.training(measured, n, str(train.backend), work, extra_s=extra,
-                                      extra_why=f"the table's {train.backend} and offload costs")  # fmt: skip
+        mine = measured_time.training(
+            measured,
+            n,
+            str(train.backend),
+            work,
+            extra_s=extra,
+            extra_why=f"the table's {train.backend} and offload costs",
+        )
     train_s, train_why, train_term = choose("training", table_train, mine)
     terms.append(train_term)
     lines.append(f"training: {train_why}")

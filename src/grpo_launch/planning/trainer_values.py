@@ -56,8 +56,10 @@ def lora_decision(recipe: Recipe, vllm: VllmPlan, trace: Trace) -> None:
     r = recipe.get("lora_r") or TRL_FIELD_DEFAULTS["lora_r"]
     why = f"LoRA rank {r}: the base weights are frozen (no gradients, no optimizer state for them), the adapter trains"
     if vllm.mode != VllmMode.OFF:
-        why += ("; at each sync TRL merges the adapter into the base weights and sends all of them to vLLM, then "
-                "unmerges: the sync moves as many bytes as full fine-tuning's")  # fmt: skip
+        why += (
+            "; at each sync TRL merges the adapter into the base weights and sends all of them to vLLM, then "
+            "unmerges: the sync moves as many bytes as full fine-tuning's"
+        )
     trace.decide("use_peft", True, why)
 
 

@@ -22,6 +22,7 @@ from grpo_launch.planning.cost.memory import (
 )
 from grpo_launch.planning.cost.workload import Workload
 from grpo_launch.planning.refusal.explain import Setting, setting_label, training_explain
+from grpo_launch.planning.refusal.memory_fixes import memory_fixes
 from grpo_launch.planning.types import Trace, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.spec import frozen
@@ -173,11 +174,15 @@ def _refuse_host_ram(
 
 
 def _refuse_gpu_memory(
-    model: ModelShape, n: int, mem: int, budget: float, last: Setting, work: Workload, recipe: Recipe,
+    model: ModelShape,
+    n: int,
+    mem: int,
+    budget: float,
+    last: Setting,
+    work: Workload,
+    recipe: Recipe,
     explain: list[str],
-) -> NoReturn:  # fmt: skip
-    from grpo_launch.planning.refusal.memory_fixes import memory_fixes  # only a refusal needs it
-
+) -> NoReturn:
     w_last = dataclasses.replace(work, gradient_checkpointing=last[2])
     need = train_memory(model, n, last[0], last[1], w_last)
     cause = ""

@@ -119,8 +119,9 @@ class VllmPlan:
         """The engine's (colocate) or server's parallelism as one value. The flat fields stay the stored form:
         plan.json writes them as they are. A colocated plan holds one engine's TP here; its engines are one per TP
         group of trainers (:func:`grpo_launch.planning.vllm_sizing.engines`)."""
-        return Parallelism(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size,
-                           self.expert_parallel)  # fmt: skip
+        return Parallelism(
+            self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size, self.expert_parallel
+        )
 
     @property
     def base_url(self) -> str | None:

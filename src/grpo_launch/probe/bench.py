@@ -21,6 +21,7 @@ subprocesses that calibrate starts. Needs torch and transformers (the trainers' 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -83,8 +84,6 @@ def _sync(device: str) -> None:
 def amp(spec: BenchSpec) -> Any:
     """bf16 autocast where the trainers run float32 weights under it (accelerate wraps the model's forward in it,
     and TRL generates through that forward); else nothing."""
-    import contextlib
-
     import torch
 
     return torch.autocast(spec.device, dtype=torch.bfloat16) if spec.autocast else contextlib.nullcontext()
@@ -152,8 +151,12 @@ def _generator(model: Any, spec: BenchSpec, engine: str) -> Callable[[Any, int],
         def run_cb(ids: Any, n: int) -> None:
             config = GenerationConfig(max_new_tokens=n, eos_token_id=None, **base)
             with amp(spec):
-                model.generate_batch([row.tolist() for row in ids], generation_config=config,
-                                     continuous_batching_config=cb, progress_bar=False)  # fmt: skip
+                model.generate_batch(
+                    [row.tolist() for row in ids],
+                    generation_config=config,
+                    continuous_batching_config=cb,
+                    progress_bar=False,
+                )
 
         return run_cb
 
@@ -272,8 +275,9 @@ def training_step(model: Any, spec: BenchSpec) -> Callable[[], None]:
     return step
 
 
-def measure_train(model: Any, spec: BenchSpec, deadline: float, *, checkpointing: bool,
-                  out: dict[str, Any] | None = None) -> float:  # fmt: skip
+def measure_train(
+    model: Any, spec: BenchSpec, deadline: float, *, checkpointing: bool, out: dict[str, Any] | None = None
+) -> float:
     """Tokens per second through one optimizer step on one micro-batch (:func:`training_step`); with ``out``, the
     first step's warm-up over a warm one too (``warmup_training_s``)."""
     _checkpointing(model, checkpointing)

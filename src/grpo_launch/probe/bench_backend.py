@@ -19,6 +19,7 @@ import tempfile
 import time
 from typing import Any
 
+from grpo_launch.probe.bench import BenchSpec, _checkpointing, _fused, _median, _sync, grpo_batch, training_step
 from grpo_launch.probe.bench_child import json_child
 
 
@@ -26,17 +27,23 @@ def measure_backend(job: dict[str, Any], seconds: float) -> tuple[dict[str, Any]
     """(the report, or None with why) of one engine's measurement in its own process, within ``seconds``."""
     with tempfile.TemporaryDirectory(prefix="grpo-calibrate-backend-") as tmp:
         # a rank as torchrun starts one (DeepSpeed reads LOCAL_RANK); the process group itself uses a file store
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "GLOO_SOCKET_IFNAME": "lo",
-               "NCCL_SOCKET_IFNAME": "lo", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-               "LOCAL_WORLD_SIZE": "1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "NCCL_SOCKET_IFNAME": "lo",
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+        }
         return json_child([sys.executable, "-m", __name__, json.dumps({**job, "store": f"{tmp}/store"})], env, seconds)
 
 
 def _run(job: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-
-    from grpo_launch.probe.bench import BenchSpec, _checkpointing, _median, _sync
 
     spec = BenchSpec(**job["spec"])
     device = spec.device
@@ -45,8 +52,9 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     else:
         torch.cuda.set_device(0)
     t0 = time.perf_counter()
-    dist.init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"file://{job['store']}", rank=0,
-                            world_size=1)  # fmt: skip
+    dist.init_process_group(
+        "gloo" if device == "cpu" else "nccl", init_method=f"file://{job['store']}", rank=0, world_size=1
+    )
     torch.distributed.barrier()  # NCCL starts its communicator at the first collective
     group_s = time.perf_counter() - t0
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -67,8 +75,13 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     seconds = _median(step, device, time.monotonic() + job.get("seconds", 10.0), at_least=2, at_most=4)
     dist.destroy_process_group()
     tokens = max(1, spec.per_device) * (spec.prompt_len + spec.completion_len)
-    return {"backend": backend, "checkpointing": spec.checkpointing, "tokens_per_s": tokens / seconds,
-            "init_s": init_s, "process_group_s": group_s}  # fmt: skip
+    return {
+        "backend": backend,
+        "checkpointing": spec.checkpointing,
+        "tokens_per_s": tokens / seconds,
+        "init_s": init_s,
+        "process_group_s": group_s,
+    }
 
 
 def _deepspeed(model: Any, spec: Any, stage: int) -> Any:
@@ -77,12 +90,15 @@ def _deepspeed(model: Any, spec: Any, stage: int) -> Any:
     import deepspeed
     import torch
 
-    from grpo_launch.probe.bench import _fused, grpo_batch
-
     _fused(model)
     bf16 = spec.device == "cuda" and (spec.autocast or spec.dtype == "bfloat16")
-    config = {"train_micro_batch_size_per_gpu": max(1, spec.per_device), "gradient_accumulation_steps": 1,
-              "zero_optimization": {"stage": stage}, "bf16": {"enabled": bf16}, "gradient_clipping": 1.0}  # fmt: skip
+    config = {
+        "train_micro_batch_size_per_gpu": max(1, spec.per_device),
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": stage},
+        "bf16": {"enabled": bf16},
+        "gradient_clipping": 1.0,
+    }
     model = model.to(spec.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
@@ -101,8 +117,6 @@ def _fsdp2(model: Any, spec: Any) -> Any:
     model, bf16 compute over float32 master weights (MixedPrecisionPolicy)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from grpo_launch.probe.bench import _fused, training_step
 
     _fused(model)
     model = model.to(spec.device)

@@ -12,11 +12,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 
-def json_child(argv: Sequence[str], env: Mapping[str, str], seconds: float,
-               cwd: str | None = None) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
+def json_child(
+    argv: Sequence[str], env: Mapping[str, str], seconds: float, cwd: str | None = None
+) -> tuple[dict[str, Any] | None, str]:
     """(the child's last JSON line, or None with why) of ``argv`` run within ``seconds``."""
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(env),
-                            cwd=cwd, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=max(1.0, seconds))
     except subprocess.TimeoutExpired:

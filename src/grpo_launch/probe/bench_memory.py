@@ -6,6 +6,10 @@ a CPU a resident set grows only where the heap has not grown before: large alloc
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import gc
 import os
 import resource
 from typing import Any
@@ -31,8 +35,6 @@ def measure_activation_peak(model: Any, spec: BenchSpec, *, checkpointing: bool)
     allocator's peak above its allocated bytes. CPU: the resident set's high-water mark above the resident set,
     with large allocations sent straight to mmap (glibc's M_MMAP_THRESHOLD at 64 KiB) so a freed tensor leaves at
     once; None where that cannot be read (no glibc, no /proc)."""
-    import gc
-
     import torch
 
     if spec.device == "cpu" and not _cpu_peak_readable():
@@ -76,9 +78,6 @@ M_MMAP_THRESHOLD = -3  # glibc malloc.h
 
 def _cpu_peak_readable() -> bool:
     """Large allocations straight to mmap, and the high-water mark resettable (Linux's /proc, glibc's mallopt)."""
-    import ctypes
-    import ctypes.util
-
     try:
         reset_high_water_mark()
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -109,9 +108,5 @@ def _default_malloc() -> None:
     """glibc's mmap threshold where a trainer's settles: its dynamic threshold rises with each large block freed, to
     at most 32 MiB on 64-bit systems (malloc.h DEFAULT_MMAP_THRESHOLD_MAX); below that every step's tensors would be
     mapped and faulted in afresh, and the timed phases would run slower than a trainer."""
-    import contextlib
-    import ctypes
-    import ctypes.util
-
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(M_MMAP_THRESHOLD, 32 * 2**20)

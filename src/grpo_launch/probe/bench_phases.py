@@ -35,7 +35,7 @@ PHASES = (
     "forward",
     "activation memory",
     "training step (other checkpointing)",
-)  # fmt: skip  (activation memory first on a CPU: _activation_phase)
+)  # activation memory first on a CPU: _activation_phase
 
 
 def run_bench(spec: BenchSpec, report: Report) -> tuple[dict[str, Any], Any]:
@@ -63,8 +63,12 @@ def run_bench(spec: BenchSpec, report: Report) -> tuple[dict[str, Any], Any]:
     report(PHASES[3])
     train = model
     out["train_tokens_per_s" + ("_ckpt" if spec.checkpointing else "")] = _guarded(
-        out, PHASES[3], lambda: measure_train(train, spec, time.monotonic() + min(budget.left(), 10.0),
-                                              checkpointing=spec.checkpointing, out=out))  # fmt: skip
+        out,
+        PHASES[3],
+        lambda: measure_train(
+            train, spec, time.monotonic() + min(budget.left(), 10.0), checkpointing=spec.checkpointing, out=out
+        ),
+    )
     out["peak_memory_bytes" + ("_ckpt" if spec.checkpointing else "")], out["memory_kind"] = peak_memory(spec.device)
     cheap: list[tuple[str, str, Callable[[float], float]]] = [
         (PHASES[4], "prefill_s", functools.partial(measure_prefill, model, spec)),
@@ -82,8 +86,10 @@ def run_bench(spec: BenchSpec, report: Report) -> tuple[dict[str, Any], Any]:
     if _started(out, budget, PHASES[7], 4.0):
         report(PHASES[7])
         out["train_tokens_per_s" + ("_ckpt" if other else "")] = _guarded(
-            out, PHASES[7], lambda: measure_train(train, spec, time.monotonic() + min(budget.left(), 5.0),
-                                                  checkpointing=other))  # fmt: skip
+            out,
+            PHASES[7],
+            lambda: measure_train(train, spec, time.monotonic() + min(budget.left(), 5.0), checkpointing=other),
+        )
         out["peak_memory_bytes" + ("_ckpt" if other else "")], _ = peak_memory(spec.device)
     return out, model
 

@@ -6,6 +6,7 @@ imported only by ``calibrate``."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -14,8 +15,6 @@ from grpo_launch.probe.bench import BenchSpec, _dtype, _sync
 
 def measure_imports() -> float:
     """Seconds to import what a trainer imports before it builds anything (0 when already imported here)."""
-    import sys
-
     if "trl" in sys.modules:
         return 0.0
     t0 = time.perf_counter()

@@ -29,10 +29,15 @@ def measure_sync(model: str, dtype: str, device: str, seconds: float) -> tuple[d
     """(rank 0's report: seconds, bytes, buffers, path; None when it could not run, with why)."""
     backend = "nccl" if device == "cuda" else "gloo"
     with tempfile.TemporaryDirectory(prefix="grpo-calibrate-sync-") as tmp:
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-        job = {"model": model, "dtype": dtype, "backend": backend, "store": f"{tmp}/store",
-               "deadline_s": seconds * 0.8}  # fmt: skip
+        env = {
+            **os.environ,
+            "GLOO_SOCKET_IFNAME": "lo",
+            "NCCL_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        job = {"model": model, "dtype": dtype, "backend": backend, "store": f"{tmp}/store", "deadline_s": seconds * 0.8}
         argv = [[sys.executable, "-m", __name__, json.dumps({**job, "rank": rank})] for rank in (0, 1)]
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "env": env}
         procs = [subprocess.Popen(a, start_new_session=True, **pipes) for a in argv]  # type: ignore[call-overload]
@@ -120,8 +125,17 @@ def _run(job: dict[str, Any]) -> None:
         runs.append(send())
     dist.destroy_process_group()
     if rank == 0:
-        print(json.dumps({"seconds": statistics.median(runs), "bytes": sum(sizes), "buffers": len(packs),
-                          "path": job["backend"], "sends": len(runs)}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "seconds": statistics.median(runs),
+                    "bytes": sum(sizes),
+                    "buffers": len(packs),
+                    "path": job["backend"],
+                    "sends": len(runs),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

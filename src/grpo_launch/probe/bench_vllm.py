@@ -16,9 +16,15 @@ def main(argv: list[str]) -> int:
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["prompt_len"] + spec["completion_len"],
-              load_format="dummy" if spec["random_weights"] else "auto", tensor_parallel_size=spec.get("tp", 1),
-              enforce_eager=not spec.get("graphs", False), seed=0)  # fmt: skip
+    llm = LLM(
+        model=spec["model"],
+        dtype=spec["dtype"],
+        max_model_len=spec["prompt_len"] + spec["completion_len"],
+        load_format="dummy" if spec["random_weights"] else "auto",
+        tensor_parallel_size=spec.get("tp", 1),
+        enforce_eager=not spec.get("graphs", False),
+        seed=0,
+    )
     start = time.perf_counter() - t0
     n = spec["completion_len"]
     params = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=1.0)

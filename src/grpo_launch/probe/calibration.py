@@ -10,6 +10,7 @@ library version); nothing is used silently."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,8 +41,7 @@ class CalibrationKey:
 
     @property
     def file_name(self) -> str:
-        import hashlib  # here and below, not at the top: a plan on a machine with no calibration needs neither
-        import json
+        import hashlib  # here and in shape_id: a plan on a machine with no calibration hashes nothing
 
         digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
         device = "".join(c if c.isalnum() else "-" for c in self.device.lower())
@@ -92,37 +92,66 @@ class CalibrationRecord:
             if data.get("format") not in READS:
                 raise ValueError(f"format {data.get('format')!r}, this grpo-launch reads {', '.join(map(str, READS))}")
             k = data["key"]
-            key = CalibrationKey(str(k["device"]), str(k["model_shape"]), str(k["dtype"]),
-                                 tuple(sorted((str(a), str(b)) for a, b in k["versions"].items())))  # fmt: skip
+            key = CalibrationKey(
+                str(k["device"]),
+                str(k["model_shape"]),
+                str(k["dtype"]),
+                tuple(sorted((str(a), str(b)) for a, b in k["versions"].items())),
+            )
             t = dict(data["terms"])
             for name in ("decode", "vllm_decode", "cb_decode"):
                 t[name] = tuple((int(b), float(s)) for b, s in t.get(name, ()))
             t["backend_train"] = tuple((str(b), bool(c), float(r)) for b, c, r in t.get("backend_train", ()))
             terms = MeasuredTerms(**t)
             at = tuple((str(a), float(b)) for a, b in dict(data.get("at", {})).items())
-            return cls(key, terms, tuple(data.get("not_measured", ())), at, str(data.get("recipe", "")),
-                       str(data.get("created", "")), float(data.get("seconds", 0.0)))  # fmt: skip
+            return cls(
+                key,
+                terms,
+                tuple(data.get("not_measured", ())),
+                at,
+                str(data.get("recipe", "")),
+                str(data.get("created", "")),
+                float(data.get("seconds", 0.0)),
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"{file}: not a calibration this grpo-launch reads ({exc})",
-                              hint="Run `grpo-launch calibrate RECIPE` again to replace it.") from exc  # fmt: skip
+            raise ConfigError(
+                f"{file}: not a calibration this grpo-launch reads ({exc})",
+                hint="Run `grpo-launch calibrate RECIPE` again to replace it.",
+            ) from exc
 
     def measured_terms(self) -> list[str]:
         """The terms measured, in words (what ``plan`` says it took from this file)."""
         t = self.terms
-        names = [f"decode ({label}, batches {', '.join(str(b) for b, _ in curve)})"
-                 for label, curve in (("transformers", t.decode), ("continuous batching", t.cb_decode),
-                                      ("vLLM", t.vllm_decode)) if curve]  # fmt: skip
+        names = [
+            f"decode ({label}, batches {', '.join(str(b) for b, _ in curve)})"
+            for label, curve in (
+                ("transformers", t.decode),
+                ("continuous batching", t.cb_decode),
+                ("vLLM", t.vllm_decode),
+            )
+            if curve
+        ]
         names += ["prefill"] if t.prefill_s else []
         names += ["training step"] if t.train_tokens_per_s else []
         names += ["training step with activation checkpointing"] if t.train_tokens_per_s_ckpt else []
-        names += [f"training step through {b}" + (" with activation checkpointing" if c else "")
-                  for b, c, _ in t.backend_train]  # fmt: skip
+        names += [
+            f"training step through {b}" + (" with activation checkpointing" if c else "")
+            for b, c, _ in t.backend_train
+        ]
         names += ["forward (old log-probs)"] if t.forward_tokens_per_s else []
-        names += [n for n, v in (("weight sync", t.sync_s), ("model load from disk", t.load_bytes),
-                                 ("vLLM start-up", t.engine_start_s), ("imports", t.imports_s),
-                                 ("first generation's warm-up", t.warmup_decode_s_per_step),
-                                 ("first training step's warm-up", t.warmup_training_s),
-                                 ("TRL's own time per step", t.overhead_steps)) if v]  # fmt: skip
+        names += [
+            n
+            for n, v in (
+                ("weight sync", t.sync_s),
+                ("model load from disk", t.load_bytes),
+                ("vLLM start-up", t.engine_start_s),
+                ("imports", t.imports_s),
+                ("first generation's warm-up", t.warmup_decode_s_per_step),
+                ("first training step's warm-up", t.warmup_training_s),
+                ("TRL's own time per step", t.overhead_steps),
+            )
+            if v
+        ]
         # Memory only on a GPU: a CPU figure is a resident set, and the timed step's peak (torch's log-softmax over
         # the whole logits) matches no term of the model. calibrate shows them all; a plan uses these.
         if t.device != "cpu":
@@ -148,7 +177,6 @@ def any_stored(environ: Mapping[str, str]) -> bool:
 def shape_id(model: ModelShape) -> str:
     """A short name for a model's shape (two checkpoints of one architecture share it: weights do not matter)."""
     import hashlib
-    import json
 
     fields = dataclasses.asdict(model)
     fields.pop("name", None)
@@ -158,7 +186,7 @@ def shape_id(model: ModelShape) -> str:
 def library_versions(vllm: str | None) -> tuple[tuple[str, str], ...]:
     """torch, vLLM, TRL and transformers as this interpreter has them (vLLM: the version given, from the Python
     that runs the servers; "none" when there is none). Read from the installed metadata, no import."""
-    from importlib import metadata
+    from importlib import metadata  # here: a plan on a machine with no calibration reads no versions
 
     out = {}
     for lib in LIBRARIES:
@@ -174,8 +202,6 @@ def library_versions(vllm: str | None) -> tuple[tuple[str, str], ...]:
 
 def save_calibration(record: CalibrationRecord, environ: Mapping[str, str], run_dir: str | None = None) -> list[Path]:
     """Write the record to the cache directory (and ``run_dir``/calibration.json); the paths written."""
-    import json
-
     text = json.dumps(record.to_dict(), indent=2) + "\n"
     paths = [calibration_dir(environ) / record.key.file_name]
     if run_dir:
@@ -189,8 +215,6 @@ def save_calibration(record: CalibrationRecord, environ: Mapping[str, str], run_
 
 
 def read_calibration(path: Path) -> CalibrationRecord:
-    import json
-
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

@@ -3,10 +3,12 @@ train): counted in a local file, read from the datasets cache or the Hub's metad
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 
 def count_rows(dataset: str, workdir: str) -> int | None:
@@ -127,8 +129,6 @@ def _hub_rows(
     if isinstance(known.get(down), (int, float)) and time.time() < known[down]:
         return None, f"the Hub could not be asked (unreachable within the last {UNREACHABLE_S // 60} min)"
     try:
-        import json  # here: a plan that asks no cache or Hub loads no json (plan's start-up)
-
         data = json.loads(fetch(url, HUB_TIMEOUT_S))
     except LookupError as exc:  # the Hub answered: no such (public) dataset
         return None, f"the Hub has no metadata for {name} ({exc})"
@@ -149,8 +149,6 @@ def _hub_rows(
 def _store(path: Path, data: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        import json
-
         path.write_text(json.dumps(data))
     except OSError:
         pass
@@ -159,7 +157,6 @@ def _store(path: Path, data: dict) -> None:
 def _http_get(url: str, timeout: float) -> bytes:
     """One GET with http.client (urllib.request would import the email package and more: plan stays fast)."""
     import http.client
-    from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     conn_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
@@ -176,8 +173,6 @@ def _http_get(url: str, timeout: float) -> bytes:
 
 def _read_json(path: Path) -> dict:
     try:
-        import json
-
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}

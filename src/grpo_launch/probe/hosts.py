@@ -3,6 +3,8 @@ has; these gather the reports in parallel and read them into GPUs."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,13 +34,17 @@ def collect_reports(
     ({name: report}, [why each other name gave none]). A command past ``timeout_s`` gets SIGTERM (srun passes it to
     its step), then SIGKILL."""
     import concurrent.futures
-    import json
-    import subprocess
 
     def one(name: str) -> tuple[str, dict | str]:
         try:
-            proc = subprocess.Popen(argv_of(name), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None)  # fmt: skip
+            proc = subprocess.Popen(
+                argv_of(name),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                env=dict(env) if env is not None else None,
+            )
         except OSError as exc:
             return name, f"{name}: cannot start {argv_of(name)[0]} ({exc.strerror or exc})"
         try:

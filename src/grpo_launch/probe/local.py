@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -177,8 +178,6 @@ def probe_local(
 ) -> Topology:
     """This machine's GPUs as the processes started from here would see them: NVIDIA's through NVML, else AMD's
     through amdsmi."""
-    import socket
-
     name = hostname or socket.gethostname()
     cpus = os.cpu_count()
     ram = host_memory_bytes()
@@ -221,8 +220,6 @@ def host_memory_bytes(path: str = "/proc/meminfo") -> int | None:
 
 def port_free(port: int, host: str = "0.0.0.0") -> bool:
     """Whether a process here could listen on ``port`` (the server's, the rendezvous', the weight sync's)."""
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

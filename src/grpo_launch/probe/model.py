@@ -3,6 +3,7 @@ table. Never downloads."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,8 +40,6 @@ def resolve_model_shape(
     if not config.is_file():
         config = cached_config(model, environ) or config
     if config.is_file():
-        import json
-
         try:
             return shape_from_config(model, json.loads(config.read_text())), None
         except (ValueError, KeyError, TypeError) as exc:

@@ -6,14 +6,14 @@ environment) runs this file as a script, ``python pythons.py``, and it prints th
 
 from __future__ import annotations
 
+import importlib.util
+import shlex
 from pathlib import Path
 
 
 def vllm_version() -> str:
     """The vLLM version this interpreter would import, without importing vLLM (seconds): its ``_version.py``, read.
     A version, "unknown" (installed, unreadable) or "missing"."""
-    import importlib.util
-
     spec = importlib.util.find_spec("vllm")
     text = ""
     if spec and spec.origin:
@@ -63,8 +63,6 @@ def interpreter_of(command: str) -> str | None:
     launcher = "'''exec' "
     if first == "#!/bin/sh" and len(head) > 1 and head[1].startswith(launcher):
         # pip's launcher when the interpreter's path is too long for a shebang: '''exec' /path/python "$0" "$@"
-        import shlex
-
         words = shlex.split(head[1][len(launcher) :])
         return words[0] if words else None
     if not first.startswith("#!"):

@@ -163,8 +163,10 @@ def build_recipe(
         # TRL's wait for the server to come up is the launcher's health wait when it starts the server: the user's
         # value, not the launcher's default.
         launch_raw["vllm_health_timeout_s"] = timeout
-        notices.append(f"vllm_server_timeout={timeout:g}: the launcher waits that long for a vLLM server it starts "
-                       "(launch.vllm_health_timeout_s)")  # fmt: skip
+        notices.append(
+            f"vllm_server_timeout={timeout:g}: the launcher waits that long for a vLLM server it starts "
+            "(launch.vllm_health_timeout_s)"
+        )
     launch = build_launch(launch_raw, problems)
     problems += check_launch(launch)
     if launch.num_processes is None and isinstance(data.get("num_processes"), int):
@@ -176,8 +178,14 @@ def build_recipe(
     if problems:
         where = f"recipe {source!r}" if source else "recipe"
         raise ConfigError(f"{where} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:", problems=problems)
-    return Recipe(values=values, launch=launch, source=source, notices=tuple(notices), warnings=tuple(unlikely(values)),
-                  migrated=tuple(migrated))  # fmt: skip
+    return Recipe(
+        values=values,
+        launch=launch,
+        source=source,
+        notices=tuple(notices),
+        warnings=tuple(unlikely(values)),
+        migrated=tuple(migrated),
+    )
 
 
 def _convert(values: dict[str, Any], notices: list[str]) -> dict[str, Any]:
@@ -221,8 +229,10 @@ def migration_notice(m: Migration, value: Any, planned: Any = None) -> str:
     """What a migration did, and with ``planned`` the value the trainer recipe gets when the plan changed the
     recipe's (dtype under DDP: float32 master weights), so the notice never contradicts the rendered recipe."""
     if planned is not None and planned != value:
-        return (f"{m.old}: migrated to {m.new} — {m.why}; the recipe's {value!r} becomes {m.new}={planned!r} in the "
-                f"trainer recipe (the plan's Why row {m.new} says why)")  # fmt: skip
+        return (
+            f"{m.old}: migrated to {m.new} — {m.why}; the recipe's {value!r} becomes {m.new}={planned!r} in the "
+            f"trainer recipe (the plan's Why row {m.new} says why)"
+        )
     return f"{m.old}: migrated to {m.new}={value!r} — {m.why}"
 
 

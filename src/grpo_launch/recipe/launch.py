@@ -221,13 +221,18 @@ def _metrics_port_problems(launch: LaunchSettings) -> list[str]:
     if port is None:
         return []
     if port < PRIVILEGED_PORTS:
-        return [f"launch.metrics_port {port} is a privileged port (below {PRIVILEGED_PORTS}: binding it needs root): "
-                "pick one from 1024 to 65535, e.g. launch.metrics_port=9464"]  # fmt: skip
+        return [
+            f"launch.metrics_port {port} is a privileged port (below {PRIVILEGED_PORTS}: binding it needs root): "
+            "pick one from 1024 to 65535, e.g. launch.metrics_port=9464"
+        ]
     taken = {"launch.main_process_port": launch.main_process_port}
     if launch.vllm is not VllmMode.OFF:
         taken["launch.vllm_port"] = launch.vllm_port
-    return [f"launch.metrics_port and {key} are both {port}: the run's metrics endpoint needs a port of its own"
-            for key, value in taken.items() if value == port]  # fmt: skip
+    return [
+        f"launch.metrics_port and {key} are both {port}: the run's metrics endpoint needs a port of its own"
+        for key, value in taken.items()
+        if value == port
+    ]
 
 
 # Set per process from the plan: the launcher's own value, passed on, would be wrong on every host.
@@ -261,8 +266,9 @@ def _secret_problems(launch: LaunchSettings) -> list[str]:
                 )
     for key in launch.pass_env:
         if key in _NOT_PASSED:
-            problems.append(f"launch.pass_env names {key}, which grpo-launch sets for each process from the plan: "
-                            "remove it")  # fmt: skip
+            problems.append(
+                f"launch.pass_env names {key}, which grpo-launch sets for each process from the plan: remove it"
+            )
         elif key in launch.train_env or key in launch.vllm_env:
             problems.append(
                 f"launch.pass_env names {key}, which launch.train_env or launch.vllm_env also sets: keep one"

@@ -4,7 +4,13 @@ server and one ``accelerate launch`` per training host), :mod:`.configs` the con
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
+
+import yaml
+
+from grpo_launch.render import plan_json
+from grpo_launch.render.configs import render_accelerate_config, render_deepspeed_config, render_trainer_recipe
 
 if TYPE_CHECKING:
     from grpo_launch.planning.types import Plan
@@ -12,19 +18,11 @@ if TYPE_CHECKING:
 
 def render_files(plan: Plan) -> dict[str, str]:
     """Relative path (under ``plan.run_dir``) → text for every file of a run directory."""
-    # Imported here: the processes alone (what `plan` prints, what a backend places) need neither.
-    import json
-
-    import yaml
-
-    from grpo_launch.render.configs import render_accelerate_config, render_deepspeed_config, render_trainer_recipe
-    from grpo_launch.render.plan_json import plan_to_dict
-
     paths = plan.paths
     files = {
         paths.accelerate_config: yaml.safe_dump(render_accelerate_config(plan), sort_keys=True),
         paths.trainer_recipe: render_trainer_recipe(plan),
-        paths.plan_json: json.dumps(plan_to_dict(plan), indent=2, default=str) + "\n",
+        paths.plan_json: json.dumps(plan_json.plan_to_dict(plan), indent=2, default=str) + "\n",
     }
     ds = render_deepspeed_config(plan)
     if ds is not None:

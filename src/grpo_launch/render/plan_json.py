@@ -146,8 +146,15 @@ def estimate_to_dict(plan: Plan) -> dict[str, Any] | None:
     workload = est.workload.to_dict() if est.workload else None
     times: dict[str, Any] = {"time_s": None, "workload": workload, "time_missing": est.time_missing}
     if step is not None:
-        times = Prediction(step.generation_s, step.old_logprobs_s, step.training_s, step.sync_s, step.total_s,
-                           step.overlapped, workload=workload).to_json()  # fmt: skip
+        times = Prediction(
+            step.generation_s,
+            step.old_logprobs_s,
+            step.training_s,
+            step.sync_s,
+            step.total_s,
+            step.overlapped,
+            workload=workload,
+        ).to_json()
     out: dict[str, Any] = {
         **times,
         "bottleneck": step.bottleneck if step else None,

@@ -102,8 +102,14 @@ def vllm_server(plan: Plan) -> ProcessSpec | None:
         GUARD_MIDDLEWARE,
         *launch.vllm_extra_args,
     ]
-    env = {"VLLM_SERVER_DEV_MODE": "1", **NO_VLLM_API_KEY, **lora_env, **network_env(plan), **_host_ip(v, v.address),
-           **launch.vllm_env}  # fmt: skip
+    env = {
+        "VLLM_SERVER_DEV_MODE": "1",
+        **NO_VLLM_API_KEY,
+        **lora_env,
+        **network_env(plan),
+        **_host_ip(v, v.address),
+        **launch.vllm_env,
+    }
     return ProcessSpec(
         name="vllm",
         argv=tuple(argv),
@@ -124,13 +130,27 @@ def _parallel_args(v: VllmPlan) -> list[str]:
     if v.data_parallel_size > 1:  # replicas (a dense model), or DP ranks with the experts spread over them
         args += ["--data-parallel-size", str(v.data_parallel_size)]
     if v.spans_hosts:  # a replica's stages over hosts: vLLM's multi-node serving, this host first (--node-rank 0)
-        args += ["--nnodes", str(len(v.nodes) + 1), "--node-rank", "0", "--master-addr", str(v.address),
-                 "--master-port", str(v.master_port)]  # fmt: skip
+        args += [
+            "--nnodes",
+            str(len(v.nodes) + 1),
+            "--node-rank",
+            "0",
+            "--master-addr",
+            str(v.address),
+            "--master-port",
+            str(v.master_port),
+        ]
         if v.data_parallel_size > 1:
             args += ["--data-parallel-rpc-port", str(v.rpc_port)]
     elif v.nodes:  # vLLM's multi-node data parallel: the ranks of each host, and where the API server's host is
-        args += ["--data-parallel-size-local", str(v.local_data_parallel_size), "--data-parallel-address",
-                 str(v.address), "--data-parallel-rpc-port", str(v.rpc_port)]  # fmt: skip
+        args += [
+            "--data-parallel-size-local",
+            str(v.local_data_parallel_size),
+            "--data-parallel-address",
+            str(v.address),
+            "--data-parallel-rpc-port",
+            str(v.rpc_port),
+        ]
     return args
 
 
@@ -151,8 +171,17 @@ def vllm_servers(plan: Plan) -> tuple[ProcessSpec, ...]:
         else:
             argv = [*head.argv, "--data-parallel-start-rank", str(i * v.local_data_parallel_size), "--headless"]
         env = {**head.env, **_host_ip(v, node.address), **plan.recipe.launch.vllm_env}
-        others.append(replace(head, name=f"vllm@{node.name}", argv=tuple(argv), env=env, host=node.name,
-                              gpus=node.gpus, rocm=plan.topology.is_rocm))  # fmt: skip
+        others.append(
+            replace(
+                head,
+                name=f"vllm@{node.name}",
+                argv=tuple(argv),
+                env=env,
+                host=node.name,
+                gpus=node.gpus,
+                rocm=plan.topology.is_rocm,
+            )
+        )
     return (head, *others)
 
 

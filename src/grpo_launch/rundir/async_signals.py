@@ -51,15 +51,21 @@ def async_verdict(logs: Sequence[Mapping[str, float]], queue_maxsize: int | None
     full = queue >= FULL_SHARE * queue_maxsize if queue_maxsize else False
     said = f"queue {queue:.0f}" + (f" of {queue_maxsize}" if queue_maxsize else "") + f", rollout wait {wait:.2f} s"
     if full and not starving:
-        line = (f"training is the slower side ({said} per step: a full queue and trainers that never wait): more "
-                "trainer GPUs would help; rollout/backpressure_s is what generation loses")  # fmt: skip
+        line = (
+            f"training is the slower side ({said} per step: a full queue and trainers that never wait): more "
+            "trainer GPUs would help; rollout/backpressure_s is what generation loses"
+        )
     elif queue < 1 and starving:
-        line = (f"generation is the slower side ({said} per step{', rising' if rising else ''}: an empty queue "
-                "and trainers waiting for rollouts): more vLLM GPUs would help")  # fmt: skip
+        line = (
+            f"generation is the slower side ({said} per step{', rising' if rising else ''}: an empty queue "
+            "and trainers waiting for rollouts): more vLLM GPUs would help"
+        )
     else:
         line = f"generation and training keep pace ({said} per step)"
     dropped = sum(float(log.get("sample/dropped_stale_total", 0.0)) for log in recent)
     if dropped:
-        line += (f"; {dropped:.0f} sample(s) dropped as stale: raise max_staleness or lower max_inflight_tasks "
-                 "and queue_maxsize")  # fmt: skip
+        line += (
+            f"; {dropped:.0f} sample(s) dropped as stale: raise max_staleness or lower max_inflight_tasks "
+            "and queue_maxsize"
+        )
     return line

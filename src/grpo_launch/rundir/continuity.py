@@ -87,8 +87,9 @@ def changes(recorded: PlanRecord, now: PlanRecord) -> list[Change]:
     return out
 
 
-def length_dependence(name: str, warmup: float, kwargs: Mapping[str, Any], lengths: tuple[int, int] | None,
-                      step: int) -> str | None:  # fmt: skip
+def length_dependence(
+    name: str, warmup: float, kwargs: Mapping[str, Any], lengths: tuple[int, int] | None, step: int
+) -> str | None:
     """Why the learning rates after checkpoint-``step`` differ between a training of ``lengths[0]`` optimizer steps
     and one of ``lengths[1]`` (None: the lengths are not both known in steps) under the schedule ``name``, or None
     where they do not. After the checkpoint the first step trains at the saved rate, each later one at the new
@@ -148,13 +149,21 @@ def schedule_change(recorded: PlanRecord, now: PlanRecord, step: int) -> str | N
     warmup = values.get("warmup_steps") or 0
     kwargs = values.get("lr_scheduler_kwargs") or {}
     steps = (int(old), int(new)) if old_key == new_key == "max_steps" else None
-    why = length_dependence(name, float(warmup) if isinstance(warmup, (int, float)) else 0.0,
-                            kwargs if isinstance(kwargs, Mapping) else {}, steps, step)  # fmt: skip
+    why = length_dependence(
+        name,
+        float(warmup) if isinstance(warmup, (int, float)) else 0.0,
+        kwargs if isinstance(kwargs, Mapping) else {},
+        steps,
+        step,
+    )
     if why is None:
         return None
     changed = f"{old_key} {old:g} → {new:g}" if old_key == new_key else f"{old_key} {old:g} → {new_key} {new:g}"
-    follows = (f"a schedule over {new:g} steps, not the one over {old:g}" if steps else
-               "the new length's schedule, not the one")  # fmt: skip
+    follows = (
+        f"a schedule over {new:g} steps, not the one over {old:g}"
+        if steps
+        else "the new length's schedule, not the one"
+    )
     return (
         f"{changed} since the run's record, and {why}: from checkpoint-{step} the learning rate follows {follows} of "
         "the steps before it (the first step after the checkpoint still trains at the rate the checkpoint saved). To "

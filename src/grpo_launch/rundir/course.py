@@ -103,9 +103,16 @@ class AttemptCourse:
         return said + (f": {a.why}" if a.why and a.state != RunState.SUCCEEDED else "")
 
     def to_json(self) -> dict[str, Any]:
-        out = {"attempt": self.number, "steps": self.steps, "first_step": self.first_step,
-               "last_step": self.last_step, "step_s": self.step_s, "generation_s": self.generation_s,
-               "training_s": self.training_s, "saved_step": self.saved_step}  # fmt: skip
+        out = {
+            "attempt": self.number,
+            "steps": self.steps,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "step_s": self.step_s,
+            "generation_s": self.generation_s,
+            "training_s": self.training_s,
+            "saved_step": self.saved_step,
+        }
         end = self.end.to_json() if self.end is not None else {"state": None, "exit_code": None}
         return out | {k: v for k, v in end.items() if k != "attempt"}
 
@@ -136,10 +143,19 @@ def courses(records: Sequence[MetricRecord], attempts: Sequence[Attempt]) -> lis
     for n in sorted({*steps, *ends}):
         mine = steps.get(n, [])
         use = mine[1:] if len(mine) > 1 else mine
-        out.append(AttemptCourse(
-            n, len(mine), mine[0].step if mine else None, mine[-1].step if mine else None,
-            _mean([s.step_s for s in use]), _mean([s.generation_s or 0.0 for s in use]),
-            _mean([s.training_s or 0.0 for s in use]), saved.get(n), ends.get(n)))  # fmt: skip
+        out.append(
+            AttemptCourse(
+                n,
+                len(mine),
+                mine[0].step if mine else None,
+                mine[-1].step if mine else None,
+                _mean([s.step_s for s in use]),
+                _mean([s.generation_s or 0.0 for s in use]),
+                _mean([s.training_s or 0.0 for s in use]),
+                saved.get(n),
+                ends.get(n),
+            )
+        )
     return out
 
 

@@ -9,6 +9,7 @@ writing side fails loudly instead of reading as a default.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,8 +44,6 @@ def loads(text: str | bytes) -> Any:
     """``json.loads`` for a run file's text: a value nested deeper than :data:`MAX_DEPTH` (a crafted metrics line
     1,200 levels deep) is a ValueError, as text that is not JSON is, so every reader skips or refuses it as it does
     a malformed line, never a RecursionError in ``status``, ``report`` or ``--calibrate-from``."""
-    import json
-
     try:
         value = json.loads(text)
     except RecursionError:

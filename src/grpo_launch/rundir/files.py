@@ -7,9 +7,11 @@ overwrite a running run's files."""
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +21,7 @@ from grpo_launch.rundir.fields import loads
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.text import command_line
 from grpo_launch.rundir.trust import check_run_dir, nofollow_fd, open_nofollow, private_dir
+from grpo_launch.spec import redact_argv
 
 
 def in_use(run_dir: Path, holder: str) -> LaunchError:
@@ -47,12 +50,6 @@ class RunLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
-        import fcntl
-        import socket
-        import sys
-
-        from grpo_launch.rundir.invocation import redact_argv
-
         check_run_dir(self.run_dir)  # before anything is written there (a planted link, another user's directory)
         _make_dir(self.run_dir)
         fd = nofollow_fd(self.path, os.O_RDWR | os.O_CREAT)
@@ -63,7 +60,7 @@ class RunLock:
             raise in_use(self.run_dir, _holder_text(self.run_dir)) from None
         info = {
             "pid": os.getpid(),
-            "host": socket.gethostname(),
+            "host": os.uname().nodename,
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(redact_argv(sys.argv)),  # no secret in the run directory
             **self.job,
@@ -95,8 +92,6 @@ def last_holder(run_dir: str | Path) -> dict:
 
 def lock_holder(run_dir: str | Path) -> str | None:
     """Who holds the run directory's lock (a running run), or None."""
-    import fcntl
-
     path = RunPaths(run_dir).lock
     try:
         fd = _open_lock(path)

@@ -18,7 +18,9 @@ a missing or mistyped key is a RunFileError naming the file and the key.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -168,9 +170,6 @@ def read_invocation(path: str | Path, *, to_run: bool = False) -> Invocation | N
 def write_invocation(record: Invocation) -> None:
     """Into ``record.run_dir``, atomically (a temporary file renamed: a crash leaves the old record or the new one).
     The callers hold the run directory, or have checked that no run holds it (:func:`.files.write_run_files`)."""
-    import os
-    import tempfile
-
     path = RunPaths(record.run_dir).invocation
     private_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600: resume runs what it holds

@@ -107,8 +107,15 @@ class RecordedCalibration:
             value = f.real_or_none(key) if key in f.data else None
             return value if value and value > 0 else 1.0
 
-        return cls(f.real("generation"), f.real("training"), f.real("memory"), f.real_or_none("mean_completion_len"),
-                   f.text("source"), ratio("measured_generation"), ratio("measured_training"))  # fmt: skip
+        return cls(
+            f.real("generation"),
+            f.real("training"),
+            f.real("memory"),
+            f.real_or_none("mean_completion_len"),
+            f.text("source"),
+            ratio("measured_generation"),
+            ratio("measured_training"),
+        )
 
 
 @frozen
@@ -209,8 +216,11 @@ class PlanRecord:
         memory = pred.train_memory_gib if pred is not None else None
         out["memory_per_training_gpu_gib"] = {"total": memory} if memory is not None else None
         out["startup_s"] = self.startup_s
-        out["startup"] = ({"phases": [{"name": n, "seconds": v, "measured": m} for n, v, m in self.startup_phases]}
-                          if self.startup_phases else None)  # fmt: skip
+        out["startup"] = (
+            {"phases": [{"name": n, "seconds": v, "measured": m} for n, v, m in self.startup_phases]}
+            if self.startup_phases
+            else None
+        )
         out["total"] = {"price": self.total[0], "gpu_hours": self.total[1]} if self.total else None
         out["calibration"] = dataclasses.asdict(self.calibration) if self.calibration else None
         return out

@@ -22,6 +22,8 @@ the metrics leniently while the run goes (:func:`read_metrics`: a line that does
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, field
 from pathlib import Path
@@ -218,9 +220,6 @@ class MetricsTail:
     def read(self) -> tuple[tuple[MetricRecord, ...], bool]:
         """The records so far, and whether the file is there. Raises OSError when it cannot be read (a FIFO or
         device planted in its place is one)."""
-        import os
-        import stat
-
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -423,6 +422,11 @@ class HostCheck:
     def from_json(cls, row: Any, source: str) -> HostCheck:
         """Strict: ``source`` names where the line came from (``host h1's check``) in the error."""
         f = Fields(row, source)
-        return cls(f.text("version"), tuple(str(p) for p in f.sequence("missing")),
-                   tuple(int(p) for p in f.sequence("busy") if number(p)), f.text_or_none("vllm"), f.text("host"),
-                   f.integer_or_none("memory_bytes"))  # fmt: skip
+        return cls(
+            f.text("version"),
+            tuple(str(p) for p in f.sequence("missing")),
+            tuple(int(p) for p in f.sequence("busy") if number(p)),
+            f.text_or_none("vllm"),
+            f.text("host"),
+            f.integer_or_none("memory_bytes"),
+        )

@@ -175,8 +175,9 @@ def draw(plot: str, lines: dict[str, Series], plan: PlanRecord | None) -> Any:
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
     colors = {}
     for s in lines.values():
-        (drawn,) = ax.plot(s.steps, s.values, marker="o" if len(s.steps) < 30 else None, markersize=3,
-                           label=_label(s.name))  # fmt: skip
+        (drawn,) = ax.plot(
+            s.steps, s.values, marker="o" if len(s.steps) < 30 else None, markersize=3, label=_label(s.name)
+        )
         colors[s.name] = drawn.get_color()
     for name, value in _predicted(plan, plot).items():  # a prediction in its measured line's colour
         color = colors.get(name.removeprefix("planned "), "gray")

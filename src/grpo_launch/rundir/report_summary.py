@@ -86,8 +86,12 @@ def _cost_rows(view: RunView, rewards: dict[str, list[float]]) -> Rows:
     if wall is not None:
         gpu_h = wall / 3600 * gpus
         cost = f", {gpu_h * price:,.2f} at {price:,.2f} per GPU-hour" if price else ""
-        rows.append(("wall time (steps)", f"{_duration(wall)}; {gpu_h:.2f} GPU-hours on {gpus} GPU(s){cost}" if gpus
-                     else _duration(wall)))  # fmt: skip
+        rows.append(
+            (
+                "wall time (steps)",
+                f"{_duration(wall)}; {gpu_h:.2f} GPU-hours on {gpus} GPU(s){cost}" if gpus else _duration(wall),
+            )
+        )
     reward = rewards.get("reward") or []
     if reward:
         rows.append(("reward", f"first {reward[0]:.3f}, last {reward[-1]:.3f}, best {max(reward):.3f}"))
@@ -141,12 +145,18 @@ def plan_rows(plan: PlanRecord | None) -> Rows:
         shape = f"TP {tp}" + (f" × PP {pp}" if pp > 1 else "") + (f" × DP {dp}" if dp > 1 else "")
         rows.append(("vLLM", f"{plan.vllm_mode}, {shape}, gpu_memory_utilization {plan.vllm_memory_share}"))
     lay, t = plan.layout, plan.train
-    rows.append(("layout", f"{lay['per_device_train_batch_size']} per device × {lay['num_processes']} "
-                 f"process(es) × {lay['gradient_accumulation_steps']} accumulation = "
-                 f"{lay['completions_per_optimizer_step']} completions per step "
-                 f"({lay['num_generations']} per prompt)"))  # fmt: skip
-    rows.append(("training", f"{t['backend']} on {t['device']}, offload {t['offload']}, mixed "
-                 f"precision {t['mixed_precision']}"))  # fmt: skip
+    rows.append(
+        (
+            "layout",
+            f"{lay['per_device_train_batch_size']} per device × {lay['num_processes']} "
+            f"process(es) × {lay['gradient_accumulation_steps']} accumulation = "
+            f"{lay['completions_per_optimizer_step']} completions per step "
+            f"({lay['num_generations']} per prompt)",
+        )
+    )
+    rows.append(
+        ("training", f"{t['backend']} on {t['device']}, offload {t['offload']}, mixed precision {t['mixed_precision']}")
+    )
     return rows
 
 

@@ -115,17 +115,29 @@ class FaultRecord:
     attempt: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"fault": self.cause, "restarted": self.restarted, "time": self.time, "down_s": self.down_s,
-                "step": self.step, "steps_lost": self.steps_lost, "attempt": self.attempt}  # fmt: skip
+        return {
+            "fault": self.cause,
+            "restarted": self.restarted,
+            "time": self.time,
+            "down_s": self.down_s,
+            "step": self.step,
+            "steps_lost": self.steps_lost,
+            "attempt": self.attempt,
+        }
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> FaultRecord:
         down = row.get("down_s")
         step = row.get("step")
-        return cls(str(row["fault"]), str(row["restarted"]), float(row["time"]),
-                   float(down) if isinstance(down, (int, float)) else None,
-                   int(step) if isinstance(step, int) else None, int(row.get("steps_lost") or 0),
-                   int(row["attempt"]) if isinstance(row.get("attempt"), int) else None)  # fmt: skip
+        return cls(
+            str(row["fault"]),
+            str(row["restarted"]),
+            float(row["time"]),
+            float(down) if isinstance(down, (int, float)) else None,
+            int(step) if isinstance(step, int) else None,
+            int(row.get("steps_lost") or 0),
+            int(row["attempt"]) if isinstance(row.get("attempt"), int) else None,
+        )
 
 
 def record_fault(run_dir: str | Path, record: FaultRecord) -> None:

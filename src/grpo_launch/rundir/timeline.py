@@ -72,8 +72,7 @@ def attempt_rows(
             span = f"step {c.first_step}" if c.steps == 1 else f"steps {c.first_step}–{c.last_step}"
             said = f"{span} ({c.steps} step{'s' if c.steps != 1 else ''})"
             if c.step_s is not None:
-                said += (f", {_s(c.step_s)} per step (generation {_s(c.generation_s)}, training "
-                         f"{_s(c.training_s)})")  # fmt: skip
+                said += f", {_s(c.step_s)} per step (generation {_s(c.generation_s)}, training {_s(c.training_s)})"
         said += f"; checkpoint at step {c.saved_step}" if c.saved_step is not None else "; no checkpoint saved"
         rows.append((f"attempt {c.number}", f"{said}; {end}"))
     return rows
@@ -105,8 +104,9 @@ PHASE_NAMES = {"start": "start (launcher and imports)", "model_load": "load (mod
                "first_generation": "first generation (with its warm-up)"}  # fmt: skip
 
 
-def startup_row(records: Sequence[MetricRecord], forecast_s: float | None,
-                forecast: Sequence[tuple[str, float, bool]] = ()) -> tuple[str, str] | None:  # fmt: skip
+def startup_row(
+    records: Sequence[MetricRecord], forecast_s: float | None, forecast: Sequence[tuple[str, float, bool]] = ()
+) -> tuple[str, str] | None:
     """``status``'s and the report's time to first step: the measured phases, each beside its forecast (plan.json's
     phases; ``forecast_s``: its total, for a plan that recorded no phases)."""
     terms = startup_terms(records)

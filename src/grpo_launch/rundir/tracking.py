@@ -9,6 +9,7 @@ The id is no secret: W&B's own id of a run (``wandb.init(id=…)``, the ``WANDB_
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from typing import Any
 
@@ -40,8 +41,6 @@ class TrackingRecord:
 
     @classmethod
     def new(cls, name: str) -> TrackingRecord:
-        import secrets  # drawn when a run starts; plan's start-up path (render) imports this module, not hashlib
-
         return cls("".join(secrets.choice(ID_ALPHABET) for _ in range(8)), name, time.time())
 
 

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import os
+import pwd
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from grpo_launch.errors import LaunchError
-from grpo_launch.rundir.layout import PRIVATE_UMASK
+from grpo_launch.rundir.layout import PRIVATE_UMASK, RunPaths
 from grpo_launch.rundir.text import command_line
 
 # How each file is opened, as open()'s modes name it.
@@ -49,10 +51,8 @@ _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 def _owner(uid: int) -> str:
     try:
-        import pwd
-
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (ImportError, KeyError):
+    except KeyError:
         return f"uid {uid}"
 
 
@@ -152,10 +152,8 @@ def _others(st: os.stat_result) -> str | None:
 
 def _group(gid: int) -> str:
     try:
-        import grp
-
         return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
-    except (ImportError, KeyError):
+    except KeyError:
         return f"gid {gid}"
 
 
@@ -287,10 +285,8 @@ def private_umask() -> Iterator[None]:
 
 def _owner_name(uid: int) -> str:
     try:
-        import pwd
-
         return pwd.getpwuid(uid).pw_name
-    except (ImportError, KeyError):
+    except KeyError:
         return str(uid)
 
 
@@ -300,8 +296,6 @@ def check_run_dir(run_dir: str | Path) -> None:
     trainers' configs) is anything but a regular file of this user's that no other user may change: a symbolic link
     or a FIFO planted there is refused (each process's log is opened with O_NOFOLLOW when it is made). Called before
     the run takes its lock, and by ``resume`` before it reads the run's command."""
-    from grpo_launch.rundir.layout import RunPaths
-
     check_trusted(run_dir, "run directory")
     paths = RunPaths(run_dir)
     for sub in (paths.logs, paths.control):
@@ -309,8 +303,18 @@ def check_run_dir(run_dir: str | Path) -> None:
             raise _linked(sub)
         if sub.is_dir():
             check_trusted(sub, "run directory", flag="--run-dir DIR")
-    written = (paths.lock, paths.launcher_log, paths.invocation, paths.plan_json, paths.metrics, paths.attempts,
-               paths.tracking, paths.trainer_recipe, paths.accelerate_config, paths.deepspeed_config)  # fmt: skip
+    written = (
+        paths.lock,
+        paths.launcher_log,
+        paths.invocation,
+        paths.plan_json,
+        paths.metrics,
+        paths.attempts,
+        paths.tracking,
+        paths.trainer_recipe,
+        paths.accelerate_config,
+        paths.deepspeed_config,
+    )
     for p in written:
         if (st := _existing(p)) is not None:
             _check_own(p, st)

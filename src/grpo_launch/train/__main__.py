@@ -17,10 +17,14 @@ FSDP the planner writes ``dtype: float32`` (see grpo_launch.planning.trainer_val
 from __future__ import annotations
 
 import argparse
+import atexit
+import faulthandler
 import logging
 import os
+import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,8 @@ from grpo_launch.train.core import build_inputs, config_kwargs, train_and_finish
 from grpo_launch.train.data import split_values
 from grpo_launch.train.environment import JobEnvironment
 from grpo_launch.train.server_auth import guard_clients
+from grpo_launch.train.server_restart import keep_server
+from grpo_launch.train.startup import record_startup, started_at
 from grpo_launch.train.tracking import tracking_defaults
 
 _KEEP: list[Any] = []  # the stack-dump file stays open for faulthandler
@@ -64,10 +70,6 @@ class TiedHeadFilter(logging.Filter):
 def prepare_process(job: JobEnvironment) -> None:
     """What every rank sets up before the recipe is read: warnings, loggers' directories, how often W&B writes its
     file, and the hang dump."""
-    import faulthandler
-    import signal
-    import warnings
-
     # TRL 1.16 reads model.is_gradient_checkpointing, which transformers 5 deprecated: a warning at every save that
     # no setting of the recipe can avoid. This one message only; every other warning stays.
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -145,8 +147,6 @@ def fit_console(trainer: Any, step_log: Any) -> None:
 
 def main(argv: list[str] | None = None, job: JobEnvironment | None = None) -> int:
     """Train as the recipe says. ``job``: the environment read once by the process's entry (read here if None)."""
-    from grpo_launch.train.startup import started_at
-
     began = started_at(os.environ)
     job = job or JobEnvironment.from_environ(os.environ)
     prepare_process(job)
@@ -172,11 +172,7 @@ def main(argv: list[str] | None = None, job: JobEnvironment | None = None) -> in
     step_log, stop = make_callbacks(job, is_main)
     trainer = build_trainer(config, model_kwargs, script, [step_log, *([stop] if stop else [])])
     fit_console(trainer, step_log)
-    from grpo_launch.train.startup import record_startup
-
     record_startup(trainer, job.paths, is_main, (began, imported))
-    from grpo_launch.train.server_restart import keep_server
-
     # A lost vLLM server is replaced by the launcher: wait for it as long as it may take to start (TRL's own
     # vllm_server_timeout, which the plan sets to launch.vllm_health_timeout_s), and then some for the stop.
     keep_server(trainer, str(job.paths.root) if job.paths else None, 2 * float(config.vllm_server_timeout), print)
@@ -207,9 +203,6 @@ def _exit(code: int) -> None:
     """Exit after Python's own exit handlers (W&B, TensorBoard and logging flush there), skipping the C++ static
     destructors: a library thread still joinable in them aborts a finished rank ("terminate called without an
     active exception", SIGABRT), which torchrun reports as a failed run after a good one."""
-    import atexit
-    import logging
-
     atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()

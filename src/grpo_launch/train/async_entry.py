@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any
 
 from grpo_launch.recipe import trl_schema
+from grpo_launch.train.callbacks import make_callbacks
 from grpo_launch.train.core import build_inputs, config_kwargs, train_and_finish
 from grpo_launch.train.environment import JobEnvironment
 from grpo_launch.train.rewards import Weighted
@@ -83,13 +84,14 @@ def build_async_trainer(values: dict[str, Any], callbacks: list[Any] | None = No
 
 def main(values: dict[str, Any], job: JobEnvironment) -> int:
     """Train with AsyncGRPOTrainer: resume, train, save and mark the run complete as the sync entry does."""
-    from grpo_launch.train.callbacks import make_callbacks
-
     step_log, stop = make_callbacks(job, job.is_rank_zero)
     trainer = build_async_trainer(values, [step_log, *([stop] if stop else [])])
     config = trainer.args
-    print(f"[grpo-launch] async trainer process {config.process_index}/{config.world_size}: "
-          f"max_inflight_tasks={config.max_inflight_tasks} max_staleness={config.max_staleness} "
-          f"server {config.vllm_server_base_url}", flush=True)  # fmt: skip
+    print(
+        f"[grpo-launch] async trainer process {config.process_index}/{config.world_size}: "
+        f"max_inflight_tasks={config.max_inflight_tasks} max_staleness={config.max_staleness} "
+        f"server {config.vllm_server_base_url}",
+        flush=True,
+    )
     train_and_finish(trainer, stop, job)
     return 0

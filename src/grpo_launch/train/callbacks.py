@@ -8,20 +8,23 @@ into transformers' TrainerCallback when called (torch is imported by the steps t
 from __future__ import annotations
 
 import contextlib
+import os
+import resource
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from grpo_launch.errors import LaunchError
 from grpo_launch.rundir.async_signals import signals_text
+from grpo_launch.rundir.control import mark_saving, request_stop_on_sigterm, saved
+from grpo_launch.rundir.layout import HOLD_SIGTERM_ENV
 from grpo_launch.rundir.records import LogRecord, SaveRecord, StepRecord, append
 from grpo_launch.train.environment import JobEnvironment
 
 
 def peak_memory_bytes() -> tuple[int, str]:
     """This process's peak memory: the CUDA allocator's peak on a GPU, the peak resident set on CPU."""
-    import resource
-
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -217,16 +220,12 @@ class StopOnRequestSteps:
         if control.should_save and state.is_world_process_zero and self.run_dir is not None:
             # the Trainer writes the checkpoint next (its schedule's, or the one asked for): while it does, a second
             # Ctrl-C abandons it, and the launcher says so before
-            from grpo_launch.rundir.control import mark_saving
-
             with contextlib.suppress(OSError, LaunchError):
                 mark_saving(self.run_dir, state.global_step)
         return control
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero and self.run_dir is not None:
-            from grpo_launch.rundir.control import saved
-
             with contextlib.suppress(OSError):
                 saved(self.run_dir)
 
@@ -256,12 +255,6 @@ def make_callbacks(job: JobEnvironment, is_main: bool) -> tuple[Any, Any]:
 
 def _hold_sigterm(run_dir: Path) -> None:
     """Under ``node.shim --hold-term`` (which marks this process's environment): SIGTERM becomes a stop request."""
-    import os
-    import threading
-
-    from grpo_launch.rundir.control import request_stop_on_sigterm
-    from grpo_launch.rundir.layout import HOLD_SIGTERM_ENV
-
     # The shim's mark is read here, where the handler is installed (signals are per process, set on the main thread).
     if os.environ.get(HOLD_SIGTERM_ENV) == "1" and threading.current_thread() is threading.main_thread():
         request_stop_on_sigterm(run_dir)

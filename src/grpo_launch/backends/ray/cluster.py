@@ -10,13 +10,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
+import socket
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from grpo_launch.errors import LaunchError, ProbeError, install_hint
 from grpo_launch.machines.gpus import GIB, find_gpu_spec
 from grpo_launch.machines.topology import Gpu, Host, Topology
-from grpo_launch.probe.hosts import mixed_models_warning, reported_gpus
+from grpo_launch.probe.hosts import mixed_models_warning, report_command, reported_gpus
+from grpo_launch.recipe.versions import version_tuple
 
 # Ray versions the backend runs with (pyproject.toml's `ray` extra says the same: tests/test_ray_render.py checks).
 # The floor is security's: Ray before 2.52 has no token authentication, and its dashboard's job API runs any command
@@ -45,14 +48,14 @@ def import_ray() -> Any:
 
 def check_version(version: str) -> None:
     """Refuse a Ray outside :data:`RAY_SUPPORTED`; below its floor, name the vulnerability the floor is for."""
-    from grpo_launch.recipe.versions import version_tuple
-
     have, (low, high) = version_tuple(version), RAY_SUPPORTED
     if have is None or not low <= have < high:
         why = ""
         if have is not None and have < low:
-            why = (f": Ray before {low[0]}.{low[1]} lets anyone who reaches its dashboard run commands on the "
-                   f"cluster ({RAY_CVE}) and has no token authentication")  # fmt: skip
+            why = (
+                f": Ray before {low[0]}.{low[1]} lets anyone who reaches its dashboard run commands on the "
+                f"cluster ({RAY_CVE}) and has no token authentication"
+            )
         raise LaunchError(
             f"Ray {version} is installed; grpo-launch's Ray backend supports Ray >={low[0]}.{low[1]},<{high[0]}{why}",
             hint=f"pip install '{RAY_REQUIREMENT}' here and on the cluster (the same version everywhere).",
@@ -69,8 +72,6 @@ def split_address(address: str) -> tuple[str, int] | None:
 
 def check_answers(address: str, timeout_s: float = 5.0) -> None:
     """The Ray head's GCS port accepts a connection (``ray.init`` retries a dead address for a minute)."""
-    import socket
-
     if address == "auto":
         return
     parts = split_address(address)
@@ -97,11 +98,14 @@ def connect(address: str) -> Any:
     if ray.is_initialized():
         return ray
     check_answers(address)
-    import logging
-
     try:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.ERROR,
-                 configure_logging=False)  # fmt: skip
+        ray.init(
+            address=address,
+            namespace=NAMESPACE,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            configure_logging=False,
+        )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise LaunchError(
             f"cannot attach to the Ray cluster at {address}: {str(exc).strip().splitlines()[0][:300]}",
@@ -137,9 +141,13 @@ def _pin(node_id: str) -> Any:
 
 
 def run_on_nodes(
-    ray: Any, argv_by_node: Mapping[str, Sequence[str]], *, timeout_s: float, gpus: Mapping[str, float] | None = None,
+    ray: Any,
+    argv_by_node: Mapping[str, Sequence[str]],
+    *,
+    timeout_s: float,
+    gpus: Mapping[str, float] | None = None,
     cwd: str | None = None,
-) -> dict[str, tuple[int, str, str] | str]:  # fmt: skip
+) -> dict[str, tuple[int, str, str] | str]:
     """Run a command on each node (node id → argv) in a task pinned there; node id → (exit code, stdout, stderr),
     or why it did not run. ``gpus``: GPUs the task holds on a node (Ray sets CUDA_VISIBLE_DEVICES to them)."""
     from grpo_launch.backends.ray.tasks import shell
@@ -177,8 +185,6 @@ def probe_cluster(ray: Any, python: str, environ: Mapping[str, str], skip: Colle
     """Every usable node as its own report says (GPUs by NVML, CPUs, RAM), from a task pinned to it that holds all
     of the node's GPUs (so it sees the ones Ray will hand out); Ray's resources (GPU count, accelerator_type) where
     a node gives no report. ``skip``: node ids left out (draining: Ray schedules nothing there)."""
-    from grpo_launch.probe.hosts import report_command
-
     nodes, with_gpus = usable([n for n in alive_nodes(ray) if n["NodeID"] not in skip])
     here = ray.get_runtime_context().get_node_id()
     # In a stable order, this node first when it takes part: the first training host is the main process's
@@ -243,8 +249,10 @@ def draining_nodes(ray: Any) -> dict[str, float | None]:
         draining = ray._private.state.state.get_draining_nodes()
     except Exception:  # private API: without it there is no notice, and a drained node is a lost one
         return {}
-    return {node if isinstance(node, str) else node.hex(): (ms / 1000 if ms else None)
-            for node, ms in dict(draining).items()}  # fmt: skip
+    return {
+        node if isinstance(node, str) else node.hex(): (ms / 1000 if ms else None)
+        for node, ms in dict(draining).items()
+    }
 
 
 # ------------------------------------------------------------------------------------------------ placement

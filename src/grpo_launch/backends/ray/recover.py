@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from grpo_launch.errors import PlanError, ProbeError
 from grpo_launch.machines.topology import Host, Topology
+from grpo_launch.planning.plan import make_plan
 from grpo_launch.spec import RunResult
 
 if TYPE_CHECKING:
@@ -61,8 +62,6 @@ def replacements(plan: Plan, probed: Topology) -> dict[str, Host] | None:
 def moved_plan(plan: Plan, chosen: Mapping[str, Host]) -> Plan | None:
     """``plan`` made again with each lost host replaced, in its position, by its replacement (a name another host
     of the plan has is replaced by the node's address); None when the new plan is not the same shape."""
-    from grpo_launch.planning.plan import make_plan
-
     kept = {h.name for h in plan.topology.hosts if h.name not in chosen}
     hosts = []
     for h in plan.topology.hosts:
@@ -71,14 +70,19 @@ def moved_plan(plan: Plan, chosen: Mapping[str, Host]) -> Plan | None:
             new = dataclasses.replace(new, name=new.addr)
         hosts.append(new or h)
     topology = dataclasses.replace(plan.topology, hosts=tuple(hosts))
-    runtime = dataclasses.replace(plan.runtime, run_dir=plan.run_dir, python=plan.python,
-                                  vllm_version=plan.vllm_version)  # fmt: skip
+    runtime = dataclasses.replace(
+        plan.runtime, run_dir=plan.run_dir, python=plan.python, vllm_version=plan.vllm_version
+    )
     try:
         new_plan = make_plan(topology, plan.recipe, plan.model, runtime=runtime, calibration=plan.calibration)
     except PlanError:
         return None
     same = (new_plan.split, new_plan.vllm.mode, new_plan.train.num_processes, new_plan.train.num_machines) == (
-        plan.split, plan.vllm.mode, plan.train.num_processes, plan.train.num_machines)  # fmt: skip
+        plan.split,
+        plan.vllm.mode,
+        plan.train.num_processes,
+        plan.train.num_machines,
+    )
     return new_plan if same else None
 
 
@@ -118,17 +122,23 @@ def wait_for_nodes(
             moved = moved_plan(plan, chosen) if chosen else None
             if moved is not None and chosen:
                 instead = ", ".join(f"{old} by {new.name} ({new.addr})" for old, new in chosen.items())
-                emit(f"[grpo-launch] ray: node(s) {names} of the plan left the Ray cluster; replaced by nodes with "
-                     f"the same GPUs: {instead}; restarting there")  # fmt: skip
+                emit(
+                    f"[grpo-launch] ray: node(s) {names} of the plan left the Ray cluster; replaced by nodes with "
+                    f"the same GPUs: {instead}; restarting there"
+                )
                 return moved
         if not said:
             kinds = ", ".join(f"{h.name}: {gpu_kind(h)}" for h in lost)
-            emit(f"[grpo-launch] ray: node(s) {names} of the plan left the Ray cluster; waiting up to {wait_s:.0f} s "
-                 f"(launch.node_wait_s) for them to rejoin or for a node with the same GPUs ({kinds})")  # fmt: skip
+            emit(
+                f"[grpo-launch] ray: node(s) {names} of the plan left the Ray cluster; waiting up to {wait_s:.0f} s "
+                f"(launch.node_wait_s) for them to rejoin or for a node with the same GPUs ({kinds})"
+            )
             said = True
         if cluster.clock() >= deadline:
-            why = (f"node(s) {names} of the plan left the Ray cluster and neither they nor a node with the same GPUs "
-                   f"joined within {wait_s:.0f} s (launch.node_wait_s); nothing more was started")  # fmt: skip
+            why = (
+                f"node(s) {names} of the plan left the Ray cluster and neither they nor a node with the same GPUs "
+                f"joined within {wait_s:.0f} s (launch.node_wait_s); nothing more was started"
+            )
             emit(f"[grpo-launch] ray: {why}")
             again = shlex.join(["grpo-launch", "resume", plan.run_dir])
             hint = f"Bring the node back or add one like it, then `{again}` resumes from the newest checkpoint; or "

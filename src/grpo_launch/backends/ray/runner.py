@@ -18,6 +18,10 @@ import argparse
 import signal
 import sys
 
+from grpo_launch.backends.ray.cluster import connect
+from grpo_launch.errors import GrpoLaunchError
+from grpo_launch.node.shim import read_env
+
 LOST = 255
 
 
@@ -45,12 +49,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str]) -> int:
     args, command = parse(argv)
-    from grpo_launch.node.shim import read_env
-
     env = read_env(sys.stdin) if args.env_stdin else {}
-    from grpo_launch.backends.ray.cluster import connect
-    from grpo_launch.errors import GrpoLaunchError
-
     try:
         ray = connect(args.address)
     except GrpoLaunchError as exc:
@@ -101,8 +100,9 @@ def main(argv: list[str]) -> int:
         why = " ".join(str(exc).split())[:400]
         lost = isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
         what = "died, or its node was lost" if lost else f"could not be reached ({type(exc).__name__})"
-        print(f"ray.exceptions.ActorDiedError: the Ray actor running {args.name} on {args.host} {what}: {why}",
-              flush=True)  # fmt: skip
+        print(
+            f"ray.exceptions.ActorDiedError: the Ray actor running {args.name} on {args.host} {what}: {why}", flush=True
+        )
         return LOST
 
 

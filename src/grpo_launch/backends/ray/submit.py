@@ -22,14 +22,18 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from grpo_launch import __version__
 from grpo_launch.backends.base import BackendOptions, option
+from grpo_launch.backends.ray.cluster import connect, probe_cluster, split_address
 from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
 from grpo_launch.errors import LaunchError, install_hint
-from grpo_launch.machines.topology import Topology
+from grpo_launch.machines.topology import Topology, parse_gpu_spec
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
@@ -75,8 +79,6 @@ class RayJob:
 def dashboard_of(options: RaySubmitOptions, address: str) -> str:
     if options.dashboard:
         return options.dashboard
-    from grpo_launch.backends.ray.cluster import split_address
-
     parts = split_address(address)
     if parts is None:
         raise LaunchError(
@@ -93,8 +95,6 @@ def entrypoint_of(script: str) -> str:
 
 def render_job_script(job: SubmitJob, plan: Plan, ctx: RunContext, *, address: str, dashboard: str, name: str) -> str:
     """RUN_DIR/ray-job.sh: run on the head by the job server (``bash PATH``); every value quoted once."""
-    from grpo_launch import __version__
-
     run = [ctx.python, "-m", "grpo_launch", "run", job.recipe, *job.overrides, "--run-dir", plan.run_dir]
     extra = f" with: {shlex.join(job.extra_args)}" if job.extra_args else ""
     return (
@@ -137,8 +137,9 @@ def job_arguments(extra: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]
         except ValueError as exc:
             raise LaunchError(f"{said}: --{key.replace('_', '-')} is not JSON: {exc}") from None
 
-    runtime_env = parse_runtime_env_args(runtime_env=p.get("runtime_env"), runtime_env_json=p.get("runtime_env_json"),
-                                         working_dir=p.get("working_dir"))  # fmt: skip
+    runtime_env = parse_runtime_env_args(
+        runtime_env=p.get("runtime_env"), runtime_env_json=p.get("runtime_env_json"), working_dir=p.get("working_dir")
+    )
     submit_kwargs = {
         "runtime_env": runtime_env,
         "metadata": parsed("metadata_json"),
@@ -172,13 +173,7 @@ class RaySubmitter(Submitter[RaySubmitOptions]):
 
     @classmethod
     def requested_topology(cls, options: RaySubmitOptions, local: Topology) -> Topology:
-        import sys
-
-        from grpo_launch.backends.ray.cluster import connect, probe_cluster
-
         if options.gpus:  # a dry run from anywhere, as sbatch and sky plan from a GPU spec
-            from grpo_launch.machines.topology import parse_gpu_spec
-
             return parse_gpu_spec(options.gpus)
         if not options.address:
             raise LaunchError(
@@ -228,6 +223,4 @@ def _comment(text: str) -> str:
 
 
 def _stamp() -> str:
-    import time
-
     return time.strftime("%Y%m%d-%H%M%S")

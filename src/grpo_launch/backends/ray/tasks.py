@@ -17,8 +17,9 @@ import ray
 def shell(argv: Sequence[str], cwd: str | None, timeout_s: float) -> tuple[int, str, str]:
     """``argv`` on this node: (exit code, stdout, stderr); 124 past ``timeout_s``."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout_s, cwd=cwd, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
         return 124, "", f"timed out after {timeout_s:.0f} s"
     except OSError as exc:
@@ -43,11 +44,21 @@ class NodeProcess:
         given = [str(g) for g in ray.get_gpu_ids()]
         child_env = {**os.environ, **env}
         child_env["CUDA_VISIBLE_DEVICES"] = ",".join(given)  # exactly Ray's assignment, never the plan's numbering
-        self.proc = subprocess.Popen(list(argv), env=child_env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        self.proc = subprocess.Popen(
+            list(argv),
+            env=child_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         threading.Thread(target=self._pump, daemon=True).start()
-        return {"node": os.uname().nodename, "pid": self.proc.pid, "gpu_ids": given,
-                "address": ray.util.get_node_ip_address()}  # fmt: skip
+        return {
+            "node": os.uname().nodename,
+            "pid": self.proc.pid,
+            "gpu_ids": given,
+            "address": ray.util.get_node_ip_address(),
+        }
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None

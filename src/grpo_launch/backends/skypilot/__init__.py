@@ -6,11 +6,25 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
+import shutil
+import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BackendOptions, option
+from grpo_launch.backends.skypilot.accelerators import parse_accelerators
+from grpo_launch.backends.skypilot.task import (
+    RAY_TOKEN_SECRET,
+    RUN_MOUNT,
+    SECRET_NAMES,
+    RunStorage,
+    SkyTaskRequest,
+    declared_secrets,
+    render_task,
+)
 from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
+from grpo_launch.enums import VllmMode
 from grpo_launch.errors import ConfigError, LaunchError, install_hint
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import MAX_NODES, Gpu, Host, Topology
@@ -18,7 +32,6 @@ from grpo_launch.rundir.text import command_line
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
-    from grpo_launch.backends.skypilot.task import RunStorage
     from grpo_launch.planning.types import Plan
     from grpo_launch.spec import RunContext
 
@@ -40,8 +53,9 @@ class SkyOptions(BackendOptions):
     )
     cluster: str | None = option("--cluster", "SkyPilot cluster name (default: grpo-RECIPE)", metavar="NAME")
     # SkyPilot's default disk: DEFAULT_DISK_SIZE_GB = 256 in sky/resources.py (0.14.1).
-    disk_size: int | None = option("--disk-size", "disk per node in GB (default: SkyPilot's, 256)", type=int,
-                                   metavar="GB")  # fmt: skip
+    disk_size: int | None = option(
+        "--disk-size", "disk per node in GB (default: SkyPilot's, 256)", type=int, metavar="GB"
+    )
     down: bool = option(
         "--down",
         "with --launch: tear the cluster down when the job ends (its disks go too: keep checkpoints elsewhere)",
@@ -62,11 +76,13 @@ class SkyOptions(BackendOptions):
         metavar="URI",
     )
     volume: str | None = option(
-        "--volume", "keep the run directory on this SkyPilot volume (sky volumes apply), mounted as --bucket is",
+        "--volume",
+        "keep the run directory on this SkyPilot volume (sky volumes apply), mounted as --bucket is",
         metavar="NAME",
-    )  # fmt: skip
-    spot: bool = option("--spot", "spot instances (use_spot; with --managed they are recovered)", default=False,
-                        action="store_true")  # fmt: skip
+    )
+    spot: bool = option(
+        "--spot", "spot instances (use_spot; with --managed they are recovered)", default=False, action="store_true"
+    )
     install: str | None = option(
         "--install",
         "what every node installs grpo-launch from (it is not on the package index): a wheel or a source directory "
@@ -97,11 +113,11 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
     def requested_topology(cls, options: SkyOptions, local: Topology) -> Topology:
         """--nodes nodes of --accelerators GPUs each (the GPU from our table, to check memory); CPU nodes without
         --accelerators."""
-        from grpo_launch.backends.skypilot.accelerators import parse_accelerators
-
         if not 1 <= options.nodes <= MAX_NODES:
-            raise ConfigError(f"--nodes must be between 1 and {MAX_NODES}, got {options.nodes}",
-                              hint="e.g. --nodes 2 --accelerators H100:8")  # fmt: skip
+            raise ConfigError(
+                f"--nodes must be between 1 and {MAX_NODES}, got {options.nodes}",
+                hint="e.g. --nodes 2 --accelerators H100:8",
+            )
         gpus: tuple[Gpu, ...] = ()
         if options.accelerators is not None:
             _, spec, count = parse_accelerators(options.accelerators)
@@ -111,10 +127,6 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
         return Topology(hosts, "skypilot")
 
     def request(self, job: SubmitJob, plan: Plan, options: SkyOptions, ctx: RunContext) -> Submission:
-        from grpo_launch.backends.skypilot.accelerators import parse_accelerators
-        from grpo_launch.backends.skypilot.task import RUN_MOUNT, SkyTaskRequest, render_task
-        from grpo_launch.enums import VllmMode
-
         workdir = os.path.abspath(ctx.workdir)
         recipe = _inside(job.recipe, workdir, "the recipe")
         run_dir = os.path.relpath(plan.run_dir, workdir) if _within(plan.run_dir, workdir) else plan.run_dir
@@ -153,9 +165,6 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
     def launch_argv(self, submission: Submission, ctx: RunContext) -> list[str]:
         """``sky launch -c CLUSTER TASK --yes`` (and ``--secret NAME`` for each secret: SkyPilot reads its value
         from this environment); refused, before anything is written, without the sky command or a secret."""
-        import shutil
-
-        from grpo_launch.backends.skypilot.task import declared_secrets
 
         sky = shutil.which("sky", path=ctx.environ.get("PATH"))
         if sky is None:
@@ -179,8 +188,6 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
 
     def submit(self, submission: Submission, ctx: RunContext) -> str:
         """Run ``sky launch`` (its output goes to this terminal); returns the cluster name."""
-        import subprocess
-
         done = subprocess.run(self.launch_argv(submission, ctx), cwd=ctx.workdir, env=launch_env(ctx.environ))
         if done.returncode != 0:
             raise LaunchError(
@@ -194,8 +201,6 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
 def _run_storage(options: SkyOptions, plan: Plan) -> RunStorage | None:
     """The run directory's bucket or volume; refused where the checkpoints would not land on it (--managed without
     one, both given, --down with --managed, an output_dir of the recipe's own elsewhere)."""
-    from grpo_launch.backends.skypilot.task import RUN_MOUNT, RunStorage
-
     if options.bucket and options.volume:
         raise ConfigError("--bucket and --volume both given: the run directory lives on one of them")
     if options.managed and options.down:
@@ -221,10 +226,6 @@ def _run_storage(options: SkyOptions, plan: Plan) -> RunStorage | None:
 def launch_env(environ: Mapping[str, str]) -> dict[str, str]:
     """``sky launch``'s environment: this one, with a Ray token drawn for the cluster when none is exported
     (``--secret RAY_AUTH_TOKEN`` reads it from there: never a command line or a file)."""
-    import secrets
-
-    from grpo_launch.backends.skypilot.task import RAY_TOKEN_SECRET
-
     env = dict(environ)
     if not env.get(RAY_TOKEN_SECRET, "").strip():
         env[RAY_TOKEN_SECRET] = secrets.token_hex(32)  # as Ray draws its own (authentication_token_generator)
@@ -235,8 +236,6 @@ def secrets_needed(plan: Plan, environ: Mapping[str, str]) -> tuple[str, ...]:
     """The secrets the task declares (by name only): those set here, WANDB_API_KEY when the recipe reports to
     Weights & Biases, and every name in the recipe's launch.pass_env (the head's `grpo-launch run` passes them on to
     every process, as the Ray backend passes HF_TOKEN)."""
-    from grpo_launch.backends.skypilot.task import SECRET_NAMES
-
     report_to = plan.recipe.values.get("report_to") or ()
     report_to = [report_to] if isinstance(report_to, str) else list(report_to)
     wanted = {n for n in SECRET_NAMES if environ.get(n)} | set(plan.recipe.launch.pass_env)

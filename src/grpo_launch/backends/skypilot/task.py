@@ -131,8 +131,13 @@ class SkyTaskRequest:
 def check_request(req: SkyTaskRequest) -> None:
     """Refuse values the task cannot carry, all at once."""
     problems: list[str] = []
-    named = [("recipe path", req.recipe), ("--run-dir", req.run_dir), ("workdir", req.workdir), ("name", req.name),
-             *((f"override {o.split('=', 1)[0]!r}", o) for o in req.overrides)]  # fmt: skip
+    named = [
+        ("recipe path", req.recipe),
+        ("--run-dir", req.run_dir),
+        ("workdir", req.workdir),
+        ("name", req.name),
+        *((f"override {o.split('=', 1)[0]!r}", o) for o in req.overrides),
+    ]
     for what, value in named:
         if _YAML_BREAK.search(value):
             problems.append(f"{what} contains a line break or NUL byte: {value!r}")
@@ -193,12 +198,14 @@ def _block(text: str) -> list[str]:
 
 def render_setup(req: SkyTaskRequest) -> str:
     """Installs grpo-launch with its extras on every node (SkyPilot runs it once per node, in the workdir)."""
-    return "\n".join([
-        "set -euo pipefail",
-        f'"${{{NODE_PYTHON_ENV}:-python3}}" -m pip install ' + shlex.join(req.install),
-        f'"${{{NODE_PYTHON_ENV}:-python3}}" -m grpo_launch --version',
-        "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "set -euo pipefail",
+            f'"${{{NODE_PYTHON_ENV}:-python3}}" -m pip install ' + shlex.join(req.install),
+            f'"${{{NODE_PYTHON_ENV}:-python3}}" -m grpo_launch --version',
+            "",
+        ]
+    )
 
 
 def declared_secrets(names: tuple[str, ...]) -> tuple[str, ...]:

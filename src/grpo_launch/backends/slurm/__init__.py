@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses
 from grpo_launch.backends.options import SlurmOptions
+from grpo_launch.backends.slurm.allocation import het_groups, job_end_time, probe_slurm, srun_spec
 from grpo_launch.backends.slurm.env import SLURM_VARIABLES, run_scontrol, slurm_values
+from grpo_launch.backends.slurm.job_state import job_state_of
+from grpo_launch.backends.slurm.preempt import read_stop_grace, stops_at_once
+from grpo_launch.backends.slurm.sbatch import requeue_slurm_job
 from grpo_launch.enums import RunState
 from grpo_launch.machines.topology import Topology
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult
@@ -34,26 +38,23 @@ class SlurmBackend(BaseBackend[SlurmOptions]):
     def create(cls, options: SlurmOptions, environ: Mapping[str, str]) -> SlurmBackend:
         return cls()
 
-    # The allocation and sbatch modules load only when used: choosing a backend and declaring its options must stay
-    # cheap for `grpo-launch plan`.
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
-        from grpo_launch.backends.slurm.allocation import probe_slurm
-
         return probe_slurm(environ, local=local)
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
-        from grpo_launch.backends.slurm.allocation import het_groups, srun_spec
-
         host = next(h for h in plan.topology.hosts if h.name == (spec.host or plan.topology.hosts[0].name))
-        return srun_spec(replace(spec, host=host.name), python=ctx.python, gpus_on_node=len(host.gpus),
-                         cpus_on_node=host.cpus, het_group=het_groups(ctx.environ).get(host.name, 0))  # fmt: skip
+        return srun_spec(
+            replace(spec, host=host.name),
+            python=ctx.python,
+            gpus_on_node=len(host.gpus),
+            cpus_on_node=host.cpus,
+            het_group=het_groups(ctx.environ).get(host.name, 0),
+        )
 
     def preflight(self, plan: Plan, ctx: RunContext) -> None:
         check_addresses(plan)
 
     def deadline(self, ctx: RunContext) -> float | None:
-        from grpo_launch.backends.slurm.allocation import job_end_time
-
         job = ctx.environ.get("SLURM_JOB_ID")
         return job_end_time(job) if job else None
 
@@ -61,27 +62,19 @@ class SlurmBackend(BaseBackend[SlurmOptions]):
         return ctx.environ.get(SLURM_VARIABLES["job_id"]) or None
 
     def stop_grace(self, ctx: RunContext) -> tuple[float, str] | None:
-        from grpo_launch.backends.slurm.preempt import read_stop_grace
-
         return read_stop_grace(ctx.environ) if ctx.environ.get("SLURM_JOB_ID") else None
 
     def stops_at_once(self, signum: int, ctx: RunContext) -> str | None:
-        from grpo_launch.backends.slurm.preempt import stops_at_once
-
         return stops_at_once(signum)
 
     @classmethod
     def job_state(cls, job_id: str) -> JobState | None:
         """A Slurm job's state, restarts, run time, limit and nodes (``scontrol show job -o``), or None (finished
         long ago, no Slurm)."""
-        from grpo_launch.backends.slurm.job_state import job_state_of
-
         text = run_scontrol(["show", "job", "-o", job_id])
         return job_state_of(text) if text else None
 
     def after_run(self, plan: Plan, result: RunResult, ctx: RunContext) -> RunResult:
-        from grpo_launch.backends.slurm.sbatch import requeue_slurm_job
-
         job = ctx.environ.get("SLURM_JOB_ID")
         if result.state == RunState.STOPPED_FOR_CHECKPOINT and job:
             requeue_slurm_job(job)

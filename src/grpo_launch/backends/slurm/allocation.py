@@ -4,7 +4,11 @@ variables and ``scontrol``), and the srun step that places one process on one no
 from __future__ import annotations
 
 import re
+import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
+
+import hostlist
 
 from grpo_launch.backends.slurm.env import SLURM_VARIABLES, run_scontrol, slurm_values
 from grpo_launch.errors import ProbeError, is_decimal
@@ -21,8 +25,6 @@ from grpo_launch.spec import ProcessSpec
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """``"n[1-3],gpu07"`` → ``["n1", "n2", "n3", "gpu07"]``; quotes the bad input on error."""
-    import hostlist  # python-hostlist: pure Python, cheap to import
-
     try:
         hosts = list(hostlist.expand_hostlist(nodelist))
     except hostlist.BadHostlist as exc:
@@ -162,13 +164,21 @@ def probe_nodes(
     """Each node's own report, from one ``srun`` step per node (in parallel): the step asks for the node's GPUs of
     the job, so the report lists what a trainer there will see (NVML model and memory, count), its CPUs and RAM.
     ``groups``: each node's component of a heterogeneous job."""
-    import sys
 
     def argv(node: str) -> list[str]:
         gres = [f"--gres=gpu:{gpus[node]}"] if gpus[node] else []
-        return ["srun", *het_group_args(groups or {}, node), "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-                "--overlap", "--quiet", "--job-name=grpo-launch-probe", *gres,
-                *report_command(python or sys.executable)]  # fmt: skip
+        return [
+            "srun",
+            *het_group_args(groups or {}, node),
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={node}",
+            "--overlap",
+            "--quiet",
+            "--job-name=grpo-launch-probe",
+            *gres,
+            *report_command(python or sys.executable),
+        ]
 
     return collect_reports(list(gpus), argv, timeout_s=timeout_s)
 
@@ -268,8 +278,6 @@ def probe_slurm(
 def parse_end_time(text: str) -> float | None:
     """``EndTime=2026-11-22T10:00:00`` of ``scontrol show job -o`` (the cluster's local time) as epoch seconds;
     None for Unknown / no limit."""
-    import time
-
     m = re.search(r"(?:^|\s)EndTime=(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", text)
     if not m:
         return None

@@ -3,6 +3,7 @@ read its allocation)."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Mapping, Sequence
 
 # Every Slurm variable grpo-launch reads, in one place.
@@ -28,8 +29,6 @@ def slurm_values(environ: Mapping[str, str]) -> dict[str, str]:
 
 def run_scontrol(args: Sequence[str]) -> str | None:
     """``scontrol ARGS`` output, or None when scontrol is missing or fails (callers fall back to the variables)."""
-    import subprocess
-
     try:
         done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):

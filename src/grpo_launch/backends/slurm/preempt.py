@@ -19,6 +19,8 @@ import re
 import signal
 from collections.abc import Mapping
 
+from grpo_launch.backends.slurm.env import run_scontrol, slurm_values
+
 STOP_MARGIN_S = 5.0  # of the platform's grace, kept for grpo-launch's own exit after the trainers stop
 
 AT_ONCE = (
@@ -53,8 +55,6 @@ def stop_grace(grace_time: float | None, kill_wait: float | None) -> tuple[float
 
 def read_stop_grace(environ: Mapping[str, str]) -> tuple[float, str] | None:
     """:func:`stop_grace` for the job's partition (``SLURM_JOB_PARTITION``), read with ``scontrol``."""
-    from grpo_launch.backends.slurm.env import run_scontrol, slurm_values
-
     partition = slurm_values(environ).get("partition", "").split(",")[0]
     part_text = run_scontrol(["show", "partition", partition, "-o"]) if partition else None
     config_text = run_scontrol(["show", "config"])

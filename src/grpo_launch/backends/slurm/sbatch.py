@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from collections.abc import Mapping
 from dataclasses import field
 
@@ -187,8 +188,6 @@ def sbatch_hint(said: str, path: str) -> str:
 
 def submit_batch_script(path: str, *, cwd: str) -> str:
     """``sbatch --parsable PATH`` → the job id."""
-    import subprocess
-
     try:
         done = subprocess.run(["sbatch", "--parsable", path], capture_output=True, text=True, cwd=cwd, timeout=120)
     except FileNotFoundError:
@@ -205,8 +204,6 @@ def submit_batch_script(path: str, *, cwd: str) -> str:
 
 
 def requeue_slurm_job(job_id: str) -> None:
-    import subprocess
-
     try:
         done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:

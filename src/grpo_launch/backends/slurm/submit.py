@@ -7,6 +7,7 @@ import re
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BackendOptions, option
+from grpo_launch.backends.slurm.sbatch import SbatchRequest, render_sbatch_script, submit_batch_script
 from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
 from grpo_launch.errors import ConfigError, short
 from grpo_launch.machines.gpus import GIB, find_gpu_spec
@@ -59,8 +60,10 @@ class SlurmSubmitter(Submitter[SbatchOptions]):
         name, memory = "unknown", None
         if options.gpu_type is not None:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 _.-]*", options.gpu_type):
-                raise ConfigError(f"--gpu-type {short(options.gpu_type)} is not a GPU model name",
-                                  hint="Known: H100-80GB, H200, A100-80GB, L20, L40S, A10G, …")  # fmt: skip
+                raise ConfigError(
+                    f"--gpu-type {short(options.gpu_type)} is not a GPU model name",
+                    hint="Known: H100-80GB, H200, A100-80GB, L20, L40S, A10G, …",
+                )
             spec = find_gpu_spec(options.gpu_type)
             if spec is None:
                 raise ConfigError(
@@ -76,8 +79,6 @@ class SlurmSubmitter(Submitter[SbatchOptions]):
         return Topology(hosts, "sbatch", warnings)
 
     def request(self, job: SubmitJob, plan: Plan, options: SbatchOptions, ctx: RunContext) -> Submission:
-        from grpo_launch.backends.slurm.sbatch import SbatchRequest, render_sbatch_script
-
         request = SbatchRequest(
             recipe=job.recipe,
             run_dir=plan.run_dir,
@@ -99,6 +100,4 @@ class SlurmSubmitter(Submitter[SbatchOptions]):
         )
 
     def submit(self, submission: Submission, ctx: RunContext) -> str:
-        from grpo_launch.backends.slurm.sbatch import submit_batch_script
-
         return submit_batch_script(submission.path, cwd=ctx.workdir)

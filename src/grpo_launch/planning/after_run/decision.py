@@ -90,8 +90,9 @@ class Previous:
     measured_s: float
 
 
-def decide(plan: Plan, measured: Measured, *, tried: Sequence[str], resplits: int,
-           previous: Previous | None = None) -> Adaptation:  # fmt: skip
+def decide(
+    plan: Plan, measured: Measured, *, tried: Sequence[str], resplits: int, previous: Previous | None = None
+) -> Adaptation:
     """What to do after this layout's warm-up. ``measured``: this layout's steps (read_run(after_step=…));
     ``tried``: every split this run has run; ``resplits``: re-splits made so far; ``previous``: the split the last
     re-split replaced, whose measured time decides a revert."""
@@ -101,10 +102,13 @@ def decide(plan: Plan, measured: Measured, *, tried: Sequence[str], resplits: in
     keep: dict[str, Any] = dict(split=key, at_step=measured.last_step, measured_s=measured_s, predicted_s=predicted_s)
     if previous is not None and measured_s > previous.measured_s * (1 + REVERT_MARGIN):
         back = split_key(previous.plan)
-        why = (f"{key} measured {measured_s:.3g} s per prompt, slower than the {previous.measured_s:.3g} s of {back} "
-               "it replaced: back to it")  # fmt: skip
-        return Adaptation(AdaptAction.REVERT, why, new_split=back, new_s=previous.measured_s, plan=previous.plan,
-                          **keep)  # fmt: skip
+        why = (
+            f"{key} measured {measured_s:.3g} s per prompt, slower than the {previous.measured_s:.3g} s of {back} "
+            "it replaced: back to it"
+        )
+        return Adaptation(
+            AdaptAction.REVERT, why, new_split=back, new_s=previous.measured_s, plan=previous.plan, **keep
+        )
     limit = plan.recipe.launch.adapt_max_resplits
     if resplits >= limit:
         return _keep(f"no re-split left (launch.adapt_max_resplits={limit})", **keep)
@@ -131,19 +135,32 @@ def decide(plan: Plan, measured: Measured, *, tried: Sequence[str], resplits: in
     if new_key in tried:
         return _keep(f"the re-plan's best split, {new_key}, was already tried in this run", **keep, **found)
     if algorithm(new) != algorithm(plan):
-        return _keep(f"{new_key} would change the algorithm (group size, prompts per step or "
-                     "generation rounds per step): not taken", **keep, **found)  # fmt: skip
+        return _keep(
+            f"{new_key} would change the algorithm (group size, prompts per step or "
+            "generation rounds per step): not taken",
+            **keep,
+            **found,
+        )
     current = calibrated_s if calibrated_s is not None else measured_s
     if new_s is None or new_s > current * (1 - MIN_GAIN):
         gain = f"{1 - new_s / current:.0%}" if new_s else "unknown"
-        return _keep(f"{new_key} is predicted {gain} faster per prompt, under the {MIN_GAIN:.0%} that "
-                     "pays for a restart", **keep, **found)  # fmt: skip
+        return _keep(
+            f"{new_key} is predicted {gain} faster per prompt, under the {MIN_GAIN:.0%} that pays for a restart",
+            **keep,
+            **found,
+        )
     remaining = (measured.max_steps - measured.last_step) if measured.max_steps else None
     restart_s = (new.estimate.startup_s or 0.0) if new.estimate else 0.0
     saved_s = (current - new_s) * prompts * remaining if remaining is not None else math.inf
     if saved_s <= restart_s:
-        return _keep(f"{new_key} would save {saved_s:.0f} s over the {remaining} steps left, less than "
-                     f"the {restart_s:.0f} s a restart takes", **keep, **found)  # fmt: skip
-    why = (f"{new_key} is predicted {1 - new_s / current:.0%} faster per prompt ({new_s:.3g} s against "
-           f"{current:.3g} s for {key}, both with this run's measurements)")  # fmt: skip
+        return _keep(
+            f"{new_key} would save {saved_s:.0f} s over the {remaining} steps left, less than "
+            f"the {restart_s:.0f} s a restart takes",
+            **keep,
+            **found,
+        )
+    why = (
+        f"{new_key} is predicted {1 - new_s / current:.0%} faster per prompt ({new_s:.3g} s against "
+        f"{current:.3g} s for {key}, both with this run's measurements)"
+    )
     return Adaptation(AdaptAction.RESPLIT, why, plan=new, **keep, **found)

@@ -54,11 +54,15 @@ class SaveInterval:
             f"failures) = {duration(tau)} = {self.optimum_steps} steps of {self.step_s:.1f} s; saving: "
             f"{self.save_why}; failures: {self.mtbf_why}"
         ]
-        for label, steps in ((f"save_steps={self.steps}" + (" (the recipe's)" if self.recipes else ""), self.steps),
-                             (f"TRL's default save_steps={TRL_SAVE_STEPS}", TRL_SAVE_STEPS)):  # fmt: skip
+        for label, steps in (
+            (f"save_steps={self.steps}" + (" (the recipe's)" if self.recipes else ""), self.steps),
+            (f"TRL's default save_steps={TRL_SAVE_STEPS}", TRL_SAVE_STEPS),
+        ):
             lost, saving = self.waste_per_day_s(steps)
-            out.append(f"  {label}: per day of training ≈ {duration(lost)} lost to failures (half an interval and "
-                       f"a restart of {self.restart_s:.0f} s each) + {duration(saving)} saving")  # fmt: skip
+            out.append(
+                f"  {label}: per day of training ≈ {duration(lost)} lost to failures (half an interval and "
+                f"a restart of {self.restart_s:.0f} s each) + {duration(saving)} saving"
+            )
         return out
 
 
@@ -75,20 +79,38 @@ def run_mtbf_s(gpus: int, mtbf_hours: float | None) -> tuple[float, str]:
     if mtbf_hours is not None:
         return mtbf_hours * 3600, f"launch.mtbf_hours={mtbf_hours:g}"
     per_gpu = _c("gpu_hours_between_failures")
-    return per_gpu * 3600 / max(1, gpus), (f"{per_gpu:,.0f} GPU-hours per failure (Llama 3: 419 in 54 days on "
-                                           f"16,384 GPUs) ÷ {gpus} GPUs")  # fmt: skip
+    return per_gpu * 3600 / max(1, gpus), (
+        f"{per_gpu:,.0f} GPU-hours per failure (Llama 3: 419 in 54 days on 16,384 GPUs) ÷ {gpus} GPUs"
+    )
 
 
-def save_interval(save_bytes: float, write_bytes_per_s: float, write_why: str, gpus: int, mtbf_hours: float | None,
-                  step_s: float, restart_s: float, recipe_steps: int | None) -> SaveInterval:  # fmt: skip
+def save_interval(
+    save_bytes: float,
+    write_bytes_per_s: float,
+    write_why: str,
+    gpus: int,
+    mtbf_hours: float | None,
+    step_s: float,
+    restart_s: float,
+    recipe_steps: int | None,
+) -> SaveInterval:
     """Young's interval for a checkpoint of ``save_bytes`` written at ``write_bytes_per_s`` (``write_why``: where that
     speed comes from), in steps of ``step_s``; the recipe's own save_steps kept where it set one."""
     save_s = save_bytes / write_bytes_per_s
     mtbf_s, mtbf_why = run_mtbf_s(gpus, mtbf_hours)
     optimum = max(1, round(math.sqrt(2 * save_s * mtbf_s) / max(step_s, 1e-9)))
     save_why = f"{save_bytes / 1e9:.1f} GB at {write_bytes_per_s / 1e9:.2f} GB/s ({write_why})"
-    return SaveInterval(save_s, save_why, mtbf_s, mtbf_why, step_s, restart_s, optimum,
-                        recipe_steps if recipe_steps else optimum, recipe_steps is not None)  # fmt: skip
+    return SaveInterval(
+        save_s,
+        save_why,
+        mtbf_s,
+        mtbf_why,
+        step_s,
+        restart_s,
+        optimum,
+        recipe_steps if recipe_steps else optimum,
+        recipe_steps is not None,
+    )
 
 
 def off_the_optimum(interval: SaveInterval) -> float:

@@ -31,9 +31,15 @@ def _where(terms: MeasuredTerms) -> str:
 
 
 def generation(
-    terms: MeasuredTerms, model: ModelShape | None, n: int, work: Workload, *, engine: str, engines: int = 1,
+    terms: MeasuredTerms,
+    model: ModelShape | None,
+    n: int,
+    work: Workload,
+    *,
+    engine: str,
+    engines: int = 1,
     max_num_seqs: int | None = None,
-) -> Term | None:  # fmt: skip
+) -> Term | None:
     """One generation round (``work`` is the round's) from the measured decode curve of ``engine``: "generate" or
     "continuous" (each of ``n`` trainers decodes its share of the round at once, TRL's path without vLLM), or "vllm"
     (``engines`` single-GPU engines share the round, ``max_num_seqs`` at a time). None when that curve was not
@@ -47,8 +53,10 @@ def generation(
         rounds = math.ceil(per_engine / batch)
         step = terms.decode_step_s(batch, engine=engine)
         seconds = rounds * work.longest_of(batch) * step
-        how = (f"vLLM, {_where(terms)}: {rounds} batch(es) × {work.longest_of(batch):.0f} decode steps × "
-               f"{step * 1e3:.1f} ms at batch {batch}")  # fmt: skip
+        how = (
+            f"vLLM, {_where(terms)}: {rounds} batch(es) × {work.longest_of(batch):.0f} decode steps × "
+            f"{step * 1e3:.1f} ms at batch {batch}"
+        )
     else:
         batch = trainer_decode_batch(n, work)
         step = terms.decode_step_s(batch, engine=engine, per_sequence_s=_per_sequence_s(model))
@@ -57,9 +65,12 @@ def generation(
         seconds = work.longest_of(batch) * step + prefill
         label = "transformers" if engine == "generate" else "continuous batching"
         beyond = max(b for b, _ in curve) < batch
-        how = (f"{label}, {_where(terms)}: {work.longest_of(batch):.0f} decode steps × {step * 1e3:.1f} ms at "
-               f"{batch} sequences per trainer" + (" (beyond the largest batch measured: extended)" if beyond else "")
-               + f" + {prefill:.2f} s prefill")  # fmt: skip
+        how = (
+            f"{label}, {_where(terms)}: {work.longest_of(batch):.0f} decode steps × {step * 1e3:.1f} ms at "
+            f"{batch} sequences per trainer"
+            + (" (beyond the largest batch measured: extended)" if beyond else "")
+            + f" + {prefill:.2f} s prefill"
+        )
     if terms.overhead_steps:
         seconds += terms.overhead_generation_s
         how += f" + {terms.overhead_generation_s:.2f} s TRL's own per round"
@@ -68,9 +79,15 @@ def generation(
 
 
 def training(
-    terms: MeasuredTerms, n: int, backend: str, work: Workload, *, extra_s: float = 0.0, extra_why: str = "",
+    terms: MeasuredTerms,
+    n: int,
+    backend: str,
+    work: Workload,
+    *,
+    extra_s: float = 0.0,
+    extra_why: str = "",
     any_head: bool = False,
-) -> Term | None:  # fmt: skip
+) -> Term | None:
     """One optimizer step's forward and backward on each of ``n`` trainers at the rate measured for ``backend`` with
     the plan's activation checkpointing; where only the engine-free rate was measured, that rate plus ``extra_s``
     (the table's cost of the backend: ZeRO-3's gathers, offload). None where no rate was measured as TRL runs it
@@ -87,9 +104,12 @@ def training(
     seconds = tokens / rate + plus + (terms.overhead_training_s if terms.overhead_steps else 0.0)
     scale = work.scale.run_training
     engine = backend if terms.training_rate(backend, ckpt) else "no engine"
-    how = (f"{_where(terms)}, {engine}: {tokens:,.0f} padded tokens per process / {rate:,.0f} tokens/s"
-           + (" (with activation checkpointing)" if ckpt else "") + (f" + {plus:.2f} s {plus_why}" if plus else "")
-           + (f" + {terms.overhead_training_s:.2f} s TRL's own per step" if terms.overhead_steps else ""))  # fmt: skip
+    how = (
+        f"{_where(terms)}, {engine}: {tokens:,.0f} padded tokens per process / {rate:,.0f} tokens/s"
+        + (" (with activation checkpointing)" if ckpt else "")
+        + (f" + {plus:.2f} s {plus_why}" if plus else "")
+        + (f" + {terms.overhead_training_s:.2f} s TRL's own per step" if terms.overhead_steps else "")
+    )
     return seconds * scale, f"{how} = {seconds * scale:.2f} s" + (f" (× {scale:.2f} from a run)" if scale != 1 else "")
 
 
@@ -102,8 +122,9 @@ def old_logprobs(terms: MeasuredTerms, n: int, work: Workload, rounds: float) ->
     return seconds, f"forward {terms.forward_tokens_per_s:,.0f} tokens/s {_where(terms)}: {seconds:.2f} s"
 
 
-def measured_step_time(terms: MeasuredTerms, n: int, work: Workload, *, vllm: bool,
-                       model: ModelShape | None = None) -> tuple[StepTime, list[str]] | None:  # fmt: skip
+def measured_step_time(
+    terms: MeasuredTerms, n: int, work: Workload, *, vllm: bool, model: ModelShape | None = None
+) -> tuple[StepTime, list[str]] | None:
     """One optimizer step on ``n`` processes from the measured terms alone (a CPU plan, which has no table), and the
     arithmetic; None where a term the step needs was not measured."""
     engine = "vllm" if vllm else ("continuous" if work.continuous_batching else "generate")
@@ -118,6 +139,7 @@ def measured_step_time(terms: MeasuredTerms, n: int, work: Workload, *, vllm: bo
     if old:
         lines.append(f"old log-probs ({old[1]})")
     if vllm:
-        lines.append(f"weight sync: {sync:.2f} s measured" if terms.sync_s is not None else
-                     "weight sync: not measured (0 s)")  # fmt: skip
+        lines.append(
+            f"weight sync: {sync:.2f} s measured" if terms.sync_s is not None else "weight sync: not measured (0 s)"
+        )
     return StepTime(gen[0] * rounds, train[0], sync, old[0] if old else 0.0), lines

@@ -149,8 +149,18 @@ def train_memory(model: ModelShape, n: int, backend: DistBackend, offload: Offlo
     activations = act.saved + act.mask + max(0.0, act.recompute - act.lm_head)
     lm_head = act.lm_head
     autocast = _c("autocast_weight_bytes") * p if prec.autocast and backend == DistBackend.DDP else 0.0
-    return TrainMemory(weights, grads, optim, reference, activations, lm_head, autocast, process_overhead(n),
-                       work.scale.memory * work.scale.measured_memory, work.scale.activation_memory)  # fmt: skip
+    return TrainMemory(
+        weights,
+        grads,
+        optim,
+        reference,
+        activations,
+        lm_head,
+        autocast,
+        process_overhead(n),
+        work.scale.memory * work.scale.measured_memory,
+        work.scale.activation_memory,
+    )
 
 
 def margin_lines(n: int) -> list[str]:
@@ -201,15 +211,22 @@ class VllmMemory:
             f"× {self.max_num_seqs} sequences + {VLLM_OVERHEAD_BYTES / GIB:.1f} GiB"
         )
         if given is not None and round(given, 2) != self.gpu_memory_utilization:
-            return [f"{terms} = {self.gpu_memory_utilization:.2f} of each GPU, within the {given:.2f} vLLM is given "
-                    "(vllm_gpu_memory_utilization)"]  # fmt: skip
+            return [
+                f"{terms} = {self.gpu_memory_utilization:.2f} of each GPU, within the {given:.2f} vLLM is given "
+                "(vllm_gpu_memory_utilization)"
+            ]
         return [f"{terms} → gpu_memory_utilization {self.gpu_memory_utilization:.2f}"]
 
 
 def vllm_memory(
-    model: ModelShape, par: Parallelism, gpu_bytes: float, work: Workload, *, share: float | None,
+    model: ModelShape,
+    par: Parallelism,
+    gpu_bytes: float,
+    work: Workload,
+    *,
+    share: float | None,
     limit: float | None = None,
-) -> VllmMemory | None:  # fmt: skip
+) -> VllmMemory | None:
     """vLLM sizing of ``par`` on GPUs of ``gpu_bytes``: with ``share`` (colocate) the fraction it may use and the
     utilization sized to what it needs; else a server at ``limit`` (its --gpu-memory-utilization, default TRL's 0.9).
 

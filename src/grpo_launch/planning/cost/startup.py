@@ -81,9 +81,18 @@ class Startup:
 
 
 def startup_time(
-    model: ModelShape, mode: VllmMode, *, deepspeed: bool, machines: int, processes: int, sync_across_nodes: bool,
-    first_generation_s: float, first_decode_steps: float, measured: MeasuredTerms | None = None, gloo: bool = False,
-) -> Startup:  # fmt: skip
+    model: ModelShape,
+    mode: VllmMode,
+    *,
+    deepspeed: bool,
+    machines: int,
+    processes: int,
+    sync_across_nodes: bool,
+    first_generation_s: float,
+    first_decode_steps: float,
+    measured: MeasuredTerms | None = None,
+    gloo: bool = False,
+) -> Startup:
     """The time to first step of a plan: the trainers on ``machines`` hosts (``processes`` in all; with DeepSpeed's
     engine when ``deepspeed``), vLLM in ``mode``, the first weight sync (between hosts when ``sync_across_nodes``),
     and the first generation round (``first_generation_s`` warm, ``first_decode_steps`` decode steps in the trainers
@@ -99,8 +108,12 @@ def startup_time(
         if mode == VllmMode.SERVER:
             phases.append(Phase("vllm_ready", ready, why, took, beside=True))
         else:  # colocated engines start inside the trainers, as GRPOTrainer is built: part of its load
-            phases[1] = Phase("model_load", load.seconds + ready, f"{load.why} + the colocated engines' start "
-                              f"{ready:.0f} s ({why})", load.measured)  # fmt: skip
+            phases[1] = Phase(
+                "model_load",
+                load.seconds + ready,
+                f"{load.why} + the colocated engines' start {ready:.0f} s ({why})",
+                load.measured,
+            )
     if mode == VllmMode.SERVER:
         sync = sync_time(model, across_nodes=sync_across_nodes) + _c("nccl_init_s_node")
         phases.append(Phase("first_sync", sync, "the weight-sync group's NCCL start + the first broadcast"))
@@ -111,16 +124,21 @@ def startup_time(
 def _start(m: MeasuredTerms | None) -> Phase:
     launcher = _c("launcher_start_s")
     if m is not None and m.imports_s:
-        return Phase("start", launcher + m.imports_s,
-                     f"accelerate launch and torchrun {launcher:.1f} s (table) + imports {m.imports_s:.1f} s measured",
-                     measured=True)  # fmt: skip
+        return Phase(
+            "start",
+            launcher + m.imports_s,
+            f"accelerate launch and torchrun {launcher:.1f} s (table) + imports {m.imports_s:.1f} s measured",
+            measured=True,
+        )
     imports = _c("trainer_imports_s")
-    return Phase("start", launcher + imports,
-                 f"accelerate launch and torchrun {launcher:.1f} s + imports {imports:.1f} s")  # fmt: skip
+    return Phase(
+        "start", launcher + imports, f"accelerate launch and torchrun {launcher:.1f} s + imports {imports:.1f} s"
+    )
 
 
-def _model_load(model: ModelShape, m: MeasuredTerms | None, *, deepspeed: bool, machines: int, processes: int,
-                gloo: bool) -> Phase:  # fmt: skip
+def _model_load(
+    model: ModelShape, m: MeasuredTerms | None, *, deepspeed: bool, machines: int, processes: int, gloo: bool
+) -> Phase:
     measured_rate = m is not None and m.load_bytes and m.load_s
     rate = (m.load_bytes / m.load_s) if measured_rate and m is not None and m.load_s else _c("load_bytes_per_s")
     load = model.weight_bytes_bf16 / rate
@@ -134,11 +152,14 @@ def _model_load(model: ModelShape, m: MeasuredTerms | None, *, deepspeed: bool, 
     ds = 0.0
     if deepspeed:
         ds = m.deepspeed_init_s if m is not None and m.deepspeed_init_s else _c("deepspeed_init_s")
-    why = (f"{model.weight_bytes_bf16 / 1e9:.1f} GB at {rate / 1e9:.1f} GB/s"
-           + (" measured" if measured_rate else "") + f" = {load:.1f} s"
-           + (f" + CUDA's start {cuda:.1f} s measured" if cuda else "")
-           + (f" + process groups {groups:.1f} s{group_why}" if groups else "")
-           + (f" + DeepSpeed {ds:.0f} s" if ds else ""))  # fmt: skip
+    why = (
+        f"{model.weight_bytes_bf16 / 1e9:.1f} GB at {rate / 1e9:.1f} GB/s"
+        + (" measured" if measured_rate else "")
+        + f" = {load:.1f} s"
+        + (f" + CUDA's start {cuda:.1f} s measured" if cuda else "")
+        + (f" + process groups {groups:.1f} s{group_why}" if groups else "")
+        + (f" + DeepSpeed {ds:.0f} s" if ds else "")
+    )
     return Phase("model_load", load + cuda + groups + ds, why, measured=bool(measured_rate))
 
 
@@ -151,6 +172,9 @@ def _first_generation(m: MeasuredTerms | None, mode: VllmMode, warm_s: float, st
     per_step = m.warmup_decode_s_per_step if measured and m is not None else _c("first_generation_warmup_s_per_step")
     assert per_step is not None
     warmup = per_step * steps
-    why = (f"{warm_s:.1f} s + warm-up {steps:.0f} steps × {per_step * 1e3:.1f} ms"
-           + (" measured" if measured else "") + f" = {warmup:.1f} s")  # fmt: skip
+    why = (
+        f"{warm_s:.1f} s + warm-up {steps:.0f} steps × {per_step * 1e3:.1f} ms"
+        + (" measured" if measured else "")
+        + f" = {warmup:.1f} s"
+    )
     return Phase("first_generation", warm_s + warmup, why, measured=measured)

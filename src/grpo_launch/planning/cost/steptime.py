@@ -249,8 +249,10 @@ def zero3_gather_time(model: ModelShape, n: int, work: Workload, *, passes: int)
 
 
 def _gathers_why(model: ModelShape, n: int, work: Workload, passes: int) -> str:
-    return (f"{micro_batches(n, work)} micro-batch(es) × {passes} passes × {model.layers} layers × "
-            f"{_c('zero3_layer_pass_s') * 1e3:.1f} ms" + (" + each layer's bytes" if n > 1 else ""))  # fmt: skip
+    return (
+        f"{micro_batches(n, work)} micro-batch(es) × {passes} passes × {model.layers} layers × "
+        f"{_c('zero3_layer_pass_s') * 1e3:.1f} ms" + (" + each layer's bytes" if n > 1 else "")
+    )
 
 
 def old_logprobs_time(model: ModelShape, gpu: GpuSpec, n: int, work: Workload) -> float:

@@ -3,7 +3,7 @@ calibration of it. Pure data."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from grpo_launch.machines.measured import MeasuredTerms
@@ -90,8 +90,6 @@ class Workload:
 
     def per_generation(self) -> Workload:
         """The workload of one generation round (what vLLM generates, and the old log-probs are computed over)."""
-        from dataclasses import replace
-
         return replace(self, completions=self.generation_completions)
 
     @property

@@ -34,14 +34,21 @@ def async_problems(topology: Topology, recipe: Recipe, model: ModelShape | None)
     out: list[tuple[str, list[Fix]]] = []
     values, launch = recipe.values, recipe.launch
     if topology.is_cpu:
-        out.append(("AsyncGRPOTrainer needs a vLLM server on GPUs and NCCL weight transfer (weight_transfer.py:26-37); "
-                    "there is no GPU here", [SYNC]))  # fmt: skip
+        out.append(
+            (
+                "AsyncGRPOTrainer needs a vLLM server on GPUs and NCCL weight transfer (weight_transfer.py:26-37); "
+                "there is no GPU here",
+                [SYNC],
+            )
+        )
     if launch.backend is not None and launch.backend.is_deepspeed:
-        out.append((
-            f"launch.backend={launch.backend}: AsyncGRPOTrainer supports FSDP2 only, not DeepSpeed ZeRO (TRL docs "
-            "async_grpo_trainer.md:4; async_grpo_trainer.py:1174-1175 'AsyncGRPO is FSDP2-only')",
-            [Fix("launch.backend", "fsdp", "FSDP2, which AsyncGRPOTrainer supports", rank=0), SYNC],
-        ))  # fmt: skip
+        out.append(
+            (
+                f"launch.backend={launch.backend}: AsyncGRPOTrainer supports FSDP2 only, not DeepSpeed ZeRO (TRL docs "
+                "async_grpo_trainer.md:4; async_grpo_trainer.py:1174-1175 'AsyncGRPO is FSDP2-only')",
+                [Fix("launch.backend", "fsdp", "FSDP2, which AsyncGRPOTrainer supports", rank=0), SYNC],
+            )
+        )
     if launch.backend == DistBackend.DDP:
         why = "launch.backend=ddp: the async trainer's weight gather is written for FSDP2"
         why += " (async_grpo_trainer.py:1724-1783)"
@@ -50,13 +57,23 @@ def async_problems(topology: Topology, recipe: Recipe, model: ModelShape | None)
     if spec is not None and spec.vendor == "nvidia":
         cc = COMPUTE_CAPABILITY.get(spec.name)
         if cc is not None and cc not in FA3_CAPABILITIES:
-            out.append((
-                f"{spec.name} GPUs have compute capability {cc[0]}.{cc[1]}: the async trainer's tree attention runs "
-                f"{FA3_KERNEL} (packing.py:160-165, forced by attn_implementation=tree_fa3 at "
-                "async_grpo_trainer.py:1083-1088), whose kernel is built for 8.0 and 9.0 only",
-                [Fix("gpus", None, "A100 / A800 (8.0) or H100 / H200 / H800 (9.0) trainer GPUs", 1, in_recipe=False),
-                 SYNC],
-            ))  # fmt: skip
+            out.append(
+                (
+                    f"{spec.name} GPUs have compute capability {cc[0]}.{cc[1]}: the async trainer's tree attention "
+                    f"runs {FA3_KERNEL} (packing.py:160-165, forced by attn_implementation=tree_fa3 at "
+                    "async_grpo_trainer.py:1083-1088), whose kernel is built for 8.0 and 9.0 only",
+                    [
+                        Fix(
+                            "gpus",
+                            None,
+                            "A100 / A800 (8.0) or H100 / H200 / H800 (9.0) trainer GPUs",
+                            1,
+                            in_recipe=False,
+                        ),
+                        SYNC,
+                    ],
+                )
+            )
     if values.get("use_liger_kernel") is True:
         why = "use_liger_kernel: true: AsyncGRPOTrainer raises NotImplementedError (async_grpo_trainer.py:1090-1091)"
         out.append((why, [Fix("use_liger_kernel", False, "the async trainer's own fused LM head", rank=0), SYNC]))
@@ -70,15 +87,30 @@ def async_problems(topology: Topology, recipe: Recipe, model: ModelShape | None)
             )
         )
     if model is not None and model.attention_sinks:
-        out.append((f"{model.name} uses attention sinks, which the FA3 kernel of tree packing does not support "
-                    "(async_grpo_trainer.py:1101-1105)", [SYNC]))  # fmt: skip
+        out.append(
+            (
+                f"{model.name} uses attention sinks, which the FA3 kernel of tree packing does not support "
+                "(async_grpo_trainer.py:1101-1105)",
+                [SYNC],
+            )
+        )
     if values.get("reward_model_name_or_path"):
-        out.append((
-            "reward_model_name_or_path: the async trainer scores in a spawned child with CUDA_VISIBLE_DEVICES='' "
-            "(async_rollout_worker.py:250; docs: a GPU reward model silently runs on CPU)",
-            [Fix("reward_model_name_or_path", None, "serve the reward model on GPUs of its own and call it from a "
-                 "module-level reward function (TRL's docs' advice)", rank=1), SYNC],
-        ))  # fmt: skip
+        out.append(
+            (
+                "reward_model_name_or_path: the async trainer scores in a spawned child with CUDA_VISIBLE_DEVICES='' "
+                "(async_rollout_worker.py:250; docs: a GPU reward model silently runs on CPU)",
+                [
+                    Fix(
+                        "reward_model_name_or_path",
+                        None,
+                        "serve the reward model on GPUs of its own and call it from a "
+                        "module-level reward function (TRL's docs' advice)",
+                        rank=1,
+                    ),
+                    SYNC,
+                ],
+            )
+        )
     for name in reward_names(values):
         if ":" not in name and "." not in name and name in UNPICKLABLE_OPEN_R1:
             out.append(

@@ -45,8 +45,15 @@ def memory_fixes(
     if not work.lora and total(n, b, o, dataclasses.replace(w_ck, lora=True)) <= budget:
         if model.is_moe:  # the experts stay frozen: adapters on the attention projections only
             attention = ("lora_target_modules", ["q_proj", "k_proj", "v_proj", "o_proj"])
-            fixes.append(Fix("use_peft", True, "LoRA on the attention only: the experts stay frozen in bf16", 1,
-                             also=(attention,)))  # fmt: skip
+            fixes.append(
+                Fix(
+                    "use_peft",
+                    True,
+                    "LoRA on the attention only: the experts stay frozen in bf16",
+                    1,
+                    also=(attention,),
+                )
+            )
         else:
             fixes.append(Fix("use_peft", True, "LoRA: only the frozen bf16 base stays on the GPU", rank=1))
     for length in (work.completion_len // 2, work.completion_len // 4, work.completion_len // 8):
@@ -78,10 +85,24 @@ def per_device_fixes(per_device: int, fits: Callable[[int], bool], recipe: Recip
     most = lo
     cost = abs(math.log(per_device / most))
     if recipe.launch.prompts_per_step is not None:  # the accumulation is derived from the pinned batch
-        return [Fix("per_device_train_batch_size", most, "the most completions per forward pass that fit; "
-                    "launch.prompts_per_step keeps the batch", rank=0, cost=cost)]  # fmt: skip
-    fixes = [Fix("per_device_train_batch_size", most, "the most completions per forward pass that fit; "
-                 "a smaller batch", rank=1, cost=cost)]  # fmt: skip
+        return [
+            Fix(
+                "per_device_train_batch_size",
+                most,
+                "the most completions per forward pass that fit; launch.prompts_per_step keeps the batch",
+                rank=0,
+                cost=cost,
+            )
+        ]
+    fixes = [
+        Fix(
+            "per_device_train_batch_size",
+            most,
+            "the most completions per forward pass that fit; a smaller batch",
+            rank=1,
+            cost=cost,
+        )
+    ]
     keep = max(d for d in _divisors(per_device) if d <= most)
     accumulation = int(recipe.get("gradient_accumulation_steps") or 1) * (per_device // keep)
     also: tuple[tuple[str, object], ...] = (("gradient_accumulation_steps", accumulation),)

@@ -68,8 +68,13 @@ def verified(error: PlanError, recipe: Recipe, plan: Callable[[Recipe], object])
     if not good:
         for a, b in itertools.islice(itertools.combinations(inside, 2), MAX_PAIRS):
             if a.setting != b.setting and plans((*a.assignments(), *b.assignments())):
-                both = Fix(a.setting, a.choices[0], f"{a.reason}, and {b.reason}", rank=max(a.rank, b.rank),
-                           also=(*a.also, *b.assignments()))  # fmt: skip
+                both = Fix(
+                    a.setting,
+                    a.choices[0],
+                    f"{a.reason}, and {b.reason}",
+                    rank=max(a.rank, b.rank),
+                    also=(*a.also, *b.assignments()),
+                )
                 good.append(both)
                 break
     if not good:  # none plans on its own: the ones that get past this problem, saying what comes next
@@ -120,8 +125,9 @@ def _larger(topology: Topology) -> list[tuple[str, Topology]]:
     out = []
     for h, n in shapes[:MAX_GPU_TRIES]:
         gpus = tuple(dataclasses.replace(gpu, visible_id=str(i), uuid=None) for i in range(n))
-        made = tuple(dataclasses.replace(first, name=f"{first.name}-{i}" if i else first.name, gpus=gpus)
-                     for i in range(h))  # fmt: skip
+        made = tuple(
+            dataclasses.replace(first, name=f"{first.name}-{i}" if i else first.name, gpus=gpus) for i in range(h)
+        )
         out.append((f"{h}x{n}x{name}" if h > 1 else f"{n}x{name}", dataclasses.replace(topology, hosts=made)))
     return out
 
@@ -131,9 +137,11 @@ def with_gpu_count(error: PlanError, topology: Topology, plan: Callable[[Topolog
     more = [
         f
         for f in error.fixes
-        if f.setting == "gpus" and not f.in_recipe and f.reason.startswith("more ")
+        if f.setting == "gpus"
+        and not f.in_recipe
+        and f.reason.startswith("more ")
         and not re.search(r"\d+ (training )?GPUs|at least \d+", f.reason)  # a count of its own already
-    ]  # fmt: skip
+    ]
     if not more or topology.is_cpu:
         return error
     found = None

@@ -75,9 +75,13 @@ def refuse_server_size(topology: Topology, model: ModelShape | None, gpus: int |
 
 
 def refuse_no_server(
-    topology: Topology, model: ModelShape | None, served: list[Split], gpus: int | None, pp: int | None,
+    topology: Topology,
+    model: ModelShape | None,
+    served: list[Split],
+    gpus: int | None,
+    pp: int | None,
     headless: bool,
-) -> None:  # fmt: skip
+) -> None:
     """launch.vllm=server, and no server split is left: none of the asked size or stages (``served`` empty), or
     none whose weights fit."""
     n, g, mem = len(topology.hosts), min(topology.gpus_per_host), topology.min_gpu_memory_bytes

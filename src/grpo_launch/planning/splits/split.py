@@ -207,8 +207,19 @@ def enumerate_uneven_splits(counts: Sequence[int], model: ModelShape | None) -> 
             continue
         per = counts[train[0]]
         for t, d in server_shapes(model, c, c):
-            out.append(Split(SplitKind.NODES, n, max(counts), per, train, Parallelism(t, dp=d * len(serve)), serve,
-                             c, total_gpus=total))  # fmt: skip
+            out.append(
+                Split(
+                    SplitKind.NODES,
+                    n,
+                    max(counts),
+                    per,
+                    train,
+                    Parallelism(t, dp=d * len(serve)),
+                    serve,
+                    c,
+                    total_gpus=total,
+                )
+            )
     least = min(counts)
     bigger = tuple(i for i in range(n) if counts[i] > least)
     extra = {counts[i] - least for i in bigger}
@@ -216,8 +227,9 @@ def enumerate_uneven_splits(counts: Sequence[int], model: ModelShape | None) -> 
         k = extra.pop()
         for t, d in server_shapes(model, k, k):
             par = Parallelism(t, dp=d * len(bigger))
-            out.append(Split(SplitKind.SPREAD, n, max(counts), least, tuple(range(n)), par, bigger, k,
-                             total_gpus=total))  # fmt: skip
+            out.append(
+                Split(SplitKind.SPREAD, n, max(counts), least, tuple(range(n)), par, bigger, k, total_gpus=total)
+            )
     return out
 
 
@@ -245,16 +257,38 @@ def enumerate_type_splits(counts: Sequence[int], types: Sequence[str], model: Mo
             per_train = counts[train[0]]
             label = f"{serve_type} serves, {train_type} trains"
             for t, d in server_shapes(model, per_serve, per_serve):
-                out.append(Split(SplitKind.NODES, n, max(counts), per_train, train, Parallelism(t, dp=d * len(serve)),
-                                 serve, per_serve, total_gpus=total, types=label))  # fmt: skip
+                out.append(
+                    Split(
+                        SplitKind.NODES,
+                        n,
+                        max(counts),
+                        per_train,
+                        train,
+                        Parallelism(t, dp=d * len(serve)),
+                        serve,
+                        per_serve,
+                        total_gpus=total,
+                        types=label,
+                    )
+                )
     for alone in order:
         hosts = of[alone]
         if not even[alone]:
             continue
         per = counts[hosts[0]]
         for t, _ in server_shapes(model, per, per):
-            out.append(Split(SplitKind.COLOCATE, n, max(counts), per, hosts, Parallelism(t, dp=per * len(hosts) // t),
-                             total_gpus=total, types=f"{alone} alone"))  # fmt: skip
+            out.append(
+                Split(
+                    SplitKind.COLOCATE,
+                    n,
+                    max(counts),
+                    per,
+                    hosts,
+                    Parallelism(t, dp=per * len(hosts) // t),
+                    total_gpus=total,
+                    types=f"{alone} alone",
+                )
+            )
     return out
 
 
