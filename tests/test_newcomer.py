@@ -218,6 +218,7 @@ def test_a_stop_on_request_does_not_say_training_finished(tmp_path):
     import sys
 
     from grpo_launch.execute.session import SessionSpec, supervise
+    from grpo_launch.execute.stop_channel import StopChannel
     from grpo_launch.rundir.control import mark_stopped
     from grpo_launch.rundir.layout import RunPaths
     from grpo_launch.spec import ProcessSpec
@@ -230,7 +231,8 @@ def test_a_stop_on_request_does_not_say_training_finished(tmp_path):
             mark_stopped(tmp_path, 65)
         out: list[str] = []
         session = SessionSpec(None, [trainer], tmp_path / "logs", grace_s=2, paths=paths)
-        assert supervise(session, environ={"PATH": "/usr/bin:/bin"}, emit=out.append).exit_code == 0
+        channel = StopChannel(paths.root, out.append)  # where the trainers' answer is read
+        assert supervise(session, environ={"PATH": "/usr/bin:/bin"}, emit=out.append, channel=channel).exit_code == 0
         assert any("training finished" in line for line in out) is not stopped
 
 

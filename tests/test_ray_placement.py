@@ -119,7 +119,7 @@ def run_placed(backend, plan, run_id: str) -> tuple[list, dict[str, str]]:
                                             env={**os.environ, RUN_ID_ENV: run_id}, cwd=ROOT).stdout  # fmt: skip
 
     try:
-        with backend.attempt(placed, plan, ctx):
+        with backend.attempt(placed, plan, ctx, lambda _reason: None):
             threads = [threading.Thread(target=run, args=(s,)) for s in placed]
             for t in threads:
                 t.start()

@@ -154,6 +154,7 @@ def test_with_no_restart_left_a_lost_server_ends_the_attempt_naming_why(tmp_path
     from grpo_launch.enums import FailureKind, Role
     from grpo_launch.execute.server_keeper import GIVE_UP, ServerNotKept
     from grpo_launch.execute.session import SessionSpec, _keeper
+    from grpo_launch.execute.stop_channel import StopChannel
     from grpo_launch.execute.supervisor import ServerLost, Supervisor
     from grpo_launch.rundir import control, server_state
     from grpo_launch.rundir.layout import RunPaths
@@ -180,7 +181,7 @@ def test_with_no_restart_left_a_lost_server_ends_the_attempt_naming_why(tmp_path
         paths=RunPaths(run),
     )
     try:
-        keeper = _keeper(sup, session, stop_grace_s=30)
+        keeper = _keeper(sup, session, StopChannel(run, said.append), stop_grace_s=30)
         assert keeper is not None and keeper.left == 0
         lost, training = sup.start(server), sup.start(trainer)
         os.kill(lost.proc.pid, signal.SIGKILL)
@@ -202,6 +203,7 @@ def test_the_hang_watch_does_not_count_the_seconds_the_server_was_down(tmp_path)
     its bound must not read as a hang once the server is back. A "hung" from the watch is held back for as long as
     the server was down, and no longer; once the trainers record again, the watch is fair at once."""
     from grpo_launch.execute.server_keeper import ServerKeeper
+    from grpo_launch.execute.stop_channel import StopChannel
     from grpo_launch.execute.supervisor import Supervisor
     from grpo_launch.rundir.layout import RunPaths
     from grpo_launch.spec import ProcessSpec
@@ -210,7 +212,16 @@ def test_the_hang_watch_does_not_count_the_seconds_the_server_was_down(tmp_path)
     paths.metrics.parent.mkdir(parents=True)
     paths.metrics.write_text('{"step": 1}\n')
     sup = Supervisor(tmp_path / "logs", emit=lambda _line: None, environ={})
-    keeper = ServerKeeper(sup, paths, ProcessSpec("vllm", ("true",)), [], "http://127.0.0.1:9/health", 1.0, 1)
+    keeper = ServerKeeper(
+        sup,
+        paths,
+        StopChannel(paths.root, print),
+        ProcessSpec("vllm", ("true",)),
+        [],
+        "http://127.0.0.1:9/health",
+        1.0,
+        1,
+    )
     watch = keeper.watching([], lambda: "no progress: no optimizer step for 400 s")
     assert watch() is not None  # no replacement yet: a hang is a hang
     keeper.down_s, keeper.records_at = 0.6, paths.metrics.stat().st_size  # as replace() leaves them

@@ -76,9 +76,21 @@ def test_status_rounds_to_digits_that_show_the_value(tmp_path, monkeypatch, caps
                                                                                     "12,346"]  # fmt: skip
 
 
+class _Asked:
+    """A stop channel that only counts its requests (these tests look at what is said)."""
+
+    asked = 0
+
+    def request(self, *_args, **_kw) -> None:
+        self.asked += 1
+
+    def reason(self) -> None:
+        return None
+
+
 def _stop(lines, **kw):
-    st = Stopping(request=lambda: None, grace_s=30, grace_why="a test", step_in_flight=lambda: 16, **kw)
-    stop = _SignalStop(st, lines.append)
+    st = Stopping(grace_s=30, grace_why="a test", step_in_flight=lambda: 16, **kw)
+    stop = _SignalStop(st, _Asked(), lines.append)
     stop.training = True
     return stop
 

@@ -18,6 +18,7 @@ import pytest
 from grpo_launch.backends.slurm.preempt import AT_ONCE, grace_time_of, kill_wait_of, stop_grace, stops_at_once
 from grpo_launch.enums import RunState
 from grpo_launch.execute.session import SessionSpec, Stopping, supervise
+from grpo_launch.execute.stop_channel import StopChannel
 from grpo_launch.rundir import control
 from grpo_launch.rundir.layout import HOLD_SIGTERM_ENV, RunPaths
 from grpo_launch.spec import ProcessSpec
@@ -110,9 +111,14 @@ def _session(tmp_path, **env: str):
     control.reset(paths.root)
     trainer = ProcessSpec("train", (sys.executable, str(script), str(paths.root)), env=env)
     session = SessionSpec(None, [trainer], tmp_path / "logs", grace_s=2.0, paths=paths)
-    stopping = Stopping(request=lambda: control.request_stop(paths.root), grace_s=20.0, grace_why="a test",
-                        step_in_flight=lambda: 7, requested=lambda: control.stop_reason(paths.root))  # fmt: skip
+    stopping = Stopping(grace_s=20.0, grace_why="a test", step_in_flight=lambda: 7)
     return session, stopping, paths
+
+
+def _supervise(session, stopping, paths, lines):
+    """The session supervised with a stop on the first signal, through the run's stop channel."""
+    channel = StopChannel(paths.root, lines.append)
+    return supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping, channel=channel)
 
 
 def _signal_after(seconds: float, *signums: int) -> None:
@@ -139,7 +145,7 @@ def _first_signal(tmp_path, signum):
     session, stopping, paths = _session(tmp_path)
     lines: list[str] = []
     _signal_after(1.0, signum)
-    result = supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping)
+    result = _supervise(session, stopping, paths, lines)
     name = signal.Signals(signum).name
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 128 + signum), lines
     again = "Ctrl-C again" if signum == signal.SIGINT else f"{name} again"  # the signal received, a second time
@@ -153,7 +159,7 @@ def test_a_second_signal_stops_at_once(tmp_path):
     lines: list[str] = []
     _signal_after(1.5, signal.SIGINT, signal.SIGINT)
     t0 = time.monotonic()
-    result = supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping)
+    result = _supervise(session, stopping, paths, lines)
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 130), lines
     assert time.monotonic() - t0 < 10 and control.stopped_at(paths.root) is None
     assert any("SIGINT: stopping every process" in line for line in lines), lines
@@ -173,7 +179,7 @@ def test_a_request_the_trainers_made_on_their_own_signal_is_announced_and_ends_a
     session, stopping, paths = _session(tmp_path)
     threading.Timer(1.0, lambda: control.request_stop(paths.root, "SIGTERM")).start()
     lines: list[str] = []
-    result = supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping)
+    result = _supervise(session, stopping, paths, lines)
     assert (result.state, result.exit_code) == (RunState.SUCCEEDED, 0), lines
     assert control.stopped_at(paths.root) is not None
     assert any("the trainers received SIGTERM (a preemption's warning)" in line for line in lines), lines
@@ -181,10 +187,10 @@ def test_a_request_the_trainers_made_on_their_own_signal_is_announced_and_ends_a
 
 def test_the_grace_running_out_stops_without_a_checkpoint(tmp_path):
     session, stopping, paths = _session(tmp_path, SLOW="1")
-    stopping = Stopping(request=stopping.request, grace_s=2.0, grace_why="a test")
+    stopping = Stopping(grace_s=2.0, grace_why="a test")
     lines: list[str] = []
     _signal_after(1.5, signal.SIGTERM)
-    result = supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping)
+    result = _supervise(session, stopping, paths, lines)
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 143), lines
     assert "[grpo-launch] grace of 2 s ran out: stopped without a checkpoint" in lines
     assert control.stopped_at(paths.root) is None
@@ -199,7 +205,7 @@ def test_a_step_that_cannot_end_is_not_waited_for(tmp_path):
     lines: list[str] = []
     _signal_after(1.5, signal.SIGTERM)
     t0 = time.monotonic()
-    result = supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping)
+    result = _supervise(session, stopping, paths, lines)
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 143), lines
     assert "[grpo-launch] SIGTERM: step 7 has run 12 s, 40× the median: no checkpoint possible; stopping now" in lines
     assert time.monotonic() - t0 < 10
@@ -216,7 +222,7 @@ def test_a_step_that_stops_ending_while_the_stop_waits_ends_the_wait(tmp_path):
     lines: list[str] = []
     _signal_after(1.2, signal.SIGTERM)
     t0 = time.monotonic()
-    result = supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping)
+    result = _supervise(session, stopping, paths, lines)
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 143), lines
     assert any("checkpoint at the end of step 7 requested" in line for line in lines), lines
     assert "[grpo-launch] step 3 has run 9 s, 30× the median: no checkpoint possible; stopping now" in lines

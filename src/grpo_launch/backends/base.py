@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from grpo_launch.errors import LaunchError
@@ -95,10 +95,11 @@ class Backend(Protocol[OptionsT]):
         ...
 
     def attempt(
-        self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext
+        self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext, ask_stop: Callable[[str], None]
     ) -> contextlib.AbstractContextManager[None]:
         """Around one attempt's processes (as placed): what the backend holds for them (Ray's placement groups)
-        and its cleanup after them."""
+        and its cleanup after them. ``ask_stop(reason)`` asks the trainers for a checkpoint and stop through the
+        run's stop channel (a platform taking machines away: a Ray node drain)."""
         ...
 
     def after_run(self, plan: Plan, result: RunResult, ctx: RunContext) -> RunResult: ...
@@ -159,7 +160,7 @@ class BaseBackend(Generic[OptionsT]):
         return result
 
     def attempt(
-        self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext
+        self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext, ask_stop: Callable[[str], None]
     ) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 

@@ -6,10 +6,12 @@ the command's record (RUN_DIR/invocation.json: ``grpo-launch resume`` submits it
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from grpo_launch.backends import load_submitter
+from grpo_launch.backends.submission import SubmitJob
 from grpo_launch.cli.common import (
     RUN_DIR_DEFAULT,
     add_launch_flags,
@@ -21,6 +23,14 @@ from grpo_launch.cli.common import (
 )
 from grpo_launch.cli.options import add_options, read_options
 from grpo_launch.cli.resume import check_continuity
+from grpo_launch.cli.tables import summary_lines
+from grpo_launch.errors import ConfigError
+from grpo_launch.execute.preflight import Stage, preflight
+from grpo_launch.planning.splits.batch_target import batch_pins
+from grpo_launch.probe.local import probe_local
+from grpo_launch.render import render_files
+from grpo_launch.rundir.files import run_record, write_run_files
+from grpo_launch.rundir.invocation import write_invocation
 from grpo_launch.spec import RunContext, frozen
 
 if TYPE_CHECKING:
@@ -65,14 +75,6 @@ def plan_submission(
 ) -> Planned:
     """Plan for what the submission asks for and render it (pure past the submitter's own probe). ``adjust`` may
     change the options once the recipe is read (e.g. CPU nodes for a recipe that sets use_cpu)."""
-    import os
-
-    from grpo_launch.backends.submission import SubmitJob
-    from grpo_launch.cli.tables import summary_lines
-    from grpo_launch.execute.preflight import check_pass_env, preflight
-    from grpo_launch.planning.splits.batch_target import batch_pins
-    from grpo_launch.probe.local import probe_local
-
     submitter_cls = load_submitter(submitter_name)
     options = read_options(args, submitter_cls.Options)
     recipe = load(args)
@@ -80,16 +82,13 @@ def plan_submission(
         options = adjust(options, recipe)
     topology = submitter_cls.requested_topology(options, probe_local(ctx.environ))
     plan = plan_on(topology, recipe, args, ctx)  # refuse before submitting what cannot run
-    preflight(plan, ctx.workdir)
     prefix = "# " if getattr(args, "dry_run", False) else ""
-    # Said, not refused: the job's own `grpo-launch run` refuses it where the job's environment lacks it.
-    check_pass_env(plan, ctx.environ, warn=lambda w: ctx.emit(f"{prefix}warning: {w}"))
+    # launch.pass_env said, not refused: the job's own `grpo-launch run` refuses it where its environment lacks it.
+    preflight(plan, ctx, Stage.SUBMIT, warn=lambda w: ctx.emit(f"{prefix}warning: {w}"))
     check_continuity(plan, args, ctx, prefix)
     resuming = getattr(args, "resuming", None)
     invocation = resuming.record if resuming else invocation_of(args, submitter_name, plan.run_dir, ctx)
     if invocation.redacted:  # the job's script holds the command as given: it cannot be redacted and still run
-        from grpo_launch.errors import ConfigError
-
         raise ConfigError(
             f"the command holds a secret ({', '.join(invocation.redacted)}), which the submission would write into "
             "the run directory (the job's script runs the command as given)",
@@ -115,16 +114,14 @@ def emit_dry_run(planned: Planned, ctx: RunContext) -> int:
 def write_submission(planned: Planned, name: str, ctx: RunContext) -> None:
     """The submission into the run directory, with the plan's files unless it holds a run's record (the job then
     resumes that run)."""
-    from grpo_launch.render import render_files
-    from grpo_launch.rundir.files import run_record, write_run_files
-    from grpo_launch.rundir.invocation import write_invocation
-
     plan = planned.plan
     files = {name: planned.submission.text}
     if record := run_record(plan.run_dir):
         names = " and ".join(p.name for p in record)
-        ctx.emit(f"notice: {plan.run_dir} holds a run's record ({names}): only {name} is written; the job resumes "
-                 "that run (another --run-dir starts a new one)")  # fmt: skip
+        ctx.emit(
+            f"notice: {plan.run_dir} holds a run's record ({names}): only {name} is written; the job resumes "
+            "that run (another --run-dir starts a new one)"
+        )
     else:
         files |= render_files(plan)
     write_run_files(plan.run_dir, files)

@@ -1,8 +1,10 @@
 """What follows an attempt: stop, restart from the newest complete checkpoint, or replan more frugally and
 restart. Pure: the attempt's result and what has been spent so far in, the next action out.
 
-- A success, a checkpoint-and-stop or an interruption ends the run, except a checkpoint-and-stop the backend asked for
-  because its machines are being taken away (a Ray node drain): that is a restart, on the machines there are.
+- A success, a checkpoint-and-stop or an interruption ends the run, except a checkpoint-and-stop that launch.adapt
+  asked for to move to another split (a re-split: the run resumes from that checkpoint on the new layout) or that the
+  backend asked for because its machines are being taken away (a Ray node drain): that is a restart, on the
+  machines there are.
 - An out-of-memory failure: the plan's next memory fix (:mod:`grpo_launch.planning.after_run.oom`, on the
   side that ran out). With ``launch.on_oom: replan`` it is applied and the run restarts (at most
   :data:`MAX_OOM_REPLANS` times: each is one step more frugal, and there are only a few); otherwise the fix is
@@ -29,6 +31,7 @@ class Action(StrEnum):
     STOP = "stop"
     RESTART = "restart"
     REPLAN = "replan"
+    RESPLIT = "resplit"  # launch.adapt's pending move: resume from the checkpoint just saved, on the new layout
 
 
 @frozen
@@ -46,8 +49,8 @@ class Spent:
 
 @frozen
 class Next:
-    """The next action, the result to end with (STOP), the plan to run next (REPLAN), how long to wait first, and
-    what the launcher says about it."""
+    """The next action, the result to end with (STOP), the plan to run next (REPLAN; a RESPLIT's is the adapter's
+    pending one), how long to wait first, and what the launcher says about it."""
 
     action: Action
     result: RunResult
@@ -68,10 +71,15 @@ def next_action(
     max_restarts: int,
     disk_advice: str | None = None,
     leaving: str | None = None,
+    resplit: str | None = None,
 ) -> Next:
     """What follows ``result``, an attempt of ``plan``. ``disk_advice`` is added to a full-disk failure;
     ``leaving``: why the backend had the attempt checkpoint and stop (its machines are being taken away, e.g. a Ray
-    node drain), which makes the stop a restart."""
+    node drain), which makes the stop a restart; ``resplit``: the split launch.adapt decided to move to during the
+    attempt (it asked for the checkpoint), which makes the stop a re-split (its own budget,
+    launch.adapt_max_resplits, was counted when it was decided)."""
+    if resplit is not None and result.state == RunState.STOPPED_FOR_CHECKPOINT:
+        return Next(Action.RESPLIT, result, note=f"adapt: resuming from step {result.stopped_at_step} on {resplit}")
     if leaving and result.state == RunState.STOPPED_FOR_CHECKPOINT:
         return _restart_after_leaving(result, spent, max_restarts, leaving)
     failure = result.failure

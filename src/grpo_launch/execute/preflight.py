@@ -1,21 +1,32 @@
-"""Checks before a run starts anything, reported together: the recipe's inputs (model, data, rewards, the
-report_to integrations), vLLM in every Python that will import it, whether the trainers can load a Hub model (a run
-that starts its processes: :func:`check_models_load`), the output directory (writable, with room for the checkpoints
-the plan implies), and torch extension build locks DeepSpeed would wait on forever. ``run`` (its dry run
-too) and the submit verbs (``sbatch``, ``sky``, ``ray-submit``: cli/submitting.py) call :func:`preflight` before
-anything starts or is queued."""
+"""Checks before a run starts anything, reported together, in one call: :func:`preflight`, once per run (``run``,
+its dry run, and the submit verbs ``sbatch``, ``sky``, ``ray-submit``: cli/submitting.py), before anything starts,
+is written to the run directory, or is queued. What it checks depends on the :class:`Stage`:
+
+- always: the recipe's inputs (model, data, rewards, the report_to integrations) and launch.pass_env (said, not
+  refused, for a dry run or a submission: the job's own environment is checked where it runs);
+- a run that starts its processes, besides: whether its trainers can load a Hub model (:func:`check_models_load`),
+  vLLM in every Python that will import it (:func:`check_vllm`), and the output directory (writable, with room for
+  the checkpoints the plan implies).
+
+It returns what the run needs of it (:class:`Checked`: the output directory, warnings to say once the run starts).
+The backend's own checks (its hosts, their ports) come once the run holds its run directory's lock
+(``Backend.preflight``); torch extension build locks DeepSpeed would wait on forever are said per attempt."""
 
 from __future__ import annotations
 
 import json
 import os
 import shlex
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.enums import VllmMode
+from grpo_launch.enums import StrEnum, VllmMode
 from grpo_launch.errors import ConfigError, LaunchError, install_hint, size_text
+from grpo_launch.planning.cost.storage import checkpoints_kept, save_bytes
 from grpo_launch.planning.types import Plan
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.probe.pythons import interpreter_of, vllm_version_of
@@ -24,9 +35,44 @@ from grpo_launch.recipe.rewards import OPEN_R1_INSTALL, reward_imports
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.recipe.versions import TRL_VLLM_RANGE, TRL_VLLM_RANGE_TEXT, version_tuple
 from grpo_launch.rundir.trust import private_dir
+from grpo_launch.spec import RunContext, frozen
 
 
-def preflight(plan: Plan, workdir: str) -> None:
+class Stage(StrEnum):
+    """What the checks are for: a run that starts its processes here, its dry run, or a submission (a batch job, a
+    SkyPilot task, a Ray job) whose own ``grpo-launch run`` starts them in the job's environment."""
+
+    RUN = "run"
+    DRY_RUN = "dry run"
+    SUBMIT = "submission"
+
+
+@frozen
+class Checked:
+    """What :func:`preflight` found and the run goes on with: where its trainers write (``output_dir``, from the
+    working directory they start in) and what to say once it starts (``warnings``)."""
+
+    output_dir: Path
+    warnings: tuple[str, ...] = ()
+
+
+def preflight(plan: Plan, ctx: RunContext, stage: Stage, *, warn: Callable[[str], None] | None = None) -> Checked:
+    """Every check of ``stage`` (see the module), in order; a problem raises (ConfigError or LaunchError) before
+    anything has started. ``warn`` says what a dry run or a submission only warns of (launch.pass_env names unset
+    here)."""
+    check_inputs(plan, ctx.workdir)
+    output_dir = output_dir_of(plan, ctx.workdir)
+    if stage is not Stage.RUN:
+        problem = unset_pass_env(plan, ctx.environ)
+        if problem and warn is not None:
+            warn(problem)
+        return Checked(output_dir)
+    check_pass_env(plan, ctx.environ)
+    check_vllm(plan)
+    return Checked(output_dir, tuple(check_output_dir(plan, ctx.workdir)))
+
+
+def check_inputs(plan: Plan, workdir: str) -> None:
     """Everything about the recipe's inputs that can be checked before a process starts, reported together.
     ``workdir`` (where the processes start; the CLI runs there) names the base of relative paths in messages."""
     values = plan.trainer_values
@@ -134,8 +180,6 @@ def _not_found(plan: Plan, workdir: str, groups: list[tuple[list[str], list[str]
     """For each group (paths, names): which of the names the trainers' Python does not find, searching those paths
     besides its installation; one run of it, in ``workdir``, with the launcher's environment and none of the
     recipe's. None when the probe itself failed (the interpreter is checked when the trainers start)."""
-    import subprocess
-
     argv = [plan.python, "-I", "-c", _PROBE, json.dumps(groups)]
     try:
         out = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=120)
@@ -186,20 +230,18 @@ def unset_pass_env(plan: Plan, environ: Mapping[str, str]) -> str | None:
     )
 
 
-def check_pass_env(plan: Plan, environ: Mapping[str, str], warn: Callable[[str], None] | None = None) -> None:
-    """What the environment the processes start in (``environ``, the launcher's) lacks. A name of launch.pass_env
-    not set there refuses the run (LaunchError), or with ``warn`` (a dry run, a submission whose job has its own
-    environment) is said there. A run that starts its processes (no ``warn``) is also refused when its trainers
-    cannot load a model they would load (:func:`check_models_load`); a dry run and a submission load nothing, and a
+def check_pass_env(plan: Plan, environ: Mapping[str, str]) -> None:
+    """What the environment the processes start in (``environ``, the launcher's) lacks, for a run that starts
+    them: a name of launch.pass_env not set there refuses the run (LaunchError), and so do trainers that cannot
+    load a model they would load (:func:`check_models_load`). A dry run and a submission load nothing, and a
     submitted job checks in its own environment when it runs."""
-    problem = unset_pass_env(plan, environ)
-    if problem and warn is not None:
-        warn(problem)
-    elif problem:
-        raise LaunchError(problem, hint="A secret reaches every process by its name in launch.pass_env; its value "
-                          "comes from the environment grpo-launch starts in.")  # fmt: skip
-    if warn is None:
-        check_models_load(plan, environ)
+    if problem := unset_pass_env(plan, environ):
+        raise LaunchError(
+            problem,
+            hint="A secret reaches every process by its name in launch.pass_env; its value "
+            "comes from the environment grpo-launch starts in.",
+        )
+    check_models_load(plan, environ)
 
 
 # A Hub model the trainers load: (repo id, revision, cache_dir, what it is, gguf_file).
@@ -257,10 +299,21 @@ def check_models_load(plan: Plan, environ: Mapping[str, str]) -> None:
         why = f"the trainers run offline ({offline} is set)" if offline else reach
         nothing = "config.json" in parts and any(p.startswith("the weights") for p in parts)
         said = "not" if nothing else f"{', '.join(parts)} not"  # nothing of it, or what is missing
-        problems.append(f"{repo}{'@' + rev if rev else ''} ({' and '.join(whats)}): {said} in the Hugging Face "
-                        f"cache {cache_dir or cache}, and {why}")  # fmt: skip
-        downloads.append(shlex.join([cli, "download", repo, *(["--revision", rev] if rev else []),
-                                     *(["--cache-dir", cache_dir] if cache_dir else [])]))  # fmt: skip
+        problems.append(
+            f"{repo}{'@' + rev if rev else ''} ({' and '.join(whats)}): {said} in the Hugging Face "
+            f"cache {cache_dir or cache}, and {why}"
+        )
+        downloads.append(
+            shlex.join(
+                [
+                    cli,
+                    "download",
+                    repo,
+                    *(["--revision", rev] if rev else []),
+                    *(["--cache-dir", cache_dir] if cache_dir else []),
+                ]
+            )
+        )
     hint = f"Download it first, into the cache the trainers read ({cache}): {'; '.join(dict.fromkeys(downloads))}"
     if any("cannot be reached" in str(reach) for _, _, reach in lacking.values()):
         hint += " (copy the cache over from a machine that reaches the Hub, or fix the network, proxy or HF_ENDPOINT)"
@@ -273,8 +326,6 @@ def check_models_load(plan: Plan, environ: Mapping[str, str]) -> None:
 
 def _probe_models(python: str, env: Mapping[str, str], models: list[HubModel]) -> dict[str, Any] | None:
     """:data:`_MODEL_PROBE`'s answer, or None when it could not answer (the trainers' start then says why)."""
-    import subprocess
-
     argv = [python, "-I", "-c", _MODEL_PROBE, json.dumps(models)]
     try:
         out = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=120)
@@ -433,11 +484,6 @@ def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], i
     """Problems with the output directory that would otherwise show after the model has loaded: not writable, or
     too little free space for one checkpoint and the final model (what the plan implies). Returns warnings (space
     for one checkpoint, not for every checkpoint the run keeps)."""
-    import shutil
-    import tempfile
-
-    from grpo_launch.planning.cost.storage import checkpoints_kept, save_bytes
-
     out = output_dir_of(plan, workdir)
     try:  # as the trainers will: create it, write in it (permission bits say nothing for root or read-only mounts)
         private_dir(out)  # 0700: auto-resume loads what is there (rundir/trust.py refuses what others may change)

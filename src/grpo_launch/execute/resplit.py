@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from grpo_launch.execute.stop_channel import StopChannel
 from grpo_launch.planning.adapt_terms import why_not_adaptable
 from grpo_launch.planning.after_run.decision import Adaptation, decide
 from grpo_launch.planning.after_run.resplit import Course, decision_due
 from grpo_launch.planning.types import Plan
-from grpo_launch.rundir import control
 from grpo_launch.rundir.measured import read_run
 from grpo_launch.rundir.records import AdaptRecord
 
@@ -28,6 +28,7 @@ class Adapter:
 
     plan: Plan
     emit: Callable[[str], None]
+    stop: StopChannel  # a move asks for the checkpoint it resumes from through the run's stop channel
     course: Course = field(default_factory=Course)
     pending: Adaptation | None = None
     decisions: list[AdaptRecord] = field(default_factory=list)
@@ -47,15 +48,14 @@ class Adapter:
         self._decided = True
         measured = read_run(self.plan.run_dir, after_step=self._after)
         course = self.course
-        adaptation = decide(self.plan, measured, tried=course.tried, resplits=course.resplits,
-                            previous=course.previous)  # fmt: skip
+        adaptation = decide(self.plan, measured, tried=course.tried, resplits=course.resplits, previous=course.previous)
         self.decisions.append(adaptation.record())
         self.emit(f"[grpo-launch] adapt at step {adaptation.at_step}: {adaptation.action}: {adaptation.reason}")
         if adaptation.action.moves and adaptation.plan is not None:
             self.pending = adaptation
-            self.emit("[grpo-launch] adapt: saving a checkpoint at the end of this step, then resuming on "
-                      f"{adaptation.new_split}")  # fmt: skip
-            control.request_stop(self.plan.run_dir)
+            self.stop.request(
+                f"adapt: saving a checkpoint at the end of this step, then resuming on {adaptation.new_split}"
+            )
 
     def move(self) -> Plan:
         """Take the pending decision: the plan to resume on."""
@@ -65,7 +65,7 @@ class Adapter:
         return plan
 
 
-def adapter_for(plan: Plan, emit: Callable[[str], None]) -> Adapter | None:
+def adapter_for(plan: Plan, emit: Callable[[str], None], stop: StopChannel) -> Adapter | None:
     """launch.adapt's state for this run, when it is asked for and the plan can adapt (else it says why not)."""
     if not plan.recipe.launch.adapt:
         return None
@@ -73,4 +73,4 @@ def adapter_for(plan: Plan, emit: Callable[[str], None]) -> Adapter | None:
     if why is not None:
         emit(f"[grpo-launch] launch.adapt: off for this run: {why}")
         return None
-    return Adapter(plan, emit)
+    return Adapter(plan, emit, stop)

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import re
 import secrets
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -20,27 +21,19 @@ from pathlib import Path
 
 from grpo_launch.backends.base import Backend
 from grpo_launch.enums import FailureKind, LaunchMode, ResumeMode, Role, RunState, VllmMode
-from grpo_launch.errors import ConfigError, size_text
+from grpo_launch.errors import ConfigError, GrpoLaunchError, size_text
 from grpo_launch.execute.live import live_run
 from grpo_launch.execute.policy import Action, Spent, next_action
-from grpo_launch.execute.preflight import (
-    check_output_dir,
-    check_pass_env,
-    check_vllm,
-    output_dir_of,
-    planned_reporters,
-    preflight,
-    stale_build_locks,
-)
+from grpo_launch.execute.preflight import Stage, planned_reporters, preflight, stale_build_locks
 from grpo_launch.execute.resplit import Adapter, adapter_for
 from grpo_launch.execute.session import SessionSpec, Stopping, supervise
+from grpo_launch.execute.stop_channel import StopChannel
 from grpo_launch.execute.watchdog import Watchdog
 from grpo_launch.node.vllm_guard import RESTARTED_ENV
 from grpo_launch.planning.types import Plan
 from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
 from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes, attempt_env
-from grpo_launch.rundir import control
 from grpo_launch.rundir.checkpoints import checkpoint_problems, checkpoints, decide_resume, max_steps_of, set_aside
 from grpo_launch.rundir.files import (
     LauncherLog,
@@ -53,6 +46,7 @@ from grpo_launch.rundir.files import (
 )
 from grpo_launch.rundir.layout import GRACE_ENV, RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV, STOP_NOTICE_ENV, VLLM_TOKEN_ENV
 from grpo_launch.rundir.records import Attempt, SaveRecord, StepRecord, append, read_metrics
+from grpo_launch.rundir.report import write_report
 from grpo_launch.rundir.text import command_line
 from grpo_launch.rundir.tracking import keep_tracking
 from grpo_launch.rundir.trust import private_umask
@@ -96,8 +90,11 @@ def prepare_attempt(plan: Plan, backend: Backend, ctx: RunContext, env: Mapping[
     # a replacement server, should the first be lost: the same processes, their guard locked until the weights
     # arrive (the mark must travel with each host's placement: on ssh and Ray hosts it is part of the command).
     # None for AsyncGRPOTrainer, whose generation thread train/server_restart.py does not keep.
-    again = tuple(backend.place(dataclasses.replace(s, env={**s.env, RESTARTED_ENV: "1"}), plan, ctx)
-                  for s in specs if s.role == Role.VLLM and plan.recipe.launch.mode is LaunchMode.SYNC)  # fmt: skip
+    again = tuple(
+        backend.place(dataclasses.replace(s, env={**s.env, RESTARTED_ENV: "1"}), plan, ctx)
+        for s in specs
+        if s.role == Role.VLLM and plan.recipe.launch.mode is LaunchMode.SYNC
+    )
     return Prepared(plan, placed, render_files(plan), again)
 
 
@@ -138,24 +135,22 @@ def run_plan(
     (STOPPED_FOR_CHECKPOINT); the backend may then requeue. The first Ctrl-C or SIGTERM does too, within
     launch.stop_grace_s, and the run ends INTERRUPTED (128+N) with the checkpoint's step (:func:`_stopping`).
     """
-    preflight(plan, ctx.workdir)
-    check_pass_env(plan, ctx.environ, warn=(lambda w: ctx.emit(f"# warning: {w}")) if dry_run else None)
     if dry_run:
+        preflight(plan, ctx, Stage.DRY_RUN, warn=lambda w: ctx.emit(f"# warning: {w}"))
         return _dry_run(plan, backend, ctx)
-    check_vllm(plan)
+    checked = preflight(plan, ctx, Stage.RUN)
     limit = plan.recipe.launch.max_restarts if max_restarts is None else max_restarts
     # Under the private umask, the processes the run starts create what only its user may change (its checkpoints:
     # auto-resume unpickles them); the launcher's own files are made 0600/0700 explicitly.
     with private_umask(), RunLock(plan.run_dir, backend=backend.name, job_id=backend.job_id(ctx)), live_run(plan, ctx):
-        warnings = check_output_dir(plan, ctx.workdir)
         backend.preflight(plan, ctx)
         if log is not None:  # every check passed: the run starts here
             log.start()
         if on_start is not None:
             on_start()
-        for warning in warnings:
+        for warning in checked.warnings:
             ctx.emit(f"[grpo-launch] warning: {warning}")
-        result = _attempts(plan, backend, ctx, ResumeMode(resume), limit)
+        result = _attempts(plan, backend, ctx, ResumeMode(resume), limit, checked.output_dir)
     result = backend.after_run(plan, result, ctx)  # first: a requeue before the time limit must not wait for plots
     _report(plan, ctx)
     return result
@@ -175,8 +170,10 @@ def _dry_run(plan: Plan, backend: Backend, ctx: RunContext) -> RunResult:
     write_run_files(target, files)
     ctx.emit(f"# run directory: {plan.run_dir}")
     if kept:
-        ctx.emit(f"# {kept}; the commands below read them there (the real run writes the same files into "
-                 f"{plan.run_dir} when it starts)")  # fmt: skip
+        ctx.emit(
+            f"# {kept}; the commands below read them there (the real run writes the same files into "
+            f"{plan.run_dir} when it starts)"
+        )
     for spec in prepared.processes:
         if spec.host:
             ctx.emit(f"# on {spec.host}: {spec.name}")
@@ -184,28 +181,35 @@ def _dry_run(plan: Plan, backend: Backend, ctx: RunContext) -> RunResult:
     return RunResult(RunState.SUCCEEDED, 0)
 
 
-def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode, max_restarts: int) -> RunResult:
+def _attempts(
+    plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode, max_restarts: int, output_dir: Path
+) -> RunResult:
+    """The attempt loop: resume decision → attempt → record → decision (:func:`~.policy.next_action`) → apply.
+    ``output_dir``: where the trainers write (their checkpoints)."""
     spent = Spent()
+    stop = StopChannel(plan.run_dir, ctx.emit)  # the run's stop requests, every attempt's
     started = time.time()
     if resume == ResumeMode.NEVER and (aside := set_aside_record(plan.run_dir)) is not None:
         ctx.emit(
             f"[grpo-launch] --resume never: the earlier run's record (plan.json, metrics, attempts) is kept in {aside}"
         )
     limit = plan.recipe.launch.time_limit_s
-    adapter = adapter_for(plan, ctx.emit)
+    adapter = adapter_for(plan, ctx.emit, stop)
     tracking = keep_tracking(plan.paths)  # one W&B/trackio run over every attempt, resume and requeue of this run
     if reporters := planned_reporters(plan.trainer_values):
-        ctx.emit(f"[grpo-launch] tracking: {', '.join(reporters)}, one run over every attempt: W&B id "
-                 f"{tracking.run_id}, name {tracking.name} ({plan.paths.tracking})")  # fmt: skip
+        ctx.emit(
+            f"[grpo-launch] tracking: {', '.join(reporters)}, one run over every attempt: W&B id "
+            f"{tracking.run_id}, name {tracking.name} ({plan.paths.tracking})"
+        )
     while True:
-        decision = decide_resume(output_dir_of(plan, ctx.workdir), resume, max_steps_of(plan.trainer_values))
+        decision = decide_resume(output_dir, resume, max_steps_of(plan.trainer_values))
         for note in decision.notes:
             ctx.emit(f"[grpo-launch] {note}")
         if decision.already_complete is not None:
             done = decision.already_complete
             ctx.emit(
                 f"[grpo-launch] this run is already complete (step {done.step}/{done.max_steps}, "
-                f"model in {output_dir_of(plan, ctx.workdir)}): nothing to do. To train again from scratch: "
+                f"model in {output_dir}): nothing to do. To train again from scratch: "
                 "--resume never (earlier checkpoints are set aside, the final model is replaced)."
             )
             return RunResult(RunState.SUCCEEDED, 0, message="already complete")
@@ -214,25 +218,32 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
         if adapter is not None:
             adapter.begin(plan, after_step=view.last_step)
         number = view.next_attempt  # numbered over the run, resumes included
-        env = {RESUME_ENV: decision.env_value,
-               **attempt_env(number, tracking, {**ctx.environ, **plan.recipe.launch.train_env})}  # fmt: skip
-        result = _attempt(plan, backend, ctx, env, min(deadlines) if deadlines else None, adapter)
+        env = {
+            RESUME_ENV: decision.env_value,
+            **attempt_env(number, tracking, {**ctx.environ, **plan.recipe.launch.train_env}),
+        }
+        result = _attempt(plan, backend, ctx, env, min(deadlines) if deadlines else None, adapter, stop, output_dir)
         result = dataclasses.replace(result, restarts=spent.attempts)
         _record(plan, number, result, adapter)
-        if adapter is not None and adapter.pending is not None and result.state == RunState.STOPPED_FOR_CHECKPOINT:
-            plan, spent = adapter.move(), dataclasses.replace(spent, resplits=spent.resplits + 1)
-            resume = ResumeMode.AUTO
-            ctx.emit(f"[grpo-launch] adapt: resuming from step {result.stopped_at_step} on the new layout")
-            continue
         disk = result.failure is not None and result.failure.kind == FailureKind.DISK_FULL
-        step = next_action(plan, result, spent, max_restarts=max_restarts,
-                           disk_advice=_disk_advice(plan, ctx) if disk else None,
-                           leaving=backend.machines_leaving(ctx))  # fmt: skip
+        step = next_action(
+            plan,
+            result,
+            spent,
+            max_restarts=max_restarts,
+            disk_advice=_disk_advice(output_dir) if disk else None,
+            leaving=backend.machines_leaving(ctx),
+            resplit=adapter.pending.new_split if adapter is not None and adapter.pending is not None else None,
+        )
         if step.note:
             ctx.emit(f"[grpo-launch] {step.note}")
         if step.action == Action.STOP:
             return step.result
         resume = ResumeMode.AUTO
+        if step.action == Action.RESPLIT:
+            assert adapter is not None
+            plan, spent = adapter.move(), dataclasses.replace(spent, resplits=spent.resplits + 1)
+            continue  # from the checkpoint just saved, on the new layout
         if step.action == Action.REPLAN:
             assert step.plan is not None
             plan, spent = step.plan, dataclasses.replace(spent, replans=spent.replans + 1)
@@ -245,10 +256,7 @@ def _attempts(plan: Plan, backend: Backend, ctx: RunContext, resume: ResumeMode,
         plan = again
 
 
-def _disk_advice(plan: Plan, ctx: RunContext) -> str:
-    import shutil
-
-    out = output_dir_of(plan, ctx.workdir)
+def _disk_advice(out: Path) -> str:
     try:
         free = f"{size_text(shutil.disk_usage(out).free)} free"
     except OSError:
@@ -261,9 +269,6 @@ def _disk_advice(plan: Plan, ctx: RunContext) -> str:
 
 def _report(plan: Plan, ctx: RunContext) -> None:
     """The run report (plots of the run's measurements), when the run trained a step and matplotlib is there."""
-    from grpo_launch.errors import GrpoLaunchError
-    from grpo_launch.rundir.report import write_report
-
     if not plan.paths.metrics.is_file():
         return
     try:
@@ -281,9 +286,11 @@ def _attempt(
     env: Mapping[str, str],
     deadline: float | None,
     adapter: Adapter | None,
+    stop: StopChannel,
+    output_dir: Path,
 ) -> RunResult:
     """One supervised run of every process; ``env``: the attempt's own (the resume decision, its number, the run's
-    tracking run)."""
+    tracking run); ``stop``: the run's stop channel, given to each part that asks for a stop or reads the answer."""
     run_id = uuid.uuid4().hex
     if plan.vllm.mode == VllmMode.SERVER:
         # A fresh token for the server's guard (grpo_launch.node.vllm_guard) and the trainers' clients: in the
@@ -293,7 +300,7 @@ def _attempt(
     prepared = prepare_attempt(plan, backend, ctx, {RUN_ID_ENV: run_id, GRACE_ENV: grace, **env})
     ctx = dataclasses.replace(ctx, environ={**ctx.environ, **stdin_values(prepared.processes)})
     write_run_files(plan.run_dir, prepared.files, locked=True)
-    control.reset(plan.run_dir)
+    stop.reset()
     if plan.train.backend.is_deepspeed:
         for lock in stale_build_locks(ctx.environ):
             ctx.emit(
@@ -302,7 +309,7 @@ def _attempt(
                 "delete it."
             )
     launch = plan.recipe.launch
-    watchdog = _watchdog(plan, ctx, deadline, adapter)
+    watchdog = _watchdog(plan, ctx, deadline, adapter, stop)
     session = SessionSpec(
         server=prepared.server,
         server_workers=prepared.server_workers,
@@ -316,27 +323,25 @@ def _attempt(
         run_id=run_id,
         paths=plan.paths,
     )
-    with backend.attempt(prepared.processes, plan, ctx):
+    with backend.attempt(prepared.processes, plan, ctx, lambda reason: stop.request(reason=reason)):
         result = supervise(
             session,
             environ=ctx.environ,
             emit=ctx.emit,
-            on_checkpoint_request=lambda: control.request_stop(plan.run_dir),
+            channel=stop,
             signal_remote=lambda spec, pgid, sig: backend.signal_remote(spec, pgid, sig, ctx),
             watch=watchdog,
-            stopping=_stopping(plan, backend, ctx, env.get(RESUME_ENV, ""), watchdog.stuck),
+            stopping=_stopping(plan, backend, ctx, stop, env.get(RESUME_ENV, ""), watchdog.stuck),
         )
-    return _how_it_stopped(plan, ctx, result)
+    return _how_it_stopped(plan, ctx, result, stop, output_dir)
 
 
-def _watchdog(plan: Plan, ctx: RunContext, deadline: float | None, adapter: Adapter | None) -> Watchdog:
+def _watchdog(
+    plan: Plan, ctx: RunContext, deadline: float | None, adapter: Adapter | None, stop: StopChannel
+) -> Watchdog:
     """The attempt's progress watchdog: hangs and the first step's time-out, the allocation's end (a checkpoint and
     stop before it), the measured split against the planned one, and launch.adapt's step hook."""
     launch = plan.recipe.launch
-
-    def stop_for_deadline(why: str) -> None:
-        ctx.emit(f"[grpo-launch] {why}")
-        control.request_stop(plan.run_dir)
 
     planned = None
     if plan.estimate is not None and plan.estimate.step is not None:
@@ -344,8 +349,15 @@ def _watchdog(plan: Plan, ctx: RunContext, deadline: float | None, adapter: Adap
         planned = (est.generation_s + est.old_logprobs_s + est.sync_s, est.training_s)
 
     def show_split(generation_s: float, training_s: float) -> None:
-        verdict = split_verdict(generation_s, training_s, plan.vllm.mode, planned=planned, run_dir=plan.run_dir,
-                                cpu=plan.topology.is_cpu, step=watchdog.split_steps)  # fmt: skip
+        verdict = split_verdict(
+            generation_s,
+            training_s,
+            plan.vllm.mode,
+            planned=planned,
+            run_dir=plan.run_dir,
+            cpu=plan.topology.is_cpu,
+            step=watchdog.split_steps,
+        )
         ctx.emit(f"[grpo-launch] {verdict}")
 
     watchdog = Watchdog(
@@ -353,38 +365,37 @@ def _watchdog(plan: Plan, ctx: RunContext, deadline: float | None, adapter: Adap
         first_step_s=launch.first_step_timeout_s,
         hang_s=launch.hang_timeout_s,
         deadline=deadline,
-        on_deadline=stop_for_deadline,
+        on_deadline=stop.request,
         on_split=show_split,
         on_step=adapter.on_step if adapter is not None else None,
     )
     return watchdog
 
 
-def _how_it_stopped(plan: Plan, ctx: RunContext, result: RunResult) -> RunResult:
+def _how_it_stopped(plan: Plan, ctx: RunContext, result: RunResult, stop: StopChannel, output_dir: Path) -> RunResult:
     """The attempt's result with a checkpoint-and-stop said: after the first Ctrl-C or SIGTERM (INTERRUPTED, with the
     step saved), or on request (SIGUSR2, the allocation's end: STOPPED_FOR_CHECKPOINT)."""
-    step = control.stopped_at(plan.run_dir)
+    step = stop.stopped_at()
     if result.state == RunState.INTERRUPTED and step is not None:  # the first Ctrl-C or SIGTERM, honoured
         again = command_line(["grpo-launch", "resume", plan.run_dir])
         ctx.emit(f"[grpo-launch] stopped after saving checkpoint-{step}; the same command resumes from it ({again})")
         saved = f"{result.message}: stopped after saving checkpoint-{step}"
         result = dataclasses.replace(result, stopped_at_step=step, message=saved)
-        control.reset(plan.run_dir)  # the attempt's record keeps the step: `status` reads how it ended from there
+        stop.reset()  # the attempt's record keeps the step: `status` reads how it ended from there
     elif result.ok and step is not None:
         ctx.emit(f"[grpo-launch] stopped after step {step} with a checkpoint; the next run resumes from it")
         result = dataclasses.replace(result, state=RunState.STOPPED_FOR_CHECKPOINT, stopped_at_step=step)
-    elif result.state == RunState.INTERRUPTED and (lost := _what_was_lost(plan, ctx)) is not None:
+    elif result.state == RunState.INTERRUPTED and (lost := _what_was_lost(plan, stop, output_dir)) is not None:
         ctx.emit(f"[grpo-launch] {lost}")  # a second Ctrl-C, or a stop that could not wait: what it cost
         result = dataclasses.replace(result, message=f"{result.message}: {lost}")
     return result
 
 
-def _what_was_lost(plan: Plan, ctx: RunContext) -> str | None:
+def _what_was_lost(plan: Plan, stop: StopChannel, out: Path) -> str | None:
     """After a stop without a checkpoint (every process has ended): the checkpoint that was being written, set aside
     now if it is half-written (a resume would skip it as damaged), and the steps that will be trained again; None
     when nothing was lost."""
-    out = output_dir_of(plan, ctx.workdir)
-    writing = control.saving(plan.run_dir)
+    writing = stop.saving()
     said, last = [], 0
     with contextlib.suppress(OSError, ValueError):
         last = max((r.step for r in read_metrics(plan.paths.metrics) if isinstance(r, StepRecord)), default=0)
@@ -398,7 +409,7 @@ def _what_was_lost(plan: Plan, ctx: RunContext) -> str | None:
             with contextlib.suppress(OSError):
                 aside = set_aside(path, "abandoned")
                 said.append(f"checkpoint-{step} abandoned half-written (set aside as {aside.name})")
-        control.saved(plan.run_dir)
+        stop.abandoned()
     complete = [s for s, p in checkpoints(out) if not checkpoint_problems(p)]
     newest = complete[-1] if complete else 0
     if last <= newest:
@@ -409,7 +420,7 @@ def _what_was_lost(plan: Plan, ctx: RunContext) -> str | None:
 
 
 def _stopping(
-    plan: Plan, backend: Backend, ctx: RunContext, resume_from: str, stuck: Callable[[], str | None]
+    plan: Plan, backend: Backend, ctx: RunContext, stop: StopChannel, resume_from: str, stuck: Callable[[], str | None]
 ) -> Stopping:
     """How the first Ctrl-C or SIGTERM stops this attempt: a checkpoint request, within launch.stop_grace_s (unset:
     what the backend's platform leaves, e.g. Slurm's GraceTime, else the default), unless the step in flight cannot
@@ -422,13 +433,13 @@ def _stopping(
             or notice_grace(ctx.environ)
             or (DEFAULT_STOP_GRACE_S, "launch.stop_grace_s's default")
         )
-    control.write_stop_grace(plan.run_dir, grace, why)
+    stop.set_grace(grace, why)
     m = re.search(r"checkpoint-(\d+)$", resume_from)
     resumed = int(m.group(1)) if m else 0
     started = time.time()
 
     def step_in_flight() -> int:
-        if (done := control.stopped_at(plan.run_dir)) is not None:
+        if (done := stop.stopped_at()) is not None:
             return done  # the trainers were quicker than the launcher's look (a request they made themselves)
         # The metrics file, read now (the watchdog reads it once a second): its last step, if this attempt wrote it.
         with contextlib.suppress(OSError, ValueError):  # a damaged metrics file: the step is unknown, not fatal
@@ -455,22 +466,21 @@ def _stopping(
     def saving() -> tuple[int, float | None] | None:
         """The checkpoint being written, and the seconds its save should still take (the last save measured, else
         the plan's; None: neither)."""
-        if (now := control.saving(plan.run_dir)) is None:
+        if (now := stop.saving()) is None:
             return None
         step, began = now
         took: float | None = planned.save_s if planned is not None else None
         with contextlib.suppress(OSError, ValueError):
-            took = next((r.save_s for r in reversed(read_metrics(plan.paths.metrics)) if isinstance(r, SaveRecord)),
-                        took)  # fmt: skip
+            took = next(
+                (r.save_s for r in reversed(read_metrics(plan.paths.metrics)) if isinstance(r, SaveRecord)), took
+            )
         return step, (took - (time.time() - began) if took is not None else None)
 
     return Stopping(
-        request=lambda: control.request_stop(plan.run_dir),
         grace_s=grace,
         grace_why=why,
         step_in_flight=step_in_flight,
         at_once=lambda signum: backend.stops_at_once(signum, ctx),
-        requested=lambda: control.stop_reason(plan.run_dir),
         stuck=stuck,
         newest=newest,
         saving=saving,

@@ -29,9 +29,10 @@ from collections.abc import Callable, Sequence
 
 from grpo_launch.enums import FailureKind, Role
 from grpo_launch.execute import faults
+from grpo_launch.execute.stop_channel import StopChannel
 from grpo_launch.execute.supervisor import Child, ChildFailed, ServerLost, Supervisor
 from grpo_launch.node.vllm_guard import RESTARTED_ENV
-from grpo_launch.rundir import control, server_state
+from grpo_launch.rundir import server_state
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.records import StepRecord, read_metrics
 from grpo_launch.rundir.server_state import port_refused
@@ -61,6 +62,7 @@ class ServerKeeper:
         self,
         sup: Supervisor,
         paths: RunPaths,
+        channel: StopChannel,
         server: ProcessSpec,
         workers: Sequence[ProcessSpec],
         health_url: str,
@@ -70,6 +72,7 @@ class ServerKeeper:
         stop_grace_s: float = 300.0,
     ) -> None:
         self.sup, self.paths, self.server, self.workers = sup, paths, server, list(workers)
+        self.channel = channel  # the run's stop channel: a server given up asks for a checkpoint and stop there
         self.health_url, self.timeout_s, self.left, self.attempt = health_url, timeout_s, restarts, attempt
         self.stop_grace_s = stop_grace_s  # for the trainers' checkpoint and stop once the server is given up
         self.refusals = 0  # the server's port refused connections this many looks in a row
@@ -182,7 +185,7 @@ class ServerKeeper:
         its generation has nothing whole to save: the trainers end on the server's loss. Both are waited for
         within the stop grace; then :class:`ServerNotKept`, an ``infra`` failure naming why. Trainers that ended
         their last step meanwhile have finished the run: no server is left to watch ([])."""
-        control.request_stop(self.paths.root, GIVE_UP)
+        self.channel.request(reason=GIVE_UP)
         server_state.mark_gone(self.paths.root, why)
         self.sup.say(
             f"[grpo-launch] {GIVE_UP}: {why}. The trainers save a checkpoint if the step in flight "
@@ -193,7 +196,7 @@ class ServerKeeper:
         while time.monotonic() < deadline and any(c.proc.poll() is None for c in trainers):
             time.sleep(0.2)
         ended_well = all(c.proc.poll() == 0 for c in trainers)
-        saved = control.stopped_at(self.paths.root) if ended_well else None
+        saved = self.channel.stopped_at() if ended_well else None
         if ended_well and saved is None:
             return []  # the last step was done: nothing was lost
         server_state.record_fault(

@@ -16,6 +16,7 @@ from grpo_launch.enums import FailureKind, Role, RunState
 from grpo_launch.errors import LaunchError
 from grpo_launch.execute import faults
 from grpo_launch.execute.server_keeper import ServerKeeper, ServerNotKept
+from grpo_launch.execute.stop_channel import StopChannel
 from grpo_launch.execute.supervisor import (
     HEALTH_GRACE_S,
     HEALTH_POLL_S,
@@ -28,7 +29,6 @@ from grpo_launch.execute.supervisor import (
     describe_exit,
 )
 from grpo_launch.node import reaper
-from grpo_launch.rundir import control
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.records import StartupRecord, append
 from grpo_launch.spec import Failure, ProcessSpec, RunResult, frozen
@@ -104,13 +104,12 @@ class SessionSpec:
 @frozen
 class Stopping:
     """How a stop on a signal goes: the first Ctrl-C, SIGTERM or SIGHUP asks the trainers to save a
-    checkpoint at the end of the step in flight (``request``, the run directory's control file, as SIGUSR2 does)
-    and waits ``grace_s`` for them to stop; a second signal, or the grace running out, stops everything at once.
+    checkpoint at the end of the step in flight (through the run's stop channel, as SIGUSR2 does) and waits
+    ``grace_s`` for them to stop; a second signal, or the grace running out, stops everything at once.
 
     ``grace_why`` says where the grace comes from; ``step_in_flight`` is the step the trainers are on (None:
     unknown); ``at_once`` says why a signal cannot wait (the platform is already killing the processes: Slurm's
-    SIGTERM), or None; ``requested`` reads a request the trainers made themselves (a signal the platform sent them,
-    as Slurm's preemption does): its reason, or None; ``stuck`` says why the step in flight cannot reach its end
+    SIGTERM), or None; ``stuck`` says why the step in flight cannot reach its end
     (the progress watchdog's evidence: it has run far past every step measured), or None: then no checkpoint is
     waited for, before the request or during the wait.
 
@@ -118,12 +117,10 @@ class Stopping:
     (0: none; None: unknown), and ``saving`` the checkpoint the trainers are writing now, with the seconds its save
     should still take from the saves measured or planned (None: unknown), or None when none is being written."""
 
-    request: Callable[[], None]
     grace_s: float
     grace_why: str = ""
     step_in_flight: Callable[[], int | None] = lambda: None
     at_once: Callable[[int], str | None] = lambda _signum: None
-    requested: Callable[[], str | None] = lambda: None
     stuck: Callable[[], str | None] = lambda: None
     newest: Callable[[], int | None] = lambda: None
     saving: Callable[[], tuple[int, float | None] | None] = lambda: None
@@ -150,8 +147,10 @@ class _SignalStop:
     """The state of a stop on a signal, for :func:`supervise`: the signal handler (``soft``) and the check made
     about once a second while the trainers run (``check``)."""
 
-    def __init__(self, stopping: Stopping | None, say: Callable[[str], None]) -> None:
-        self.stopping, self.say = stopping, say
+    def __init__(self, stopping: Stopping | None, channel: StopChannel | None, say: Callable[[str], None]) -> None:
+        # A stop on a signal asks through the channel: without one (no run directory) a signal stops at once
+        self.stopping = stopping if channel is not None else None
+        self.channel, self.say = channel, say
         self.signum: int | None = None  # the signal being honoured
         self.by_launcher = False  # the signal reached grpo-launch (not only the trainers)
         self.deadline = 0.0
@@ -173,8 +172,9 @@ class _SignalStop:
         if (stuck := st.stuck()) is not None:
             self.say(f"[grpo-launch] {name}: {stuck}; stopping now")
             raise Interrupted(signum)
+        assert self.channel is not None
         try:
-            st.request()
+            self.channel.request()
         except OSError as exc:  # the run directory cannot take the request (a full disk): nothing can be saved
             self.say(f"[grpo-launch] {name}: cannot ask for a checkpoint ({exc.strerror}): stopping now")
             raise Interrupted(signum) from None
@@ -220,7 +220,12 @@ class _SignalStop:
         st = self.stopping
         if st is None:
             return
-        if self.signum is None and (reason := st.requested()) is not None and reason in signal.Signals.__members__:
+        assert self.channel is not None
+        if (
+            self.signum is None
+            and (reason := self.channel.reason()) is not None
+            and reason in signal.Signals.__members__
+        ):
             self._begin(signal.Signals[reason])
             self.say(
                 f"[grpo-launch] the trainers received {reason} (a preemption's warning): they save a checkpoint at "
@@ -241,7 +246,7 @@ def supervise(
     *,
     environ: Mapping[str, str],
     emit: Callable[[str], None],
-    on_checkpoint_request: Callable[[], None] | None = None,
+    channel: StopChannel | None = None,
     signal_remote: RemoteSignaller | None = None,
     watch: Callable[[], str | None] | None = None,
     stopping: Stopping | None = None,
@@ -249,22 +254,23 @@ def supervise(
     """Start the server (if any) and the trainers, supervise until the trainers finish, tear everything down.
 
     SUCCEEDED when every trainer exits 0; FAILED with the root cause across every process (and its kind);
-    INTERRUPTED (128+N) after signal N. SIGUSR2 calls ``on_checkpoint_request`` (without one it is like SIGTERM).
-    With ``stopping``, the first SIGINT, SIGTERM or SIGHUP asks for a checkpoint too and waits for it (see
-    :class:`Stopping`); the trainers then stopped on request (INTERRUPTED, 128+N: the caller reads their step).
+    INTERRUPTED (128+N) after signal N. ``channel`` is the run's stop channel: SIGUSR2 asks the trainers for a
+    checkpoint and stop through it (without one it is like SIGTERM), and so does, with ``stopping``, the first
+    SIGINT, SIGTERM or SIGHUP, which then waits for them (see :class:`Stopping`); the trainers then stopped on
+    request (INTERRUPTED, 128+N: the caller reads their step). A lost server given up asks through it too.
     ``watch`` is the progress watchdog: when it returns a reason, every rank's stack is dumped and the run stops.
     """
     s = session
     server, trainers, health_url, log_dir = s.server, s.trainers, s.health_url, s.log_dir
-    sup = Supervisor(log_dir, emit=emit, grace_s=s.grace_s, environ=environ, signal_remote=signal_remote,
-                     run_id=s.run_id)  # fmt: skip
-    stop = _SignalStop(stopping, sup.say)
+    sup = Supervisor(
+        log_dir, emit=emit, grace_s=s.grace_s, environ=environ, signal_remote=signal_remote, run_id=s.run_id
+    )
+    stop = _SignalStop(stopping, channel, sup.say)
 
     def checkpoint(signum: int) -> None:
-        if on_checkpoint_request is None:
+        if channel is None:
             raise Interrupted(signum)
-        on_checkpoint_request()
-        sup.say("[grpo-launch] SIGUSR2: the trainers save a checkpoint at the end of this step and stop")
+        channel.request("SIGUSR2: the trainers save a checkpoint at the end of this step and stop")
 
     def watching() -> str | None:
         stop.check()
@@ -287,7 +293,7 @@ def supervise(
                 if s.paths is not None:
                     append(s.paths.metrics, StartupRecord("vllm_ready", took, time.time()))
             stop.training = True
-            keeper = _keeper(sup, s, stopping.grace_s if stopping is not None else s.grace_s)
+            keeper = _keeper(sup, s, channel, stopping.grace_s if stopping is not None else s.grace_s)
             running = [srv, *workers] if srv is not None else []
             while True:
                 try:
@@ -303,7 +309,7 @@ def supervise(
                 except ServerLost as lost:
                     assert keeper is not None
                     running = keeper.replace(lost, running, train_children)
-            result = _finished(sup, s, stop)
+            result = _finished(sup, s, stop, channel)
         except Interrupted as sig:
             guard.ignore()
             result = _stop_now(sup, sig)
@@ -321,15 +327,17 @@ def supervise(
     return result
 
 
-def _keeper(sup: Supervisor, s: SessionSpec, stop_grace_s: float) -> ServerKeeper | None:
+def _keeper(sup: Supervisor, s: SessionSpec, channel: StopChannel | None, stop_grace_s: float) -> ServerKeeper | None:
     """Who replaces a lost server (None: a run without one, or whose trainers cannot wait for one). With
     launch.server_restarts 0 it replaces none: a loss ends the attempt, with the trainers' checkpoint at the end of
     the step in flight when they are there (``stop_grace_s`` for it)."""
-    if s.server is None or not s.server_replacement or not s.health_url or s.paths is None:
+    if s.server is None or not s.server_replacement or not s.health_url or s.paths is None or channel is None:
         return None
     first, *others = s.server_replacement
     timeout_s, restarts = s.health_timeout_s, s.server_restarts
-    return ServerKeeper(sup, s.paths, first, others, s.health_url, timeout_s, restarts, stop_grace_s=stop_grace_s)
+    return ServerKeeper(
+        sup, s.paths, channel, first, others, s.health_url, timeout_s, restarts, stop_grace_s=stop_grace_s
+    )
 
 
 def _stop_now(sup: Supervisor, sig: Interrupted) -> RunResult:
@@ -344,11 +352,11 @@ def _stop_now(sup: Supervisor, sig: Interrupted) -> RunResult:
     return RunResult(RunState.INTERRUPTED, 128 + sig.signum, message=f"interrupted by {sig}")
 
 
-def _finished(sup: Supervisor, s: SessionSpec, stop: _SignalStop) -> RunResult:
+def _finished(sup: Supervisor, s: SessionSpec, stop: _SignalStop, channel: StopChannel | None) -> RunResult:
     """Every trainer exited 0: finished, stopped on request, or stopped on request after a signal to grpo-launch
     (INTERRUPTED with 128+N: the exit code still says which signal stopped the run)."""
     stop.check()  # a request of the trainers' own that they honoured before the launcher's look: say so still
-    stopped = s.paths is not None and control.stopped_at(s.paths.root) is not None
+    stopped = channel is not None and channel.stopped_at() is not None
     if not stopped:
         sup.say(f"[grpo-launch] training finished; logs in {s.log_dir}")
     if stopped and stop.by_launcher and stop.signum is not None:

@@ -40,7 +40,7 @@ class Watchdog:
     factor: float = HANG_FACTOR
     floor_s: float = HANG_FLOOR_S
     deadline: float | None = None  # epoch seconds
-    on_deadline: Callable[[str], None] | None = None
+    on_deadline: Callable[[str], None] | None = None  # asks for the checkpoint and stop, saying why
     # called with the new steps' mean (generation s, training s) at the 5th step of an attempt and every 20th (not at
     # the run's last step: the run's end and its report follow)
     on_split: Callable[[float, float], None] | None = None

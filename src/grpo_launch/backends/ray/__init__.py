@@ -21,14 +21,40 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from grpo_launch.backends.base import BackendOptions, BaseBackend, check_addresses
 from grpo_launch.backends.options import RayOptions
+from grpo_launch.backends.ray.cluster import (
+    RESERVE_TIMEOUT_S,
+    alive_nodes,
+    connect,
+    draining_nodes,
+    gcs_address,
+    node_ids,
+    probe_cluster,
+    release,
+    reserve,
+    run_on_nodes,
+    usable,
+)
+from grpo_launch.backends.ray.drain import DrainWatch
+from grpo_launch.backends.ray.recover import Cluster, wait_for_nodes
+from grpo_launch.backends.remote import (
+    check_command,
+    check_problem,
+    host_ports,
+    kill_line,
+    local_paths,
+    off_the_command_line,
+    passed_env_names,
+)
+from grpo_launch.backends.ssh import marked_per_start
 from grpo_launch.enums import Role
 from grpo_launch.errors import LaunchError
 from grpo_launch.machines.topology import Topology
+from grpo_launch.render.processes import all_processes
 from grpo_launch.rundir.layout import GRACE_ENV, RUN_ID_ENV
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult
 
@@ -42,7 +68,6 @@ CHECK_TIMEOUT_S = 60.0
 def host_bundles(plan: Plan) -> dict[str, list[tuple[str, int, float]]]:
     """Host → its processes as (name, GPUs, CPUs), in the order of the plan: one placement-group bundle each. A GPU
     process asks for its GPUs only; a CPU process for one CPU."""
-    from grpo_launch.render.processes import all_processes
 
     first = plan.topology.hosts[0].name
     out: dict[str, list[tuple[str, int, float]]] = {}
@@ -82,20 +107,14 @@ class RayBackend(BaseBackend[RayOptions]):
         return cls(address)
 
     def _ray(self) -> Any:
-        from grpo_launch.backends.ray.cluster import connect, gcs_address
-
         ray = connect(self.address)
         self.address = gcs_address(ray)  # 'auto' resolved: the runners attach to the same head
         return ray
 
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
-        from grpo_launch.backends.ray.cluster import probe_cluster
-
         return probe_cluster(self._ray(), sys.executable, environ)
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
-        from grpo_launch.backends.remote import off_the_command_line, passed_env_names
-
         host = spec.host or plan.topology.hosts[0].name
         self.addresses.update((h.name, h.addr) for h in plan.topology.hosts)
         run_id = spec.env.get(RUN_ID_ENV) or "RUN_ID"
@@ -106,26 +125,62 @@ class RayBackend(BaseBackend[RayOptions]):
         # each host's processes carry their own mark, as over ssh; a secret-looking value goes on stdin, as over ssh
         env, hidden = off_the_command_line({**spec.env, RUN_ID_ENV: marker})
         grace = ["--grace", env[GRACE_ENV]] if env.get(GRACE_ENV) else []  # the run's grace, as the launcher's guard
-        remote = [ctx.python, "-m", "grpo_launch.node.shim", "--announce-pgid", "--guard", marker, *grace, "--",
-                  "env", *(f"{k}={v}" for k, v in env.items()), *spec.argv]  # fmt: skip
+        remote = [
+            ctx.python,
+            "-m",
+            "grpo_launch.node.shim",
+            "--announce-pgid",
+            "--guard",
+            marker,
+            *grace,
+            "--",
+            "env",
+            *(f"{k}={v}" for k, v in env.items()),
+            *spec.argv,
+        ]
         if spec.role == Role.VLLM:  # a server's processes carry a mark of their start alone, as over ssh
-            from grpo_launch.backends.ssh import marked_per_start
-
             remote = ["sh", "-c", marked_per_start(remote, marker)]
         stdin_env = tuple(sorted({*passed_env_names(ctx.environ, plan.recipe.launch.pass_env), *hidden}))
-        argv = [ctx.python, "-m", "grpo_launch.backends.ray.runner", "--address", self.address,
-                "--pg", pg_name(run_id, host), "--bundle", str(names.index(spec.name)), "--gpus", str(gpus),
-                "--cpus", f"{cpus:g}", "--name", spec.name, "--host", host, "--planned", ",".join(spec.gpus or ()),
-                "--cwd", ctx.workdir, *(["--env-stdin"] if stdin_env else []), "--", *remote]  # fmt: skip
-        return ProcessSpec(name=spec.name, argv=tuple(argv), host=host, role=spec.role, stdin_env=stdin_env,
-                           remote_group=True, env={RUN_ID_ENV: marker, **hidden})  # fmt: skip
+        argv = [
+            ctx.python,
+            "-m",
+            "grpo_launch.backends.ray.runner",
+            "--address",
+            self.address,
+            "--pg",
+            pg_name(run_id, host),
+            "--bundle",
+            str(names.index(spec.name)),
+            "--gpus",
+            str(gpus),
+            "--cpus",
+            f"{cpus:g}",
+            "--name",
+            spec.name,
+            "--host",
+            host,
+            "--planned",
+            ",".join(spec.gpus or ()),
+            "--cwd",
+            ctx.workdir,
+            *(["--env-stdin"] if stdin_env else []),
+            "--",
+            *remote,
+        ]
+        return ProcessSpec(
+            name=spec.name,
+            argv=tuple(argv),
+            host=host,
+            role=spec.role,
+            stdin_env=stdin_env,
+            remote_group=True,
+            env={RUN_ID_ENV: marker, **hidden},
+        )
 
     def preflight(self, plan: Plan, ctx: RunContext) -> None:
         """Every planned node is in the cluster and ready: this grpo-launch and Python, the working directory,
         the recipe's local paths, free ports (the remote hosts' checks, :mod:`grpo_launch.backends.remote`, run in a
         task on each node)."""
-        from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
-        from grpo_launch.backends.remote import check_command, check_problem, host_ports, local_paths
 
         check_addresses(plan)
         ray = self._ray()
@@ -137,8 +192,10 @@ class RayBackend(BaseBackend[RayOptions]):
                 hint="Plan again (the cluster changed), or bring the node back.",
             )
         ports = host_ports(plan)
-        line = {h.name: check_command(ctx.python, ctx.workdir, local_paths(plan), sorted(ports.get(h.name, {})))
-                for h in plan.topology.hosts}  # fmt: skip
+        line = {
+            h.name: check_command(ctx.python, ctx.workdir, local_paths(plan), sorted(ports.get(h.name, {})))
+            for h in plan.topology.hosts
+        }
         by_node = {nodes[h.addr]: h.name for h in plan.topology.hosts}
         answers = run_on_nodes(ray, {n: ["bash", "-c", line[h]] for n, h in by_node.items()}, timeout_s=CHECK_TIMEOUT_S)
         problems = []
@@ -158,10 +215,11 @@ class RayBackend(BaseBackend[RayOptions]):
             )
 
     @contextlib.contextmanager
-    def attempt(self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext) -> Iterator[None]:
+    def attempt(
+        self, processes: Sequence[ProcessSpec], plan: Plan, ctx: RunContext, ask_stop: Callable[[str], None]
+    ) -> Iterator[None]:
         """Each host's placement group for this attempt; afterwards, the marker sweep on every node of the run
         and the groups released."""
-        from grpo_launch.backends.ray.cluster import RESERVE_TIMEOUT_S, node_ids, release, reserve
 
         ray, self.drained = self._ray(), None
         run_id = next(iter(processes)).env[RUN_ID_ENV].rsplit("@", 1)[0]
@@ -177,7 +235,7 @@ class RayBackend(BaseBackend[RayOptions]):
             for host, bundles in host_bundles(plan).items():
                 wanted = [{"GPU": float(g), "CPU": c} for _, g, c in bundles]
                 pgs.append(reserve(ray, pg_name(run_id, host), address[host], wanted, timeout_s=RESERVE_TIMEOUT_S))
-            with self._drain_watch(ray, plan, ctx):
+            with self._drain_watch(ray, plan, ctx, ask_stop):
                 yield
         finally:
             try:
@@ -186,17 +244,16 @@ class RayBackend(BaseBackend[RayOptions]):
                 release(pgs)
 
     @contextlib.contextmanager
-    def _drain_watch(self, ray: Any, plan: Plan, ctx: RunContext) -> Iterator[None]:
+    def _drain_watch(self, ray: Any, plan: Plan, ctx: RunContext, ask_stop: Callable[[str], None]) -> Iterator[None]:
         """While the attempt runs: a planned node being drained asks the trainers for a checkpoint (:mod:`.drain`)."""
-        from grpo_launch.backends.ray.cluster import draining_nodes, node_ids
-        from grpo_launch.backends.ray.drain import DrainWatch
-        from grpo_launch.rundir import control
 
         def on_drain(text: str) -> None:
             self.drained = text
-            ctx.emit(f"[grpo-launch] ray: {text}: asking the trainers to save a checkpoint at the end of the step "
-                     "and stop; the run then restarts without it")  # fmt: skip
-            control.request_stop(plan.run_dir, reason=f"Ray: {text}")
+            ctx.emit(
+                f"[grpo-launch] ray: {text}: asking the trainers to save a checkpoint at the end of the step "
+                "and stop; the run then restarts without it"
+            )
+            ask_stop(f"Ray: {text}")
 
         nodes = node_ids(ray)
         hosts = {nodes[h.addr]: h.name for h in plan.topology.hosts if h.addr in nodes}
@@ -213,8 +270,6 @@ class RayBackend(BaseBackend[RayOptions]):
         """A restart after a planned node left the cluster (or is being drained) runs on the nodes there now: the
         node back, or one with the same GPUs in its place, waiting up to launch.node_wait_s for either
         (:mod:`.recover`). A draining node counts as gone: Ray places nothing new on it."""
-        from grpo_launch.backends.ray.cluster import alive_nodes, draining_nodes, probe_cluster, usable
-        from grpo_launch.backends.ray.recover import Cluster, wait_for_nodes
 
         ray = self._ray()
 
@@ -230,11 +285,12 @@ class RayBackend(BaseBackend[RayOptions]):
         return wait_for_nodes(plan, result, cluster, ctx.emit, wait_s=plan.recipe.launch.node_wait_s)
 
     def _sweep(self, ray: Any, run_id: str, plan: Plan, ctx: RunContext) -> None:
-        from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
-
         nodes = node_ids(ray)
-        argv = {nodes[h.addr]: [ctx.python, "-m", "grpo_launch.node.reaper", "signal", f"{run_id}@{h.name}", "9"]
-                for h in plan.topology.hosts if h.addr in nodes}  # fmt: skip
+        argv = {
+            nodes[h.addr]: [ctx.python, "-m", "grpo_launch.node.reaper", "signal", f"{run_id}@{h.name}", "9"]
+            for h in plan.topology.hosts
+            if h.addr in nodes
+        }
         names = {nodes[h.addr]: h.name for h in plan.topology.hosts if h.addr in nodes}
         for node, answer in run_on_nodes(ray, argv, timeout_s=SIGNAL_TIMEOUT_S).items():
             count = answer[1].strip() if isinstance(answer, tuple) else ""
@@ -247,9 +303,6 @@ class RayBackend(BaseBackend[RayOptions]):
             ctx.emit(f"[grpo-launch] ray: node(s) {', '.join(lost)} left the cluster: their processes went with them")
 
     def signal_remote(self, spec: ProcessSpec, pgid: int, sig: int, ctx: RunContext) -> None:
-        from grpo_launch.backends.ray.cluster import node_ids, run_on_nodes
-        from grpo_launch.backends.remote import kill_line
-
         assert spec.host
         ray = self._ray()
         address = self.addresses.get(spec.host, spec.host)
