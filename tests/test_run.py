@@ -54,7 +54,7 @@ def logged_steps(run: Path) -> list[dict]:
     return [x["log"] for x in lines if "loss" in (x.get("log") or {})]
 
 
-@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("processes", [pytest.param(1, marks=pytest.mark.extended), 2])  # one process: every other run
 def test_tiny_grpo(tmp_path, processes):
     proc = launch(tmp_path, f"launch.num_processes={processes}", "max_steps=3")
     out = proc.stdout + proc.stderr

@@ -173,6 +173,8 @@ def test_failing_trainer_on_one_node_fails_the_job_with_its_root_cause(cluster, 
     assert wait_no_processes(run) == []
 
 
+# SIGUSR2 checkpoints and stops in test_run.py; a Slurm requeue resumes without repeating steps in the preemption test
+@pytest.mark.extended
 def test_usr2_checkpoints_requeues_and_resumes_without_repeating_steps(cluster, tmp_path):
     run = tmp_path / "run"
     job = submit(cluster, run, "max_steps=12", "save_steps=1000")

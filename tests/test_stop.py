@@ -146,6 +146,8 @@ def test_ctrl_c_saves_the_step_in_flight_and_the_same_command_resumes_with_its_w
     assert any(not bool((base[k] == saved[k]).all()) for k in saved if k in base)
 
 
+# The same stop as Ctrl-C above; SIGTERM's own notice and exit code: test_stop_signals.py, with a stand-in trainer
+@pytest.mark.extended
 def test_sigterm_saves_the_step_in_flight_and_exits_143(tmp_path):
     """SIGTERM (a platform's stop: Slurm, SkyPilot, a Ray drain reaching the launcher) is the first Ctrl-C."""
     run = tmp_path / "run"

@@ -100,7 +100,7 @@ def _leftovers(port: int) -> list[str]:
     return [p for p in ps if f"--port {port}" in p or p.split(maxsplit=1)[0] in mine]
 
 
-@pytest.mark.parametrize("model", ["model", "moe-model"])
+@pytest.mark.parametrize("model", ["model", pytest.param("moe-model", marks=pytest.mark.extended)])
 def test_real_vllm_server_generates_for_trl_client(tmp_path, model):
     """Both tiny models: the dense Qwen2 and the Qwen3-MoE (4 experts, top-2), which vLLM's CPU build serves with
     its fused-MoE CPU kernels."""
