@@ -90,6 +90,9 @@ def wait_no_processes(run: Path, timeout: float = 40) -> list[str]:
 
 
 def submit(env, run: Path, *args: str, extra: tuple[str, ...] = ()) -> str:
+    # The test cluster's nodes share this machine's loopback: a rendezvous port of its own, not the default 29500,
+    # which any other run on this machine may hold (a busy neighbour broke every job here with "port 29500 in use").
+    port = () if any("main_process_port" in a for a in args) else (f"launch.main_process_port={free_port()}",)
     out = sh(
         env,
         sys.executable,
@@ -106,6 +109,7 @@ def submit(env, run: Path, *args: str, extra: tuple[str, ...] = ()) -> str:
         "--run-dir",
         str(run),
         *args,
+        *port,
         *(("--", *extra) if extra else ()),
         timeout=120,
     )
