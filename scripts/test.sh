@@ -19,6 +19,9 @@ if [ "$(id -u)" = 0 ]; then
   export GRPO_LAUNCH_REQUIRE_RAY=1  # a real Ray cluster over the namespace hosts (scripts/ray_hosts.sh)
   export GRPO_LAUNCH_REQUIRE_PROMETHEUS=1  # Prometheus scrapes a real run, status --watch in tmux (test_watch_live.py)
 fi
-# One line per file with its time (console_output_style=times): a log cut short still says where the time went.
-# The extended tier: bash scripts/test.sh -m extended (pyproject.toml's addopts leaves it out otherwise).
-exec .venv/bin/python -m pytest tests -o console_output_style=times "$@"
+# Two workers (pytest-xdist): the real runs spend much of their time waiting on a process's start or a server's
+# health, so two beside each other keep CI's two cores busy. The tests of the namespace hosts, the Slurm cluster and
+# Ray share machine-wide resources and run on one worker, one after another (tests/conftest.py: ONE_AT_A_TIME).
+# One worker: bash scripts/test.sh -n 0. The extended tier: bash scripts/test.sh -m extended (pyproject.toml's
+# addopts leaves it out otherwise).
+exec .venv/bin/python -m pytest tests -n 2 --dist loadgroup "$@"

@@ -16,6 +16,18 @@ os.environ.setdefault("GRPO_LAUNCH_CALIBRATIONS", os.path.join(os.sep, "nonexist
 
 from .helpers import ensure_tiny_assets, plan_recipe
 
+# The markers of tests that share one set of machine-wide resources: the network-namespace hosts (h1, h2, … at fixed
+# addresses), the Slurm test cluster's daemons and Ray clusters. scripts/test.sh runs the suite on two workers
+# (pytest-xdist, --dist loadgroup): these all go to one of them, one at a time; everything else takes free ports of
+# its own and runs beside them.
+ONE_AT_A_TIME = ("slurm", "ssh", "ray")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(name) for name in ONE_AT_A_TIME):
+            item.add_marker(pytest.mark.xdist_group("hosts"))
+
 
 @pytest.fixture(scope="session")
 def tiny_assets() -> Path:

@@ -5,6 +5,7 @@ trainers). Tests import these from here, never from another test module."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -63,11 +64,21 @@ def plan_recipe(
 
 
 def ensure_tiny_assets() -> Path:
-    """The tiny local model + dataset (scripts/make_tiny_assets.py; skips work when already built)."""
-    if not (TINY / "model" / "config.json").is_file() or not (TINY / "data" / "train.jsonl").is_file():
-        subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "make_tiny_assets.py"), str(TINY)], check=True, capture_output=True
-        )
+    """The tiny local model + dataset (scripts/make_tiny_assets.py; skips work when already built). Looked at under a
+    lock: the suite's two workers (scripts/test.sh) may both ask while one of them builds."""
+
+    def built() -> bool:
+        return (TINY / "model" / "config.json").is_file() and (TINY / "data" / "train.jsonl").is_file()
+
+    TINY.parent.mkdir(parents=True, exist_ok=True)
+    with open(TINY.parent / "tiny.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built():
+            subprocess.run(
+                [sys.executable, str(ROOT / "scripts" / "make_tiny_assets.py"), str(TINY)],
+                check=True,
+                capture_output=True,
+            )
     return TINY
 
 
@@ -99,9 +110,12 @@ def require_root_tool(present: bool, flag: str, what: str) -> None:
 
 
 def tiny_overrides(tmp_path: Path) -> list[str]:
-    """The tiny CPU recipe on the tiny local model and data."""
+    """The tiny CPU recipe on the tiny local model and data, with a free rendezvous port: the suite's other worker
+    (scripts/test.sh) may be running a run of its own on the default 29500. A test's own port, given after these,
+    wins."""
     tiny = ensure_tiny_assets()
-    return [f"model_name_or_path={tiny / 'model'}", f"dataset_name={tiny / 'data' / 'train.jsonl'}"]
+    return [f"model_name_or_path={tiny / 'model'}", f"dataset_name={tiny / 'data' / 'train.jsonl'}",
+            f"launch.main_process_port={free_port()}"]  # fmt: skip
 
 
 # A health server on a port: answers GET /health; optionally spawns a grandchild (like vLLM's EngineCore) and

@@ -601,6 +601,7 @@ class TestRaysMetricsExporter:
         assert "RAY_enable_metrics_collection=0" in (ROOT / "scripts" / "ray_hosts.sh").read_text()
 
     @pytest.mark.slow
+    @pytest.mark.ray
     def test_a_real_ray_node_with_that_environment_serves_no_exporter(self, tmp_path):
         """``ray start --head --block`` on this machine's own non-loopback address, in a session of its own (stopped
         by its process group: never ``ray stop``, which would stop every Ray here)."""
