@@ -65,3 +65,22 @@ def test_every_backends_options_are_read_without_loading_the_backend():
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
     loaded = eval(out.strip().splitlines()[-1])
     assert not [m for m in loaded if m.split(".")[2] in ("ssh", "ray", "slurm", "remote")], loaded
+
+
+def test_no_code_outside_backends_branches_on_a_backend_s_name():
+    """The planner and the checks read what a topology's backend says of it (named_by_user, naming_gpus,
+    trainers_share_this_cache, planned_again_at_start), never its source's name: a backend from another package
+    must get the same plan as a built-in one with the same properties."""
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "grpo_launch"
+    branch = re.compile(r"\.source\s*(==|!=|in\b|not in\b)|source\s*==\s*\"")
+    found = [
+        f"{path.relative_to(src)}:{n}: {line.strip()}"
+        for path in src.rglob("*.py")
+        if "backends" not in path.relative_to(src).parts
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "topology" in line and branch.search(line)
+    ]
+    assert found == []

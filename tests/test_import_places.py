@@ -34,6 +34,7 @@ ALLOWED = frozenset(
         ("backends/base.py", "socket"),  # only a run on other hosts resolves their names
         ("probe/calibration.py", "hashlib"),  # with no calibration stored, plan hashes nothing (test_cli)
         ("probe/calibration.py", "importlib.metadata"),  # nor reads library versions (email, zipfile; test_cli)
+        ("backends/__init__.py", "importlib.metadata"),  # nor other packages' backends, unless they may be asked for
         ("probe/dataset.py", "http.client"),  # ~25 ms: only a dataset's size asked of the Hub
         ("probe/pythons.py", "subprocess"),  # plan reads only this interpreter's vLLM, not another Python's
         ("probe/pythons.py", "shutil"),  # the same: a console script's interpreter is looked up before a run only

@@ -31,9 +31,10 @@ def _env(home: Path, **more: str) -> dict[str, str]:
 
 
 def _plan(*overrides: str):
-    """The tiny CPU recipe with a Hub model, planned as a run on this machine (source: the local probe's)."""
+    """The tiny CPU recipe with a Hub model, planned as a run on this machine, as the local backend reads it."""
     plan = plan_recipe(TINY_RECIPE, "cpu", f"model_name_or_path={NAME}", *overrides, model=None, python=sys.executable)
-    return dataclasses.replace(plan, topology=dataclasses.replace(plan.topology, source="cpu"))
+    here = dataclasses.replace(plan.topology, source="cpu", named_by_user=False, trainers_share_this_cache=True)
+    return dataclasses.replace(plan, topology=here)
 
 
 def _cache(hub: Path, files: dict[str, str], repo: str = NAME) -> Path:

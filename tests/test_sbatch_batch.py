@@ -51,7 +51,7 @@ def test_sbatch_without_gpu_type_keeps_the_recipes_accumulation_on_the_allocatio
     assert not any("gradient_accumulation_steps 4 (the recipe's)" in n for n in job.notices)
     # The submission says that its split is a default and that the job's may differ, keeping the recipe's values.
     notice = next(x for x in out.splitlines() if x.startswith("# notice: the GPU model is unknown"))
-    assert "the recipe's values are kept on every split" in notice and "pass --gpu-type" in notice
+    assert "the recipe's values are kept on every split" in notice and "--gpu-type H100-80GB)" in notice
     assert "# batch pinned: gradient_accumulation_steps=4 num_generations=8 per_device_train_batch_size=4" in out
 
 

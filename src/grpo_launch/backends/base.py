@@ -52,6 +52,14 @@ class BackendOptions:
         any plan, probe or dry run (a port out of range must not wait for the real run to fail)."""
         return []
 
+    def given_flags(self) -> list[str]:
+        """The flags whose values differ from their defaults, as the command line names them (``--hostfile``)."""
+        return [
+            f.metadata["flag"]
+            for f in dataclasses.fields(self)
+            if "flag" in f.metadata and getattr(self, f.name) != f.default
+        ]
+
 
 @frozen
 class NoOptions(BackendOptions):
@@ -146,6 +154,10 @@ class BaseBackend(Generic[OptionsT]):
 
     name: ClassVar[str] = "base"
     Options: ClassVar[type[BackendOptions]] = NoOptions
+    # A backend of another package may hand runs to its batch system as built-in Slurm does: ``grpo-launch VERB``
+    # then plans for its Submitter's requested machines and submits (grpo_launch.cli.submit_verb).
+    submit_verb: ClassVar[str | None] = None
+    Submitter: ClassVar[type | None] = None
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
         return spec

@@ -23,6 +23,11 @@ MAX_HOSTS = 4096  # as --gpus
 HOSTFILE_HINT = "Each line: HOST slots=N [gpu=MODEL] (e.g. node1 slots=8 gpu=H100-80GB)"
 
 
+def naming_gpus(first: str) -> str:
+    """How a hostfile names its hosts' GPUs (the fix when no GPU was found on them)."""
+    return f"name the hosts' GPUs in the hostfile: {first} slots=8 gpu=H100-80GB"
+
+
 def parse_hostfile(text: str, *, source: str = "hostfile") -> list[tuple[str, int]]:
     """DeepSpeed's hostfile format: ``host slots=N`` per line; ``#`` comments and blank lines ignored."""
     return [(host, slots) for host, slots, _ in parse_hostfile_gpus(text, source=source)]
@@ -101,7 +106,8 @@ def probe_hostfile(
             "this machine has no GPU and the hostfile names no GPU model: its slots are planned as CPU processes "
             "(add gpu=MODEL to each line, e.g. node1 slots=8 gpu=H100-80GB, to plan the hosts' GPUs)"
         )
-        return Topology(tuple(Host(name=h, slots=n) for h, n, _ in entries), "hostfile", (warn,))
+        slots = tuple(Host(name=h, slots=n) for h, n, _ in entries)
+        return Topology(slots, "hostfile", (warn,), naming_gpus=naming_gpus(slots[0].name))
     unnamed = [h for h, _, g in entries if g is None]
     if unnamed and cpu:
         raise ProbeError(
@@ -115,7 +121,7 @@ def probe_hostfile(
         name, mem = (spec.name, int(spec.memory_gib * GIB)) if spec else (local_name, local_mem)
         hosts.append(Host(name=h, gpus=tuple(Gpu(visible_id=str(i), name=name, memory_bytes=mem) for i in range(n))))
         models[h] = name
-    return Topology(tuple(hosts), "hostfile", mixed_models_warning(models))
+    return Topology(tuple(hosts), "hostfile", mixed_models_warning(models), naming_gpus=naming_gpus(hosts[0].name))
 
 
 def topology_from_probes(entries: list[tuple[str, int, str | None]], probes: dict[str, dict], source: str) -> Topology:
@@ -135,4 +141,4 @@ def topology_from_probes(entries: list[tuple[str, int, str | None]], probes: dic
             hosts.append(Host(name=name, cpus=info.get("cpus"), memory_bytes=ram, slots=slots))
     if len(kinds) > 1:
         raise ProbeError(f"{source}: some hosts have GPUs and some have none", hint="Use hosts of one kind.")
-    return Topology(tuple(hosts), "hostfile", mixed_models_warning(models))
+    return Topology(tuple(hosts), "hostfile", mixed_models_warning(models), naming_gpus=naming_gpus(hosts[0].name))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
@@ -51,7 +52,7 @@ class LocalBackend(BaseBackend[NoOptions]):
         return cls()
 
     def probe(self, environ: Mapping[str, str], local: Topology) -> Topology:
-        return local
+        return dataclasses.replace(local, trainers_share_this_cache=True)
 
     def place(self, spec: ProcessSpec, plan: Plan, ctx: RunContext) -> ProcessSpec:
         if plan.train.num_machines > 1 or spec.host:

@@ -13,10 +13,10 @@ import importlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from types import ModuleType
 from typing import Any
 
 from grpo_launch import __version__
+from grpo_launch.backends import discover, submitters
 from grpo_launch.cli.common import EPILOG, VERB_HELP, examples
 from grpo_launch.cli.console import Console, drop, terminal_columns
 from grpo_launch.enums import RunState
@@ -46,9 +46,19 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _verb(name: str) -> ModuleType:
-    """A verb's module: ``register(sub, formatter, epilog)`` and ``command(args, ctx)``."""
-    return importlib.import_module(f"grpo_launch.cli.{name.replace('-', '_')}")
+def _verb(name: str) -> Any:
+    """A verb's module, ``register(sub, formatter, epilog)`` and ``command(args, ctx)``; another package's backend's
+    submit verb: a :class:`~grpo_launch.cli.submit_verb.SubmitVerb`, which has the same two."""
+    ours = name in VERBS
+    module = importlib.import_module(f"grpo_launch.cli.{(name if ours else 'submit_verb').replace('-', '_')}")
+    return module if ours else module.SubmitVerb(name, submitters()[name])
+
+
+def _unknown_word(argv: Sequence[str]) -> str | None:
+    """The first word when it is neither a built-in verb nor a file: it may be another package's submit verb."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    unknown = first is not None and first not in VERBS and not os.path.exists(first) and "/" not in first
+    return first if unknown else None
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -71,8 +81,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _normalise_argv(argv: Sequence[str]) -> list[str]:
-    """``grpo-launch RECIPE …`` means ``grpo-launch run RECIPE …``."""
+def _their_verbs(argv: Sequence[str]) -> dict[str, str]:
+    """Other packages' submit verbs (verb → backend), looked for only when the first word is not a built-in verb
+    or a file: only then, or for a flag no built-in backend knows (:func:`parse`), are the installed packages' entry
+    points read (grpo_launch.backends: that costs about as much as a plan)."""
+    if _unknown_word(argv) is None:
+        return {}
+    return submitters()
+
+
+def _normalise_argv(argv: Sequence[str], theirs: Mapping[str, str] | None = None) -> list[str]:
+    """``grpo-launch RECIPE …`` means ``grpo-launch run RECIPE …``; ``theirs``: other packages' verbs."""
     # A value that starts with "-" (``--gpus -1xH100``) would be read as an option: keep it with its flag, so the
     # spec's own check explains what is wrong.
     args: list[str] = []
@@ -86,7 +105,7 @@ def _normalise_argv(argv: Sequence[str]) -> list[str]:
     for i, a in enumerate(args):
         if a == "--debug":
             continue
-        if a in VERBS or a.startswith("-"):
+        if a in VERBS or a in (theirs or {}) or a.startswith("-"):
             return args
         return [*args[:i], "run", *args[i:]]
     return args
@@ -95,16 +114,24 @@ def _normalise_argv(argv: Sequence[str]) -> list[str]:
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     """The command line (without the program name) as parsed arguments; ``args.extra``: a submit verb's own
     arguments after ``--``. A usage error exits 2 (argparse's)."""
-    normalised = _normalise_argv(argv)
+    theirs = _their_verbs(argv)
+    normalised = _normalise_argv(argv, theirs)
     verb = next((a for a in normalised if not a.startswith("-")), None)
-    parser = build_parser(verb if verb in VERBS else None)
+    known = verb in VERBS or verb in theirs
     extra: list[str] = []
-    if normalised and normalised[0] in SUBMIT_VERBS and "--" in normalised:
+    if normalised and (normalised[0] in SUBMIT_VERBS or normalised[0] in theirs) and "--" in normalised:
         cut = normalised.index("--")
         normalised, extra = normalised[:cut], normalised[cut + 1 :]
+    parser = build_parser(verb if known else None)
     # Overrides may follow options (`RECIPE --nodes 2 max_steps=5`): argparse leaves those unparsed.
     args, unknown = parser.parse_known_args(normalised)
     strays = [u for u in unknown if u.startswith("-") or "=" not in u or not hasattr(args, "overrides")]
+    # A flag the built-in backends do not know may be another package's backend's: theirs join the built-in ones
+    # (grpo_launch.backends.option_classes).
+    if strays and known and discover():
+        parser = build_parser(verb)
+        args, unknown = parser.parse_known_args(normalised)
+        strays = [u for u in unknown if u.startswith("-") or "=" not in u or not hasattr(args, "overrides")]
     if strays:
         parser.error(f"unrecognized arguments: {' '.join(strays)}")
     if unknown:
@@ -131,13 +158,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     cut = argv.index("--") if "--" in argv else len(argv)  # a submit verb's own arguments follow "--"
     debug = "--debug" in argv[:cut]  # anywhere before them, not only before the verb
     argv = [a for i, a in enumerate(argv) if i >= cut or a != "--debug"]
-    first = next((a for a in argv if not a.startswith("-")), None)
-    if first is not None and first not in VERBS and not os.path.exists(first) and "/" not in first:
-        near = did_you_mean(first, VERBS)
-        if near:
-            _error(f"grpo-launch: error: unknown command {first!r}{near}; commands: {', '.join(VERBS)}")
-            return 2
-    args = parse(argv)
+    try:  # reading the command line may read other packages' backends (grpo_launch.backends.discover)
+        first = _unknown_word(argv)
+        if first is not None and first not in _their_verbs(argv):
+            near = did_you_mean(first, VERBS)
+            if near:
+                _error(f"grpo-launch: error: unknown command {first!r}{near}; commands: {', '.join(VERBS)}")
+                return 2
+        args = parse(argv)
+    except GrpoLaunchError as exc:
+        if debug:
+            raise
+        _error(f"grpo-launch: error: {exc.render()}")
+        return exc.exit_code
     args.debug = args.debug or debug
     if args.verb is None:
         build_parser().print_help()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from grpo_launch import __version__
-from grpo_launch.backends import option_classes, select
+from grpo_launch.backends import job_backend, option_classes, select
 from grpo_launch.backends.base import Backend
 from grpo_launch.cli.options import add_options, read_options
 from grpo_launch.errors import ConfigError
@@ -188,7 +188,7 @@ def record_invocation(
     """Write RUN_DIR/invocation.json for this command (``resume``: the record it runs again, unchanged but for the
     batch job). Inside a submitted job (the record is a submitter's whose job runs on ``backend``) the submitter's
     record is kept: resuming that run submits it again."""
-    from grpo_launch.rundir.invocation import SUBMITTED_BACKEND, read_invocation, write_invocation
+    from grpo_launch.rundir.invocation import read_invocation, write_invocation
 
     resuming = getattr(args, "resuming", None)
     record = resuming.record if resuming is not None else invocation_of(args, backend, run_dir, ctx)
@@ -197,7 +197,7 @@ def record_invocation(
             before = read_invocation(RunPaths(run_dir).invocation)
         except RunFileError:
             before = None  # a record that does not read is replaced by this one
-        if before is not None and SUBMITTED_BACKEND.get(before.verb) == backend:
+        if before is not None and before.verb != "run" and job_backend(before.verb) == backend:
             return
     write_invocation(dataclasses.replace(record, job_id=job_id))
 
@@ -235,11 +235,9 @@ def topology(
     ``starts``: the plan's processes start here (``run`` without ``--dry-run``)."""
     options = {name: read_options(args, cls) for name, cls in option_classes().items()}
     if args.gpus is not None:
-        asked = [name for name, opts in options.items() if opts.chooses_backend()]
+        asked = [opts for opts in options.values() if opts.chooses_backend()]
         if asked:
-            other = {"ssh": "--hostfile", "slurm": "--slurm", "ray": "--ray"}.get(
-                asked[0], f"the {asked[0]} backend's options"
-            )
+            other = asked[0].given_flags()[0]
             raise ConfigError(
                 f"--gpus and {other} both say which machines to plan for",
                 hint="Keep one: --gpus simulates GPUs; a hostfile line can name its own (node1 slots=8 gpu=H100-80GB).",

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.backends import REGISTRY, load
+from grpo_launch.backends import job_backend, known, load
 from grpo_launch.cli import parse, run_verb
 from grpo_launch.cli.common import VERB_HELP, pasteable
 from grpo_launch.enums import JobStatus
@@ -37,7 +37,7 @@ from grpo_launch.rundir.continuity import (
 )
 from grpo_launch.rundir.fields import RunFileError
 from grpo_launch.rundir.files import in_use, last_holder, lock_holder, run_record
-from grpo_launch.rundir.invocation import REDACTED, SUBMITTED_BACKEND, Invocation, read_invocation
+from grpo_launch.rundir.invocation import REDACTED, Invocation, read_invocation
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.text import command_line
@@ -129,7 +129,7 @@ def _record(run_dir: Path) -> Invocation:
             "from the newest "
             "complete checkpoint.",
         )
-    if record.verb not in ("run", *SUBMITTED_BACKEND):
+    if record.verb != "run" and job_backend(record.verb) is None:
         raise ConfigError(
             f"{paths.invocation}: key 'verb' is {record.verb!r}, not a verb that starts a run",
             hint=f"The file was written by hand or by another program: start the run again with its "
@@ -177,7 +177,7 @@ def _refuse_running(run_dir: Path) -> None:
     if (holder := lock_holder(run_dir)) is not None:
         raise in_use(run_dir, holder)
     job, backend = last_holder(run_dir).get("job_id"), last_holder(run_dir).get("backend")
-    if not job or backend not in REGISTRY:
+    if not job or not known(str(backend)):
         return
     state = load(str(backend)).job_state(str(job))
     if state is not None and state.state in (JobStatus.PENDING, JobStatus.RUNNING):

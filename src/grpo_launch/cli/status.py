@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.backends import REGISTRY, load
+from grpo_launch.backends import known, load
 from grpo_launch.cli.common import VERB_HELP
 from grpo_launch.cli.tables import Section, print_sections
 from grpo_launch.enums import JobStatus, RunState
@@ -90,7 +90,7 @@ class Standing:
 
 def _job_state(view: RunView) -> tuple[str | None, JobState | None]:
     """The batch job the run's lock names, and what its backend says of it now."""
-    if view.job is None or view.job.backend not in REGISTRY:
+    if view.job is None or not known(view.job.backend):
         return None, None
     return view.job.job_id, load(view.job.backend).job_state(view.job.job_id)
 

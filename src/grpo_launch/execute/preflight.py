@@ -279,7 +279,7 @@ def check_models_load(plan: Plan, environ: Mapping[str, str]) -> None:
     :data:`_MODEL_PROBE`. Only where the run's hosts are this machine or a Slurm allocation (the launcher runs on
     its first node, whose processes get this environment); other hosts have their own caches."""
     models = hub_models(plan)
-    if not models or plan.topology.source in ("hostfile", "ray", "spec", "sbatch", "sky"):
+    if not models or not plan.topology.trainers_share_this_cache:
         return
     env = {**environ, **plan.recipe.launch.train_env}
     found = _probe_models(plan.python, env, models)

@@ -49,11 +49,25 @@ class Host:
 
 @frozen
 class Topology:
-    """Hosts in launch order. ``source`` says where it was read from (nvml, cuda_visible_devices, slurm, …)."""
+    """Hosts in launch order. ``source`` says where it was read from (nvml, cuda_visible_devices, slurm, …): a label
+    for people (the plan's table, plan.json). What planning and the checks before a start need to know of where the
+    machines came from, the backend that read them says in the fields after it; no code outside backends/ reads a
+    backend's name."""
 
     hosts: tuple[Host, ...]
     source: str
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    # The machines --gpus names: nothing probed and nothing started on them (``--gpus cpu`` asks for a CPU plan).
+    named_by_user: bool = field(default=False, compare=False)
+    # How to name these machines' GPUs with the flags they came from: the fix offered when no GPU was found.
+    naming_gpus: str = field(
+        default="plan for GPUs: --gpus 8xH100-80GB, or fix the NVIDIA driver / NVML", compare=False
+    )
+    # The trainers start with this process's environment and Hugging Face cache (this machine; a Slurm allocation,
+    # whose launcher runs on its first node): a Hub model they cannot load is refused before anything starts.
+    trainers_share_this_cache: bool = field(default=False, compare=False)
+    # A batch job plans its split again on the machines it is given when it starts (an sbatch request).
+    planned_again_at_start: bool = field(default=False, compare=False)
     # A GPU the table does not know, with the peak and bandwidth the user gave (--gpus 4xFOO-48GB@150TF@0.9TBs).
     given_spec: GpuSpec | None = None
     # Every such GPU of a mixed spec (--gpus 8xH100-80GB+8xFOO-48GB@150TF@0.9TBs), one per group that gave one.
@@ -211,7 +225,7 @@ def parse_gpu_spec(spec: str, *, cpu_processes: int | None = None) -> Topology:
     if not text:
         raise ProbeError("--gpus is empty", hint=SPEC_HELP)
     if text.lower() in ("cpu", "0", "none"):
-        return Topology(hosts=(Host(name="localhost", cpus=cpu_processes),), source="spec")
+        return Topology(hosts=(Host(name="localhost", cpus=cpu_processes),), source="spec", named_by_user=True)
     if "+" in text:
         return _parse_groups(text)
     return _parse_group(text, spec)
@@ -244,6 +258,7 @@ def _parse_groups(text: str) -> Topology:
     return Topology(
         hosts=tuple(named),
         source="spec",
+        named_by_user=True,
         warnings=tuple(w for part in parts for w in part.warnings),
         given_spec=specs[0] if specs else None,
         given_specs=specs,
@@ -332,7 +347,7 @@ def _parse_group(text: str, spec: str) -> Topology:
         )
         for n in range(nodes)
     )
-    return Topology(hosts=hosts, source="spec", warnings=warnings, given_spec=given)
+    return Topology(hosts=hosts, source="spec", warnings=warnings, given_spec=given, named_by_user=True)
 
 
 def _check_known_size(spec: str, m: re.Match[str], known: GpuSpec, size: float, *, in_gb: bool) -> None:

@@ -146,25 +146,16 @@ def _refuse_silent_cpu_fallback(topology: Topology, recipe: Recipe, model: Model
     instead of quietly planning a float32 CPU run. ``use_cpu: true`` or ``--gpus cpu`` ask for CPU."""
     if not topology.is_cpu or model is None or model.params < CPU_MODEL_LIMIT:
         return
-    if recipe.values.get("use_cpu") is True or topology.source == "spec":
+    if recipe.values.get("use_cpu") is True or topology.named_by_user:
         return
     why = "; ".join(topology.warnings) or f"no GPU in the {topology.source} topology"
     raise PlanError(
         f"{model.name} ({model.params / 1e9:.1f}B parameters) would train on CPU: {why}",
         fixes=[
-            Fix("gpus", None, _gpus_fix(topology), 0, in_recipe=False),
+            Fix("gpus", None, topology.naming_gpus, 0, in_recipe=False),
             Fix("use_cpu", True, "train on CPU anyway (float32, slow)", rank=1),
         ],
     )
-
-
-def _gpus_fix(topology: Topology) -> str:
-    """How to plan for GPUs with the flags the topology came from (--gpus is refused beside them)."""
-    if topology.source == "hostfile":
-        return f"name the hosts' GPUs in the hostfile: {topology.hosts[0].name} slots=8 gpu=H100-80GB"
-    if topology.source == "sbatch":
-        return "name the nodes' GPUs: --gpus-per-node 8 --gpu-type H100-80GB"
-    return "plan for GPUs: --gpus 8xH100-80GB, or fix the NVIDIA driver / NVML"
 
 
 def plan_split(

@@ -78,10 +78,10 @@ def _unestimated_batch(ctx: Context, plan: Plan, split: Split) -> str:
         f"step); the recipe's values are kept on every split, so a split with other trainers runs another global "
         f"batch ({per_trainer} completions per trainer per step)"
     )
-    if ctx.topology.source == "sbatch":
+    if ctx.topology.planned_again_at_start:
         said += (
-            ": the job plans its split on the allocation's GPUs, with these values (pass --gpu-type to compare the "
-            "splits here)"
+            f": the job plans its split on the machines it is given, with these values (to compare the splits here, "
+            f"{ctx.topology.naming_gpus})"
         )
     return said
 

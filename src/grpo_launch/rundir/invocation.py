@@ -6,7 +6,7 @@ relative to, the run directory and the grpo-launch version.
 
 Written by ``grpo-launch run`` once the run holds its run directory (a run refused before that writes nothing), and
 by ``sbatch``, ``ray-submit`` and ``sky --launch`` when they submit. Inside a submitted job, the job's own ``run``
-keeps the submitter's record: resuming such a run submits it again (:data:`SUBMITTED_BACKEND`).
+keeps the submitter's record: resuming such a run submits it again (grpo_launch.backends.job_backend).
 
 Never a secret: a value that looks like one (by :func:`grpo_launch.spec.redact_arg`'s rule: an override or
 ``--flag=`` whose name says token, secret, password or key, a mapping holding such a name, a value shaped like a
@@ -28,9 +28,6 @@ from grpo_launch.rundir.fields import Fields, file_error, loads
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.trust import private_dir, read_own_text, read_text
 from grpo_launch.spec import REDACTED, frozen, is_secret_name, redact_arg, redact_argv
-
-# The verb that submitted a run → the backend its job's own `grpo-launch run` uses: that run keeps the record.
-SUBMITTED_BACKEND = {"sbatch": "slurm", "ray-submit": "ray", "sky": "ray"}
 
 
 @frozen

@@ -272,7 +272,7 @@ def probe_slurm(
         warnings.append(f"could not probe every node with srun ({why}): assumed like this node")
     if any(g.memory_bytes is None for host in out for g in host.gpus):
         warnings.append("GPU model unknown on some node (no NVML); memory not checked")
-    return Topology(tuple(out), "slurm", (*warnings, *mixed_models_warning(models)))
+    return Topology(tuple(out), "slurm", (*warnings, *mixed_models_warning(models)), trainers_share_this_cache=True)
 
 
 def parse_end_time(text: str) -> float | None:

@@ -76,7 +76,8 @@ class SlurmSubmitter(Submitter[SbatchOptions]):
         gpus = tuple(Gpu(visible_id=str(i), name=name, memory_bytes=memory) for i in range(per_node))
         hosts = tuple(Host(name=f"node{i + 1}", gpus=gpus) for i in range(options.nodes))
         warnings = () if memory or not per_node else ("GPU model unknown (pass --gpu-type): memory not checked",)
-        return Topology(hosts, "sbatch", warnings)
+        naming = "name the nodes' GPUs: --gpus-per-node 8 --gpu-type H100-80GB"
+        return Topology(hosts, "sbatch", warnings, naming_gpus=naming, planned_again_at_start=True)
 
     def request(self, job: SubmitJob, plan: Plan, options: SbatchOptions, ctx: RunContext) -> Submission:
         request = SbatchRequest(
