@@ -35,7 +35,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 def main() -> int:
     sys.path.insert(0, str(ROOT / "src"))
-    from grpo_launch.probe.calibration import read_calibration
+    from grpo_launch.probe.calibration_store import read_calibration
     from grpo_launch.rundir.layout import CALIBRATIONS_ENV
 
     missed = []

@@ -33,11 +33,11 @@ from grpo_launch.errors import PlanError
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import make_plan, plan_split
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Parallelism
+from grpo_launch.planning.plan_types import Trace
 from grpo_launch.planning.splits.allowed import allowed_splits
 from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.training import TRAINING_SETTINGS
-from grpo_launch.planning.types import Trace
 from grpo_launch.recipe import build_recipe
 
 MODELS = {

@@ -1,5 +1,5 @@
 """Write monitoring/prometheus.yml and monitoring/grafana-dashboard.json from the run's metric list
-(grpo_launch/rundir/live_metrics.py, through grpo_launch/render/monitoring.py). ``tests/test_live_metrics.py`` checks
+(grpo_launch/analysis/live_metrics.py, through grpo_launch/render/monitoring.py). ``tests/test_live_metrics.py`` checks
 the shipped files equal what this writes.
 
 Usage: python scripts/gen_monitoring.py [--check]

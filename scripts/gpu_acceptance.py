@@ -6,8 +6,8 @@ the acceptance writes. Nothing is downloaded.
     python scripts/gpu_acceptance.py assets OUT_DIR             # model (config from models/builtin.py), data, recipes
     python scripts/gpu_acceptance.py report OUT_DIR JSON_PATH   # predicted ÷ measured per run and term, one JSON
 
-The report reads each run directory with the launcher's own readers (rundir.view.RunView, rundir.measured.measure,
-rundir.timeline.startup_terms), the way ``grpo-launch status`` does, and sets what the run's own plan.json predicted
+The report reads each run directory with the launcher's own readers (analysis.view.RunView, analysis.step_means.measure,
+analysis.timeline.startup_terms), the way ``grpo-launch status`` does, and sets what the run's own plan.json predicted
 beside what it measured: predicted ÷ measured per term, each in its band (:data:`BANDS`). It exits 1 when a term
 leaves its band, or when a run the stack could run measured nothing, and writes the JSON either way.
 :func:`stack_verdict`, :func:`compare` and :func:`build_report` are pure: the CPU tests (tests/test_gpu_acceptance.py)
@@ -314,7 +314,7 @@ def first_step_rows(records: Sequence[MetricRecord], plan: PlanRecord | None) ->
     first sync and generation, as ``status`` reads it) against the plan's forecast, and each phase the run recorded
     against the same phase of the forecast (``first_step_s.PHASE``, where plan.json has its phases; not banded:
     the whole is)."""
-    from grpo_launch.rundir.timeline import critical_path_s, startup_terms
+    from grpo_launch.analysis.timeline import critical_path_s, startup_terms
 
     terms = startup_terms(records)
     row = compare(critical_path_s(terms), plan.startup_s if plan else None, BANDS["first_step_s"])
@@ -348,9 +348,9 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     """One run directory, read by the launcher's own readers, as the report's entry: the run's backend and vLLM
     mode, its steps, and each term (:data:`BANDS`) measured against plan.json's prediction. ``error`` says why a
     directory gave no measurement (no metrics.jsonl, no step, a file that does not read)."""
+    from grpo_launch.analysis.step_means import measure
+    from grpo_launch.analysis.view import RunView
     from grpo_launch.errors import GrpoLaunchError
-    from grpo_launch.rundir.measured import measure
-    from grpo_launch.rundir.view import RunView
 
     try:
         view = RunView.load(run_dir, strict=False)
@@ -396,8 +396,8 @@ def read_calibrations(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str
     and the weight sync (its path and seconds). A file that reader refuses (another tool's JSON) is listed as
     skipped, with why."""
     from grpo_launch.errors import ConfigError
-    from grpo_launch.planning.calibration import step_peak_points
-    from grpo_launch.probe.calibration import read_calibration
+    from grpo_launch.planning.measured_scales import step_peak_points
+    from grpo_launch.probe.calibration_store import read_calibration
 
     read, skipped = [], []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -493,7 +493,7 @@ def _summary(doc: Mapping[str, Any]) -> str:
 def report(out: Path, path: Path) -> int:
     """Write the acceptance JSON of ``out`` to ``path``; 0 when every compared term is in its band, 1 when one is
     not or a run that should have measured did not (each named on stderr)."""
-    from grpo_launch.probe.calibration import calibration_dir
+    from grpo_launch.probe.calibration_store import calibration_dir
 
     versions = installed_versions()
     device = "unknown"

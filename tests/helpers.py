@@ -24,7 +24,7 @@ from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning import Plan, make_plan
 from grpo_launch.planning.cost.workload import Calibration
-from grpo_launch.planning.types import Runtime
+from grpo_launch.planning.plan_types import Runtime
 from grpo_launch.recipe import Recipe, build_recipe, load_recipe
 from grpo_launch.recipe.parse import parse_override
 

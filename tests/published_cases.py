@@ -20,7 +20,7 @@ from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import plan_split
 from grpo_launch.planning.cost.constants import HEADROOM
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Parallelism
 from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.recipe import build_recipe, load_recipe
 

@@ -1,5 +1,5 @@
-"""launch.adapt's decision (planning/after_run/), the stale-weights watch (rundir/stale.py) and the run's timeline
-(rundir/timeline.py), with the real planner on real recipes. The measurements are written into a real run
+"""launch.adapt's decision (planning/after_run/), the stale-weights watch (analysis/stale_weights.py) and the run's
+timeline (analysis/timeline.py), with the real planner on real recipes. The measurements are written into a real run
 directory with the records' own writer, as a run's rank 0 writes them: "generation took 4× the plan's prediction"
 is what a GPU run of a plan whose cost model was 4× too fast on generation measures."""
 
@@ -10,10 +10,13 @@ import json
 
 import pytest
 
+from grpo_launch.analysis.stale_weights import FLOOR, GapWatch
+from grpo_launch.analysis.step_means import read_run
+from grpo_launch.analysis.timeline import adaptation_rows, adaptations, critical_path_s, startup_terms
 from grpo_launch.enums import AdaptAction
 from grpo_launch.errors import ConfigError
 from grpo_launch.planning.adapt_terms import MIN_GAIN, warmup_steps, why_not_adaptable
-from grpo_launch.planning.after_run.decision import (
+from grpo_launch.planning.after_run.adapt import (
     Adaptation,
     Previous,
     algorithm,
@@ -22,12 +25,11 @@ from grpo_launch.planning.after_run.decision import (
     prompts_per_step,
     split_key,
 )
-from grpo_launch.planning.calibration import calibration_from
 from grpo_launch.planning.cost.workload import Calibration
+from grpo_launch.planning.measured_scales import calibration_from
 from grpo_launch.recipe import load_recipe
 from grpo_launch.render import render_files
 from grpo_launch.rundir.files import write_run_files
-from grpo_launch.rundir.measured import read_run
 from grpo_launch.rundir.records import (
     AdaptRecord,
     Attempt,
@@ -38,8 +40,6 @@ from grpo_launch.rundir.records import (
     read_attempts,
     read_metrics,
 )
-from grpo_launch.rundir.stale import FLOOR, GapWatch
-from grpo_launch.rundir.timeline import adaptation_rows, adaptations, critical_path_s, startup_terms
 
 from .helpers import ROOT, plan_recipe
 
@@ -293,7 +293,7 @@ def test_status_shows_an_async_runs_signals_and_which_side_is_slower(tmp_path):
     import subprocess
     import sys
 
-    from grpo_launch.rundir.timeline import async_row
+    from grpo_launch.analysis.timeline import async_row
 
     run = tmp_path / "run"
     run.mkdir()

@@ -31,9 +31,9 @@ DRIVER = textwrap.dedent(
     """
     import dataclasses, sys
     from grpo_launch.cli import main
-    from grpo_launch.execute import resplit as running
+    from grpo_launch.execute import adapt as running
     from grpo_launch.planning import make_plan
-    from grpo_launch.planning.after_run.decision import per_prompt_s, split_key
+    from grpo_launch.planning.after_run.adapt import per_prompt_s, split_key
 
     real = running.decide
 

@@ -8,9 +8,8 @@ import pytest
 
 from grpo_launch.enums import AdaptAction, DistBackend, Offload
 from grpo_launch.planning.adapt_terms import warmup_steps
-from grpo_launch.planning.after_run.decision import Adaptation, split_key
+from grpo_launch.planning.after_run.adapt import Adaptation, Course, decision_due, split_key
 from grpo_launch.planning.after_run.oom import next_frugal_plan
-from grpo_launch.planning.after_run.resplit import Course, decision_due
 from grpo_launch.planning.cost.workload import Calibration
 
 from .helpers import ROOT, plan_recipe

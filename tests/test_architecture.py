@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("models",),
     ("machines", "recipe"),
     ("probe", "rundir"),
+    ("analysis",),
     ("node",),
     ("planning", "train"),
     ("render",),
@@ -203,7 +204,7 @@ def test_grpo_launch_variables_are_spelled_only_in_the_run_directory_contract():
 
 def _room(module: str) -> str:
     """The room a module stands in inside its stage folder: a subfolder is one room (``planning.cost``), a file at
-    the folder's top its own (``planning.plan``)."""
+    the folder's top its own (``planning.planner``)."""
     parts = module.split(".")
     return ".".join(parts[:3])
 
@@ -211,7 +212,7 @@ def _room(module: str) -> str:
 def test_no_two_rooms_of_a_folder_import_each_other():
     """Inside each stage folder, a subfolder counts as one room: no chain of imports between rooms comes back to
     where it started (a package that both imports and is imported by a module beside it reads as an arrow running
-    back up; e.g. cost/ and planning/types.py, or refusal/ importing make_plan inside a function)."""
+    back up; e.g. cost/ and planning/plan_types.py, or refusal/ importing make_plan inside a function)."""
     rooms: dict[str, set[str]] = {}
     for module, targets in _graph().items():
         here = _room(module)

@@ -12,7 +12,7 @@ from grpo_launch.errors import PlanError
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import make_plan
-from grpo_launch.planning.types import Runtime
+from grpo_launch.planning.plan_types import Runtime
 from grpo_launch.probe.dataset import dataset_rows
 from grpo_launch.recipe import load_recipe
 

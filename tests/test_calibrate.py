@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from grpo_launch.machines.measured import MeasuredTerms
+from grpo_launch.machines.calibrated_speed import MeasuredTerms
 from grpo_launch.planning.cost.measured_time import measured_step_time
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.probe.calibration import (
+from grpo_launch.probe.calibration_store import (
     CalibrationKey,
     CalibrationRecord,
     calibration_dir,
@@ -61,7 +61,7 @@ def _cli(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.Co
 def _this_key() -> CalibrationKey:
     """The key `plan recipes/tiny-cpu.yaml` looks its calibration up by on this machine."""
     from grpo_launch.machines.topology import Host, Topology
-    from grpo_launch.probe.calibration import calibration_key
+    from grpo_launch.probe.calibration_store import calibration_key
     from grpo_launch.probe.model import resolve_model_shape
     from grpo_launch.probe.pythons import vllm_version_here
     from grpo_launch.recipe import load_recipe
@@ -267,7 +267,7 @@ def test_calibrate_writes_a_calibration_and_plan_picks_it_up(calibrated):
         assert t.overhead_steps >= 1  # TRL's own per-step time, from the short real run
     # one micro-batch's activation memory as GRPOTrainer runs it, within the memory model's band
     # (tests/conformance/test_memory_measured.py measures the same on larger points: 0.95-1.10)
-    from grpo_launch.planning.calibration import activation_points, step_peak_points
+    from grpo_launch.planning.measured_scales import activation_points, step_peak_points
     from grpo_launch.probe.model import resolve_model_shape
 
     model, _ = resolve_model_shape(str(ROOT / ".cache" / "tiny" / "model"))
@@ -358,8 +358,8 @@ def _gpu_calibration(folder: Path, recipe: Path, *, decode: float, train: float,
     """A calibration for one H100 whose decode is ``decode`` × and whose training ``train`` × the table's time, and
     ``more`` measured terms (no GPU here: the record is written as `calibrate` would write it on one)."""
     from grpo_launch.machines.topology import parse_gpu_spec
-    from grpo_launch.planning.calibration import measured_against_table
-    from grpo_launch.probe.calibration import calibration_key
+    from grpo_launch.planning.measured_scales import measured_against_table
+    from grpo_launch.probe.calibration_store import calibration_key
     from grpo_launch.probe.model import resolve_model_shape
     from grpo_launch.probe.pythons import vllm_version_here
     from grpo_launch.recipe import load_recipe
@@ -400,7 +400,7 @@ def test_on_a_gpu_the_measured_terms_scale_the_table_and_explain_shows_each(tmp_
 def test_a_runs_scales_compose_on_top_of_the_calibration_file_without_counting_it_twice():
     """The adapt loop and --calibrate-from read a plan's recorded calibration as the run's part alone: the file's
     part (measured ÷ table) comes from the file again at the next plan."""
-    from grpo_launch.planning.calibration import prior_calibration
+    from grpo_launch.planning.measured_scales import prior_calibration
     from grpo_launch.rundir.plan_record import RecordedCalibration
 
     class Plan:  # the one field prior_calibration reads of a PlanRecord
@@ -413,8 +413,8 @@ def test_a_runs_scales_compose_on_top_of_the_calibration_file_without_counting_i
 def test_the_adapt_loops_replan_keeps_the_calibration_file_under_the_runs_scales():
     """Failed before (no file part existed): launch.adapt re-plans through make_plan, which reads no file; the
     running plan's file part (measured terms, measured ÷ table) is put back under the run's own scales."""
-    from grpo_launch.planning.calibration import with_file_part
     from grpo_launch.planning.cost.workload import Calibration
+    from grpo_launch.planning.measured_scales import with_file_part
 
     used = Calibration(3.0, 4.0, measured=TERMS, measured_source="f.json", measured_generation=1.5,
                        measured_training=2.0)  # fmt: skip
@@ -480,7 +480,7 @@ def test_a_measured_nccl_weight_sync_replaces_the_tables_within_a_node_and_gloo_
 
 def _step_peak_model_bytes() -> tuple[float, float]:
     """The memory model's tensors of calibrate's training step at GPU_RECIPE's point in bf16 on a GPU."""
-    from grpo_launch.planning.calibration import step_peak_prediction
+    from grpo_launch.planning.measured_scales import step_peak_prediction
     from grpo_launch.probe.model import resolve_model_shape
 
     model, _ = resolve_model_shape(GPU_RECIPE["model_name_or_path"])
@@ -524,7 +524,7 @@ def test_on_a_gpu_the_measured_training_step_peak_scales_the_memory_estimate_and
 
 
 def test_the_step_peak_scale_is_none_on_cpu_and_does_not_count_the_activation_scale_twice():
-    from grpo_launch.planning.calibration import activation_points, step_peak_scale
+    from grpo_launch.planning.measured_scales import activation_points, step_peak_scale
     from grpo_launch.probe.model import resolve_model_shape
 
     model, _ = resolve_model_shape(GPU_RECIPE["model_name_or_path"])

@@ -13,12 +13,12 @@ import sys
 
 import pytest
 
+from grpo_launch.analysis.step_means import read_run
 from grpo_launch.errors import ConfigError
 from grpo_launch.machines.gpus import GIB
-from grpo_launch.planning.calibration import calibration_from
+from grpo_launch.planning.measured_scales import calibration_from
 from grpo_launch.render import render_files
 from grpo_launch.rundir.files import write_run_files
-from grpo_launch.rundir.measured import read_run
 
 from .helpers import ROOT, plan_recipe
 
@@ -132,7 +132,7 @@ def test_cli_prints_predicted_against_measured(tmp_path):
 
 def test_progress_states_and_eta(tmp_path):
     """`grpo-launch status`: the ETA from the measured mean step time (warm-up step left out) and from the plan's."""
-    from grpo_launch.rundir.measured import progress
+    from grpo_launch.analysis.step_means import progress
 
     plan, run = _run_dir(tmp_path, gen=2.0)
     m = read_run(run)

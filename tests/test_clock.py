@@ -20,11 +20,10 @@ import pytest
 import yaml
 
 from grpo_launch.cli import main
+from grpo_launch.machines.calibrated_speed import MeasuredTerms
 from grpo_launch.machines.gpus import find_gpu_spec
-from grpo_launch.machines.measured import MeasuredTerms
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
-from grpo_launch.planning.calibration import from_record
 from grpo_launch.planning.cost.constants import CONSTANTS
 from grpo_launch.planning.cost.steptime import (
     StepTime,
@@ -32,7 +31,8 @@ from grpo_launch.planning.cost.steptime import (
     zero3_gather_time,
 )
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.probe.calibration import read_calibration
+from grpo_launch.planning.measured_scales import from_record
+from grpo_launch.probe.calibration_store import read_calibration
 from grpo_launch.render import plan_json, render_files
 from grpo_launch.rundir.files import write_run_files
 from grpo_launch.rundir.records import StepRecord, append

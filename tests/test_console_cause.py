@@ -20,7 +20,7 @@ import pytest
 
 from grpo_launch.execute import faults
 from grpo_launch.execute.faults import Event
-from grpo_launch.rundir import text
+from grpo_launch.rundir import shown_text as text
 
 from .helpers import ROOT, tiny_run_with_module
 

@@ -17,7 +17,7 @@ from grpo_launch.planning import make_plan
 from grpo_launch.planning.cost.memory import train_memory, vllm_memory
 from grpo_launch.planning.cost.steptime import generation_time
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Parallelism
 from grpo_launch.recipe import build_recipe
 
 from .helpers import plan_recipe

@@ -223,8 +223,8 @@ def test_a_tracebacks_source_line_is_not_the_cause():
 
 
 def test_split_verdicts():
+    from grpo_launch.analysis.split_verdict import split_verdict
     from grpo_launch.enums import VllmMode
-    from grpo_launch.rundir.verdict import split_verdict
 
     server = split_verdict(3.1, 1.0, VllmMode.SERVER, planned=(1.0, 1.0), run_dir="runs/x")
     assert "generation is 3.1× training: more vLLM GPUs would help" in server

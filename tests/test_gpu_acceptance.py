@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpo_launch.analysis.view import RunView
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.render import render_files
 from grpo_launch.rundir.files import write_run_files
 from grpo_launch.rundir.records import StartupRecord, StepRecord, append
-from grpo_launch.rundir.view import RunView
 
 from .helpers import ROOT, plan_recipe
 
@@ -397,8 +397,8 @@ def test_other_tools_json_under_the_cache_is_skipped_without_a_traceback(tmp_pat
     """HF datasets' dataset_info.json and matplotlib's font list under XDG_CACHE_HOME (where the first GPU run's
     report raised a traceback): outside grpo-launch's calibration folder they are not read; one inside it is listed
     as skipped, with why; the calibration beside it is read."""
-    from grpo_launch.machines.measured import MeasuredTerms
-    from grpo_launch.probe.calibration import CalibrationKey, CalibrationRecord, save_calibration
+    from grpo_launch.machines.calibrated_speed import MeasuredTerms
+    from grpo_launch.probe.calibration_store import CalibrationKey, CalibrationRecord, save_calibration
 
     cache = tmp_path / "cache"
     hf = cache / "huggingface" / "datasets" / "x" / "0.0.0" / "abc"
@@ -424,8 +424,8 @@ def test_other_tools_json_under_the_cache_is_skipped_without_a_traceback(tmp_pat
 def test_the_report_names_each_calibrations_memory_and_sync_against_the_model(tmp_path):
     """The calibrations the acceptance made, read back: the training step's peak against the memory model's tensors
     (with and without checkpointing), predicted ÷ measured, and the weight sync with its path."""
-    from grpo_launch.machines.measured import MeasuredTerms
-    from grpo_launch.probe.calibration import CalibrationKey, CalibrationRecord, save_calibration
+    from grpo_launch.machines.calibrated_speed import MeasuredTerms
+    from grpo_launch.probe.calibration_store import CalibrationKey, CalibrationRecord, save_calibration
 
     terms = MeasuredTerms(device="NVIDIA H100 80GB HBM3", step_peak_bytes=4 * GIB, step_peak_predicted_bytes=2 * GIB,
                           step_peak_bytes_ckpt=2 * GIB, step_peak_predicted_bytes_ckpt=2 * GIB, sync_s=0.25,

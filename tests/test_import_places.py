@@ -25,15 +25,15 @@ ALLOWED = frozenset(
         # Start-up of `grpo-launch plan` (scripts/bench_plan.py; tests/test_cli.py): loaded by the plans that use it.
         ("cli/tables.py", "rich"),  # ~30 ms: a table goes through rich only on a terminal
         ("cli/explain.py", "grpo_launch.execute.watchdog"),  # ~50 ms (the supervisor): plan --explain's stop line only
-        ("cli/plan.py", "grpo_launch.planning.calibration"),  # --calibrate-from, or a stored calibration, only
-        ("cli/plan.py", "grpo_launch.rundir.view"),  # --calibrate-from only
-        ("cli/common.py", "grpo_launch.planning.calibration"),  # a stored calibration only
+        ("cli/plan.py", "grpo_launch.planning.measured_scales"),  # --calibrate-from, or a stored calibration, only
+        ("cli/plan.py", "grpo_launch.analysis.view"),  # --calibrate-from only
+        ("cli/common.py", "grpo_launch.planning.measured_scales"),  # a stored calibration only
         ("cli/common.py", "grpo_launch.probe.local"),  # this machine is probed only when it has no --gpus or runs
         ("cli/common.py", "grpo_launch.rundir.invocation"),  # a run's record (and tempfile): not plan's
         ("backends/local.py", "grpo_launch.probe.local"),  # the ports are checked only before a start
         ("backends/base.py", "socket"),  # only a run on other hosts resolves their names
-        ("probe/calibration.py", "hashlib"),  # with no calibration stored, plan hashes nothing (test_cli)
-        ("probe/calibration.py", "importlib.metadata"),  # nor reads library versions (email, zipfile; test_cli)
+        ("probe/calibration_store.py", "hashlib"),  # with no calibration stored, plan hashes nothing (test_cli)
+        ("probe/calibration_store.py", "importlib.metadata"),  # nor reads library versions (email, zipfile; test_cli)
         ("backends/__init__.py", "importlib.metadata"),  # nor other packages' backends, unless they may be asked for
         ("probe/dataset.py", "http.client"),  # ~25 ms: only a dataset's size asked of the Hub
         ("probe/pythons.py", "subprocess"),  # plan reads only this interpreter's vLLM, not another Python's
@@ -42,7 +42,7 @@ ALLOWED = frozenset(
         # Start-up of the other commands that run often.
         ("probe/hosts.py", "concurrent.futures"),  # ~10 ms (logging): every backend choice imports slurm's allocation
         ("cli/status.py", "grpo_launch.cli.watch"),  # rich's live display: --watch only
-        ("cli/status.py", "grpo_launch.rundir.continuity"),  # zipfile: only a stopped run's resume hint
+        ("cli/status.py", "grpo_launch.rundir.same_run"),  # zipfile: only a stopped run's resume hint
         ("cli/status.py", "grpo_launch.rundir.invocation"),  # tempfile: the same
         # Optional: not installed with grpo-launch.
         ("probe/local.py", "amdsmi"),  # ROCm's library, on AMD machines

@@ -6,7 +6,7 @@ import pytest
 
 from grpo_launch.errors import PlanError
 from grpo_launch.planning.batch_layout import LayoutRequest, solve_layout
-from grpo_launch.planning.estimate import off_policy_lag
+from grpo_launch.planning.step_work import off_policy_lag
 
 from .helpers import plan_recipe
 from .trl_oracle import grpo_config

@@ -14,9 +14,9 @@ from grpo_launch.errors import PlanError
 from grpo_launch.machines.topology import Gpu, Host, Topology, parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning.batch_layout import LayoutRequest, solve_layout
+from grpo_launch.planning.plan_types import Trace
 from grpo_launch.planning.splits.allowed import allowed_splits
 from grpo_launch.planning.splits.refusals import NoGpuLeftForTraining, unfit_servers
-from grpo_launch.planning.types import Trace
 from grpo_launch.recipe import build_recipe
 
 from .helpers import plan_recipe

@@ -1,4 +1,4 @@
-"""The run's live metrics (issue 40): the one metric list (grpo_launch.rundir.live_metrics), the endpoint that serves
+"""The run's live metrics (issue 40): the one metric list (grpo_launch.analysis.live_metrics), the endpoint that serves
 it (grpo_launch.execute.live, a real HTTP server on loopback read by prometheus_client's own parser), the shipped
 scrape config and dashboard made from the list, the launch keys and their bad values. The real Prometheus server
 scraping a real run, and ``status --watch`` in tmux: tests/test_watch_live.py."""
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from grpo_launch.analysis.live_metrics import BY_NAME, METRICS
 from grpo_launch.enums import FailureKind, RunState
 from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.execute.live import serve_metrics
 from grpo_launch.recipe import load_recipe
 from grpo_launch.render import monitoring
-from grpo_launch.rundir.live_metrics import BY_NAME, METRICS
 from grpo_launch.rundir.records import Attempt, LogRecord, StepRecord, append
 
 from .helpers import ROOT, TINY_RECIPE, free_port, tiny_overrides

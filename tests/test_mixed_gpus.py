@@ -10,9 +10,9 @@ from grpo_launch.errors import PlanError, ProbeError
 from grpo_launch.machines.topology import parse_gpu_spec
 from grpo_launch.models.builtin import find_model_shape
 from grpo_launch.planning import make_plan
+from grpo_launch.planning.plan_types import Candidate
 from grpo_launch.planning.planner import plan_split
 from grpo_launch.planning.splits.split import SplitKind, enumerate_splits
-from grpo_launch.planning.types import Candidate
 from grpo_launch.recipe import load_recipe
 
 from .helpers import plan_recipe
@@ -259,7 +259,7 @@ def test_a_server_over_two_types_decodes_at_the_lower_bandwidth_and_trainers_tra
     bandwidth; training together they train at the H20's FLOPs (each the slowest for its work)."""
     from grpo_launch.enums import VllmMode
     from grpo_launch.planning.gpu_types import role_specs
-    from grpo_launch.planning.types import ServerNode, TrainHost, VllmPlan
+    from grpo_launch.planning.plan_types import ServerNode, TrainHost, VllmPlan
 
     topology = parse_gpu_spec("8xH20-96GB+8xL40S-48GB+8xH100-80GB")
     server = VllmPlan(VllmMode.SERVER, host="node0", nodes=(ServerNode("node1", "node1", ("0",)),))

@@ -175,9 +175,9 @@ def test_split_verdicts_name_their_step_and_none_follows_the_last_step(tmp_path)
     verdict there came after them (the demo's 60th step)."""
     import json
 
+    from grpo_launch.analysis.split_verdict import split_verdict
     from grpo_launch.enums import VllmMode
     from grpo_launch.execute.watchdog import Watchdog
-    from grpo_launch.rundir.verdict import split_verdict
 
     metrics, seen = tmp_path / "metrics.jsonl", []
     dog = Watchdog(metrics)

@@ -35,7 +35,7 @@ def test_the_h20_node_serves_the_h100_node_trains_and_each_process_runs_on_its_r
     from grpo_launch.backends.ray import RayBackend
     from grpo_launch.models.builtin import find_model_shape
     from grpo_launch.planning import make_plan
-    from grpo_launch.planning.types import Runtime
+    from grpo_launch.planning.plan_types import Runtime
     from grpo_launch.probe.local import probe_local
     from grpo_launch.recipe import load_recipe
 

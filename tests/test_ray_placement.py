@@ -66,7 +66,7 @@ def test_each_process_gets_exactly_the_gpus_ray_assigns_in_its_hosts_placement_g
     from grpo_launch.backends.ray import RayBackend
     from grpo_launch.models.builtin import find_model_shape
     from grpo_launch.planning import make_plan
-    from grpo_launch.planning.types import Runtime
+    from grpo_launch.planning.plan_types import Runtime
     from grpo_launch.probe.local import probe_local
     from grpo_launch.recipe import load_recipe
 

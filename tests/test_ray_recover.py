@@ -96,7 +96,7 @@ def test_a_lost_training_head_is_replaced_in_its_rank(plan):
     moved = moved_plan(plan, chosen)
     assert moved is not None
     assert [(h.name, h.address, h.machine_rank) for h in moved.train.hosts] == [("n9", "10.0.0.9", 0)]
-    # one training machine: its ranks meet on loopback (planning.types.TrainPlan.main_process_ip), wherever it is
+    # one training machine: its ranks meet on loopback (planning.plan_types.TrainPlan.main_process_ip), wherever it is
     assert moved.train.main_process_ip == "127.0.0.1" and moved.vllm.host == "h2"
 
 

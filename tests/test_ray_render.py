@@ -214,8 +214,8 @@ def test_a_ray_cpu_node_shows_the_cpus_it_was_started_with():
     from grpo_launch.backends.ray.cluster import _host
     from grpo_launch.cli.tables import topology_sections
     from grpo_launch.machines.topology import Topology
+    from grpo_launch.planning.plan_types import Trace
     from grpo_launch.planning.roles import cpu_train_hosts
-    from grpo_launch.planning.types import Trace
     from grpo_launch.recipe import build_recipe
 
     node = {"Resources": {"CPU": 2.0, "memory": 8e9, "node:10.0.0.2": 1.0}, "NodeManagerAddress": "10.0.0.2",

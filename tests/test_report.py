@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from grpo_launch.analysis.report import embedded_series, read_series, write_report
 from grpo_launch.render.plan_json import plan_to_dict
-from grpo_launch.rundir.report import embedded_series, read_series, write_report
 
 from .helpers import ROOT, plan_recipe
 
@@ -169,7 +169,7 @@ def test_plots_of_quantities_start_at_zero_and_steps_are_whole():
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from grpo_launch.rundir.report import Series, draw
+    from grpo_launch.analysis.report import Series, draw
 
     flat = Series("rank 0", [1, 2, 3], [0.62, 0.62, 0.621])
     fig = draw("memory", {"rank 0": flat}, None)

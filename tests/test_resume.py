@@ -28,8 +28,8 @@ import pytest
 from grpo_launch.cli import main, parse
 from grpo_launch.cli.common import invocation_of, record_invocation
 from grpo_launch.enums import RunState
-from grpo_launch.rundir.fields import RunFileError
 from grpo_launch.rundir.invocation import REDACTED, Flag, Invocation, read_invocation, write_invocation
+from grpo_launch.rundir.json_fields import RunFileError
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.records import Attempt, StepRecord, append
 from grpo_launch.spec import RunContext

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from grpo_launch.analysis.step_means import read_run
 from grpo_launch.errors import ConfigError
-from grpo_launch.planning.calibration import calibration_from
-from grpo_launch.rundir.measured import read_run
+from grpo_launch.planning.measured_scales import calibration_from
 
 from .helpers import ROOT, TINY_RECIPE, ensure_tiny_assets, tiny_overrides
 
@@ -208,7 +208,7 @@ import dataclasses, json, os, signal, sys
 from grpo_launch.spec import RunContext
 from grpo_launch.backends.local import LocalBackend
 from grpo_launch.planning import make_plan
-from grpo_launch.planning.types import Runtime
+from grpo_launch.planning.plan_types import Runtime
 from grpo_launch.recipe import load_recipe
 from grpo_launch.execute.run import run_plan
 from grpo_launch.machines.topology import parse_gpu_spec

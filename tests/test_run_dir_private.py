@@ -48,7 +48,7 @@ from grpo_launch.rundir.files import LauncherLog, RunLock, write_run_files
 from grpo_launch.rundir.invocation import Invocation, write_invocation
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.records import Attempt, LogRecord, MetricsTail, StepRecord, append, read_metrics
-from grpo_launch.rundir.trust import private_umask
+from grpo_launch.rundir.trusted_files import private_umask
 from grpo_launch.spec import REDACTED, ProcessSpec, holds_secret, is_secret_name, redact_argv, redact_env
 
 from .helpers import ROOT, TINY_RECIPE, free_port, plan_recipe, tiny_overrides
@@ -247,7 +247,7 @@ class TestTheReportNeverFollowsALink:
 
     @pytest.mark.parametrize("planted", ["report.html", "reward.png"])
     def test_a_linked_file_in_the_report_directory(self, tmp_path, planted):
-        from grpo_launch.rundir.report import write_report
+        from grpo_launch.analysis.report import write_report
 
         run, victim = _metrics_run(tmp_path / "run"), _victim(tmp_path)
         report = RunPaths(run).report
@@ -267,7 +267,7 @@ class TestTheReportNeverFollowsALink:
         assert sorted(p.name for p in victim.parent.iterdir()) == ["report.html", "reward.png"]
 
     def test_a_hard_link_planted_in_the_report_directory(self, tmp_path):
-        from grpo_launch.rundir.report import write_report
+        from grpo_launch.analysis.report import write_report
 
         run, victim = _metrics_run(tmp_path / "run"), _victim(tmp_path)
         report = RunPaths(run).report
@@ -279,7 +279,7 @@ class TestTheReportNeverFollowsALink:
 
     @pytest.mark.parametrize("how", ["another user's", "group-writable"])
     def test_a_report_directory_someone_else_may_plant_in(self, tmp_path, how):
-        from grpo_launch.rundir.report import write_report
+        from grpo_launch.analysis.report import write_report
 
         run = _metrics_run(tmp_path / "run")
         report = RunPaths(run).report
@@ -293,7 +293,7 @@ class TestTheReportNeverFollowsALink:
         assert not list(report.iterdir())
 
     def test_the_report_is_written_private(self, tmp_path):
-        from grpo_launch.rundir.report import write_report
+        from grpo_launch.analysis.report import write_report
 
         run = _metrics_run(tmp_path / "run")
         with _umask(0o002):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
+from grpo_launch.analysis.timeline import startup_row
 from grpo_launch.rundir.records import StartupRecord
-from grpo_launch.rundir.timeline import startup_row
 from grpo_launch.train.callbacks import metrics_text, step_line
 
 

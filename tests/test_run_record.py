@@ -243,7 +243,7 @@ def _reads(monkeypatch) -> dict[str, int]:
 
     real_os_open = os.open
 
-    def os_open(path, flags, *a, **k):  # rundir.trust.read_text opens run files as the lock is read
+    def os_open(path, flags, *a, **k):  # rundir.trusted_files.read_text opens run files as the lock is read
         if flags & os.O_ACCMODE == os.O_RDONLY and not inside:
             count(path)
         return real_os_open(path, flags, *a, **k)

@@ -1,4 +1,4 @@
-"""Run files read once, as typed records (rundir/view.py, rundir/plan_record.py, rundir/records.py).
+"""Run files read once, as typed records (analysis/view.py, rundir/plan_record.py, rundir/records.py).
 
 - Every key :class:`PlanRecord` reads is in what ``plan_to_dict`` writes, for real plans of every kind (CPU, server,
   colocate, async, two nodes, a calibrated one); a key renamed on the writing side makes ``status`` and ``report``
@@ -15,16 +15,16 @@ import json
 
 import pytest
 
+from grpo_launch.analysis.view import RunView
 from grpo_launch.cli import main
 from grpo_launch.enums import JobStatus
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.render import plan_json, render_files
 from grpo_launch.render.plan_json import plan_to_dict
-from grpo_launch.rundir.fields import Fields, RunFileError
 from grpo_launch.rundir.files import write_run_files
+from grpo_launch.rundir.json_fields import Fields, RunFileError
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.records import CompletionRecord, HostCheck, JobState, StepRecord, append
-from grpo_launch.rundir.view import RunView
 
 from .helpers import ROOT, plan_recipe
 

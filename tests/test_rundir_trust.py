@@ -29,13 +29,13 @@ from pathlib import Path
 
 import pytest
 
+from grpo_launch.analysis.split_verdict import split_verdict
 from grpo_launch.enums import ResumeMode, RunState, VllmMode
 from grpo_launch.errors import LaunchError
 from grpo_launch.rundir.checkpoints import decide_resume
 from grpo_launch.rundir.files import LauncherLog, RunLock, in_use
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.records import Attempt, append
-from grpo_launch.rundir.verdict import split_verdict
 from grpo_launch.spec import ProcessSpec
 
 from .helpers import ROOT, TINY_RECIPE

@@ -76,7 +76,7 @@ def test_a_recipes_own_save_steps_is_kept_with_the_cost_said():
 
 
 def test_a_measured_disk_speed_sets_the_save_time_and_mtbf_hours_overrides_the_rate():
-    from grpo_launch.machines.measured import MeasuredTerms
+    from grpo_launch.machines.calibrated_speed import MeasuredTerms
     from grpo_launch.planning.cost.workload import Calibration
 
     cal = Calibration(measured=MeasuredTerms(device="NVIDIA H100 80GB HBM3", save_bytes_per_s=4e9))

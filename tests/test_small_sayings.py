@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
+from grpo_launch.analysis.split_verdict import split_verdict
 from grpo_launch.cli import main
 from grpo_launch.enums import FailureKind, RunState, VllmMode
 from grpo_launch.execute.session import Stopping, _SignalStop
 from grpo_launch.execute.supervisor import Supervisor
 from grpo_launch.execute.watchdog import Watchdog
-from grpo_launch.rundir import text
-from grpo_launch.rundir.verdict import split_verdict
+from grpo_launch.rundir import shown_text as text
 from grpo_launch.spec import Failure, ProcessSpec, RunResult
 
 from .helpers import ROOT, TINY_RECIPE, plan_recipe
@@ -47,8 +47,8 @@ def _finished_run(tmp_path, monkeypatch, *, step_s=0.19, generation_s=0.15):
 
 def test_status_of_a_finished_run_shows_no_eta(tmp_path, monkeypatch, capsys):
     """`status RUN` of a finished run: "ETA 0 min at the measured step time; planned -" → no ETA row."""
+    from grpo_launch.analysis.view import RunView
     from grpo_launch.cli.status import watch_rows
-    from grpo_launch.rundir.view import RunView
 
     run = _finished_run(tmp_path, monkeypatch)
     capsys.readouterr()
@@ -61,8 +61,8 @@ def test_status_of_a_finished_run_shows_no_eta(tmp_path, monkeypatch, capsys):
 def test_status_rounds_to_digits_that_show_the_value(tmp_path, monkeypatch, capsys):
     """`status RUN` of 0.19 s steps (0.04 s training) rewarded 1.0 ± 0.0: "training 0.0 s", "reward 1" and
     (--watch) "reward 1 ± 0" → "training 0.04 s", "reward 1.00", "reward 1.00 ± 0.00"."""
+    from grpo_launch.analysis.view import RunView
     from grpo_launch.cli.status import watch_rows
-    from grpo_launch.rundir.view import RunView
 
     run = _finished_run(tmp_path, monkeypatch)
     capsys.readouterr()
@@ -200,7 +200,7 @@ def test_the_reports_series_is_json_as_it_stands(tmp_path):
     """`report RUN` embedded the series with html.escape ("&quot;" inside <script type="application/json">, which
     HTML does not decode: JSON.parse fails) → valid JSON, only < > & escaped (\\u003c …), read back equal."""
     pytest.importorskip("matplotlib")
-    from grpo_launch.rundir.report import write_report
+    from grpo_launch.analysis.report import write_report
 
     name = 'a</script><!-- "x" & y'
     with open(tmp_path / "metrics.jsonl", "w") as f:
@@ -218,7 +218,7 @@ def test_the_reports_series_is_json_as_it_stands(tmp_path):
 def test_the_grafana_tokens_panel_draws_a_rate():
     """monitoring/grafana-dashboard.json: "Tokens per second" drew grpo_launch_tokens_total (a counter) on its
     tokens/s axis → rate(grpo_launch_tokens_total[1m]); no panel of a per-second unit draws a raw counter."""
-    from grpo_launch.rundir.live_metrics import METRICS
+    from grpo_launch.analysis.live_metrics import METRICS
 
     counters = {m.name for m in METRICS if m.kind == "counter"}
     board = json.loads((ROOT / "monitoring" / "grafana-dashboard.json").read_text())

@@ -10,7 +10,7 @@ import pickle
 import pytest
 
 from grpo_launch.enums import Role
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Parallelism
 from grpo_launch.spec import ProcessSpec
 
 

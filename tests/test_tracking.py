@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from grpo_launch.analysis.report_summary import summary_rows
+from grpo_launch.analysis.view import RunView
 from grpo_launch.cli import main
 from grpo_launch.enums import RunState
 from grpo_launch.execute.preflight import missing_imports, planned_reporters
@@ -33,9 +35,7 @@ from grpo_launch.render.processes import attempt_env
 from grpo_launch.rundir.files import set_aside_record, write_run_files
 from grpo_launch.rundir.layout import ATTEMPT_ENV, RUN_NAME_ENV, RunPaths
 from grpo_launch.rundir.records import Attempt, LogRecord, SaveRecord, StepRecord, append
-from grpo_launch.rundir.report_summary import summary_rows
 from grpo_launch.rundir.tracking import TrackingRecord, keep_tracking, read_tracking
-from grpo_launch.rundir.view import RunView
 from grpo_launch.train.tracking import FLUSH_ENV, FLUSH_S, tracking_defaults
 
 from .helpers import ROOT, TINY_RECIPE, plan_recipe, tiny_overrides
@@ -173,13 +173,13 @@ def test_a_resumed_runs_curve_has_each_step_once_the_later_attempts_record_winni
     assert [(s.step, s.attempt) for s in view.steps()] == [(1, 1), (2, 1), (3, 2), (4, 2), (5, 2), (6, 2)]
     rewards = [(r.step, r.log["reward"]) for r in view.curve() if isinstance(r, LogRecord)]
     assert rewards == [(1, 11), (2, 12), (3, 23), (4, 24), (5, 25), (6, 26)]
-    from grpo_launch.rundir.report import series_of
+    from grpo_launch.analysis.report import series_of
 
     assert series_of(view.curve())["reward"]["reward"].steps == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_reward_function_named_reward_is_its_own_line():
-    from grpo_launch.rundir.report import series_of
+    from grpo_launch.analysis.report import series_of
 
     lines = series_of([LogRecord(1, {"reward": 0.5, "rewards/reward/mean": 0.5, "rewards/digits/mean": 0.2})])["reward"]
     assert {k: s.steps for k, s in lines.items()} == {"reward": [1], "reward (function)": [1], "digits": [1]}
@@ -363,7 +363,7 @@ def test_a_restart_and_a_resume_keep_one_wandb_run_with_every_step_once(tmp_path
 
     view = RunView.load(run)
     assert [s.step for s in view.steps()] == list(range(1, 11))
-    from grpo_launch.rundir.report import embedded_series
+    from grpo_launch.analysis.report import embedded_series
 
     plotted = embedded_series((run / "report" / "report.html").read_text())  # the run writes it at its end
     assert plotted["reward"]["reward"]["steps"] == list(range(1, 11))

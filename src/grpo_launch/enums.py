@@ -125,7 +125,9 @@ class FailureKind(StrEnum):
     OOM = "oom"  # GPU (or host) memory ran out: replannable
     DISK_FULL = "disk-full"
     HANG = "hang"  # no progress within the watchdog's bound: restartable
-    STALE_WEIGHTS = "stale-weights"  # vLLM generates with weights the trainers no longer hold (rundir/stale.py)
+    STALE_WEIGHTS = (
+        "stale-weights"  # vLLM generates with weights the trainers no longer hold (analysis/stale_weights.py)
+    )
 
     @property
     def retryable(self) -> bool:
@@ -133,7 +135,7 @@ class FailureKind(StrEnum):
 
 
 class AdaptAction(StrEnum):
-    """launch.adapt's decision after a layout's warm-up (planning/after_run/decision.py)."""
+    """launch.adapt's decision after a layout's warm-up (planning/after_run/adapt.py)."""
 
     KEEP = "keep"  # stay on the running split
     RESPLIT = "resplit"  # move to the split the measurements re-plan to

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_launch.models.builtin import MOE_CONFIGS
-from grpo_launch.planning.types import Plan
+from grpo_launch.planning.plan_types import Plan
 from grpo_launch.render import render_files
 from grpo_launch.rundir.files import write_run_files
 

@@ -1,5 +1,5 @@
 """The learning-rate schedules as transformers builds them, against what ``run`` and ``resume`` say when a run
-continues from a checkpoint with another training length (:func:`grpo_launch.rundir.continuity.length_dependence`):
+continues from a checkpoint with another training length (:func:`grpo_launch.rundir.same_run.length_dependence`):
 every SchedulerType of the installed transformers built by ``get_scheduler`` for both lengths, with the warmup
 ``TrainingArguments.get_warmup_steps`` gives; the rates after the checkpoint compared. The resume order the
 comparison assumes (the optimizer's state, then the scheduler's, into a schedule built for the new length:
@@ -16,7 +16,7 @@ import torch
 from transformers import TrainingArguments, get_scheduler
 from transformers.trainer_utils import SchedulerType
 
-from grpo_launch.rundir.continuity import length_dependence
+from grpo_launch.rundir.same_run import length_dependence
 
 # What some schedules need besides the length (transformers refuses them without it), and warmup_stable_decay a
 # second time with its stable phase given (then its length is its own).

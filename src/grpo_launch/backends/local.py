@@ -14,7 +14,7 @@ from grpo_launch.render.processes import weight_sync_port
 from grpo_launch.spec import ProcessSpec, RunContext
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
 
 
 def check_ports(plan: Plan) -> None:

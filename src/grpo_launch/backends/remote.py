@@ -23,13 +23,13 @@ from grpo_launch.planning.cost.constants import HOST_HEADROOM
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.recipe.versions import version_tuple
 from grpo_launch.render.processes import weight_sync_port
-from grpo_launch.rundir.fields import RunFileError
+from grpo_launch.rundir.json_fields import RunFileError
 from grpo_launch.rundir.layout import VLLM_TOKEN_ENV
 from grpo_launch.rundir.records import HostCheck
 from grpo_launch.spec import holds_secret
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
 
 # Variables passed from the launcher's environment to every remote process (through stdin). Exact names, or
 # prefixes ending in ``*``. Anything else stays local; a recipe names more in launch.pass_env (secrets: by name

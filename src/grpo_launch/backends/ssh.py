@@ -44,7 +44,7 @@ from grpo_launch.rundir.layout import GRACE_ENV, RUN_ID_ENV
 from grpo_launch.spec import ProcessSpec, RunContext
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
 
 
 def remote_command(

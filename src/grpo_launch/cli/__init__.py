@@ -21,7 +21,7 @@ from grpo_launch.cli.common import EPILOG, VERB_HELP, examples
 from grpo_launch.cli.console import Console, drop, terminal_columns
 from grpo_launch.enums import RunState
 from grpo_launch.errors import GrpoLaunchError, did_you_mean
-from grpo_launch.rundir.text import printable
+from grpo_launch.rundir.shown_text import printable
 from grpo_launch.spec import RunContext, RunResult
 
 VERBS = tuple(VERB_HELP)

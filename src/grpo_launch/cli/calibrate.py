@@ -1,5 +1,5 @@
 """``grpo-launch calibrate [RECIPE]``: measure this machine (the first GPU it sees, or the CPU) in minutes and store
-what it measured where ``plan`` finds it (probe/calibration.py): model load, decode seconds per step against batch
+what it measured where ``plan`` finds it (probe/calibration_store.py): model load, decode seconds per step against batch
 size at the recipe's completion length, a prompt pass, one optimizer step with and without activation
 checkpointing, a forward alone, the peak memory, one micro-batch's activation memory against the memory model's, the
 weight sync trainer → server (probe/bench_sync.py); vLLM's start-up and decode in vLLM's Python when the recipe uses
@@ -26,9 +26,9 @@ from grpo_launch.cli.calibrate_schedule import Schedule
 from grpo_launch.cli.calibrate_view import show
 from grpo_launch.cli.common import VERB_HELP, add_recipe_args, load, plan_on
 from grpo_launch.errors import ConfigError
-from grpo_launch.planning.estimate import workload
+from grpo_launch.planning.step_work import workload
 from grpo_launch.probe.bench_phases import PHASES, run_bench
-from grpo_launch.probe.calibration import CalibrationRecord, calibration_key, save_calibration
+from grpo_launch.probe.calibration_store import CalibrationRecord, calibration_key, save_calibration
 from grpo_launch.probe.local import probe_local
 from grpo_launch.rundir.layout import CALIBRATIONS_ENV
 from grpo_launch.spec import RunContext

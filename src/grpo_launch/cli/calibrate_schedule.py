@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from grpo_launch.analysis.step_means import read_run
 from grpo_launch.enums import DistBackend, VllmMode
-from grpo_launch.machines.measured import MeasuredTerms
-from grpo_launch.planning.calibration import step_peak_prediction
+from grpo_launch.machines.calibrated_speed import MeasuredTerms
 from grpo_launch.planning.cost.measured_time import measured_step_time
 from grpo_launch.planning.cost.steptime import trainer_decode_batch
-from grpo_launch.planning.vllm_sizing import engines
+from grpo_launch.planning.measured_scales import step_peak_prediction
 from grpo_launch.probe import bench_vllm
 from grpo_launch.probe.bench import BenchSpec, Budget, decode_batches
 from grpo_launch.probe.bench_backend import measure_backend
@@ -36,11 +36,10 @@ from grpo_launch.probe.bench_child import json_child
 from grpo_launch.probe.bench_phases import measure_other_engine
 from grpo_launch.probe.bench_start import load_model
 from grpo_launch.probe.bench_sync import measure_sync
-from grpo_launch.probe.calibration import calibration_dir, recipe_dtype
+from grpo_launch.probe.calibration_store import calibration_dir, recipe_dtype
 from grpo_launch.probe.pythons import vllm_version_here
 from grpo_launch.recipe.trl_schema import DEFAULTS
 from grpo_launch.rundir.layout import CALIBRATIONS_ENV
-from grpo_launch.rundir.measured import read_run
 from grpo_launch.spec import RunContext
 
 Say = Callable[[str], None]
@@ -263,7 +262,7 @@ class Schedule:
         """vLLM's start-up and decode at batches up to an engine's share of a generation round, in vLLM's Python."""
         python = self.args.vllm_python or (sys.executable if _has_vllm() else None)
         python = os.path.abspath(os.path.join(self.ctx.workdir, python)) if python and os.sep in python else python
-        engines_ = engines(self.plan.vllm, self.plan.train.num_processes).dp
+        engines_ = self.plan.vllm.engines(self.plan.train.num_processes).dp
         per_engine = max(1, self.work.per_generation().completions // max(1, engines_))
         if self.skipped("vLLM start-up and decode", 30.0):
             return None

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.cli.tables import Section, print_sections
-from grpo_launch.planning.calibration import activation_points, step_peak_points
+from grpo_launch.planning.measured_scales import activation_points, step_peak_points
 
 
 def show(record: Any, model: Any, paths: list[Path]) -> None:

@@ -18,15 +18,15 @@ from grpo_launch.machines.gpus import find_gpu_spec
 from grpo_launch.machines.topology import Topology, parse_gpu_spec
 from grpo_launch.planning import default_run_dir, make_plan
 from grpo_launch.planning.cost.workload import Calibration
-from grpo_launch.planning.types import Plan, Runtime
-from grpo_launch.probe.calibration import any_stored, calibration_key, find_calibration
+from grpo_launch.planning.plan_types import Plan, Runtime
+from grpo_launch.probe.calibration_store import any_stored, calibration_key, find_calibration
 from grpo_launch.probe.dataset import dataset_rows
 from grpo_launch.probe.model import resolve_model_shape
 from grpo_launch.probe.pythons import vllm_version_here
 from grpo_launch.recipe import Recipe, load_recipe
-from grpo_launch.rundir.fields import RunFileError
+from grpo_launch.rundir.json_fields import RunFileError
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.text import one_line
+from grpo_launch.rundir.shown_text import one_line
 from grpo_launch.spec import RunContext
 
 if TYPE_CHECKING:  # a record is read or written only by a run that keeps one (plan's start-up)
@@ -156,8 +156,8 @@ def given_flags(args: argparse.Namespace) -> list[Flag]:
 
 def pasteable(emit: Callable[[str], None]) -> Callable[[str], None]:
     """``emit`` for output a user pastes into a shell (``--dry-run``): a comment line (``# plan: RECIPE …``) holding
-    user text stays one comment line (:func:`~grpo_launch.rundir.text.one_line`: a recipe path with a line break in
-    it would otherwise end the comment and run what follows); the commands are shell-quoted where they are made."""
+    user text stays one comment line (:func:`~grpo_launch.rundir.shown_text.one_line`: a recipe path with a line break
+    in it would otherwise end the comment and run what follows); the commands are shell-quoted where they are made."""
 
     def out(line: str) -> None:
         emit(one_line(line) if line.startswith("#") else line)
@@ -330,7 +330,7 @@ def stored_calibration(
         )
     if found.record is None:
         return run, tuple(notes)
-    from grpo_launch.planning.calibration import from_record
+    from grpo_launch.planning.measured_scales import from_record
 
     at = {k: int(v) for k, v in found.record.at}
     scaled, more = from_record(found.record.terms, found.path, model, topo.planning_gpu_spec, at, run)

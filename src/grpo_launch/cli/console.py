@@ -10,7 +10,7 @@ import re
 import sys
 from typing import TextIO
 
-from grpo_launch.rundir.text import printable
+from grpo_launch.rundir.shown_text import printable
 
 STEP_LINE = re.compile(r"^\[train[^\]]*\] step \d+/\d+ done")
 

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from grpo_launch.cli.tables import Section
-from grpo_launch.planning.types import Plan
+from grpo_launch.planning.plan_types import Plan
 from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.calibration import Comparison
+    from grpo_launch.planning.measured_scales import Comparison
 
 
 def explain_sections(plan: Plan) -> list[Section]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from grpo_launch.cli.common import VERB_HELP, add_planning_args, plan_for
 from grpo_launch.cli.explain import calibration_section, explain_sections
 from grpo_launch.cli.tables import Section, plan_sections, print_sections
-from grpo_launch.probe.calibration import read_calibration
+from grpo_launch.probe.calibration_store import read_calibration
 from grpo_launch.render import render_files
 from grpo_launch.render.plan_json import plan_to_dict
 from grpo_launch.rundir.files import write_plan_files
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from grpo_launch.planning import Plan
-    from grpo_launch.planning.calibration import Comparison
     from grpo_launch.planning.cost.workload import Calibration
+    from grpo_launch.planning.measured_scales import Comparison
 
 
 def register(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter], epilog: str) -> None:
@@ -48,8 +48,8 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
     calibration: Calibration | None = None
     rows: list[Comparison] = []
     if args.calibrate_from:
-        from grpo_launch.planning.calibration import calibrate_from_run
-        from grpo_launch.rundir.view import RunView
+        from grpo_launch.analysis.view import RunView
+        from grpo_launch.planning.measured_scales import calibrate_from_run
 
         calibration, rows = calibrate_from_run(RunView.load(args.calibrate_from))
     plan, _ = plan_for(args, ctx, calibration)
@@ -62,11 +62,11 @@ def command(args: argparse.Namespace, ctx: RunContext) -> int:
         data = plan_to_dict(plan)
         measured = _measured_rows(plan)
         if measured:
-            from grpo_launch.planning.calibration import comparison_to_dict
+            from grpo_launch.planning.measured_scales import comparison_to_dict
 
             data["measured_by_calibrate"] = {"file": measured[0], "terms": comparison_to_dict(measured[1])}
         if rows:
-            from grpo_launch.planning.calibration import comparison_to_dict
+            from grpo_launch.planning.measured_scales import comparison_to_dict
 
             data["calibrated_from"] = {"run_dir": args.calibrate_from, "terms": comparison_to_dict(rows)}
         if kept:
@@ -92,7 +92,7 @@ def _measured_rows(plan: Plan) -> tuple[str, list[Comparison]] | None:
     cal = est.workload.scale if est is not None and est.workload is not None else None
     if cal is None or cal.measured is None or plan.model is None:
         return None
-    from grpo_launch.planning.calibration import measured_against_table
+    from grpo_launch.planning.measured_scales import measured_against_table
 
     at = dict(read_calibration(Path(cal.measured_source)).at) if cal.measured_source else {}
     rows, _, _ = measured_against_table(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from grpo_launch.analysis.report import write_report
 from grpo_launch.cli.common import VERB_HELP
 from grpo_launch.cli.status import newest_run
-from grpo_launch.rundir.report import write_report
 from grpo_launch.spec import RunContext
 
 

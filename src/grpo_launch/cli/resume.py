@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.analysis.view import RunView
 from grpo_launch.backends import job_backend, known, load
 from grpo_launch.cli import parse, run_verb
 from grpo_launch.cli.common import VERB_HELP, pasteable
@@ -27,7 +28,12 @@ from grpo_launch.errors import ConfigError, LaunchError
 from grpo_launch.probe.model import cached_config
 from grpo_launch.render.plan_json import plan_to_dict
 from grpo_launch.rundir.checkpoints import max_steps_of
-from grpo_launch.rundir.continuity import (
+from grpo_launch.rundir.files import in_use, last_holder, lock_holder, run_record
+from grpo_launch.rundir.invocation import REDACTED, Invocation, read_invocation
+from grpo_launch.rundir.json_fields import RunFileError
+from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.plan_record import PlanRecord
+from grpo_launch.rundir.same_run import (
     Change,
     ResumePoint,
     changes,
@@ -35,14 +41,8 @@ from grpo_launch.rundir.continuity import (
     resume_point,
     schedule_change,
 )
-from grpo_launch.rundir.fields import RunFileError
-from grpo_launch.rundir.files import in_use, last_holder, lock_holder, run_record
-from grpo_launch.rundir.invocation import REDACTED, Invocation, read_invocation
-from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.plan_record import PlanRecord
-from grpo_launch.rundir.text import command_line
-from grpo_launch.rundir.trust import check_run_dir
-from grpo_launch.rundir.view import RunView
+from grpo_launch.rundir.shown_text import command_line
+from grpo_launch.rundir.trusted_files import check_run_dir
 from grpo_launch.spec import RunContext, frozen
 
 EXAMPLES = """\

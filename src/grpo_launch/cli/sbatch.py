@@ -7,7 +7,7 @@ import dataclasses
 
 from grpo_launch.cli.common import VERB_HELP
 from grpo_launch.cli.submitting import add_submit_args, emit_dry_run, plan_submission, write_submission
-from grpo_launch.rundir.text import command_line
+from grpo_launch.rundir.shown_text import command_line
 from grpo_launch.spec import RunContext
 
 DESCRIPTION = (

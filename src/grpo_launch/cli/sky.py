@@ -12,7 +12,7 @@ from grpo_launch.cli.submitting import add_submit_args, emit_dry_run, plan_submi
 from grpo_launch.errors import ConfigError
 from grpo_launch.rundir.files import write_run_files
 from grpo_launch.rundir.invocation import write_invocation
-from grpo_launch.rundir.text import command_line
+from grpo_launch.rundir.shown_text import command_line
 from grpo_launch.spec import RunContext
 
 DESCRIPTION = (

@@ -1,6 +1,6 @@
 """``grpo-launch status [RUN_DIR]``: where a run stands: state, step, ETA (measured and planned), each attempt
 (its steps, own step time, checkpoint and end: the RunView's courses), last metrics, peak memory, and where its logs
-are. Reads the run directory once (:class:`grpo_launch.rundir.view.RunView`), and
+are. Reads the run directory once (:class:`grpo_launch.analysis.view.RunView`), and
 asks the run's batch system about its job (``Backend.job_state``: a typed JobState, no batch system's keys)."""
 
 from __future__ import annotations
@@ -12,6 +12,16 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.analysis.step_means import Measured, Progress, measure, progress
+from grpo_launch.analysis.timeline import (
+    adaptation_rows,
+    adaptations,
+    async_row,
+    attempt_rows,
+    startup_row,
+    startup_terms,
+)
+from grpo_launch.analysis.view import RunView
 from grpo_launch.backends import known, load
 from grpo_launch.cli.common import VERB_HELP
 from grpo_launch.cli.tables import Section, print_sections
@@ -20,20 +30,10 @@ from grpo_launch.errors import ConfigError
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.planning import DEFAULT_RUN_ROOT
 from grpo_launch.rundir import control, server_state
-from grpo_launch.rundir.fields import RunFileError
+from grpo_launch.rundir.json_fields import RunFileError
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.measured import Measured, Progress, measure, progress
 from grpo_launch.rundir.records import JobState
-from grpo_launch.rundir.text import command_line, seconds, significant
-from grpo_launch.rundir.timeline import (
-    adaptation_rows,
-    adaptations,
-    async_row,
-    attempt_rows,
-    startup_row,
-    startup_terms,
-)
-from grpo_launch.rundir.view import RunView
+from grpo_launch.rundir.shown_text import command_line, seconds, significant
 from grpo_launch.spec import RunContext, frozen
 
 # TRL's logged metrics worth a line, in this order, when present
@@ -100,8 +100,8 @@ def _resume_hint(view: RunView, workdir: str) -> tuple[str, str]:
     run's command (a run of an earlier grpo-launch) the command is rebuilt from plan.json and says what it lacks."""
     # Here: only a stopped run's hint reads its checkpoints and command (zipfile, tempfile); the status of a running
     # run, asked again and again, loads neither.
-    from grpo_launch.rundir.continuity import resume_point
     from grpo_launch.rundir.invocation import read_invocation
+    from grpo_launch.rundir.same_run import resume_point
 
     plan = view.plan
     out, max_steps = (plan.output_dir, plan.trainer_values.get("max_steps")) if plan else (None, None)

@@ -35,7 +35,7 @@ from grpo_launch.spec import RunContext, frozen
 
 if TYPE_CHECKING:
     from grpo_launch.backends.submission import Submission
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
     from grpo_launch.recipe import Recipe
     from grpo_launch.rundir.invocation import Invocation
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
-from grpo_launch.planning.types import Plan, Total
+from grpo_launch.planning.plan_types import Plan, Total
 from grpo_launch.render.processes import trainers, vllm_servers
-from grpo_launch.rundir.text import printable
+from grpo_launch.rundir.shown_text import printable
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:

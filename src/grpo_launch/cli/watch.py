@@ -14,9 +14,9 @@ from typing import Any
 from rich.live import Live
 from rich.table import Table
 
+from grpo_launch.analysis.view import RunView
 from grpo_launch.errors import GrpoLaunchError
-from grpo_launch.rundir.fields import RunFileError
-from grpo_launch.rundir.view import RunView
+from grpo_launch.rundir.json_fields import RunFileError
 
 DEFAULT_INTERVAL_S = 2.0
 

@@ -8,9 +8,9 @@ whether a restart can help: the user's code or configuration (never retried), a 
 (retried with ``launch.max_restarts``), an out-of-memory error (replanned with ``launch.on_oom: replan``), a full
 disk, a hang.
 
-A trainer rank states its error in one line (:class:`~grpo_launch.rundir.text.Raised`: when it was raised, the user's
-frame, the file holding the traceback), and the root cause is the error *raised* first by those times; a line that
-states no time counts from its arrival. :class:`ConsoleFilter` keeps tracebacks, torchrun's failure report and the
+A trainer rank states its error in one line (:class:`~grpo_launch.rundir.shown_text.Raised`: when it was raised, the
+user's frame, the file holding the traceback), and the root cause is the error *raised* first by those times; a line
+that states no time counts from its arrival. :class:`ConsoleFilter` keeps tracebacks, torchrun's failure report and the
 ranks' stated errors off the console (they stay in the logs): the run's summary names the root cause once.
 """
 
@@ -21,7 +21,7 @@ import signal
 from collections.abc import Iterable, Sequence
 
 from grpo_launch.enums import FailureKind, Role
-from grpo_launch.rundir.text import Raised
+from grpo_launch.rundir.shown_text import Raised
 from grpo_launch.spec import Failure, frozen
 
 

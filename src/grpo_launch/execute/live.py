@@ -4,7 +4,7 @@ report rewritten every ``launch.report_every_steps`` steps.
 
 Both are threads of the launcher process, so they work the same for every backend: on a run over several hosts the
 endpoint serves from the launcher's host, reading the run directory the trainers write (metrics.jsonl is the source
-of truth; :mod:`grpo_launch.rundir.live_metrics` is the one metric list). The port is bound before anything of the
+of truth; :mod:`grpo_launch.analysis.live_metrics` is the one metric list). The port is bound before anything of the
 run starts: one in use is an error naming the key.
 """
 
@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.analysis.live_metrics import METRICS, samples
+from grpo_launch.analysis.report import write_report
+from grpo_launch.analysis.view import RunView
 from grpo_launch.errors import GrpoLaunchError, LaunchError
-from grpo_launch.planning.types import Plan
+from grpo_launch.planning.plan_types import Plan
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.live_metrics import METRICS, samples
 from grpo_launch.rundir.records import MetricsTail
-from grpo_launch.rundir.report import write_report
-from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import RunContext
 
 REPORT_POLL_S = 2.0  # how often the report thread looks for a new step

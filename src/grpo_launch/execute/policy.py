@@ -20,8 +20,8 @@ import dataclasses
 
 from grpo_launch.enums import FailureKind, OnOom, Role, RunState, StrEnum
 from grpo_launch.planning.after_run.oom import next_frugal_plan
-from grpo_launch.planning.types import Plan
-from grpo_launch.rundir.text import with_article
+from grpo_launch.planning.plan_types import Plan
+from grpo_launch.rundir.shown_text import with_article
 from grpo_launch.spec import RunResult, frozen
 
 MAX_OOM_REPLANS = 4  # launch.on_oom: replan, at most this many times in a run

@@ -27,14 +27,14 @@ from typing import Any
 from grpo_launch.enums import StrEnum, VllmMode
 from grpo_launch.errors import ConfigError, LaunchError, install_hint, size_text
 from grpo_launch.planning.cost.storage import checkpoints_kept, save_bytes
-from grpo_launch.planning.types import Plan
+from grpo_launch.planning.plan_types import Plan
 from grpo_launch.probe.dataset import looks_local
 from grpo_launch.probe.pythons import interpreter_of, vllm_version_of
 from grpo_launch.recipe import LOCAL_DATA_SUFFIXES
 from grpo_launch.recipe.rewards import OPEN_R1_INSTALL, reward_imports
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.recipe.versions import TRL_VLLM_RANGE, TRL_VLLM_RANGE_TEXT, version_tuple
-from grpo_launch.rundir.trust import private_dir
+from grpo_launch.rundir.trusted_files import private_dir
 from grpo_launch.spec import RunContext, frozen
 
 
@@ -486,7 +486,9 @@ def check_output_dir(plan: Plan, workdir: str, *, free_bytes: Callable[[Path], i
     for one checkpoint, not for every checkpoint the run keeps)."""
     out = output_dir_of(plan, workdir)
     try:  # as the trainers will: create it, write in it (permission bits say nothing for root or read-only mounts)
-        private_dir(out)  # 0700: auto-resume loads what is there (rundir/trust.py refuses what others may change)
+        private_dir(
+            out
+        )  # 0700: auto-resume loads what is there (rundir/trusted_files.py refuses what others may change)
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as exc:

@@ -19,18 +19,21 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from grpo_launch.analysis.report import write_report
+from grpo_launch.analysis.split_verdict import split_verdict
+from grpo_launch.analysis.view import RunView
 from grpo_launch.backends.base import Backend
 from grpo_launch.enums import FailureKind, LaunchMode, ResumeMode, Role, RunState, VllmMode
 from grpo_launch.errors import ConfigError, GrpoLaunchError, size_text
+from grpo_launch.execute.adapt import Adapter, adapter_for
 from grpo_launch.execute.live import live_run
 from grpo_launch.execute.policy import Action, Spent, next_action
 from grpo_launch.execute.preflight import Stage, planned_reporters, preflight, stale_build_locks
-from grpo_launch.execute.resplit import Adapter, adapter_for
 from grpo_launch.execute.session import SessionSpec, Stopping, supervise
 from grpo_launch.execute.stop_channel import StopChannel
 from grpo_launch.execute.watchdog import Watchdog
 from grpo_launch.node.vllm_guard import RESTARTED_ENV
-from grpo_launch.planning.types import Plan
+from grpo_launch.planning.plan_types import Plan
 from grpo_launch.recipe.launch import DEFAULT_STOP_GRACE_S
 from grpo_launch.render import render_files
 from grpo_launch.render.processes import all_processes, attempt_env
@@ -46,12 +49,9 @@ from grpo_launch.rundir.files import (
 )
 from grpo_launch.rundir.layout import GRACE_ENV, RESUME_ENV, RUN_DIR_ENV, RUN_ID_ENV, STOP_NOTICE_ENV, VLLM_TOKEN_ENV
 from grpo_launch.rundir.records import Attempt, SaveRecord, StepRecord, append, read_metrics
-from grpo_launch.rundir.report import write_report
-from grpo_launch.rundir.text import command_line
+from grpo_launch.rundir.shown_text import command_line
 from grpo_launch.rundir.tracking import keep_tracking
-from grpo_launch.rundir.trust import private_umask
-from grpo_launch.rundir.verdict import split_verdict
-from grpo_launch.rundir.view import RunView
+from grpo_launch.rundir.trusted_files import private_umask
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult, frozen
 
 

@@ -33,8 +33,8 @@ from grpo_launch.errors import LaunchError
 from grpo_launch.execute import faults
 from grpo_launch.node import reaper
 from grpo_launch.rundir.layout import PGID_ANNOUNCE, RUN_ID_ENV, SPAWNED_AT_ENV, announced_pgid
-from grpo_launch.rundir.text import printable, without_colours
-from grpo_launch.rundir.trust import open_nofollow
+from grpo_launch.rundir.shown_text import printable, without_colours
+from grpo_launch.rundir.trusted_files import open_nofollow
 from grpo_launch.spec import Failure, ProcessSpec
 
 POLL_S = 0.2
@@ -87,7 +87,7 @@ class ServerLost(ChildFailed):
 
 
 class StaleWeights(LaunchError):
-    """vLLM generates with weights the trainers no longer hold (:mod:`grpo_launch.rundir.stale`)."""
+    """vLLM generates with weights the trainers no longer hold (:mod:`grpo_launch.analysis.stale_weights`)."""
 
 
 def describe_exit(code: int | None) -> str:

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_launch.analysis.stale_weights import GAP_KEY, GapWatch
 from grpo_launch.execute.supervisor import StaleWeights
 from grpo_launch.rundir.records import LogRecord, SaveRecord, StepRecord, metric_record, parse_lines
-from grpo_launch.rundir.stale import GAP_KEY, GapWatch
 
 FIRST_STEP_S = 3600.0  # loading and compiling a large model, its first generation
 HANG_FACTOR = 10.0  # × the median step
@@ -126,7 +126,8 @@ class Watchdog:
 
     def __call__(self) -> str | None:
         """None while the run progresses; a reason when it is hung. Asks for the deadline stop on the way. Raises
-        StaleWeights when vLLM's and the trainers' log-probabilities part (:mod:`grpo_launch.rundir.stale`)."""
+        StaleWeights when vLLM's and the trainers' log-probabilities part
+        (:mod:`grpo_launch.analysis.stale_weights`)."""
         self._read()
         if self._stale is not None:
             raise StaleWeights(self._stale)

@@ -1,19 +1,19 @@
 """launch.adapt's terms for one plan, fixed when the plan is made: whether it can adapt, how many steps of warm-up
-come before the decision, the gain a re-split must promise, and the notice :func:`~.plan.make_plan` adds with
+come before the decision, the gain a re-split must promise, and the notice :func:`~.planner.make_plan` adds with
 them. Pure.
 
 The decision itself follows a run's warm-up and re-plans, so it sits above ``make_plan``
-(:mod:`grpo_launch.planning.after_run.decision`, which reads :data:`MIN_GAIN` from here); the running side is
-:mod:`grpo_launch.execute.resplit`.
+(:mod:`grpo_launch.planning.after_run.adapt`, which reads :data:`MIN_GAIN` from here); the running side is
+:mod:`grpo_launch.execute.adapt`.
 """
 
 from __future__ import annotations
 
 import math
 
-from grpo_launch.planning.types import Plan
+from grpo_launch.planning.plan_types import Plan
 
-# Issue 24's threshold: a re-split costs a checkpoint, a stop and a start, and the cost model's per-split error is
+# The threshold: a re-split costs a checkpoint, a stop and a start, and the cost model's per-split error is
 # of the order of 10 % (tests/test_field_reports.py), so smaller predicted gains are within the noise.
 MIN_GAIN = 0.15
 # Warm-up: about this much training before judging, in steps of the predicted step time, within the bounds.

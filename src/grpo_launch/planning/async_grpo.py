@@ -22,7 +22,7 @@ from typing import Any
 from grpo_launch.enums import DistBackend
 from grpo_launch.planning.cost.overlap import lag_steps, max_staleness_for, overlap_bound, staleness
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.planning.types import AsyncSettings, StepTime, Trace, VllmPlan
+from grpo_launch.planning.plan_types import AsyncSettings, StepTime, Trace, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.recipe.async_schema import ASYNC_DEFAULTS, GRPO_NOT_ASYNC
 from grpo_launch.spec import frozen

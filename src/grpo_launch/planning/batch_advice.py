@@ -11,11 +11,11 @@ from grpo_launch.enums import VllmMode
 from grpo_launch.errors import Fix, PlanError
 from grpo_launch.planning.batch_layout import LayoutError
 from grpo_launch.planning.bounds import best_variant
-from grpo_launch.planning.context import Context
-from grpo_launch.planning.one_split import plan_one
-from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.parallel_and_batch import Batch
+from grpo_launch.planning.plan_types import Candidate
+from grpo_launch.planning.search_context import Context
+from grpo_launch.planning.split_in_full import plan_one
 from grpo_launch.planning.splits.split import Split
-from grpo_launch.planning.types import Candidate
 
 WORTH_IT = 0.05  # a batch that lets a split do at least this much better per prompt is worth naming
 

@@ -28,7 +28,7 @@ from grpo_launch.planning.layout_fixes import (
     on_policy_fixes,
     rhythm_fixes,
 )
-from grpo_launch.planning.sizes import group_size
+from grpo_launch.planning.parallel_and_batch import Layout, group_size
 from grpo_launch.recipe.trl_schema import DEFAULTS
 from grpo_launch.spec import frozen
 
@@ -45,47 +45,6 @@ TRL_DEFAULTS: dict[str, int] = {
 
 class LayoutError(PlanError):
     """The recipe's batch values admit no layout TRL accepts for this many training processes."""
-
-
-@frozen
-class Layout:
-    """The batch layout TRL gets: processes, per-device batch, accumulation, generation batch and group size."""
-
-    num_processes: int
-    per_device_train_batch_size: int
-    gradient_accumulation_steps: int
-    steps_per_generation: int
-    generation_batch_size: int
-    num_generations: int
-    per_device_eval_batch_size: int | None = None  # set when evaluation is on
-    num_generations_eval: int | None = None
-    generation_batch_size_given: bool = False  # the user set generation_batch_size (not steps_per_generation)
-    # The key by which the recipe sets its own batch when this layout keeps the recipe's values (each split runs them
-    # on its own trainers); None when it meets a pinned or default batch (launch.prompts_per_step).
-    recipe_batch_key: str | None = None
-
-    @property
-    def prompts_per_generation(self) -> int:
-        return self.generation_batch_size // self.num_generations
-
-    @property
-    def completions_per_optimizer_step(self) -> int:
-        return self.per_device_train_batch_size * self.num_processes * self.gradient_accumulation_steps
-
-    def trl_values(self) -> dict[str, Any]:
-        """The keys to write into the trainer's recipe. Exactly one of generation_batch_size/steps_per_generation."""
-        out: dict[str, Any] = {
-            "per_device_train_batch_size": self.per_device_train_batch_size,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "num_generations": self.num_generations,
-        }
-        if self.generation_batch_size_given:
-            out["generation_batch_size"] = self.generation_batch_size
-        else:
-            out["steps_per_generation"] = self.steps_per_generation
-        if self.per_device_eval_batch_size is not None:
-            out["per_device_eval_batch_size"] = self.per_device_eval_batch_size
-        return out
 
 
 @frozen

@@ -13,15 +13,15 @@ from grpo_launch.machines.gpus import GpuSpec
 from grpo_launch.planning import placement
 from grpo_launch.planning.async_grpo import async_workload
 from grpo_launch.planning.batch_layout import solve_layout
-from grpo_launch.planning.context import Context
 from grpo_launch.planning.cost.constants import STEP_UNCERTAINTY
 from grpo_launch.planning.cost.steptime import old_logprobs_time, training_time
-from grpo_launch.planning.estimate import workload
 from grpo_launch.planning.gpu_types import role_specs, serve_topology
-from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.parallel_and_batch import Batch
+from grpo_launch.planning.plan_types import Candidate, Plan, Trace
+from grpo_launch.planning.search_context import Context
 from grpo_launch.planning.splits.split import Split, SplitKind
 from grpo_launch.planning.step_estimate import generation_part
-from grpo_launch.planning.types import Candidate, Plan, Trace
+from grpo_launch.planning.step_work import workload
 from grpo_launch.planning.vllm_sizing import size_vllm
 
 

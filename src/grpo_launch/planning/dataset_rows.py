@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.planning.batch_layout import Layout
+from grpo_launch.planning.parallel_and_batch import Layout
 from grpo_launch.recipe import Recipe
 
 BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 
 from grpo_launch.enums import VllmMode
-from grpo_launch.planning.types import Plan
+from grpo_launch.planning.plan_types import Plan
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from grpo_launch.enums import VllmMode
 from grpo_launch.machines.gpus import GpuSpec
 from grpo_launch.machines.topology import Topology
-from grpo_launch.planning.types import TrainHost, VllmPlan
+from grpo_launch.planning.plan_types import TrainHost, VllmPlan
 
 
 def train_topology(topology: Topology, hosts: tuple[TrainHost, ...]) -> Topology:

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from grpo_launch.errors import Fix
-from grpo_launch.planning.sizes import group_size
+from grpo_launch.planning.parallel_and_batch import group_size
 
 MAX_AUTO = 256  # search bound for chosen sizes
 

@@ -12,13 +12,13 @@ import dataclasses
 
 from grpo_launch.enums import LaunchMode
 from grpo_launch.errors import Fix, PlanError
-from grpo_launch.planning.context import Context
-from grpo_launch.planning.one_split import plan_one
+from grpo_launch.planning.parallel_and_batch import Batch
+from grpo_launch.planning.plan_types import Decision, Plan
 from grpo_launch.planning.refusal.async_problems import async_problems, async_warnings
 from grpo_launch.planning.search import best_plan, default_split, search_splits
-from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.search_context import Context
+from grpo_launch.planning.split_in_full import plan_one
 from grpo_launch.planning.splits.split import Split
-from grpo_launch.planning.types import Decision, Plan
 
 
 def check_mode(ctx: Context) -> bool:

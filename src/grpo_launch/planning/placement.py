@@ -10,10 +10,10 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.lengths import max_model_len, prompt_bound
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Parallelism
+from grpo_launch.planning.plan_types import ServerNode, Trace, TrainHost, VllmPlan
 from grpo_launch.planning.splits.split import Split, SplitKind, served, server_weights
-from grpo_launch.planning.types import ServerNode, Trace, TrainHost, VllmPlan
-from grpo_launch.planning.vllm_sizing import colocate_utilization, server_utilization
+from grpo_launch.planning.vllm_share import colocate_utilization, server_utilization
 from grpo_launch.recipe import Recipe
 from grpo_launch.recipe.launch import LaunchSettings
 
@@ -53,7 +53,9 @@ def _server(topology: Topology, recipe: Recipe, model: ModelShape | None, split:
     if nodes:
         trace.decide("vllm_nodes", len(nodes) + 1, _nodes_why(split, host.name, len(nodes), len(gpus)))
     launch = recipe.launch
-    util = server_utilization(recipe, trace)
+    util, moved = server_utilization(recipe)
+    if moved:
+        trace.notice(moved)
     multi = len(hosts) > 1
     return VllmPlan(
         mode=VllmMode.SERVER,

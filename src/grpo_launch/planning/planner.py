@@ -1,12 +1,13 @@
-"""One planning pass: :func:`plan_once` plans a recipe on a topology, or raises :class:`PlanError` naming the problem.
-Pure: no torch/trl import, no environment reads, no files.
+"""The planner: :func:`make_plan` (the planning stage's face, with ``grpo_launch.planning``) and the one planning
+pass it repeats, :func:`plan_once`. Pure: no torch/trl import, no environment reads, no files.
 
-Calls run downward only: the refusals a recipe meets before any split (no bf16 on the GPU, a GPU-sized model on CPU),
-then :mod:`.modes` (launch.mode, sync and async side by side) → :mod:`.search` (the split search) → :mod:`.one_split`
-(one split in full: placement, layout (TRL's batch rules), training settings, vLLM sizing, the estimate (the cost
-model, :mod:`.cost`) and the trainer values). What every split shares is computed once, in a
-:class:`~grpo_launch.planning.context.Context`. :func:`grpo_launch.planning.plan.make_plan`, above, adds the check of
-every fix a refusal offers, each planned again with this same pass.
+One pass plans a recipe on a topology, or raises :class:`PlanError` naming the problem: first the refusals a recipe
+meets before any split (no bf16 on the GPU, a GPU-sized model on CPU), then :mod:`.modes` (launch.mode, sync and async
+side by side) → :mod:`.search` (the split search) → :mod:`.split_in_full` (one split in full: placement, layout (TRL's
+batch rules), training settings, vLLM sizing, the estimate (the cost model, :mod:`.cost`) and the trainer values).
+What every split shares is computed once, in a :class:`~grpo_launch.planning.search_context.Context`. When the pass
+refuses, :func:`make_plan` plans every fix the refusal offers again with the same pass before it is shown
+(:mod:`.refusal.verify`), and a refusal for want of GPUs says how many would do.
 """
 
 from __future__ import annotations
@@ -19,20 +20,44 @@ from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning import modes
 from grpo_launch.planning.adapt_terms import adapt_notice
-from grpo_launch.planning.context import Context
 from grpo_launch.planning.cost.workload import Calibration
 from grpo_launch.planning.exposure import public_address_notice
 from grpo_launch.planning.lengths import check_positions
-from grpo_launch.planning.one_split import mixed_precision, plan_one
+from grpo_launch.planning.parallel_and_batch import Batch
+from grpo_launch.planning.plan_types import Plan, Runtime, Trace
+from grpo_launch.planning.refusal import verify
 from grpo_launch.planning.search import best_plan
-from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.search_context import Context
+from grpo_launch.planning.split_in_full import DEFAULT_RUN_ROOT, default_run_dir, mixed_precision, plan_one
 from grpo_launch.planning.splits.allowed import allowed_splits, fewer_hosts, requested_mode
 from grpo_launch.planning.splits.batch_target import planned_batch, sets_its_batch
 from grpo_launch.planning.splits.split import Split, SplitKind
-from grpo_launch.planning.types import Plan, Runtime, Trace
 from grpo_launch.recipe import Recipe
 
-__all__ = ["CPU_MODEL_LIMIT", "plan_once", "plan_split"]
+__all__ = ["CPU_MODEL_LIMIT", "DEFAULT_RUN_ROOT", "Plan", "default_run_dir", "make_plan", "plan_once", "plan_split"]
+
+
+def make_plan(
+    topology: Topology,
+    recipe: Recipe,
+    model: ModelShape | None = None,
+    *,
+    runtime: Runtime | None = None,
+    calibration: Calibration | None = None,
+) -> Plan:
+    """Plan a GRPO run of ``recipe`` on ``topology``. Raises :class:`PlanError` listing every problem.
+
+    ``runtime`` holds what the plan needs of where it runs (run directory, Python, vLLM version, dataset rows);
+    ``calibration`` scales the estimates by a previous run's measurements (``plan --calibrate-from``).
+    """
+    runtime = runtime or Runtime()
+    try:
+        return plan_once(topology, recipe, model, calibration, runtime)
+    except PlanError as exc:
+        error = verify.verified(exc, recipe, lambda r: plan_once(topology, r, model, calibration, runtime))
+        raise verify.with_gpu_count(
+            error, topology, lambda t: plan_once(t, recipe, model, calibration, runtime)
+        ) from None
 
 
 def plan_once(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from grpo_launch.enums import GpuUse, VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.machines.topology import Topology
-from grpo_launch.planning.types import GpuRole, Trace, TrainHost, VllmPlan
+from grpo_launch.planning.plan_types import GpuRole, Trace, TrainHost, VllmPlan
 from grpo_launch.recipe import Recipe
 
 

@@ -22,7 +22,7 @@ from grpo_launch.planning.cost.checkpoints import (
 )
 from grpo_launch.planning.cost.constants import _c
 from grpo_launch.planning.cost.storage import save_bytes
-from grpo_launch.planning.types import Estimate, Trace, TrainPlan
+from grpo_launch.planning.plan_types import Estimate, Trace, TrainPlan
 from grpo_launch.recipe import Recipe
 
 KEEP = 2  # save_total_limit when the recipe sets none

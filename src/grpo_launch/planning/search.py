@@ -26,14 +26,14 @@ from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_advice import batch_fixes, better_batch, latency_bound, least_prompts
 from grpo_launch.planning.batch_layout import LayoutError, solve_layout
 from grpo_launch.planning.bounds import best_variant, candidate, prompts_of, reason
-from grpo_launch.planning.context import Context
 from grpo_launch.planning.cost.steptime import StepTime
-from grpo_launch.planning.one_split import plan_one
-from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.parallel_and_batch import Batch
+from grpo_launch.planning.plan_types import Candidate, Decision, Plan
+from grpo_launch.planning.search_context import Context
+from grpo_launch.planning.split_in_full import plan_one
 from grpo_launch.planning.splits.batch_target import feasible
 from grpo_launch.planning.splits.refusals import unfit_servers
 from grpo_launch.planning.splits.split import Split, SplitKind
-from grpo_launch.planning.types import Candidate, Decision, Plan
 from grpo_launch.recipe import Recipe
 
 BALANCED = 2.0  # a server split's generation within this factor of its training (either way) counts as balanced

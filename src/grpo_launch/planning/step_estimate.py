@@ -27,8 +27,7 @@ from grpo_launch.planning.cost.steptime import (
     zero3_gather_time,
 )
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.planning.types import StepTime, TrainHost, TrainPlan, VllmPlan
-from grpo_launch.planning.vllm_sizing import engines
+from grpo_launch.planning.plan_types import StepTime, TrainHost, TrainPlan, VllmPlan
 
 
 def generation_part(
@@ -40,7 +39,7 @@ def generation_part(
     measured the same engine on as many GPUs (one per engine)."""
     n = sum(h.processes for h in hosts)
     seqs = vllm.max_num_seqs or work.completions
-    par = engines(vllm, n)
+    par = vllm.engines(n)
     measured = work.scale.measured
     single_gpu_engines = par.tp == 1 and par.pp == 1 and not par.ep
     if vllm.mode == VllmMode.SERVER:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_launch.enums import Device, DistBackend, VllmMode
-from grpo_launch.planning.batch_layout import Layout
-from grpo_launch.planning.types import Trace, TrainPlan, VllmPlan
+from grpo_launch.planning.parallel_and_batch import Layout
+from grpo_launch.planning.plan_types import Trace, TrainPlan, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.recipe.keys import PLANNED_KEYS
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_FIELD_DEFAULTS

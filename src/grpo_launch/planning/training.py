@@ -21,9 +21,9 @@ from grpo_launch.planning.cost.memory import (
     train_memory,
 )
 from grpo_launch.planning.cost.workload import Workload
+from grpo_launch.planning.plan_types import Trace, VllmPlan
 from grpo_launch.planning.refusal.explain import Setting, setting_label, training_explain
 from grpo_launch.planning.refusal.memory_fixes import memory_fixes
-from grpo_launch.planning.types import Trace, VllmPlan
 from grpo_launch.recipe import Recipe
 from grpo_launch.spec import frozen
 

@@ -11,43 +11,11 @@ from grpo_launch.errors import Fix, PlanError
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning.cost.constants import TRL_COLOCATE_UTILIZATION, VLLM_SERVER_UTILIZATION
+from grpo_launch.planning.cost.constants import VLLM_SERVER_UTILIZATION
 from grpo_launch.planning.cost.memory import VllmMemory, vllm_memory, vllm_share_needed, vllm_weights
 from grpo_launch.planning.cost.workload import Workload
+from grpo_launch.planning.plan_types import Trace, VllmPlan
 from grpo_launch.planning.refusal.explain import vllm_explain
-from grpo_launch.planning.sizes import Parallelism
-from grpo_launch.planning.types import Trace, VllmPlan
-from grpo_launch.recipe import Recipe
-
-
-def colocate_utilization(recipe: Recipe) -> float:
-    """The share of each training GPU colocated vLLM may use: launch.vllm_gpu_memory_utilization, TRL's key, else
-    TRL's default (0.3, GRPOConfig.vllm_gpu_memory_utilization)."""
-    return float(
-        recipe.launch.vllm_gpu_memory_utilization
-        or recipe.get("vllm_gpu_memory_utilization")
-        or TRL_COLOCATE_UTILIZATION
-    )
-
-
-def server_utilization(recipe: Recipe, trace: Trace) -> float:
-    """The server's --gpu-memory-utilization: launch.vllm_gpu_memory_utilization, TRL's key (which TRL itself reads
-    only in colocate mode: moved, with a notice), else TRL's vllm-serve default (0.9)."""
-    util = recipe.launch.vllm_gpu_memory_utilization
-    if util is None and recipe.is_set("vllm_gpu_memory_utilization"):
-        util = float(recipe.values["vllm_gpu_memory_utilization"])
-        trace.notice(
-            f"vllm_gpu_memory_utilization={util}: moved to the vLLM server's --gpu-memory-utilization "
-            "(TRL only reads it in colocate mode)"
-        )
-    return util or VLLM_SERVER_UTILIZATION
-
-
-def engines(vllm: VllmPlan, n: int) -> Parallelism:
-    """What generates: the server's TP × PP × DP, or the colocated engines, one per TP group of ``n`` trainers."""
-    if vllm.mode == VllmMode.COLOCATE:
-        return dataclasses.replace(vllm.parallelism, dp=max(1, n // vllm.tensor_parallel_size))
-    return vllm.parallelism
 
 
 def size_vllm(
@@ -62,7 +30,7 @@ def size_vllm(
     # vLLM's default); the server's value stays as planned, only the sequences are sized to it.
     share = vllm.gpu_memory_utilization if vllm.mode == VllmMode.COLOCATE else None
     limit = vllm.gpu_memory_utilization if vllm.mode == VllmMode.SERVER else None
-    par = engines(vllm, n)
+    par = vllm.engines(n)
     sized = vllm_memory(model, par, mem, work, share=share, limit=limit)
     if sized is None:
         weights = vllm_weights(model, par)

@@ -13,7 +13,7 @@ from grpo_launch.render import plan_json
 from grpo_launch.render.configs import render_accelerate_config, render_deepspeed_config, render_trainer_recipe
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
 
 
 def render_files(plan: Plan) -> dict[str, str]:

@@ -12,8 +12,8 @@ import yaml
 
 from grpo_launch import __version__
 from grpo_launch.enums import DistBackend, Offload
-from grpo_launch.planning.types import Plan
-from grpo_launch.rundir.text import one_line
+from grpo_launch.planning.plan_types import Plan
+from grpo_launch.rundir.shown_text import one_line
 
 
 @functools.cache

@@ -11,7 +11,7 @@ from grpo_launch import __version__
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.planning.cost.startup import Startup
 from grpo_launch.planning.cost.steptime import TimeTerm
-from grpo_launch.planning.types import Candidate, Plan
+from grpo_launch.planning.plan_types import Candidate, Plan
 from grpo_launch.render.processes import trainers, vllm_server, vllm_servers
 from grpo_launch.rundir.records import Prediction
 from grpo_launch.spec import redact_argv, redact_env

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from grpo_launch.enums import Device, DistBackend, Role, VllmMode
-from grpo_launch.planning.types import Plan, TrainHost, VllmPlan
+from grpo_launch.planning.plan_types import Plan, TrainHost, VllmPlan
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.recipe.versions import TRL_VLLM_RANGE, version_tuple
 from grpo_launch.rundir.layout import ATTEMPT_ENV, RUN_DIR_ENV, RUN_NAME_ENV

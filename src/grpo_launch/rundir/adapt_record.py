@@ -1,6 +1,6 @@
 """launch.adapt's decisions as ``control/attempts.jsonl`` keeps them, with the attempt they were made in
-(:class:`~grpo_launch.rundir.records.Attempt`): made by ``planning/after_run/decision.py``, read by ``status`` and the
-report. Standard library only."""
+(:class:`~grpo_launch.rundir.records.Attempt`): made by ``planning/after_run/adapt.py``, read by ``status``
+and the report. Standard library only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import fields
 from typing import Any
 
 from grpo_launch.enums import AdaptAction
-from grpo_launch.rundir.fields import enum_or_none, float_or, float_or_none, int_or_none
+from grpo_launch.rundir.json_fields import enum_or_none, float_or, float_or_none, int_or_none
 from grpo_launch.spec import frozen
 
 

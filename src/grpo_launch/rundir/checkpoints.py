@@ -22,10 +22,10 @@ from typing import Any
 
 from grpo_launch.enums import ResumeMode
 from grpo_launch.errors import ConfigError
-from grpo_launch.rundir.fields import loads
+from grpo_launch.rundir.json_fields import loads
 from grpo_launch.rundir.layout import COMPLETE_MARKER, NO_RESUME
 from grpo_launch.rundir.records import CompletionRecord
-from grpo_launch.rundir.trust import check_trusted, open_nofollow
+from grpo_launch.rundir.trusted_files import check_trusted, open_nofollow
 from grpo_launch.spec import frozen
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")

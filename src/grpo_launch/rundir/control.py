@@ -21,7 +21,7 @@ from pathlib import Path
 
 from grpo_launch.errors import LaunchError
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.trust import open_nofollow, private_dir, read_text
+from grpo_launch.rundir.trusted_files import open_nofollow, private_dir, read_text
 
 LAUNCHER = "checkpoint and stop"  # the launcher's own request (its text, for a reader of the file)
 SAVING = "saving-checkpoint"  # in the control directory: the checkpoint rank 0 is writing, "STEP EPOCH-SECONDS"

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from grpo_launch.errors import ConfigError, LaunchError
-from grpo_launch.rundir.fields import loads
+from grpo_launch.rundir.json_fields import loads
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.text import command_line
-from grpo_launch.rundir.trust import check_run_dir, nofollow_fd, open_nofollow, private_dir
+from grpo_launch.rundir.shown_text import command_line
+from grpo_launch.rundir.trusted_files import check_run_dir, nofollow_fd, open_nofollow, private_dir
 from grpo_launch.spec import redact_argv
 
 

@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.rundir.fields import Fields, file_error, loads
+from grpo_launch.rundir.json_fields import Fields, file_error, loads
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.trust import private_dir, read_own_text, read_text
+from grpo_launch.rundir.trusted_files import private_dir, read_own_text, read_text
 from grpo_launch.spec import REDACTED, frozen, is_secret_name, redact_arg, redact_argv
 
 

@@ -3,7 +3,7 @@ report, the timeline rows, the measured-against-predicted reading, ``plan --cali
 not the whole plan. render/plan_json.py writes plan.json; this is its one reading.
 
 Every key read here is required (a null where the plan has nothing to say): a missing or mistyped key is an error
-naming the file and the key (:class:`.fields.RunFileError`), so renaming a key in ``plan_to_dict`` fails loudly
+naming the file and the key (:class:`.json_fields.RunFileError`), so renaming a key in ``plan_to_dict`` fails loudly
 instead of showing a default. Keys plan.json has and no reader uses are not read.
 """
 
@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.rundir.fields import Fields, file_error, number
+from grpo_launch.rundir.json_fields import Fields, file_error, number
 from grpo_launch.spec import frozen
 
 

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from grpo_launch.enums import FailureKind, JobStatus, Role, RunState, StrEnum
 from grpo_launch.rundir.adapt_record import AdaptRecord, UnknownAction
-from grpo_launch.rundir.fields import (
+from grpo_launch.rundir.json_fields import (
     Fields,
     enum_or_none,
     file_error,
@@ -44,7 +44,7 @@ from grpo_launch.rundir.fields import (
     whole,
 )
 from grpo_launch.rundir.plan_record import PlanRecord, Prediction
-from grpo_launch.rundir.trust import open_nofollow, private_dir, read_text
+from grpo_launch.rundir.trusted_files import open_nofollow, private_dir, read_text
 from grpo_launch.spec import frozen
 
 __all__ = [

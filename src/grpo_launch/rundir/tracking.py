@@ -13,10 +13,10 @@ import secrets
 import time
 from typing import Any
 
-from grpo_launch.rundir.fields import Fields, file_error, float_or_none, loads
 from grpo_launch.rundir.files import write_run_files
+from grpo_launch.rundir.json_fields import Fields, file_error, float_or_none, loads
 from grpo_launch.rundir.layout import RunPaths
-from grpo_launch.rundir.trust import read_text
+from grpo_launch.rundir.trusted_files import read_text
 from grpo_launch.spec import frozen
 
 ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"  # W&B's (wandb/sdk/lib/runid.py): lowercase letters, digits

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.recipe.parse import yaml_load
-from grpo_launch.rundir.trust import open_nofollow
+from grpo_launch.rundir.trusted_files import open_nofollow
 from grpo_launch.train import async_entry, console
 from grpo_launch.train.callbacks import make_callbacks
 from grpo_launch.train.core import build_inputs, config_kwargs, train_and_finish

@@ -1,8 +1,8 @@
 """What a trainer rank prints. Rank 0 speaks for the run on the console; every other rank writes to its own log
 file (``RUN_DIR/logs/train-rankR-HOST-TIME.log``, each line time-stamped), and only its errors reach the console, as
 one line with the rank (``[rankR]: ValueError: … (raised TIME in FRAME; traceback: FILE)``, a
-:class:`~grpo_launch.rundir.text.Raised`; the launcher shows it as ``[train rR@HOST]``). Rank 0 states its error the
-same way, its traceback in a file of its own: every rank says its error when it catches it, with the time, so the
+:class:`~grpo_launch.rundir.shown_text.Raised`; the launcher shows it as ``[train rR@HOST]``). Rank 0 states its error
+the same way, its traceback in a file of its own: every rank says its error when it catches it, with the time, so the
 launcher names the rank that raised first (not the one whose traceback was formatted first).
 
 Output is redirected at the file-descriptor level, so C++ warnings (DDP, gloo) and library prints follow it.
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import IO
 
 from grpo_launch.errors import LaunchError
-from grpo_launch.rundir.text import Raised
-from grpo_launch.rundir.trust import open_nofollow
+from grpo_launch.rundir.shown_text import Raised
+from grpo_launch.rundir.trusted_files import open_nofollow
 from grpo_launch.train.environment import JobEnvironment
 
 _REAL_STDERR: list[IO[str]] = []

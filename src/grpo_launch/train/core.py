@@ -34,7 +34,7 @@ from grpo_launch.rundir.checkpoints import mark_complete
 from grpo_launch.rundir.control import mark_stopped
 from grpo_launch.rundir.layout import NO_RESUME
 from grpo_launch.rundir.records import CompletionRecord
-from grpo_launch.rundir.trust import check_trusted
+from grpo_launch.rundir.trusted_files import check_trusted
 from grpo_launch.train.data import load_dataset_split, load_tokenizer, prepare_dataset
 from grpo_launch.train.environment import JobEnvironment
 from grpo_launch.train.rewards import load_reward

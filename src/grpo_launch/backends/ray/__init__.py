@@ -59,7 +59,7 @@ from grpo_launch.rundir.layout import GRACE_ENV, RUN_ID_ENV
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
 
 SIGNAL_TIMEOUT_S = 20.0
 CHECK_TIMEOUT_S = 60.0

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from grpo_launch.errors import PlanError, ProbeError
 from grpo_launch.machines.topology import Host, Topology
-from grpo_launch.planning.plan import make_plan
+from grpo_launch.planning.planner import make_plan
 from grpo_launch.spec import RunResult
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
 
 POLL_S = 5.0  # how often the wait looks at the cluster's nodes (a probe runs only when a node joined)
 

@@ -37,7 +37,7 @@ from grpo_launch.machines.topology import Topology, parse_gpu_spec
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
     from grpo_launch.spec import RunContext
 
 # Ray's dashboard port, where the job server listens (`ray start --head --dashboard-port`, default 8265:

@@ -28,11 +28,11 @@ from grpo_launch.enums import VllmMode
 from grpo_launch.errors import ConfigError, LaunchError, install_hint
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import MAX_NODES, Gpu, Host, Topology
-from grpo_launch.rundir.text import command_line
+from grpo_launch.rundir.shown_text import command_line
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
     from grpo_launch.spec import RunContext
 
 INSTALL_HINT = install_hint("sky") + "; and configure a cloud (sky check)"

@@ -21,7 +21,7 @@ from grpo_launch.machines.topology import Topology
 from grpo_launch.spec import ProcessSpec, RunContext, RunResult
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
     from grpo_launch.rundir.records import JobState
 
 

@@ -25,7 +25,7 @@ from dataclasses import field
 
 from grpo_launch import __version__
 from grpo_launch.errors import ConfigError, LaunchError, ProbeError
-from grpo_launch.rundir.text import command_line
+from grpo_launch.rundir.shown_text import command_line
 from grpo_launch.spec import frozen
 
 PREEMPT_SIGNAL = "USR2"

@@ -16,7 +16,7 @@ from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
-    from grpo_launch.planning.types import Plan
+    from grpo_launch.planning.plan_types import Plan
     from grpo_launch.spec import RunContext
 
 

@@ -1,5 +1,5 @@
 """After an out-of-memory failure: the plan's next memory fix, one step more frugal by the cost model, re-planned
-with :func:`~grpo_launch.planning.plan.make_plan` before it is offered (printed with the failure; applied and
+with :func:`~grpo_launch.planning.planner.make_plan` before it is offered (printed with the failure; applied and
 restarted with ``launch.on_oom: replan``, :mod:`grpo_launch.execute.policy`). Pure.
 
 Training side, in order: gradient checkpointing; half the per-device batch with twice the accumulation (the same
@@ -16,9 +16,9 @@ from typing import Any
 
 from grpo_launch.enums import DistBackend, Offload, VllmMode
 from grpo_launch.errors import PlanError, override_value
-from grpo_launch.planning.plan import make_plan
+from grpo_launch.planning.plan_types import Plan
+from grpo_launch.planning.planner import make_plan
 from grpo_launch.planning.refusal.verify import with_assignments
-from grpo_launch.planning.types import Plan
 
 Change = tuple[tuple[tuple[str, Any], ...], str]  # (key=value assignments, why)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from grpo_launch.machines.measured import MeasuredTerms
+from grpo_launch.machines.calibrated_speed import MeasuredTerms
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import CONSTANTS
 from grpo_launch.planning.cost.steptime import StepTime, padded_tokens, trainer_decode_batch

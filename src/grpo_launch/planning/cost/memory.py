@@ -38,7 +38,7 @@ from grpo_launch.planning.cost.constants import (
     _c,
 )
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Parallelism
 from grpo_launch.spec import frozen
 
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 import itertools
 import math
 
+from grpo_launch.analysis.timeline import critical_path_s
 from grpo_launch.enums import VllmMode
-from grpo_launch.machines.measured import MeasuredTerms
+from grpo_launch.machines.calibrated_speed import MeasuredTerms
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import CONSTANTS
 from grpo_launch.planning.cost.steptime import sync_time
-from grpo_launch.rundir.timeline import critical_path_s
 from grpo_launch.spec import frozen
 
 # (parameters, seconds) the vLLM ready time is interpolated between (log-linear in the parameters)

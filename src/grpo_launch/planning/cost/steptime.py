@@ -23,7 +23,7 @@ from grpo_launch.machines.gpus import GpuSpec
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import DECODE_BW_EFFICIENCY, DECODE_STEP_OVERHEAD_S, PREFILL_MFU, _c, train_mfu
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Parallelism
 from grpo_launch.spec import frozen
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
-from grpo_launch.machines.measured import MeasuredTerms
+from grpo_launch.machines.calibrated_speed import MeasuredTerms
 from grpo_launch.spec import frozen
 
 __all__ = ["Calibration", "MeasuredTerms", "Workload"]

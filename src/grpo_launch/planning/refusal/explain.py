@@ -8,7 +8,7 @@ from grpo_launch.machines.gpus import GIB
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import HEADROOM, HOST_HEADROOM, VLLM_OVERHEAD_BYTES, VLLM_UTILIZATION_MARGIN
 from grpo_launch.planning.cost.memory import TrainMemory, margin_lines
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Parallelism
 
 Setting = tuple[DistBackend, Offload, bool]  # (backend, offload, gradient checkpointing)
 

@@ -13,7 +13,8 @@ from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import VLLM_SERVER_UTILIZATION
 from grpo_launch.planning.cost.memory import weights_fit
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Parallelism
+from grpo_launch.planning.plan_types import Trace
 from grpo_launch.planning.splits.batch_target import feasible
 from grpo_launch.planning.splits.refusals import (
     check_tp,
@@ -32,8 +33,7 @@ from grpo_launch.planning.splits.split import (
     off_split,
     server_weights,
 )
-from grpo_launch.planning.types import Trace
-from grpo_launch.planning.vllm_sizing import colocate_utilization
+from grpo_launch.planning.vllm_share import colocate_utilization
 from grpo_launch.recipe import Recipe
 
 

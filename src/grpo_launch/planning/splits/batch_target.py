@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 
-from grpo_launch.planning.batch_layout import TRL_DEFAULTS, Layout, LayoutRequest
+from grpo_launch.planning.batch_layout import TRL_DEFAULTS, LayoutRequest
+from grpo_launch.planning.parallel_and_batch import Layout
 
 
 def feasible(completions: int, trainers: int, per_device: int | None) -> bool:

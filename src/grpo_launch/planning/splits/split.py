@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from grpo_launch.enums import StrEnum
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.memory import vllm_weights
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Parallelism
 from grpo_launch.spec import frozen
 
 

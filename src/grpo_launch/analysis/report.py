@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_launch.analysis.report_summary import log_links, plan_rows, summary_rows
+from grpo_launch.analysis.view import RunView
 from grpo_launch.errors import ConfigError, install_hint
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.records import LogRecord, MetricRecord, StartupRecord, StepRecord
-from grpo_launch.rundir.report_summary import log_links, plan_rows, summary_rows
-from grpo_launch.rundir.text import printable
-from grpo_launch.rundir.trust import nofollow_fd, open_own_dir
-from grpo_launch.rundir.view import RunView
+from grpo_launch.rundir.shown_text import printable
+from grpo_launch.rundir.trusted_files import nofollow_fd, open_own_dir
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """From a previous run's measurements to the scales the next plan uses (``grpo-launch plan --calibrate-from``).
-Pure: takes the run directory as :class:`grpo_launch.rundir.view.RunView` read it once (:func:`calibrate_from_run`),
-or what :func:`grpo_launch.rundir.measured.measure` made of it.
+Pure: takes the run directory as :class:`grpo_launch.analysis.view.RunView` read it once (:func:`calibrate_from_run`),
+or what :func:`grpo_launch.analysis.step_means.measure` made of it.
 
 The trainer times generation and training per step. Its "generation" is TRL's _generate_and_score_completions:
 vLLM's generation plus the reward, the old-log-prob forward and (server mode) the weight sync. So:
@@ -24,10 +24,12 @@ import dataclasses
 import math
 from typing import Any
 
+from grpo_launch.analysis.step_means import Measured, measure
+from grpo_launch.analysis.view import RunView
 from grpo_launch.enums import DistBackend, Offload
 from grpo_launch.errors import ConfigError
+from grpo_launch.machines.calibrated_speed import MeasuredTerms
 from grpo_launch.machines.gpus import GIB, GpuSpec
-from grpo_launch.machines.measured import MeasuredTerms
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.activations import Precision, activation_memory
 from grpo_launch.planning.cost.steptime import (
@@ -39,10 +41,8 @@ from grpo_launch.planning.cost.steptime import (
     transformers_decode_step_s,
 )
 from grpo_launch.planning.cost.workload import Calibration, Workload
-from grpo_launch.planning.sizes import Parallelism
-from grpo_launch.rundir.measured import Measured, measure
+from grpo_launch.planning.parallel_and_batch import Parallelism
 from grpo_launch.rundir.plan_record import PlanRecord
-from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import frozen
 
 FLOOR = 0.05  # no scale below this: a term measured as nothing is a measurement problem, not a 20× speed-up

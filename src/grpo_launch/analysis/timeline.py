@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from grpo_launch.analysis.by_attempt import AttemptCourse
 from grpo_launch.rundir.async_signals import async_verdict, signals_text
-from grpo_launch.rundir.course import AttemptCourse
 from grpo_launch.rundir.records import AdaptRecord, Attempt, LogRecord, MetricRecord, StartupRecord
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.errors import ConfigError
-from grpo_launch.machines.measured import MeasuredTerms
+from grpo_launch.machines.calibrated_speed import MeasuredTerms
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.recipe import Recipe

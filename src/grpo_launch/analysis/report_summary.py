@@ -9,15 +9,15 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpo_launch.analysis.by_attempt import numbered
+from grpo_launch.analysis.split_verdict import split_verdict
+from grpo_launch.analysis.step_means import Measured, measure
+from grpo_launch.analysis.timeline import adaptation_rows, async_row, attempt_rows, startup_row
+from grpo_launch.analysis.view import RunView
 from grpo_launch.enums import RunState, VllmMode
 from grpo_launch.errors import ConfigError, size_text
-from grpo_launch.rundir.course import numbered
-from grpo_launch.rundir.measured import Measured, measure
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.records import Attempt, StepRecord
-from grpo_launch.rundir.timeline import adaptation_rows, async_row, attempt_rows, startup_row
-from grpo_launch.rundir.verdict import split_verdict
-from grpo_launch.rundir.view import RunView
 
 Rows = list[tuple[str, str]]
 

@@ -9,7 +9,7 @@ wants more GPUs, and the other way round.
 from __future__ import annotations
 
 from grpo_launch.enums import VllmMode
-from grpo_launch.rundir.text import command_line
+from grpo_launch.rundir.shown_text import command_line
 
 IMBALANCE = 1.5  # one side this many times the other is worth a change
 OFF_PLAN = 1.5  # measured step this far from the plan's (either way): replan from the measurements

@@ -32,7 +32,7 @@ from typing import IO, Any
 
 from grpo_launch.errors import LaunchError
 from grpo_launch.rundir.layout import PRIVATE_UMASK, RunPaths
-from grpo_launch.rundir.text import command_line
+from grpo_launch.rundir.shown_text import command_line
 
 # How each file is opened, as open()'s modes name it.
 _FLAGS = {

@@ -1,9 +1,12 @@
-"""The planner's small value types (pure): how a vLLM engine or server is parallelised (:class:`Parallelism`)
-and how large one optimizer step's batch is (:class:`Batch`). The lowest module of planning (it reads only TRL's
+"""The planner's small value types (pure): how a vLLM engine or server is parallelised (:class:`Parallelism`),
+how large one optimizer step's batch is (:class:`Batch`) and the batch layout TRL gets (:class:`Layout`, which
+:mod:`.batch_layout` solves). The lowest module of planning (it reads only TRL's
 generated defaults): the cost model, the splits and the plan all take them, so none of them passes loose TP/PP/DP
 values or a bare completion count."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from grpo_launch.recipe.trl_schema import DEFAULTS
 from grpo_launch.spec import frozen
@@ -68,3 +71,44 @@ class Batch:
     def times(self, factor: int) -> Batch:
         """The same groups, ``factor`` times as many prompts."""
         return Batch(self.prompts * factor, self.group)
+
+
+@frozen
+class Layout:
+    """The batch layout TRL gets: processes, per-device batch, accumulation, generation batch and group size."""
+
+    num_processes: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    steps_per_generation: int
+    generation_batch_size: int
+    num_generations: int
+    per_device_eval_batch_size: int | None = None  # set when evaluation is on
+    num_generations_eval: int | None = None
+    generation_batch_size_given: bool = False  # the user set generation_batch_size (not steps_per_generation)
+    # The key by which the recipe sets its own batch when this layout keeps the recipe's values (each split runs them
+    # on its own trainers); None when it meets a pinned or default batch (launch.prompts_per_step).
+    recipe_batch_key: str | None = None
+
+    @property
+    def prompts_per_generation(self) -> int:
+        return self.generation_batch_size // self.num_generations
+
+    @property
+    def completions_per_optimizer_step(self) -> int:
+        return self.per_device_train_batch_size * self.num_processes * self.gradient_accumulation_steps
+
+    def trl_values(self) -> dict[str, Any]:
+        """The keys to write into the trainer's recipe. Exactly one of generation_batch_size/steps_per_generation."""
+        out: dict[str, Any] = {
+            "per_device_train_batch_size": self.per_device_train_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "num_generations": self.num_generations,
+        }
+        if self.generation_batch_size_given:
+            out["generation_batch_size"] = self.generation_batch_size
+        else:
+            out["steps_per_generation"] = self.steps_per_generation
+        if self.per_device_eval_batch_size is not None:
+            out["per_device_eval_batch_size"] = self.per_device_eval_batch_size
+        return out

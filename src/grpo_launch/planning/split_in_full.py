@@ -12,18 +12,19 @@ from grpo_launch.enums import Device, VllmMode
 from grpo_launch.errors import PlanError
 from grpo_launch.planning import async_grpo, placement, roles
 from grpo_launch.planning.async_grpo import async_workload
-from grpo_launch.planning.batch_layout import Layout, solve_layout
-from grpo_launch.planning.context import Context
+from grpo_launch.planning.batch_layout import solve_layout
 from grpo_launch.planning.dataset_rows import check_rows
-from grpo_launch.planning.estimate import Draft, estimate_plan, off_policy_lag, workload
+from grpo_launch.planning.estimate import Draft, estimate_plan
 from grpo_launch.planning.gpu_types import roles_line, serve_topology, train_topology, types_text
+from grpo_launch.planning.parallel_and_batch import Batch, Layout
+from grpo_launch.planning.plan_types import Plan, Trace, TrainHost, TrainPlan, VllmPlan
 from grpo_launch.planning.save_steps import plan_saves
-from grpo_launch.planning.sizes import Batch
+from grpo_launch.planning.search_context import Context
 from grpo_launch.planning.splits.allowed import colocate_weights_warning
 from grpo_launch.planning.splits.split import Split, SplitKind
+from grpo_launch.planning.step_work import off_policy_lag, workload
 from grpo_launch.planning.trainer_values import lora_decision, trainer_values
 from grpo_launch.planning.training import choose_training
-from grpo_launch.planning.types import Plan, Trace, TrainHost, TrainPlan, VllmPlan
 from grpo_launch.planning.vllm_sizing import size_vllm
 from grpo_launch.recipe import Recipe, as_planned
 

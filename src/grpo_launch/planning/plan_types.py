@@ -3,6 +3,7 @@ dataclasses and str-valued enums (:mod:`grpo_launch.enums`), so a plan is plain 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,13 +11,12 @@ from typing import Any
 from grpo_launch.enums import Device, DistBackend, GpuUse, Offload, Role, VllmMode
 from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
-from grpo_launch.planning.batch_layout import Layout
 from grpo_launch.planning.cost.checkpoints import SaveInterval
 from grpo_launch.planning.cost.memory import TrainMemory, VllmMemory
 from grpo_launch.planning.cost.startup import Startup
 from grpo_launch.planning.cost.steptime import StepTime, TimeTerm
 from grpo_launch.planning.cost.workload import Calibration, Workload
-from grpo_launch.planning.sizes import Parallelism
+from grpo_launch.planning.parallel_and_batch import Layout, Parallelism
 from grpo_launch.recipe import Recipe
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.spec import frozen
@@ -113,6 +113,12 @@ class VllmPlan:
     max_num_seqs: int | None = None
     max_prompt_length: int | None = None  # prompts longer than this are dropped by the trainers
     sleep_mode: bool = False  # colocate: vLLM sleeps while the trainers train (vllm_enable_sleep_mode)
+
+    def engines(self, trainers: int) -> Parallelism:
+        """What generates: the server's TP × PP × DP, or the colocated engines, one per TP group of ``trainers``."""
+        if self.mode == VllmMode.COLOCATE:
+            return dataclasses.replace(self.parallelism, dp=max(1, trainers // self.tensor_parallel_size))
+        return self.parallelism
 
     @property
     def parallelism(self) -> Parallelism:

@@ -2,7 +2,7 @@
 serves (execute/live.py), the shipped scrape config and Grafana dashboard are generated from
 (render/monitoring.py), and ``status --watch`` reads. Standard library only.
 
-The run directory is the source of truth: :func:`samples` reads a :class:`~grpo_launch.rundir.view.RunView`
+The run directory is the source of truth: :func:`samples` reads a :class:`~grpo_launch.analysis.view.RunView`
 (metrics.jsonl, the attempts, plan.json) and adds nothing the directory lacks. What the trainers measure is what is
 served: the step's wall time and its split as the trainer times it (``generation`` holds generating, scoring, the old
 log-probs and, in server mode, the weight sync; ``training`` the rest), the plan's predicted split in four terms
@@ -18,9 +18,9 @@ import math
 import time
 from collections.abc import Iterator
 
-from grpo_launch.rundir.measured import measure, progress
+from grpo_launch.analysis.step_means import measure, progress
+from grpo_launch.analysis.view import RunView
 from grpo_launch.rundir.records import LogRecord, StepRecord
-from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import frozen
 
 PREFIX = "grpo_launch_"

@@ -1,6 +1,6 @@
 """One view of a run directory (standard library only): :meth:`RunView.load` reads plan.json, metrics.jsonl, the
 attempts, the lock and the stop marker once each, as records; ``status``, the run report, ``plan --calibrate-from``
-(through :func:`grpo_launch.rundir.measured.measure`) and the resume hint take the view instead of reading the files
+(through :func:`grpo_launch.analysis.step_means.measure`) and the resume hint take the view instead of reading the files
 again.
 
 Strict by default: a plan.json that is not the record its readers use, or a metrics or attempts line that does not
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grpo_launch.analysis.by_attempt import AttemptCourse, courses, curve, next_attempt, warm_steps
 from grpo_launch.rundir.control import stopped_at
-from grpo_launch.rundir.course import AttemptCourse, courses, curve, next_attempt, warm_steps
-from grpo_launch.rundir.fields import file_error, loads
 from grpo_launch.rundir.files import last_holder, lock_holder
+from grpo_launch.rundir.json_fields import file_error, loads
 from grpo_launch.rundir.layout import RunPaths
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.rundir.records import (
@@ -31,7 +31,7 @@ from grpo_launch.rundir.records import (
     metric_record_strict,
     parse_lines,
 )
-from grpo_launch.rundir.trust import read_text
+from grpo_launch.rundir.trusted_files import read_text
 from grpo_launch.spec import frozen
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from grpo_launch.recipe.trl_schema import DEFAULTS as TRL_DEFAULTS
 from grpo_launch.rundir.checkpoints import checkpoint_problems, checkpoints, completed, max_steps_of
-from grpo_launch.rundir.fields import loads
+from grpo_launch.rundir.json_fields import loads
 from grpo_launch.rundir.plan_record import PlanRecord
 from grpo_launch.spec import frozen
 

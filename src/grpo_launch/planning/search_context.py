@@ -10,7 +10,7 @@ from grpo_launch.machines.topology import Topology
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.batch_layout import LayoutRequest
 from grpo_launch.planning.cost.workload import Calibration
-from grpo_launch.planning.types import Runtime, Trace
+from grpo_launch.planning.plan_types import Runtime, Trace
 from grpo_launch.recipe import Recipe
 from grpo_launch.spec import frozen
 

@@ -8,10 +8,10 @@ import math
 from dataclasses import field
 from pathlib import Path
 
+from grpo_launch.analysis.view import RunView
 from grpo_launch.errors import ConfigError
 from grpo_launch.rundir.plan_record import PlanRecord, Prediction
 from grpo_launch.rundir.records import LogRecord
-from grpo_launch.rundir.view import RunView
 from grpo_launch.spec import frozen
 
 

@@ -1,8 +1,8 @@
 """``launch.adapt`` in a running run, the side that acts: after each layout's warm-up, read its steps and ask
-:func:`grpo_launch.planning.after_run.decision.decide`; on a re-split (or a revert) ask the trainers to save a
+:func:`grpo_launch.planning.after_run.adapt.decide`; on a re-split (or a revert) ask the trainers to save a
 checkpoint and stop at the end of the step, and hand the new plan to the attempt loop (:mod:`.run`), which resumes
 from that checkpoint on the new layout: no optimizer step is lost or repeated (the resume path is the one SIGUSR2
-and the time limit use). The course from layout to layout is :mod:`grpo_launch.planning.after_run.resplit`'s.
+and the time limit use). The course from layout to layout is :mod:`grpo_launch.planning.after_run.adapt`'s.
 
 Every decision is kept with the attempt it was made in (``attempts.jsonl``, as
 :class:`~grpo_launch.rundir.records.AdaptRecord`: ``status`` and the report show them)."""
@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from grpo_launch.analysis.step_means import read_run
 from grpo_launch.execute.stop_channel import StopChannel
 from grpo_launch.planning.adapt_terms import why_not_adaptable
-from grpo_launch.planning.after_run.decision import Adaptation, decide
-from grpo_launch.planning.after_run.resplit import Course, decision_due
-from grpo_launch.planning.types import Plan
-from grpo_launch.rundir.measured import read_run
+from grpo_launch.planning.after_run.adapt import Adaptation, Course, decide, decision_due
+from grpo_launch.planning.plan_types import Plan
 from grpo_launch.rundir.records import AdaptRecord
 
 

@@ -1,5 +1,5 @@
 """This machine's speed as ``grpo-launch calibrate`` measured it: the terms the planner uses in place of the GPU
-table's (planning/cost/measured_time.py), stored by probe/calibration.py. Pure data."""
+table's (planning/cost/measured_time.py), stored by probe/calibration_store.py. Pure data."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class MeasuredTerms:
     value_bytes: int = 0
     # The training step's whole peak as GRPOTrainer runs it (TRL's fused LM head, the weights, gradients and AdamW's
     # moments held: GPU, CUDA's max allocated; CPU, the resident high-water mark, libraries included), and the memory
-    # model's tensors at the same point (planning/calibration.py ``step_peak_prediction``), stored beside it.
+    # model's tensors at the same point (planning/measured_scales.py ``step_peak_prediction``), stored beside it.
     step_peak_bytes: int | None = None
     step_peak_bytes_ckpt: int | None = None
     step_peak_predicted_bytes: int | None = None

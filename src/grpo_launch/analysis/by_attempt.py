@@ -9,8 +9,8 @@ metrics record, the run's curve with each step once, and each attempt's steps, s
   wins, and steps an abandoned attempt trained past its last checkpoint are not the run's).
 - **An attempt** (:class:`AttemptCourse`): its first and last step, its mean step time without its own first step
   (compiling, warming up and, after a resume, loading the checkpoint), the last checkpoint it saved, and how it
-  ended (the launcher's :class:`~.records.Attempt`; None when none was written: it still runs, or its launcher
-  was killed). The launcher numbers attempts over the whole run directory, so they match the records' numbers;
+  ended (the launcher's :class:`~grpo_launch.rundir.records.Attempt`; None when none was written: it still runs, or its
+  launcher was killed). The launcher numbers attempts over the whole run directory, so they match the records' numbers;
   attempts.jsonl of an older version numbered each invocation's from 1, and is then matched in order.
 """
 

@@ -1,20 +1,10 @@
-"""launch.adapt's decision after a layout's warm-up: the running plan and what its steps measured in, an
-:class:`Adaptation` out (keep the split, move to a faster one, or revert the last move). Pure; it re-plans with
-:func:`~grpo_launch.planning.plan.make_plan`, so it sits above it. When the decision comes and what the plan
-promises are :mod:`grpo_launch.planning.adapt_terms`; :mod:`.resplit` carries the decisions from layout to layout;
-:mod:`grpo_launch.execute.resplit` acts on them (checkpoint, stop, resume on the new layout).
-
-- **Measured truth.** The re-plan uses the calibration of :mod:`grpo_launch.planning.calibration` from this layout's
-  steps only (the first step after a start is left out: it compiles and warms up), composed with the calibration
-  the running plan was made with, so a miscalibrated plan is corrected, not compounded.
-- **Like for like.** Both sides are predicted under that calibration at the running plan's prompts per step: the
-  running split as the re-plan's candidate of the same label, the new one as its choice. The re-split is made when
-  the new one is at least :data:`MIN_GAIN` faster per prompt and what remains of the run pays for the restart (the
-  predicted time to the first step, paid again).
-- **The algorithm is kept**: group size, prompts per optimizer step and generation rounds per optimizer step
-  (on-policy-ness) must be equal in both plans, or there is no re-split.
-- **Bounded**: at most ``launch.adapt_max_resplits`` re-splits, never a split already tried, and a re-split whose
-  measured time per prompt is worse than the split it replaced (beyond :data:`REVERT_MARGIN`) is reverted.
+"""launch.adapt after a layout's warm-up, decided with the planner: the running plan and what its steps measured in,
+an :class:`Adaptation` out (keep the split, move to a faster one, or revert the last move), and the course a run
+keeps from layout to layout (the splits tried, the re-splits made, the split the last one replaced: :class:`Course`).
+Pure; it re-plans with :func:`~grpo_launch.planning.planner.make_plan`, so it sits above it. When the decision comes
+and what the plan promises are :mod:`grpo_launch.planning.adapt_terms`; :mod:`grpo_launch.execute.adapt` reads the
+measurements, asks :func:`decide`, records the decisions and stops the trainers; the attempt loop resumes on the
+plan a move makes.
 """
 
 from __future__ import annotations
@@ -24,17 +14,18 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from grpo_launch.analysis.step_means import Measured
 from grpo_launch.enums import AdaptAction
 from grpo_launch.errors import GrpoLaunchError
-from grpo_launch.planning.adapt_terms import MIN_GAIN
-from grpo_launch.planning.calibration import calibration_from, with_file_part
-from grpo_launch.planning.plan import make_plan
-from grpo_launch.planning.types import Plan
-from grpo_launch.rundir.measured import Measured
+from grpo_launch.planning.adapt_terms import MIN_GAIN, warmup_steps
+from grpo_launch.planning.measured_scales import calibration_from, with_file_part
+from grpo_launch.planning.plan_types import Plan
+from grpo_launch.planning.planner import make_plan
 from grpo_launch.rundir.records import AdaptRecord
 from grpo_launch.spec import frozen
 
 __all__ = ["MIN_GAIN", "REVERT_MARGIN", "Adaptation", "Previous", "decide", "per_prompt_s", "split_key"]
+
 
 # A re-split measured this much slower per prompt than the split it replaced is undone (step-time noise between
 # steps of one layout is a few percent: tests/test_adapt.py measures it on the CPU runs).
@@ -164,3 +155,34 @@ def decide(
         f"{current:.3g} s for {key}, both with this run's measurements)"
     )
     return Adaptation(AdaptAction.RESPLIT, why, plan=new, **keep, **found)
+
+
+def decision_due(plan: Plan, new_steps: int) -> bool:
+    """Whether a layout's decision is due once ``new_steps`` of its steps are recorded: the first (which compiles and
+    warms up, so it is left out) and :func:`~grpo_launch.planning.adapt_terms.warmup_steps` more."""
+    return new_steps >= warmup_steps(plan) + 1
+
+
+@frozen
+class Course:
+    """What a run's re-splits so far bind the next decision to (:func:`.adapt.decide`'s ``tried``,
+    ``resplits`` and ``previous``)."""
+
+    tried: tuple[str, ...] = ()  # every split the run has run, in order
+    resplits: int = 0  # moves made (reverts do not count: launch.adapt_max_resplits bounds the moves)
+    previous: Previous | None = None  # the split the last re-split replaced, whose measured time decides a revert
+
+    def starting(self, plan: Plan) -> Course:
+        """The course once ``plan``'s layout starts: its split counts as tried."""
+        key = split_key(plan)
+        return self if key in self.tried else dataclasses.replace(self, tried=(*self.tried, key))
+
+    def after(self, running: Plan, adaptation: Adaptation) -> tuple[Course, Plan]:
+        """The course after a move away from ``running``, and the plan to resume on. A re-split counts and remembers
+        what it replaced; a revert returns to a measured split, which leaves nothing to compare it with."""
+        if not adaptation.action.moves or adaptation.plan is None:
+            raise ValueError(f"a {adaptation.action} decision has no plan to move to")
+        if adaptation.action == AdaptAction.RESPLIT:
+            previous = Previous(running, adaptation.measured_s)
+            return dataclasses.replace(self, resplits=self.resplits + 1, previous=previous), adaptation.plan
+        return dataclasses.replace(self, previous=None), adaptation.plan
