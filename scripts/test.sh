@@ -24,4 +24,7 @@ fi
 # Ray share machine-wide resources and run on one worker, one after another (tests/conftest.py: ONE_AT_A_TIME).
 # One worker: bash scripts/test.sh -n 0. The extended tier: bash scripts/test.sh -m extended (pyproject.toml's
 # addopts leaves it out otherwise).
-exec .venv/bin/python -m pytest tests -n 2 --dist loadgroup "$@"
+# A short base for the tests' folders: a worker's own (popen-gwN/) would make vLLM's IPC socket paths, made in the
+# test's folder, longer than a Unix socket's 107 bytes.
+base=$(mktemp -d /tmp/gl.XXXXXX)
+exec .venv/bin/python -m pytest tests -n 2 --dist loadgroup --basetemp "$base" "$@"

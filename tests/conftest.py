@@ -23,6 +23,7 @@ from .helpers import ensure_tiny_assets, plan_recipe
 ONE_AT_A_TIME = ("slurm", "ssh", "ray")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group into each test's id
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(name) for name in ONE_AT_A_TIME):
