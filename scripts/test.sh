@@ -19,12 +19,13 @@ if [ "$(id -u)" = 0 ]; then
   export GRPO_LAUNCH_REQUIRE_RAY=1  # a real Ray cluster over the namespace hosts (scripts/ray_hosts.sh)
   export GRPO_LAUNCH_REQUIRE_PROMETHEUS=1  # Prometheus scrapes a real run, status --watch in tmux (test_watch_live.py)
 fi
-# Two workers (pytest-xdist): the real runs spend much of their time waiting on a process's start or a server's
-# health, so two beside each other keep CI's two cores busy. The tests of the namespace hosts, the Slurm cluster and
-# Ray share machine-wide resources and run on one worker, one after another (tests/conftest.py: ONE_AT_A_TIME).
+# Two workers (pytest-xdist), each taking whole test modules (loadscope: a module's fixtures are set up once): the
+# real runs spend much of their time waiting on a process's start or a server's health, so two beside each other
+# keep CI's two cores busy. The modules of the namespace hosts, the Slurm cluster and Ray share machine-wide resources
+# and take turns (tests/conftest.py: ONE_AT_A_TIME, a lock).
 # One worker: bash scripts/test.sh -n 0. The extended tier: bash scripts/test.sh -m extended (pyproject.toml's
 # addopts leaves it out otherwise).
 # A short base for the tests' folders: a worker's own (popen-gwN/) would make vLLM's IPC socket paths, made in the
 # test's folder, longer than a Unix socket's 107 bytes.
 base=$(mktemp -d /tmp/gl.XXXXXX)
-exec .venv/bin/python -m pytest tests -n 2 --dist loadgroup --basetemp "$base" "$@"
+exec .venv/bin/python -m pytest tests -n 2 --dist loadscope --basetemp "$base" "$@"

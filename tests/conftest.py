@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,18 +18,29 @@ os.environ.setdefault("GRPO_LAUNCH_CALIBRATIONS", os.path.join(os.sep, "nonexist
 
 from .helpers import ensure_tiny_assets, plan_recipe
 
-# The markers of tests that share one set of machine-wide resources: the network-namespace hosts (h1, h2, … at fixed
-# addresses), the Slurm test cluster's daemons and Ray clusters. scripts/test.sh runs the suite on two workers
-# (pytest-xdist, --dist loadgroup): these all go to one of them, one at a time; everything else takes free ports of
-# its own and runs beside them.
+# The markers of tests that share machine-wide resources: the network-namespace hosts (h1, h2, … at fixed addresses),
+# the Slurm test cluster's daemons and ports, Ray clusters. Two of them must never run at once, whether the suite's
+# two workers (scripts/test.sh) or two suites on one machine run them: each test module holding one takes this
+# machine's lock for as long as its tests and its module fixtures (a cluster, the hosts) live. Everything else takes
+# free ports of its own and runs beside them.
 ONE_AT_A_TIME = ("slurm", "ssh", "ray")
+HOSTS_LOCK = Path(tempfile.gettempdir()) / "grpo-launch-tests-hosts.lock"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group into each test's id
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if any(item.get_closest_marker(name) for name in ONE_AT_A_TIME):
-            item.add_marker(pytest.mark.xdist_group("hosts"))
+@pytest.fixture(scope="module", autouse=True)
+def _one_module_on_the_hosts_at_a_time(request):
+    """Autouse and module-scoped, so it is set up before the module's own fixtures (the cluster, the hosts) and torn
+    down after them."""
+    mine = [i for i in request.session.items if getattr(i, "module", None) is request.module]
+    if not any(i.get_closest_marker(name) for i in mine for name in ONE_AT_A_TIME):
+        yield
+        return
+    with open(HOSTS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
