@@ -21,11 +21,14 @@ if [ "$(id -u)" = 0 ]; then
 fi
 # Two workers (pytest-xdist), each taking whole test modules (loadscope: a module's fixtures are set up once): the
 # real runs spend much of their time waiting on a process's start or a server's health, so two beside each other
-# keep CI's two cores busy. The modules of the namespace hosts, the Slurm cluster and Ray share machine-wide resources
-# and take turns (tests/conftest.py: ONE_AT_A_TIME, a lock).
+# keep CI's two cores busy. The modules of the namespace hosts, the Slurm cluster and Ray share machine-wide resources:
+# they are one unit, run by one worker in turn (tests/conftest.py: HostsTogether), and a lock keeps a second suite on
+# this machine off them too.
 # One worker: bash scripts/test.sh -n 0. The extended tier: bash scripts/test.sh -m extended (pyproject.toml's
 # addopts leaves it out otherwise).
 # A short base for the tests' folders: a worker's own (popen-gwN/) would make vLLM's IPC socket paths, made in the
 # test's folder, longer than a Unix socket's 107 bytes.
 base=$(mktemp -d /tmp/gl.XXXXXX)
-exec .venv/bin/python -m pytest tests -n 2 --dist loadscope --basetemp "$base" "$@"
+# --no-loadscope-reorder: the modules in the order tests/conftest.py gives them (the longest first), not by their
+# number of tests.
+exec .venv/bin/python -m pytest tests -n 2 --dist loadscope --no-loadscope-reorder --basetemp "$base" "$@"

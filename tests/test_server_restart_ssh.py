@@ -134,6 +134,9 @@ def test_stopping_a_lost_server_leaves_the_trainer_on_its_host_and_its_replaceme
         sup.stop_children([server])
         assert server.proc.poll() is not None and _gone(old)  # the lost server's group, ended on its host
         again = sup.start(placed("vllm", Role.VLLM))
+        deadline = time.monotonic() + 30  # its ssh session and shim start: seconds on a loaded machine
+        while again.remote_pgid is None and again.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         time.sleep(4)  # the old session's guard looks once a second, then sweeps within its grace (2 s)
         assert again.proc.poll() is None and trainer.proc.poll() is None, (again.tail(), trainer.tail())
         assert again.remote_pgid and not _gone(again.remote_pgid) and not _gone(trainer.remote_pgid)
