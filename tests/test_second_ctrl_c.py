@@ -64,7 +64,8 @@ def test_a_second_ctrl_c_during_the_write_says_what_it_costs_before_and_after(tm
                       r"trained again", rest)  # fmt: skip
     assert aside, out[-3000:]
     output = run / "output"
-    assert not (output / f"checkpoint-{step}").exists() and (output / aside[1] / "model.safetensors").is_file()
+    # set aside, whatever of it was written when the second Ctrl-C came (on a loaded machine: before the weights)
+    assert not (output / f"checkpoint-{step}").exists() and (output / aside[1]).is_dir()
     (attempt,) = [json.loads(x) for x in (run / "control" / "attempts.jsonl").read_text().splitlines()]
     assert attempt["state"] == "interrupted" and f"steps 1–{step} will be trained again" in attempt["message"]
     assert not (run / "control" / "saving-checkpoint").exists()
