@@ -68,6 +68,13 @@ def test_its_submit_verb_plans_and_prints_its_submission(site, tmp_path):
     assert "qwen1.5b.yaml on 2 × 8 × H100-80GB" in done.stdout
     # The batch is the user's: the job's run is pinned to the one planned here, as sbatch's is.
     assert "per_device_train_batch_size=1" in done.stdout and "gradient_accumulation_steps=8" in done.stdout
+    # Without --dry-run its Submitter (BaseSubmitter's finish) writes the submission and the command's record
+    # into the run directory, then submits: the toy scheduler refuses, and that error is the command's.
+    run = tmp_path / "s"
+    sent = cli(site, "toy-submit", QWEN, "--toy-nodes", "2", "--run-dir", str(run))
+    assert sent.returncode == 2 and "the toy scheduler takes no jobs" in sent.stderr, sent.stderr
+    assert (run / "toy-job.sh").read_text().startswith("#!/bin/sh\n# toy job: 2 machines\n")
+    assert '"verb": "toy-submit"' in (run / "invocation.json").read_text()
 
 
 def test_its_flags_and_problems_are_its_own(site):
@@ -109,3 +116,17 @@ def test_a_broken_or_clashing_registration_is_named(tmp_path):
         (info / "entry_points.txt").write_text(f"[grpo_launch.backends]\n{name} = {target}\n")
         done = cli(site, "plan", QWEN, "--no-such-flag", "x", "--no-write")
         assert done.returncode == 2 and said in done.stderr, done.stderr
+    # A submit verb of grpo-launch's own cannot be taken either.
+    site = tmp_path / "clash"
+    info = site / "clash-0.dist-info"
+    info.mkdir(parents=True)
+    (site / "clash_backend.py").write_text(
+        "from grpo_launch.backends.base import BaseBackend\n"
+        "class Clash(BaseBackend):\n    name = 'clash'\n    submit_verb = 'sbatch'\n"
+        "    detect = create = probe = classmethod(lambda cls, *a: None)\n"
+    )
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: clash\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[grpo_launch.backends]\nclash = clash_backend:Clash\n")
+    done = cli(site, "plan", QWEN, "--no-such-flag", "x", "--no-write")
+    said = "its submit_verb 'sbatch' is a verb of grpo-launch's own"
+    assert done.returncode == 2 and said in done.stderr, done.stderr

@@ -9,16 +9,18 @@ import typing
 
 import pytest
 
-from grpo_launch.backends import REGISTRY, SUBMITTERS, load, load_submitter, select
+from grpo_launch.backends import REGISTRY, SUBMIT_VERBS, load, load_submitter, select
 from grpo_launch.backends.base import BackendOptions, BaseBackend
-from grpo_launch.backends.submission import Submitter
+from grpo_launch.backends.submission import BaseSubmitter
 
-CLASSES = [("backend", name, load) for name in REGISTRY] + [("submitter", name, load_submitter) for name in SUBMITTERS]
+CLASSES = [("backend", name, load) for name in REGISTRY] + [
+    ("submitter", verb, load_submitter) for verb in SUBMIT_VERBS
+]
 
 
 def _typed_by(cls: type) -> type:
-    """The options class ``cls`` is generic over: X in ``class C(BaseBackend[X])`` / ``Submitter[X]``."""
-    (base,) = [b for b in getattr(cls, "__orig_bases__", ()) if typing.get_origin(b) in (BaseBackend, Submitter)]
+    """The options class ``cls`` is generic over: X in ``class C(BaseBackend[X])`` / ``BaseSubmitter[X]``."""
+    (base,) = [b for b in getattr(cls, "__orig_bases__", ()) if typing.get_origin(b) in (BaseBackend, BaseSubmitter)]
     (options,) = typing.get_args(base)
     return options
 

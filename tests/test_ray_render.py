@@ -227,3 +227,60 @@ def test_a_ray_cpu_node_shows_the_cpus_it_was_started_with():
     assert row["CPUs"] == "2"
     recipe = build_recipe({"model_name_or_path": "Qwen/Qwen2.5-0.5B-Instruct", "use_cpu": True}, [])
     assert [h.processes for h in cpu_train_hosts(topology, recipe, Trace())] == [1, 1]  # one process per node
+
+
+def test_a_submission_refused_for_a_head_agent_not_yet_up_is_sent_again(tmp_path):
+    """Ray's own job SDK submits to a stand-in for a head's job server: a real head refuses jobs only in the seconds
+    between ``ray start --head`` returning and its dashboard agent registering, which a test cannot hold open. The
+    stand-in answers its version as a head does and refuses the first two submissions as JobHead.submit_job does then
+    (HTTP 500, Ray 2.60's text): the third is accepted, once. A refusal of another kind is not sent again."""
+    import http.server
+    import json
+    import threading
+
+    from grpo_launch.backends.ray.submit import RayJob, RaySubmitter, entrypoint_of
+    from grpo_launch.backends.submission import Submission
+
+    posts: list[dict] = []
+
+    class JobServer(http.server.BaseHTTPRequestHandler):
+        refuse_with = "No available agent to submit job, please try again later."
+
+        def do_GET(self):
+            self._answer(200, json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}))
+
+        def do_POST(self):
+            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            if len(posts) <= 2:
+                self._answer(500, self.refuse_with)
+            else:
+                self._answer(200, json.dumps({"job_id": "raysubmit_1", "submission_id": posts[-1]["submission_id"]}))
+
+        def _answer(self, code: int, text: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text.encode())
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), JobServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    said: list[str] = []
+    try:
+        submitter = RaySubmitter()
+        submitter.job = RayJob(
+            f"http://127.0.0.1:{server.server_port}", "grpo-x", entrypoint_of("/r/ray-job.sh"), {}, {}
+        )
+        ctx = RunContext(sys.executable, str(tmp_path), {}, said.append)
+        assert submitter.submit(Submission("", "/r/ray-job.sh"), ctx) == "grpo-x"
+        assert len(posts) == 3 and {p["submission_id"] for p in posts} == {"grpo-x"}
+        assert len([line for line in said if "job agent is not up yet" in line]) == 2
+        posts.clear()
+        JobServer.refuse_with = "Traceback: ValueError: bad runtime_env"
+        with pytest.raises(LaunchError, match="bad runtime_env"):
+            submitter.submit(Submission("", "/r/ray-job.sh"), ctx)
+        assert len(posts) == 1
+    finally:
+        server.shutdown()

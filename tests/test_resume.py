@@ -403,15 +403,15 @@ def test_status_of_a_run_without_a_record_says_what_its_command_lacks(tmp_path, 
 def test_sbatch_records_its_command_and_the_jobs_own_run_keeps_it(tmp_path, capsys):
     """What ``sbatch`` writes before it submits (the submission itself needs a Slurm cluster: tests/
     test_slurm_cluster.py), and the job's ``run --slurm`` inside the allocation, which keeps that record."""
-    from grpo_launch.cli.sbatch import _cpu_nodes
-    from grpo_launch.cli.submitting import plan_submission, write_submission
+    from grpo_launch.backends.submission import write_submission
+    from grpo_launch.cli.submitting import plan_submission
 
     run = tmp_path / "run"
     overrides = [*tiny_overrides(tmp_path), "max_steps=6"]
     args = parse(["sbatch", TINY_RECIPE, *overrides, "--nodes", "1", "--time", "01:00:00", "--max-restarts", "2",
                   "--run-dir", str(run), "--", "--qos=high"])  # fmt: skip
-    planned = plan_submission(args, ctx(), "slurm", _cpu_nodes)
-    write_submission(planned, "job.sbatch", ctx())
+    planned = plan_submission(args, ctx(), "sbatch")
+    write_submission(planned, ctx())
     record = read_invocation(run / "invocation.json")
     assert record is not None
     assert (record.verb, record.backend, record.extra_args) == ("sbatch", "slurm", ("--qos=high",))

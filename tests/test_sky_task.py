@@ -204,6 +204,15 @@ def test_bad_node_counts_and_missing_gpus_are_refused(tmp_path, capsys, monkeypa
         assert said in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
+    # a dry run launches nothing; SkyPilot's own options are the task's: nothing passes after `--`
+    for args, said in [
+        (("--accelerators", "H100:8", "--launch", "--dry-run"), "--launch and --dry-run together"),
+        (("--accelerators", "H100:8", "--", "--use-spot"), "sky takes no arguments after `--` (given: --use-spot"),
+    ]:
+        assert main(["sky", QWEN, *args, "--run-dir", str(tmp_path / "r")], environ={}) == 2
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
 
 def test_a_plan_that_cannot_run_is_refused_before_writing(tmp_path, capsys, monkeypatch):
     """Plan first, as sbatch does: a 70B model on one L4 per node does not fit."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_launch.backends.base import Backend, BackendOptions
 from grpo_launch.backends.options import OPTIONS
 from grpo_launch.errors import ConfigError
+from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
     from grpo_launch.backends.submission import Submitter
@@ -31,7 +32,8 @@ __all__ = [
     "names",
     "option_classes",
     "select",
-    "submitters",
+    "submit_verb",
+    "submit_verbs",
 ]
 
 # name → "module:class". Detection order: the first whose detect() answers yes wins (the built-in ones, then those of
@@ -42,11 +44,40 @@ REGISTRY: dict[str, str] = {
     "slurm": "grpo_launch.backends.slurm:SlurmBackend",
     "local": "grpo_launch.backends.local:LocalBackend",
 }
-# The built-in submitters, by the name their verb passes (grpo_launch.cli.sbatch, ray_submit, sky).
-SUBMITTERS: dict[str, str] = {
-    "slurm": "grpo_launch.backends.slurm.submit:SlurmSubmitter",
-    "ray": "grpo_launch.backends.ray.submit:RaySubmitter",
-    "skypilot": "grpo_launch.backends.skypilot:SkyPilotSubmitter",
+
+
+@frozen
+class SubmitVerb:
+    """A verb that hands runs to a batch system (``grpo-launch sbatch``): its Submitter, the name the run's record
+    gives it, the backend its job's own ``grpo-launch run`` uses (that run keeps the verb's record, so resuming the
+    run submits it again) and its line in ``grpo-launch --help``."""
+
+    submitter: str  # "module:Class"; another package's: the backend whose Submitter it is
+    recorded_as: str
+    job_backend: str
+    help: str
+
+
+# The built-in submit verbs, in `grpo-launch --help`'s order.
+SUBMIT_VERBS: dict[str, SubmitVerb] = {
+    "sbatch": SubmitVerb(
+        "grpo_launch.backends.slurm.submit:SlurmSubmitter",
+        "slurm",
+        "slurm",
+        "plan for a Slurm allocation, write the batch script into the run dir and submit it",
+    ),
+    "ray-submit": SubmitVerb(
+        "grpo_launch.backends.ray.submit:RaySubmitter",
+        "ray",
+        "ray",
+        "plan on a Ray cluster and submit the run as a Ray job (ray job submit)",
+    ),
+    "sky": SubmitVerb(
+        "grpo_launch.backends.skypilot:SkyPilotSubmitter",
+        "skypilot",
+        "ray",  # the task's run section starts a Ray cluster and runs `grpo-launch run --ray` on it
+        "plan for a SkyPilot cluster, write the task YAML into the run dir; --launch runs sky launch",
+    ),
 }
 # Other packages' backends: ``[project.entry-points."grpo_launch.backends"] NAME = "module:Class"``.
 ENTRY_POINT_GROUP = "grpo_launch.backends"
@@ -91,6 +122,9 @@ def _not_a_backend(cls: object, name: str) -> list[str]:
     options = getattr(cls, "Options", None)
     if not (isinstance(options, type) and issubclass(options, BackendOptions)):
         out.append("its Options is not a class derived from grpo_launch.backends.base.BackendOptions")
+    verb = getattr(cls, "submit_verb", None)
+    if verb in SUBMIT_VERBS:
+        out.append(f"its submit_verb {verb!r} is a verb of grpo-launch's own")
     missing = [m for m in ("detect", "create", "probe", "place", "preflight") if not callable(getattr(cls, m, None))]
     if missing:
         out.append(f"it has no {', '.join(missing)} (derive it from grpo_launch.backends.base.BaseBackend)")
@@ -123,34 +157,48 @@ def load(name: str) -> type[Backend[Any]]:
     return found[name]
 
 
-def load_submitter(name: str) -> type[Submitter[Any]]:
-    """A submitter by the name its verb passes: a built-in one, else the one another package's backend of that
-    name declares (its ``Submitter``)."""
-    if name in SUBMITTERS:
-        return _import(SUBMITTERS[name])
-    submitter = getattr(load(name), "Submitter", None)
-    if submitter is None:
-        raise ConfigError(f"the backend {name!r} submits nothing (its class names no Submitter)")
+def load_submitter(verb: str) -> type[Submitter[Any]]:
+    """The submitter of a submit verb: a built-in one, else the ``Submitter`` of the backend from another package
+    whose ``submit_verb`` it is."""
+    entry = submit_verb(verb)
+    if entry is None:
+        raise ConfigError(f"no submit verb {verb!r}: grpo-launch has {', '.join(SUBMIT_VERBS)}")
+    if verb in SUBMIT_VERBS:
+        return _import(entry.submitter)
+    submitter = getattr(load(entry.submitter), "Submitter", None)
+    members = ("Options", "description", "run_dir_help", "passes_args", "adjusted", "requested_topology", "request")
+    lacks = [m for m in (*members, "finish", "submit", "submitted") if not hasattr(submitter, m)]
+    if not isinstance(submitter, type) or lacks:
+        raise ConfigError(
+            f"the backend {entry.submitter!r} has the verb {verb!r}, but its Submitter is not a class derived from "
+            f"grpo_launch.backends.submission.BaseSubmitter (it has no {', '.join(lacks) or 'class'})",
+            hint=_REINSTALL,
+        )
     return submitter
 
 
-def submitters() -> dict[str, str]:
-    """Other packages' submit verbs: verb → the backend whose Submitter it runs (looked for now)."""
-    verbs = {name: getattr(cls, "submit_verb", None) for name, cls in discover().items()}
-    return {verb: name for name, verb in verbs.items() if isinstance(verb, str)}
+def submit_verbs(*, theirs: bool = False) -> dict[str, SubmitVerb]:
+    """The submit verbs by name: the built-in ones; ``theirs``: other packages' too (looked for now)."""
+    found = {name: getattr(cls, "submit_verb", None) for name, cls in discover().items()} if theirs else {}
+    return SUBMIT_VERBS | {
+        verb: SubmitVerb(name, name, name, f"plan for the {name} backend's machines and submit the run to them")
+        for name, verb in found.items()
+        if isinstance(verb, str)
+    }
 
 
-# The built-in submit verbs → the backend their job's own `grpo-launch run` uses (that run keeps the verb's record, so
-# resuming the run submits it again).
-_JOB_BACKENDS = {"sbatch": "slurm", "ray-submit": "ray", "sky": "ray"}
+def submit_verb(verb: str) -> SubmitVerb | None:
+    """The submit verb of that name: a built-in one, else another package's (looked for only then); None when no
+    verb of that name submits."""
+    if verb in SUBMIT_VERBS:
+        return SUBMIT_VERBS[verb]
+    return None if verb == "run" else submit_verbs(theirs=True).get(verb)
 
 
 def job_backend(verb: str) -> str | None:
-    """The backend a job submitted by ``verb`` runs on, or None when ``verb`` submits nothing (another package's
-    verb is looked for only when it is not a built-in one)."""
-    if verb in _JOB_BACKENDS or verb == "run":
-        return _JOB_BACKENDS.get(verb)
-    return submitters().get(verb)
+    """The backend a job submitted by ``verb`` runs on, or None when ``verb`` submits nothing."""
+    entry = submit_verb(verb)
+    return entry.job_backend if entry else None
 
 
 def option_classes() -> dict[str, type[BackendOptions]]:

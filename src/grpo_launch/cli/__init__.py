@@ -12,11 +12,11 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from grpo_launch import __version__
-from grpo_launch.backends import discover, submitters
+from grpo_launch.backends import SUBMIT_VERBS, discover, submit_verbs
 from grpo_launch.cli.common import EPILOG, VERB_HELP, examples
 from grpo_launch.cli.console import Console, drop, terminal_columns
 from grpo_launch.enums import RunState
@@ -24,8 +24,14 @@ from grpo_launch.errors import GrpoLaunchError, did_you_mean
 from grpo_launch.rundir.shown_text import printable
 from grpo_launch.spec import RunContext, RunResult
 
-VERBS = tuple(VERB_HELP)
-SUBMIT_VERBS = ("sbatch", "ray-submit")  # their own arguments after "--" go to the batch system unchanged
+_AFTER = tuple(VERB_HELP).index("inspect") + 1
+# Every verb and its line in `grpo-launch --help`: grpo-launch's own, the backends' submit verbs after inspect.
+VERB_LINES = {
+    **dict(list(VERB_HELP.items())[:_AFTER]),
+    **{verb: entry.help for verb, entry in SUBMIT_VERBS.items()},
+    **dict(list(VERB_HELP.items())[_AFTER:]),
+}
+VERBS = tuple(VERB_LINES)
 VALUE_OPTIONS = ("--gpus", "--hostfile", "--run-dir", "--nodes", "--gpus-per-node")
 
 
@@ -47,11 +53,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def _verb(name: str) -> Any:
-    """A verb's module, ``register(sub, formatter, epilog)`` and ``command(args, ctx)``; another package's backend's
-    submit verb: a :class:`~grpo_launch.cli.submit_verb.SubmitVerb`, which has the same two."""
-    ours = name in VERBS
-    module = importlib.import_module(f"grpo_launch.cli.{(name if ours else 'submit_verb').replace('-', '_')}")
-    return module if ours else module.SubmitVerb(name, submitters()[name])
+    """A verb's module, ``register(sub, formatter, epilog)`` and ``command(args, ctx)``; a backend's submit verb: a
+    :class:`~grpo_launch.cli.submit_verb.SubmitCommand`, which has the same two."""
+    ours = name in VERB_HELP
+    module = importlib.import_module(f"grpo_launch.cli.{name if ours else 'submit_verb'}")
+    return module if ours else module.SubmitCommand(name)
 
 
 def _unknown_word(argv: Sequence[str]) -> str | None:
@@ -63,7 +69,7 @@ def _unknown_word(argv: Sequence[str]) -> str | None:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``only``, just that verb's subparser (the others' modules are then not imported), else every
-    verb by its line of :data:`VERB_HELP` (``--help``, ``--version``: no verb's module is imported)."""
+    verb by its line of :data:`VERB_LINES` (``--help``, ``--version``: no verb's module is imported)."""
     parser = Parser(
         prog="grpo-launch",
         description="Plan and launch GRPO training with TRL: split GPUs between vLLM and trainers, choose a batch "
@@ -75,22 +81,22 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}", parser_class=Parser)
     if only is None:
         for name in VERBS:
-            sub.add_parser(name, help=VERB_HELP[name])
+            sub.add_parser(name, help=VERB_LINES[name])
     else:
         _verb(only).register(sub, HelpFormatter, examples(only))  # a verb's help shows its own examples
     return parser
 
 
-def _their_verbs(argv: Sequence[str]) -> dict[str, str]:
-    """Other packages' submit verbs (verb → backend), looked for only when the first word is not a built-in verb
-    or a file: only then, or for a flag no built-in backend knows (:func:`parse`), are the installed packages' entry
-    points read (grpo_launch.backends: that costs about as much as a plan)."""
+def _their_verbs(argv: Sequence[str]) -> set[str]:
+    """Other packages' submit verbs, looked for only when the first word is not a built-in verb or a file: only
+    then, or for a flag no built-in backend knows (:func:`parse`), are the installed packages' entry points read
+    (grpo_launch.backends: that costs about as much as a plan)."""
     if _unknown_word(argv) is None:
-        return {}
-    return submitters()
+        return set()
+    return set(submit_verbs(theirs=True)) - set(SUBMIT_VERBS)
 
 
-def _normalise_argv(argv: Sequence[str], theirs: Mapping[str, str] | None = None) -> list[str]:
+def _normalise_argv(argv: Sequence[str], theirs: Set[str] = frozenset()) -> list[str]:
     """``grpo-launch RECIPE …`` means ``grpo-launch run RECIPE …``; ``theirs``: other packages' verbs."""
     # A value that starts with "-" (``--gpus -1xH100``) would be read as an option: keep it with its flag, so the
     # spec's own check explains what is wrong.
@@ -105,7 +111,7 @@ def _normalise_argv(argv: Sequence[str], theirs: Mapping[str, str] | None = None
     for i, a in enumerate(args):
         if a == "--debug":
             continue
-        if a in VERBS or a in (theirs or {}) or a.startswith("-"):
+        if a in VERBS or a in theirs or a.startswith("-"):
             return args
         return [*args[:i], "run", *args[i:]]
     return args
@@ -120,6 +126,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     known = verb in VERBS or verb in theirs
     extra: list[str] = []
     if normalised and (normalised[0] in SUBMIT_VERBS or normalised[0] in theirs) and "--" in normalised:
+        # a submit verb's own arguments after "--" go to its batch system unchanged
         cut = normalised.index("--")
         normalised, extra = normalised[:cut], normalised[cut + 1 :]
     parser = build_parser(verb if known else None)

@@ -46,15 +46,13 @@ examples:
   grpo-launch calibrate recipes/qwen1.5b.yaml --random-weights  measure this GPU (or CPU) in minutes; plan uses it
 """
 
-# Each verb, in `grpo-launch --help`'s order, and its line there: the list needs none of the verbs' modules.
+# Each verb of grpo-launch's own (a module of cli/), in `grpo-launch --help`'s order, and its line there: the list
+# needs none of the verbs' modules. The backends' submit verbs (grpo_launch.backends.SUBMIT_VERBS) follow inspect.
 VERB_HELP = {
     "run": "plan, write configs, start the vLLM server and trainers (the default verb)",
     "plan": "print the plan and write the configs; start nothing",
     "calibrate": "measure this machine's GPU (or CPU) for a recipe's model in minutes; plan then uses it",
     "inspect": "show the GPUs / hosts grpo-launch sees",
-    "sbatch": "plan for a Slurm allocation, write the batch script into the run dir and submit it",
-    "ray-submit": "plan on a Ray cluster and submit the run as a Ray job (ray job submit)",
-    "sky": "plan for a SkyPilot cluster, write the task YAML into the run dir; --launch runs sky launch",
     "status": "show a run's state, step, ETA and last metrics",
     "report": "write a run's report: HTML with plots of reward, lengths, step time and memory",
     "resume": "continue a run: run again the command that started it (recorded in RUN_DIR/invocation.json)",

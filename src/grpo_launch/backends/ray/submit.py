@@ -19,6 +19,7 @@ Ray itself finds (RAY_AUTH_MODE=token with RAY_AUTH_TOKEN_PATH or ~/.ray/auth_to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -31,13 +32,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from grpo_launch import __version__
 from grpo_launch.backends.base import BackendOptions, option
 from grpo_launch.backends.ray.cluster import connect, probe_cluster, split_address
-from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
-from grpo_launch.errors import LaunchError, install_hint
+from grpo_launch.backends.submission import BaseSubmitter, Planned, Submission, SubmitJob
+from grpo_launch.errors import ConfigError, LaunchError, install_hint
 from grpo_launch.machines.topology import Topology, parse_gpu_spec
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
     from grpo_launch.planning.plan_types import Plan
+    from grpo_launch.recipe import Recipe
     from grpo_launch.spec import RunContext
 
 # Ray's dashboard port, where the job server listens (`ray start --head --dashboard-port`, default 8265:
@@ -46,6 +48,13 @@ DASHBOARD_PORT = 8265
 TOKEN_ENV = "RAY_AUTH_TOKEN"  # Ray's own name for the cluster's token (ray/_private/authentication)
 # Options of `ray job submit` that grpo-launch sets itself: after `--` they would contradict the submission.
 OWN_OPTIONS = ("address", "job_id", "submission_id")
+# A head just started (`ray start --head` returns before its dashboard agent registers) waits 10 s for the agent
+# (WAIT_AVAILABLE_AGENT_TIMEOUT, dashboard/consts.py), then refuses the job with HTTP 500 "No available agent to
+# submit job, please try again later." (JobHead.submit_job, dashboard/modules/job/job_head.py; the traceback of "Failed
+# to get head node agent" where asyncio's TimeoutError is not the builtin one) and creates none. The same submission
+# is sent again, for this long in all.
+AGENT_NOT_READY = ("No available agent to submit job", "Failed to get head node agent")
+AGENT_WAIT_S = 120.0
 
 
 @frozen
@@ -163,13 +172,35 @@ def auth_headers(environ: Mapping[str, str], headers: Mapping[str, str] | None) 
     return out
 
 
-class RaySubmitter(Submitter[RaySubmitOptions]):
+class RaySubmitter(BaseSubmitter[RaySubmitOptions]):
     """``grpo-launch ray-submit``: plan on the live cluster, write RUN_DIR/ray-job.sh, submit it as the job."""
 
     Options: ClassVar[type[BackendOptions]] = RaySubmitOptions
+    description: ClassVar[str] = (
+        "Plan on the Ray cluster at --ray (each node probed in a task pinned to it), write RUN_DIR/ray-job.sh and "
+        "submit it as a Ray job through Ray's job SDK: the job runs that file by path (its command line is parsed "
+        "once), and RAY_AUTH_TOKEN, when set here, is sent to a cluster with token authentication. The job's driver "
+        "runs `grpo-launch run` on the head node: it reserves each host's GPUs in a placement group, runs the "
+        "processes in actors on their planned nodes, supervises and tears down as `run --ray` does. The run "
+        "directory, the Python environment and the recipe's paths must be the same on every node (a shared file "
+        "system). Arguments after `--` are `ray job submit`'s options (--runtime-env-json, --entrypoint-num-cpus, …), "
+        "read by Ray's own parser."
+    )
+    run_dir_help: ClassVar[str] = "run directory on a file system all nodes share"
 
     def __init__(self) -> None:
         self.job: RayJob | None = None  # set by request(), sent by submit()
+
+    @classmethod
+    def adjusted(cls, options: RaySubmitOptions, recipe: Recipe, ctx: RunContext, *, dry_run: bool) -> RaySubmitOptions:
+        if options.gpus and not dry_run:
+            raise ConfigError(
+                "ray-submit --gpus plans without a cluster: it is for --dry-run",
+                hint="Submit with --ray HOST:PORT (the live cluster is probed and planned on).",
+            )
+        if not options.address and ctx.environ.get("RAY_ADDRESS"):
+            return dataclasses.replace(options, address=ctx.environ["RAY_ADDRESS"])
+        return options
 
     @classmethod
     def requested_topology(cls, options: RaySubmitOptions, local: Topology) -> Topology:
@@ -203,18 +234,36 @@ class RaySubmitter(Submitter[RaySubmitOptions]):
             raise LaunchError("Ray's job SDK is not installed here", hint=install_hint("ray")) from None
         client = dict(job.client)
         client["headers"] = auth_headers(ctx.environ, client.get("headers"))
-        try:
-            sdk = JobSubmissionClient(job.dashboard, **client)
-            return sdk.submit_job(entrypoint=job.entrypoint, submission_id=job.submission_id, **job.submit)
-        except Exception as exc:  # requests', Ray's and the server's errors: one message for all
-            said = f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
-            auth = "auth" in said.lower() or " 401" in said or " 403" in said
-            raise LaunchError(
-                f"submitting the Ray job to {job.dashboard} failed: {said}",
-                hint=f"The cluster wants its token: export {TOKEN_ENV} (the value the cluster's `ray start` had)."
-                if auth
-                else "Is the dashboard (job server) reachable? See --ray-dashboard.",
-            ) from None
+        deadline = time.monotonic() + AGENT_WAIT_S
+        while True:
+            try:
+                sdk = JobSubmissionClient(job.dashboard, **client)
+                return sdk.submit_job(entrypoint=job.entrypoint, submission_id=job.submission_id, **job.submit)
+            except Exception as exc:  # requests', Ray's and the server's errors: one message for all
+                said = f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
+            if not any(text in said for text in AGENT_NOT_READY) or time.monotonic() >= deadline:
+                break
+            ctx.emit("[grpo-launch] the head's job agent is not up yet (a head just started): submitting again")
+            time.sleep(1.0)
+        auth = "auth" in said.lower() or " 401" in said or " 403" in said
+        raise LaunchError(
+            f"submitting the Ray job to {job.dashboard} failed: {said}",
+            hint=f"The cluster wants its token: export {TOKEN_ENV} (the value the cluster's `ray start` had)."
+            if auth
+            else "Is the dashboard (job server) reachable? See --ray-dashboard.",
+        )
+
+    def submitted(self, job_id: str, planned: Planned) -> list[str]:
+        plan = planned.plan
+        dashboard = dashboard_of(planned.options, planned.options.address)
+        follow = shlex.join(["ray", "job", "logs", "-f", job_id, "--address", dashboard])
+        status = shlex.join(["grpo-launch", "status", plan.run_dir])
+        return [
+            f"submitted Ray job {job_id} (plan {plan.topology.describe()})",
+            f"  follow:  {follow}",
+            f"  logs:    {shlex.quote(str(plan.paths.logs))}/ per process   status: {status}",
+            f"  stop:    {shlex.join(['ray', 'job', 'stop', job_id, '--address', dashboard])}",
+        ]
 
 
 def _comment(text: str) -> str:

@@ -4,6 +4,7 @@ never imported: ``--launch`` runs its CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import secrets
@@ -23,16 +24,19 @@ from grpo_launch.backends.skypilot.task import (
     declared_secrets,
     render_task,
 )
-from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
+from grpo_launch.backends.submission import BaseSubmitter, Planned, Submission, SubmitJob
 from grpo_launch.enums import VllmMode
 from grpo_launch.errors import ConfigError, LaunchError, install_hint
 from grpo_launch.machines.gpus import GIB
 from grpo_launch.machines.topology import MAX_NODES, Gpu, Host, Topology
+from grpo_launch.rundir.files import write_run_files
+from grpo_launch.rundir.invocation import write_invocation
 from grpo_launch.rundir.shown_text import command_line
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
     from grpo_launch.planning.plan_types import Plan
+    from grpo_launch.recipe import Recipe
     from grpo_launch.spec import RunContext
 
 INSTALL_HINT = install_hint("sky") + "; and configure a cloud (sky check)"
@@ -55,6 +59,9 @@ class SkyOptions(BackendOptions):
     # SkyPilot's default disk: DEFAULT_DISK_SIZE_GB = 256 in sky/resources.py (0.14.1).
     disk_size: int | None = option(
         "--disk-size", "disk per node in GB (default: SkyPilot's, 256)", type=int, metavar="GB"
+    )
+    launch: bool = option(
+        "--launch", "write the task and run sky launch -c CLUSTER on it", default=False, action="store_true"
     )
     down: bool = option(
         "--down",
@@ -99,15 +106,45 @@ def default_cluster_name(recipe_path: str) -> str:
     return f"grpo-{stem or 'run'}"[:60].rstrip("-")
 
 
-class SkyPilotSubmitter(Submitter[SkyOptions]):
+class SkyPilotSubmitter(BaseSubmitter[SkyOptions]):
     """``grpo-launch sky``: plan for --nodes × --accelerators, write RUN_DIR/sky-task.yaml, ``sky launch`` it."""
 
     Options: ClassVar[type[BackendOptions]] = SkyOptions
+    description: ClassVar[str] = (
+        "Plan for N nodes × the GPUs --accelerators names and write a SkyPilot task (RUN_DIR/sky-task.yaml); "
+        "--launch runs `sky launch` on it, --dry-run prints it. SkyPilot copies this directory (the workdir) to every "
+        "node; setup installs grpo-launch with its extras; the run section starts a Ray cluster of its own on port "
+        "6379 (SkyPilot's is 6380): node 0 is the head and, once every node has joined, runs `grpo-launch run --ray`, "
+        "whose exit code is the task's. Secrets are declared by name only and passed from this environment with sky "
+        "launch --secret: HF_TOKEN, HUGGING_FACE_HUB_TOKEN and WANDB_API_KEY where set here (WANDB_API_KEY always "
+        "when report_to names wandb), the recipe's launch.pass_env names, and RAY_AUTH_TOKEN, the task's Ray "
+        "cluster's token (--launch draws one when it is not exported). Needs the sky extra (pip install '.[sky]' in "
+        "grpo-launch's checkout) and a cloud SkyPilot can use (sky check). --managed writes a managed job (sky jobs "
+        "launch): SkyPilot relaunches it after a preemption and it resumes from its run directory, which --bucket or "
+        "--volume keeps off the nodes."
+    )
+    run_dir_help: ClassVar[str] = "run directory on the nodes; a relative one is in the copy of this directory"
+    passes_args: ClassVar[bool] = False  # SkyPilot's own options are the task's, written by this backend
 
     def __init__(self) -> None:
         # what request() decided, for submit()
         self.cluster, self.down, self.managed = "", False, False
         self.secrets: tuple[str, ...] = ()
+
+    @classmethod
+    def adjusted(cls, options: SkyOptions, recipe: Recipe, ctx: RunContext, *, dry_run: bool) -> SkyOptions:
+        """CPU nodes for a use_cpu recipe; else the GPUs must be named."""
+        if options.launch and dry_run:
+            raise ConfigError("--launch and --dry-run together: a dry run launches nothing", hint="Choose one.")
+        if options.accelerators is None and recipe.values.get("use_cpu") is not True:
+            raise ConfigError(
+                "which GPUs? --accelerators is missing, and the recipe does not ask for CPU (use_cpu: true)",
+                hint="e.g. grpo-launch sky RECIPE --accelerators H100:8 --nodes 2 (`sky show-gpus` lists the names)",
+            )
+        if options.accelerators is not None and recipe.values.get("use_cpu") is True:
+            ctx.emit("notice: the recipe sets use_cpu: true, so the task asks for CPU nodes (--accelerators ignored)")
+            return dataclasses.replace(options, accelerators=None)
+        return options
 
     @classmethod
     def requested_topology(cls, options: SkyOptions, local: Topology) -> Topology:
@@ -185,6 +222,42 @@ class SkyPilotSubmitter(Submitter[SkyOptions]):
             argv = [sky, "launch", "-c", self.cluster, submission.path, "--yes"]
         argv += [a for s in declared_secrets(self.secrets) for a in ("--secret", s)]
         return [*argv, "--down"] if self.down else argv
+
+    def finish(self, planned: Planned, ctx: RunContext) -> None:
+        """Write the task; with --launch, launch it (and record the command: ``grpo-launch resume`` launches it
+        again), else say how to. SkyPilot copies the working directory: the job plans and writes its run's files
+        there."""
+        submission, plan, launching = planned.submission, planned.plan, planned.options.launch
+        if launching:
+            self.launch_argv(submission, ctx)  # refuse before writing: no sky command, or a secret not set
+        for line in planned.summary:
+            ctx.emit(line)
+        write_run_files(plan.run_dir, {os.path.basename(submission.path): submission.text})
+        ctx.emit(f"wrote {submission.path}: {submission.summary}")
+        if not launching:
+            verb = ["sky", "jobs", "launch", "-n"] if self.managed else ["sky", "launch", "-c"]
+            secrets = (a for s in self.secrets for a in ("--secret", s))
+            launch = command_line([*verb, self.cluster, submission.path, *secrets])
+            ctx.emit(f"  launch:  {launch}   (or grpo-launch sky … --launch)")
+            return
+        write_invocation(planned.invocation)
+        cluster = self.submit(submission, ctx)
+        for line in self.submitted(cluster, planned):
+            ctx.emit(line)
+
+    def submitted(self, job_id: str, planned: Planned) -> list[str]:
+        if self.managed:
+            follow, stop = (command_line(["sky", "jobs", verb, "-n", job_id]) for verb in ("logs", "cancel"))
+            return [
+                f"launched the SkyPilot managed job {job_id}: after a preemption SkyPilot relaunches it and it "
+                "resumes from its run directory",
+                f"  follow:  {follow}   status: sky jobs queue   stop: {stop}",
+            ]
+        follow, status, down = (command_line(["sky", verb, job_id]) for verb in ("logs", "status", "down"))
+        return [
+            f"launched on SkyPilot cluster {job_id}",
+            f"  follow:  {follow}   status: {status}   stop paying: {down}",
+        ]
 
     def submit(self, submission: Submission, ctx: RunContext) -> str:
         """Run ``sky launch`` (its output goes to this terminal); returns the cluster name."""

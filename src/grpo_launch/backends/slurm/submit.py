@@ -1,22 +1,25 @@
-"""The outside half of the Slurm backend: ``grpo-launch sbatch`` plans for the requested allocation, renders the
-batch script (:mod:`.sbatch`) into the run directory and submits it."""
+"""The outside half of the Slurm backend: ``grpo-launch sbatch RECIPE --nodes N`` plans for the requested allocation,
+renders the batch script (:mod:`.sbatch`) into the run directory and submits it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import TYPE_CHECKING, ClassVar
 
 from grpo_launch.backends.base import BackendOptions, option
 from grpo_launch.backends.slurm.sbatch import SbatchRequest, render_sbatch_script, submit_batch_script
-from grpo_launch.backends.submission import Submission, SubmitJob, Submitter
+from grpo_launch.backends.submission import BaseSubmitter, Planned, Submission, SubmitJob
 from grpo_launch.errors import ConfigError, short
 from grpo_launch.machines.gpus import GIB, find_gpu_spec
 from grpo_launch.machines.topology import MAX_GPUS_PER_NODE, MAX_NODES, Gpu, Host, Topology
 from grpo_launch.rundir.layout import RunPaths
+from grpo_launch.rundir.shown_text import command_line
 from grpo_launch.spec import frozen
 
 if TYPE_CHECKING:
     from grpo_launch.planning.plan_types import Plan
+    from grpo_launch.recipe import Recipe
     from grpo_launch.spec import RunContext
 
 
@@ -37,10 +40,26 @@ class SbatchOptions(BackendOptions):
     job_name: str | None = option("--job-name", "job name (default: grpo-RECIPE)")
 
 
-class SlurmSubmitter(Submitter[SbatchOptions]):
+class SlurmSubmitter(BaseSubmitter[SbatchOptions]):
     """``grpo-launch sbatch``: plan for the requested allocation, write RUN_DIR/job.sbatch, submit it."""
 
     Options: ClassVar[type[BackendOptions]] = SbatchOptions
+    description: ClassVar[str] = (
+        "Plan for N nodes × G GPUs, write RUN_DIR/job.sbatch and submit it. Inside the job grpo-launch plans for the "
+        "real allocation, starts the vLLM server and one trainer step per node with srun, and tears everything down "
+        "on failure, scancel or the time limit. 90 s before the limit (SIGUSR2) the trainers save a checkpoint and "
+        "the job requeues itself; the requeued run resumes from it. A preemption (PreemptMode=REQUEUE) sends SIGTERM "
+        "to the trainers within the partition's GraceTime: they save a checkpoint at the end of the step and the job "
+        "requeues itself the same way (give the partition a GraceTime that covers a step and a save). Arguments "
+        "after `--` go to sbatch unchanged."
+    )
+    run_dir_help: ClassVar[str] = "run directory on a file system all nodes share"
+
+    @classmethod
+    def adjusted(cls, options: SbatchOptions, recipe: Recipe, ctx: RunContext, *, dry_run: bool) -> SbatchOptions:
+        if recipe.values.get("use_cpu") is True and options.gpus_per_node is None:
+            return dataclasses.replace(options, gpus_per_node=0)  # the recipe asks for CPU nodes
+        return options
 
     @classmethod
     def requested_topology(cls, options: SbatchOptions, local: Topology) -> Topology:
@@ -102,3 +121,13 @@ class SlurmSubmitter(Submitter[SbatchOptions]):
 
     def submit(self, submission: Submission, ctx: RunContext) -> str:
         return submit_batch_script(submission.path, cwd=ctx.workdir)
+
+    def submitted(self, job_id: str, planned: Planned) -> list[str]:
+        plan, submission = planned.plan, planned.submission
+        log = f"{plan.run_dir}/slurm-{job_id}.out"
+        return [
+            f"submitted Slurm job {job_id}: {submission.summary}",
+            f"  log:     {log} (and {plan.paths.logs}/ per process)",
+            f"  script:  {submission.path}",
+            f"  follow:  {command_line(['tail', '-f', log])}   cancel: {command_line(['scancel', job_id])}",
+        ]

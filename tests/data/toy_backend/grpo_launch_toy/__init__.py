@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from grpo_launch.backends.base import BackendOptions, BaseBackend, option
-from grpo_launch.backends.submission import Submission, SubmitJob
+from grpo_launch.backends.submission import BaseSubmitter, Submission, SubmitJob
 from grpo_launch.errors import ConfigError
 from grpo_launch.machines.topology import Topology, parse_gpu_spec
 from grpo_launch.spec import ProcessSpec, RunContext, frozen
@@ -44,7 +44,7 @@ class ToySubmitOptions(BackendOptions):
     nodes: int = option("--toy-nodes", "machines to ask the toy scheduler for", default=1, type=int, group="toy")
 
 
-class ToySubmitter:
+class ToySubmitter(BaseSubmitter[ToySubmitOptions]):
     Options: ClassVar[type[BackendOptions]] = ToySubmitOptions
 
     @classmethod
