@@ -314,7 +314,8 @@ def first_step_rows(records: Sequence[MetricRecord], plan: PlanRecord | None) ->
     first sync and generation, as ``status`` reads it) against the plan's forecast, and each phase the run recorded
     against the same phase of the forecast (``first_step_s.PHASE``, where plan.json has its phases; not banded:
     the whole is)."""
-    from grpo_launch.analysis.timeline import critical_path_s, startup_terms
+    from grpo_launch.analysis.timeline import startup_terms
+    from grpo_launch.rundir.startup_phases import critical_path_s
 
     terms = startup_terms(records)
     row = compare(critical_path_s(terms), plan.startup_s if plan else None, BANDS["first_step_s"])

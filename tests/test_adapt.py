@@ -12,7 +12,7 @@ import pytest
 
 from grpo_launch.analysis.stale_weights import FLOOR, GapWatch
 from grpo_launch.analysis.step_means import read_run
-from grpo_launch.analysis.timeline import adaptation_rows, adaptations, critical_path_s, startup_terms
+from grpo_launch.analysis.timeline import adaptation_rows, adaptations, startup_terms
 from grpo_launch.enums import AdaptAction
 from grpo_launch.errors import ConfigError
 from grpo_launch.planning.adapt_terms import MIN_GAIN, warmup_steps, why_not_adaptable
@@ -40,6 +40,7 @@ from grpo_launch.rundir.records import (
     read_attempts,
     read_metrics,
 )
+from grpo_launch.rundir.startup_phases import critical_path_s
 
 from .helpers import ROOT, plan_recipe
 

@@ -161,6 +161,31 @@ def test_the_import_graph_has_no_cycle():
             visit(node)
 
 
+# The longest import chain inside planning/, modules counted (the package's face included): planning → planner →
+# modes → search → batch_advice → split_in_full → estimate → gpu_types → plan_types → cost.* → cost.constants.
+PLANNING_LAYERS = 11
+
+
+def test_planning_import_chains_stay_short():
+    """planning/ is read from its face down: the chain a reader follows from make_plan to the cost constants may not
+    grow. A new module that imports the planner's deepest ones adds a layer on top; a type imported from a decision
+    module (rather than plan_types or cost/) is the usual way one grows."""
+    graph = _graph()
+    planning = {m for m in graph if m == "grpo_launch.planning" or m.startswith("grpo_launch.planning.")}
+    chains: dict[str, list[str]] = {}
+
+    def chain(module: str) -> list[str]:
+        if module not in chains:
+            below = [chain(m) for m in sorted(graph[module] & planning)]
+            chains[module] = [module, *max(below, key=len, default=[])]
+        return chains[module]
+
+    longest = max((chain(m) for m in sorted(planning)), key=len)
+    shown = " → ".join(m.removeprefix("grpo_launch.planning.") for m in longest)
+    assert len(longest) <= PLANNING_LAYERS, f"planning/ has {len(longest)} layers: {shown}"
+    assert len(longest) >= 3, shown  # the checker reads planning's imports
+
+
 def test_checker_sees_a_violation(tmp_path):
     """The layering check reads function-level imports too (a violation must be visible to it)."""
     bad = tmp_path / "m.py"
@@ -237,3 +262,22 @@ def test_no_two_rooms_of_a_folder_import_each_other():
         if node not in state:
             visit(node, [node])
     assert not found, "rooms that import each other:\n" + "\n".join(found)
+
+
+def test_no_backend_is_named_outside_backends():
+    """A backend is one module or package of backends/ (or another package's): no code outside backends/ names one,
+    by its name, the name its submissions record or its submit verb, so the planner, the CLI and the run directory
+    read a topology's properties and the registry (backends.SUBMIT_VERBS, job_backend), never a backend's name.
+    ``local`` is left out: it is also a plain word (open-r1's local code provider). Docstrings may name one."""
+    from grpo_launch.backends import REGISTRY, SUBMIT_VERBS
+
+    names = {*REGISTRY, *SUBMIT_VERBS, *(e.recorded_as for e in SUBMIT_VERBS.values())} - {"local"}
+    named = [
+        f"{path.relative_to(SRC)}:{line}: {text!r}"
+        for path in _modules()
+        if path.relative_to(SRC).parts[0] != "backends"
+        for line, text in _code_strings(path)
+        if text.strip().lower() in names
+    ]
+    assert not named, "backend names outside backends/:\n" + "\n".join(named)
+    assert {"slurm", "sbatch", "skypilot"} <= names  # the checker reads the registry's names

@@ -319,9 +319,11 @@ def test_calibrate_measures_vllms_cpu_build_beside_transformers(calibrated_with_
 @pytest.mark.slow
 def test_a_real_cpu_run_follows_the_calibrated_prediction(calibrated, tmp_path):
     """After calibrate on the tiny recipe, a real run's warm step against the plan: generation and training each
-    within a factor of 2 (a quiet machine holds ±25 %, and the time to first step ±50 %: scripts/bench_clock.py, a
-    benchmark, since a neighbour's load between the calibration and the run moves both), and the phases of its
-    first step the ones the forecast names. A calibration whose decode the budget could not hold (a loaded
+    within a factor of 3, and the phases of its first step the ones the forecast names. A quiet machine holds ±25 %
+    (the time to first step ±50 %): scripts/bench_clock.py measures that, as a benchmark. Here the suite's other
+    worker shares the two cores: a CPU-bound test beside the run and not beside the calibration (or the reverse)
+    moves a term by up to 2× by itself (a CI run measured 2.27× for training), so this band catches a calibration
+    read at the wrong scale, not the clock's accuracy. A calibration whose decode the budget could not hold (a loaded
     machine) leaves the plan without a step time, and the plan says so."""
     folder, _ = calibrated
     run = tmp_path / "run"
@@ -344,7 +346,7 @@ def test_a_real_cpu_run_follows_the_calibrated_prediction(calibrated, tmp_path):
               "training": mean["training_s"] / predicted["training"],
               "first step": sum(first.values()) / estimate["startup_s"]}  # fmt: skip
     print(f"\nmeasured ÷ predicted {ratios}")
-    assert 0.5 <= ratios["generation"] <= 2 and 0.5 <= ratios["training"] <= 2, ratios
+    assert 1 / 3 <= ratios["generation"] <= 3 and 1 / 3 <= ratios["training"] <= 3, ratios
     assert 0.25 <= ratios["first step"] <= 4, (ratios, first, estimate["startup"])
 
 

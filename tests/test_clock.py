@@ -230,7 +230,7 @@ def test_explain_shows_the_table_and_the_measured_terms_side_by_side(tmp_path, c
 
 
 def test_the_first_steps_phases_are_named_as_the_run_records_them():
-    from grpo_launch.rundir.records import STARTUP_PHASES
+    from grpo_launch.rundir.startup_phases import STARTUP_PHASES
 
     plan = _plan_with(_gpu_terms(imports_s=6.0, load_s=2.0, load_bytes=4_000_000_000,
                                  warmup_decode_s_per_step=0.01))  # fmt: skip

@@ -1,5 +1,6 @@
 """``spec.frozen``: the value types behave as ``@dataclass(frozen=True)`` would, though only ``__init__`` is generated
-for each (the refusal to assign is one shared function: plan's start-up, scripts/bench_plan.py)."""
+for each (the refusal to assign and to delete is one shared function each, public API only: plan's start-up,
+scripts/bench_plan.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from grpo_launch.enums import Role
 from grpo_launch.planning.parallel_and_batch import Parallelism
-from grpo_launch.spec import ProcessSpec
+from grpo_launch.spec import ProcessSpec, frozen
 
 
 def _spec() -> ProcessSpec:
@@ -24,6 +25,26 @@ def test_no_assignment_after_init(name):
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(spec, name, None)
     assert spec == _spec()
+
+
+def test_init_sets_each_field_once_and_never_again():
+    """The shared refusal lets dataclasses' own __init__ set a field that is not set yet, and nothing else: calling
+    __init__ again on a value is refused, as a frozen dataclass refuses it, and a subclass's fields are fields too."""
+    spec = _spec()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.__init__("other", ("true",))  # type: ignore[misc]
+    assert spec == _spec()
+
+    @frozen
+    class Wider(Parallelism):
+        """A value type derived from another."""
+
+        note: str = ""
+
+    wide = Wider(tp=2, pp=1, dp=4, note="x")
+    assert (wide.tp, wide.note) == (2, "x") and wide != Parallelism(tp=2, pp=1, dp=4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        wide.note = "y"  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("name", ["name", "host", "not_a_field"])

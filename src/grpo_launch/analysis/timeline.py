@@ -11,6 +11,7 @@ from typing import Any
 from grpo_launch.analysis.by_attempt import AttemptCourse
 from grpo_launch.rundir.async_signals import async_verdict, signals_text
 from grpo_launch.rundir.records import AdaptRecord, Attempt, LogRecord, MetricRecord, StartupRecord
+from grpo_launch.rundir.startup_phases import critical_path_s
 
 
 def _decided(attempts: Sequence[Attempt]) -> list[tuple[AdaptRecord, float | None]]:
@@ -87,16 +88,6 @@ def startup_terms(records: Sequence[MetricRecord]) -> dict[str, float]:
                 terms = {}
             terms[r.phase] = r.seconds
     return terms
-
-
-def critical_path_s(terms: dict[str, float]) -> float | None:
-    """The time to first step from its phases by name (a run's records or a forecast's): the trainers' start and
-    load beside a server's start, then the first sync and the first generation. None without any phase."""
-    if not terms:
-        return None
-    trainers = terms.get("start", 0.0) + terms.get("model_load", 0.0)
-    parallel = max(trainers, terms.get("vllm_ready", 0.0))
-    return parallel + terms.get("first_sync", 0.0) + terms.get("first_generation", 0.0)
 
 
 PHASE_NAMES = {"start": "start (launcher and imports)", "model_load": "load (model, data, process groups)",

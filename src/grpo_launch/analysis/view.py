@@ -152,7 +152,6 @@ def _attempts(path: Path, strict: bool) -> list[Attempt]:
 
 
 def _job(info: dict) -> BatchJob | None:
-    """The batch job the lock's record names (lock files of earlier versions name only a Slurm job)."""
-    job = info.get("job_id") or info.get("slurm_job")
-    name = info.get("backend") or ("slurm" if info.get("slurm_job") else None)
+    """The batch job the lock's record names."""
+    job, name = info.get("job_id"), info.get("backend")
     return BatchJob(str(name), str(job)) if job and name else None

@@ -21,15 +21,12 @@ from grpo_launch.planning.cost.constants import (
 )
 from grpo_launch.planning.cost.memory import VllmMemory, margin_lines
 from grpo_launch.planning.cost.startup import Startup, startup_time
-from grpo_launch.planning.cost.steptime import (
-    trainer_decode_batch,
-)
+from grpo_launch.planning.cost.steptime import sync_time, trainer_decode_batch
 from grpo_launch.planning.cost.workload import Workload
 from grpo_launch.planning.gpu_types import role_specs, serve_topology, train_topology
 from grpo_launch.planning.parallel_and_batch import Layout
-from grpo_launch.planning.plan_types import Estimate, StepTime, Total, TrainPlan, VllmPlan
+from grpo_launch.planning.plan_types import Estimate, StepTime, Total, Training, TrainPlan, VllmPlan
 from grpo_launch.planning.step_estimate import step_terms, step_time
-from grpo_launch.planning.training import Training
 from grpo_launch.recipe import Recipe
 from grpo_launch.spec import frozen
 
@@ -202,7 +199,7 @@ def first_step(draft: Draft, step: StepTime) -> Startup:
         deepspeed=train.backend.is_deepspeed,
         machines=train.num_machines,
         processes=train.num_processes,
-        sync_across_nodes=across,
+        first_sync_s=sync_time(model, across_nodes=across),
         first_generation_s=step.generation_s / rounds,
         first_decode_steps=steps,
         measured=work.scale.measured,

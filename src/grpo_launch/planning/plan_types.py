@@ -248,6 +248,18 @@ class AsyncSettings:
 
 
 @frozen
+class Training:
+    """One split's training settings (planning/training.py chooses them); ``gradient_checkpointing`` None leaves it
+    to the recipe."""
+
+    backend: DistBackend
+    offload: Offload
+    gradient_checkpointing: bool | None
+    memory: TrainMemory | None
+    host_memory: float = 0.0  # bytes of host RAM per node that offload needs
+
+
+@frozen
 class Total:
     """The whole run, before launch: optimizer steps (max_steps, or epochs × rows ÷ prompts per step), hours at the
     predicted step time, GPU-hours over every GPU the run holds, and the price when a GPU-hour price is given."""

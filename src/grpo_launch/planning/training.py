@@ -21,11 +21,10 @@ from grpo_launch.planning.cost.memory import (
     train_memory,
 )
 from grpo_launch.planning.cost.workload import Workload
-from grpo_launch.planning.plan_types import Trace, VllmPlan
+from grpo_launch.planning.plan_types import Trace, Training, VllmPlan
 from grpo_launch.planning.refusal.explain import Setting, setting_label, training_explain
 from grpo_launch.planning.refusal.memory_fixes import memory_fixes
 from grpo_launch.recipe import Recipe
-from grpo_launch.spec import frozen
 
 # Cheapest first: no offload before offload, ZeRO-2 before ZeRO-3, checkpointing (a third more compute) only when
 # needed.
@@ -40,17 +39,6 @@ TRAINING_SETTINGS: tuple[Setting, ...] = (
     (DistBackend.ZERO3, Offload.OPTIMIZER, True),
     (DistBackend.ZERO3, Offload.OPTIMIZER_PARAMS, True),
 )
-
-
-@frozen
-class Training:
-    """The chosen training settings; ``gradient_checkpointing`` None leaves it to the recipe."""
-
-    backend: DistBackend
-    offload: Offload
-    gradient_checkpointing: bool | None
-    memory: TrainMemory | None
-    host_memory: float = 0.0  # bytes of host RAM per node that offload needs
 
 
 def choose_training(

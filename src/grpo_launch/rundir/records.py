@@ -135,9 +135,6 @@ class LogRecord:
         return cls(whole(row.get("step"), "step"), log, int_or_none(row.get("attempt")))
 
 
-STARTUP_PHASES = ("start", "model_load", "vllm_ready", "first_sync", "first_generation")
-
-
 @frozen
 class StartupRecord:
     """One term of an attempt's time to its first step, in seconds: the trainers' start (``start``: from the
@@ -147,7 +144,7 @@ class StartupRecord:
     healthy (the launcher writes it; it runs beside the load), the first weight sync and the first generation (rank
     0 writes those)."""
 
-    phase: str  # one of STARTUP_PHASES
+    phase: str  # one of rundir.startup_phases.STARTUP_PHASES
     seconds: float
     time: float | None = None  # wall clock when it ended
 

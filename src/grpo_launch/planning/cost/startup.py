@@ -19,17 +19,15 @@ from __future__ import annotations
 import itertools
 import math
 
-from grpo_launch.analysis.timeline import critical_path_s
 from grpo_launch.enums import VllmMode
 from grpo_launch.machines.calibrated_speed import MeasuredTerms
 from grpo_launch.models.shape import ModelShape
 from grpo_launch.planning.cost.constants import CONSTANTS
-from grpo_launch.planning.cost.steptime import sync_time
+from grpo_launch.rundir.startup_phases import critical_path_s
 from grpo_launch.spec import frozen
 
 # (parameters, seconds) the vLLM ready time is interpolated between (log-linear in the parameters)
 _READY = ((1.5e9, "vllm_ready_s_1_5b"), (7e9, "vllm_ready_s_7b"), (70e9, "vllm_ready_s_70b"))
-PHASES = ("start", "model_load", "vllm_ready", "first_sync", "first_generation")
 
 
 def _c(name: str) -> float:
@@ -87,17 +85,18 @@ def startup_time(
     deepspeed: bool,
     machines: int,
     processes: int,
-    sync_across_nodes: bool,
+    first_sync_s: float,
     first_generation_s: float,
     first_decode_steps: float,
     measured: MeasuredTerms | None = None,
     gloo: bool = False,
 ) -> Startup:
     """The time to first step of a plan: the trainers on ``machines`` hosts (``processes`` in all; with DeepSpeed's
-    engine when ``deepspeed``), vLLM in ``mode``, the first weight sync (between hosts when ``sync_across_nodes``),
-    and the first generation round (``first_generation_s`` warm, ``first_decode_steps`` decode steps in the trainers
-    without vLLM, whose warm-up is priced per step). ``measured``: a calibration's terms replace the constants they
-    cover. ``gloo``: the trainers are on CPUs, whose process groups start without NCCL's cost."""
+    engine when ``deepspeed``), vLLM in ``mode``, the first weight sync (``first_sync_s``: the step model's
+    broadcast, between hosts where the server is on another) and the first generation round (``first_generation_s``
+    warm, ``first_decode_steps`` decode steps in the trainers without vLLM, whose warm-up is priced per step).
+    ``measured``: a calibration's terms replace the constants they cover. ``gloo``: the trainers are on CPUs, whose
+    process groups start without NCCL's cost."""
     m = measured
     load = _model_load(model, m, deepspeed=deepspeed, machines=machines, processes=processes, gloo=gloo)
     phases = [_start(m), load]
@@ -115,7 +114,7 @@ def startup_time(
                 load.measured,
             )
     if mode == VllmMode.SERVER:
-        sync = sync_time(model, across_nodes=sync_across_nodes) + _c("nccl_init_s_node")
+        sync = first_sync_s + _c("nccl_init_s_node")
         phases.append(Phase("first_sync", sync, "the weight-sync group's NCCL start + the first broadcast"))
     phases.append(_first_generation(m, mode, first_generation_s, first_decode_steps))
     return Startup(tuple(phases))
