@@ -132,11 +132,12 @@ SERVER = textwrap.dedent(
     if mode == "die-after-1s":
         time.sleep(1.5)
         sys.exit(7)
-    started = time.monotonic()
+    answered = []
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            if mode == "stop-answering" and time.monotonic() - started > 2:
-                time.sleep(60)  # up, but no longer answering (a wedged server)
+            if mode == "stop-answering" and answered and time.monotonic() - answered[0] > 2:
+                time.sleep(60)  # up, but no longer answering (a wedged server), 2 s after its first answer
+            answered.append(time.monotonic())
             self.send_response(200 if self.path == "/health" else 404)
             self.end_headers()
         def log_message(self, *a):
@@ -145,16 +146,31 @@ SERVER = textwrap.dedent(
     """
 )
 
-# A trainer: records its PID (and a grandchild's, in a session of its own as torchrun starts each rank), then sleeps,
-# fails, or ignores SIGTERM.
+# A trainer: records its PID (and a grandchild's, in a session of its own as torchrun starts each rank). To end ("ok",
+# "fail") it first waits for the server's health URL when given one, as TRL's client does before its first request:
+# a trainer never ends before its server answers, however slowly a loaded machine starts the server. Else it sleeps,
+# or ignores SIGTERM (from before it says it started), and so does its grandchild.
 TRAINER = textwrap.dedent(
     """
-    import os, signal, subprocess, sys, time
+    import os, signal, subprocess, sys, time, urllib.request
     pidfile, mode = sys.argv[1], sys.argv[2]
-    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    body = "import time; time.sleep(600)"
+    if mode == "ignore-term":  # the grandchild too: in a session of its own, it is SIGKILLed by the run's sweep
+        body = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + body
+    grandchild = subprocess.Popen([sys.executable, "-c", body], start_new_session=True)
     with open(pidfile, "a") as f:
         f.write(f"{os.getpid()}\\n{grandchild.pid}\\n")
+    if mode == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # before it says it started: a signal after that is ignored
     print("trainer started", flush=True)
+    if len(sys.argv) > 3 and mode in ("ok", "fail"):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if urllib.request.urlopen(sys.argv[3], timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
     if mode == "fail":
         time.sleep(0.5)
         print("ValueError: boom in the trainer", flush=True)
@@ -162,8 +178,6 @@ TRAINER = textwrap.dedent(
     if mode == "ok":
         time.sleep(0.5)
         sys.exit(0)
-    if mode == "ignore-term":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(600)
     """
 )

@@ -3,6 +3,7 @@ server-mode run needs CUDA for TRL's NCCL weight sync), each spawning a grandchi
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -26,8 +27,9 @@ def _specs(tmp_path, server_mode: str, trainer_mode: str):
     port = free_port()
     pids = tmp_path / "pids"
     srv = ProcessSpec("vllm", (sys.executable, str(server), str(port), str(pids), server_mode))
-    trn = ProcessSpec("train", (sys.executable, str(trainer), str(pids), trainer_mode))
-    return srv, trn, f"http://127.0.0.1:{port}/health", pids
+    url = f"http://127.0.0.1:{port}/health"
+    trn = ProcessSpec("train", (sys.executable, str(trainer), str(pids), trainer_mode, url))
+    return srv, trn, url, pids
 
 
 def _run(tmp_path, srv, trn, url, *, timeout=20.0, grace=5.0, lines=None):
@@ -100,12 +102,17 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
         from grpo_launch.spec import ProcessSpec
         srv = ProcessSpec("vllm", {tuple(srv.argv)!r})
         trn = ProcessSpec("train", {tuple(trn.argv)!r})
-        threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
-        t0 = time.monotonic()
-        session = SessionSpec(srv, [trn], Path({str(tmp_path / "logs")!r}), health_url={url!r}, health_timeout_s=20,
-                              grace_s=1.5)
+        logs, sent = Path({str(tmp_path / "logs")!r}), []
+        def term():  # 2 s in, once the trainer said it started (it ignores SIGTERM from then on)
+            time.sleep(2.0)
+            while not any("trainer started" in f.read_text() for f in logs.glob("train-*.log")):
+                time.sleep(0.05)
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
+        threading.Thread(target=term, daemon=True).start()
+        session = SessionSpec(srv, [trn], logs, health_url={url!r}, health_timeout_s=60, grace_s=1.5)
         code = supervise(session, environ=dict(os.environ), emit=print).exit_code
-        print("EXIT", code, "TOOK", round(time.monotonic() - t0, 1), flush=True)
+        print("EXIT", code, "TOOK", round(time.monotonic() - sent[0], 1), flush=True)
         sys.exit(code)
         """
     )
@@ -114,8 +121,9 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
     # the trainer ignored SIGTERM and was killed after the grace period (1.5 s, printed rounded)
     assert "[grpo-launch] train still running after 2 s grace: SIGKILL" in proc.stdout, proc.stdout
     took = float(re.search(r"TOOK ([\d.]+)", proc.stdout).group(1))
-    assert 2.0 + 1.5 <= took < 2.0 + 1.5 + SLACK_S  # the signal at 2 s, then the whole grace period, then SIGKILL
-    assert _all_gone(pids_in(pids))
+    assert 1.5 <= took < 1.5 + SLACK_S  # from the signal: the whole grace period, then SIGKILL
+    # gone when the launcher returns, the grandchild in its own session too (not the launcher's child to wait for)
+    assert len(pids_in(pids)) == 4 and not [p for p in pids_in(pids) if alive(p)]
     del lines
 
 
@@ -200,8 +208,9 @@ def test_a_server_that_stops_answering_stops_the_run(tmp_path):
     took = time.monotonic() - t0
     assert result.state == RunState.FAILED and "the vLLM server stopped answering" in result.message
     assert result.failure.kind == FailureKind.HANG
-    # It answers for 2 s (helpers.SERVER's stop-answering), then not: the run stops once health_grace has passed
-    # since the last answer, at a poll (each unanswered one waits out healthy()'s 2 s timeout), not before.
+    # It answers for 2 s from its first answer (helpers.SERVER's stop-answering), then not: the run stops once
+    # health_grace has passed since the last answer, at a poll (each unanswered one waits out healthy()'s 2 s
+    # timeout), not before.
     assert 2.0 + health_grace <= took < 2.0 + health_grace + 2 * (poll + 2.0) + grace + SLACK_S
     assert _all_gone(pids_in(pids))
 
@@ -224,9 +233,14 @@ def test_sigkill_of_the_supervisor_leaves_no_process(tmp_path):
     )
     proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
+    # The trainers start beside the server, not after its health check: wait for both to say so (a loaded machine
+    # may start the trainer's Python after the server answers), each having written its PIDs before its line.
+    waiting = {"vLLM server healthy", "[train] trainer started"}
     for line in proc.stdout:
-        if "vLLM server healthy" in line:
+        waiting = {needle for needle in waiting if needle not in line}
+        if not waiting:
             break
+    assert not waiting, waiting
     assert len(pids_in(pids)) == 4 and all(alive(p) for p in pids_in(pids))
     proc.kill()
     proc.wait()
@@ -247,3 +261,36 @@ def test_a_headless_server_host_dying_stops_the_run(tmp_path):
     assert "vllm@node2" in result.message
     assert _all_gone(pids_in(pids))
     assert {p.name.rsplit("-", 2)[0] for p in (tmp_path / "logs").iterdir()} == {"vllm", "vllm-node2", "train"}
+
+
+def test_the_sweep_waits_until_the_runs_processes_are_gone():
+    """reaper.wait_gone, which stop_all calls last: it returns once no process carries the run's mark (one killed
+    half a second in), and names those still there when its bound runs out."""
+    import threading
+    import uuid
+
+    from grpo_launch.node import reaper
+    from grpo_launch.rundir.layout import RUN_ID_ENV
+
+    run_id = uuid.uuid4().hex
+    env = {**os.environ, RUN_ID_ENV: run_id}
+
+    def marked_sleeper() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
+        deadline = time.monotonic() + 30
+        while proc.pid not in reaper.marked(run_id) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return proc
+
+    first = marked_sleeper()
+    threading.Timer(0.5, first.kill).start()
+    t0 = time.monotonic()
+    assert reaper.wait_gone(run_id, 30) == []
+    assert time.monotonic() - t0 >= 0.4
+    second = marked_sleeper()
+    try:
+        assert reaper.wait_gone(run_id, 0.2) == [second.pid]
+    finally:
+        second.kill()
+        first.wait()
+        second.wait()

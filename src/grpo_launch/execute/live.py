@@ -68,6 +68,10 @@ class MetricsServer(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = False  # another listener on the port must be an error, not shared
+    # The kernel's queue of connections not yet accepted (socketserver's default is 5). Past it a connection's SYN is
+    # dropped and the client retries after 1 s, 2 s, 4 s…: a burst of idle connections, each closed at once when the
+    # slots are full, would delay a real scrape by seconds. 128 was Linux's SOMAXCONN cap before 5.4.
+    request_queue_size = 128
     collector: RunCollector
 
 

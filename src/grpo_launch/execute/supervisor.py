@@ -41,6 +41,9 @@ POLL_S = 0.2
 _HOSTNAME = socket.gethostname()
 HEALTH_POLL_S = 10.0  # the vLLM server's /health while training runs
 HEALTH_GRACE_S = 120.0  # … and how long it may fail to answer before the run is stopped
+# After SIGKILL, how long the launcher waits for the kernel to tear its processes down before it exits: a next run
+# started right after must not find their (GPU) memory still held. Milliseconds usually; a bound, not a measurement.
+KILLED_EXIT_S = 10.0
 
 
 class ChildFailed(LaunchError):
@@ -411,6 +414,10 @@ class Supervisor:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 c.proc.wait(timeout=10)
             c.pump.join(timeout=2)
+        if still := reaper.wait_gone(self.run_id, KILLED_EXIT_S, exclude=guard):
+            self.say(
+                f"[grpo-launch] {len(still)} process(es) still exiting {KILLED_EXIT_S:.0f} s after SIGKILL: {still}"
+            )
         self._release_guard()
 
     def _release_guard(self) -> None:

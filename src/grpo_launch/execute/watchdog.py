@@ -140,7 +140,8 @@ class Watchdog:
                 self._asked = True
                 self.on_deadline(
                     f"{max(0.0, self.deadline - now):.0f} s left before the time limit, and a step plus a save take "
-                    f"{step + save:.0f} s as measured: saving a checkpoint now"
+                    f"{step + save:.0f} s as measured (counted {DEADLINE_SAFETY:g}×, with {DEADLINE_SLACK_S:.0f} s "
+                    "for the processes' exit): saving a checkpoint now"
                 )
         quiet = now - self._last
         bound = self.bound()

@@ -79,13 +79,18 @@ def sweep(run_id: str, grace_s: float, *, exclude: Iterable[int] = (), first: in
     if not pids:
         return []
     _signal(pids, first)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not marked(run_id, exclude=skip):
-            return []
-        time.sleep(0.05)
-    left = marked(run_id, exclude=skip)
+    left = wait_gone(run_id, grace_s, exclude=skip)
     _signal(left, signal.SIGKILL)
+    return left
+
+
+def wait_gone(run_id: str, within_s: float, *, exclude: Iterable[int] = ()) -> list[int]:
+    """Up to ``within_s`` for the marked processes to be gone: a SIGKILLed process holds its memory (a GPU's too)
+    until the kernel has torn it down, which is not instant for a large one. Returns those still there."""
+    skip = tuple(exclude)
+    deadline = time.monotonic() + within_s
+    while (left := marked(run_id, exclude=skip)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return left
 
 
