@@ -141,7 +141,7 @@ def test_trl_async_rollout_worker_fills_the_queue_from_the_planned_server(tmp_pa
     client = ProcessSpec("train", (str(VLLM_PY), str(tmp_path / "worker.py"), str(tmp_path / "values.json"),
                                    str(data), str(result)))  # fmt: skip
     session = SessionSpec(server, [client], tmp_path / "logs", health_url=f"http://127.0.0.1:{port}/health",
-                          health_timeout_s=300, grace_s=20)  # fmt: skip
+                          health_timeout_s=600, grace_s=20)  # fmt: skip
     lines: list[str] = []
     t0 = time.monotonic()
     # The attempt's token, as execute/run.py gives it: in the environment of the server and the worker.

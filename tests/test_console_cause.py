@@ -24,6 +24,9 @@ from grpo_launch.rundir import shown_text as text
 
 from .helpers import ROOT, tiny_run_with_module
 
+# How late a rank on a loaded 2-core machine may stamp its catch: a runnable task can wait one scheduling period
+# (Linux CFS: sched_latency_ns, 6 ms × (1 + log2(CPUs)) = 12 ms on 2 cores) per preemption; 50 ms allows a few.
+SCHEDULING_NOISE_S = 0.05
 T0 = 1_795_855_543.0  # an epoch time: the rank's stated times and the lines' arrival are on one clock
 
 
@@ -170,8 +173,14 @@ def test_a_failing_reward_says_one_cause_once_with_the_rank_that_raised_first(tm
         if m and (said := text.Raised.parse(m[2])) is not None:
             times[int(m[1])] = said.at
     assert set(times) == {0, 1} and min(times, key=lambda r: times[r]) == int(cause[1]), (times, console)
-    # … which is the order the reward itself recorded, unless both raised within the same millisecond
-    recorded = dict(line.split() for line in (tmp_path / "raised.txt").read_text().splitlines())
-    first = min(recorded, key=lambda r: float(recorded[r]))
-    if abs(float(recorded["0"]) - float(recorded["1"])) > 0.001:
-        assert int(first) == int(cause[1]), (recorded, times)
+    # Each rank's stated time is its raise (the reward recorded it just before raising), stamped where the error is
+    # caught: not when its line arrived, nor after rank 0 wrote its traceback file (the bug).
+    recorded = {
+        int(r): float(t) for r, t in (line.split() for line in (tmp_path / "raised.txt").read_text().splitlines())
+    }
+    assert all(0 <= times[r] - recorded[r] < 1.0 for r in (0, 1)), (recorded, times)
+    # … so the rank named is the one the reward saw raise first, unless both raised within the scheduling noise of a
+    # loaded 2-core machine (the ranks raise at the same step, often within 1 ms; a rank descheduled between its
+    # raise and its catch stamps a few ms late: CI saw 1.2 ms apart raises stated 3.1 ms apart the other way).
+    if abs(recorded[0] - recorded[1]) > SCHEDULING_NOISE_S:
+        assert min(recorded, key=lambda r: recorded[r]) == int(cause[1]), (recorded, times)

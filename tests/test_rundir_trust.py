@@ -427,17 +427,17 @@ class TestPgidAnnouncement:
 
         said: list[str] = []
         signalled: list[tuple[int, int]] = []
-        sup = Supervisor(tmp_path / "logs", emit=said.append, environ={"PATH": os.environ["PATH"]}, grace_s=2,
+        # grace 0.3 s: the stand-in ignores the remote signal (recorded, not sent), so the stop waits out the grace
+        sup = Supervisor(tmp_path / "logs", emit=said.append, environ={"PATH": os.environ["PATH"]}, grace_s=0.3,
                          signal_remote=lambda spec, pgid, sig: signalled.append((pgid, sig)))  # fmt: skip
-        script = f"import sys, time\nfor line in {lines!r}: print(line, flush=True)\ntime.sleep(30)"
+        # then a last line: once it is shown, the pump has read every line before it (it reads them in order)
+        script = f"import sys, time\nfor line in {[*lines, 'end-of-lines']!r}: print(line, flush=True)\ntime.sleep(30)"
         child = sup.start(ProcessSpec("vllm@h2", (sys.executable, "-c", script), host="h2", remote_group=True))
         try:
-            deadline = time.monotonic() + 20
-            while len([s for s in said if "vllm@h2" in s or "process group" in s]) < len(lines) and (
-                time.monotonic() < deadline
-            ):
+            deadline = time.monotonic() + 60
+            while not any("end-of-lines" in s for s in said) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(0.2)
+            assert any("end-of-lines" in s for s in said), said
             assert child.remote_pgid == expected
         finally:
             sup.stop_all(signal.SIGTERM)

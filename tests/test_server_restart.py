@@ -404,6 +404,7 @@ def reward(completions, trainer_state=None, **kwargs):
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.timeout(1500)  # four vLLM CPU starts and two sets of trainers: 380–445 s in CI, twice that loaded
 def test_a_killed_server_is_replaced_and_one_that_cannot_come_back_ends_with_the_step_saved(tmp_path):
     """``grpo-launch run`` of a 9-step server recipe on 3 simulated L4s (one for vLLM, two trainers, whose ranks
     must follow rank 0 through the wait and the push: a mismatch hangs), launch.max_restarts 1. Attempt 1: the API

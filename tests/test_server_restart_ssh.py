@@ -130,19 +130,36 @@ def test_stopping_a_lost_server_leaves_the_trainer_on_its_host_and_its_replaceme
         while (trainer.remote_pgid is None or server.remote_pgid is None) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert trainer.remote_pgid and server.remote_pgid
-        old = server.remote_pgid
+        old, guards = server.remote_pgid, _guards(run_id)  # the trainer's session's guard and the server's
+        assert len(guards) == 2, guards
         sup.stop_children([server])
         assert server.proc.poll() is not None and _gone(old)  # the lost server's group, ended on its host
         again = sup.start(placed("vllm", Role.VLLM))
         deadline = time.monotonic() + 30  # its ssh session and shim start: seconds on a loaded machine
         while again.remote_pgid is None and again.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(4)  # the old session's guard looks once a second, then sweeps within its grace (2 s)
+        # the old session's guard looks once a second, sweeps within its grace (2 s), and exits
+        deadline = time.monotonic() + 60
+        while _guards(run_id) >= guards and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _guards(run_id) >= guards, "the lost server's session's guard never ended"
         assert again.proc.poll() is None and trainer.proc.poll() is None, (again.tail(), trainer.tail())
         assert again.remote_pgid and not _gone(again.remote_pgid) and not _gone(trainer.remote_pgid)
     finally:
         sup.stop_all()
     assert _processes(f"{run_id}@h1") == []
+
+
+def _guards(run_id: str) -> set[int]:
+    """The hosts' guards of this run (``python -m grpo_launch.node.reaper watch SESSION RUN_ID@HOST GRACE``)."""
+    from grpo_launch.node.reaper import argv_of
+
+    found = set()
+    for name in os.listdir("/proc"):
+        argv = argv_of(int(name)) if name.isdigit() else []
+        if "grpo_launch.node.reaper" in argv and "watch" in argv and any(run_id in a for a in argv):
+            found.add(int(name))
+    return found
 
 
 def _gone(pgid: int) -> bool:

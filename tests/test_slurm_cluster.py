@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from grpo_launch.rundir.layout import RunPaths
+
 from .helpers import (
     ROOT,
     ensure_tiny_assets,
@@ -265,10 +267,15 @@ def test_a_signal_to_a_hung_step_stops_within_the_grace_and_leaves_nothing(clust
         text = wait_for_text(out, r"step 2/50 done", 240)
         # 10 s into the hang, and past five times step 2 (the bound: a loaded machine's steps are slower)
         time.sleep(max(10.0, 5 * float(re.search(r"step 2/50 done in ([\d.]+) s", text)[1]) + 2))
-        t0 = time.monotonic()
         sh(cluster, "scancel", "--signal=TERM", job)
+        # timed from the trainers' SIGTERM, their stop request's file: Slurm's own delivery is not the launcher's
+        request, deadline = RunPaths(run).stop_request, time.monotonic() + 60
+        while not request.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert request.exists(), "the trainers wrote no stop request on SIGTERM"
+        signalled = request.stat().st_mtime
         text = wait_for_text(out, r"no checkpoint possible; stopping now", 60)
-        took = time.monotonic() - t0
+        took = time.time() - signalled
         assert re.search(r"step 3 has run \d+ s, \d+× the median: no checkpoint possible", text), text[-3000:]
         assert took < 5, took  # within Slurm's KillWait of the signal
         assert wait_no_processes(run, timeout=3 + 10) == []

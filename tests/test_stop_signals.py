@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,7 +87,8 @@ def test_the_shims_held_sigterm_becomes_a_stop_request_in_the_rank(tmp_path):
 
 
 # A stand-in trainer: one "step" every 0.3 s; at a step's end it honours the run's stop request as the training
-# entry does (rank 0 writes the step it stopped at, exits 0). SLOW makes step 3 last 60 s.
+# entry does (rank 0 writes the step it stopped at, exits 0). SLOW (a file's path) makes step 3 last 60 s, and the
+# file says step 3 began: a signal meant for that step waits for it (a loaded machine may start the trainer late).
 TRAINER = textwrap.dedent(
     """
     import os, sys, time
@@ -95,6 +97,8 @@ TRAINER = textwrap.dedent(
     from grpo_launch.rundir.layout import RunPaths
     run = sys.argv[1]
     for step in range(1, 1000):
+        if step == 3 and os.environ.get("SLOW"):
+            open(os.environ["SLOW"], "w").close()
         time.sleep(60 if step == 3 and os.environ.get("SLOW") else 0.3)
         print(f"step {{step}} done", flush=True)
         if RunPaths(run).stop_request.exists():
@@ -121,13 +125,29 @@ def _supervise(session, stopping, paths, lines):
     return supervise(session, environ=dict(os.environ), emit=lines.append, stopping=stopping, channel=channel)
 
 
-def _signal_after(seconds: float, *signums: int) -> None:
-    def send() -> None:
-        for signum in signums:
-            os.kill(os.getpid(), signum)
-            time.sleep(0.3)
+def _signal_after(seconds: float, *signums: int, slow: Path | None = None, lines: list[str] | None = None) -> list:
+    """Send ``signums`` to this process ``seconds`` from now, or from when the trainer's slow step began (``slow``,
+    its file), and once ``lines`` (given) hold the trainer's first step; a second signal once the first was
+    announced in ``lines`` (two signals sent before the handler ran would be one). Returns the list its sending
+    times go to."""
+    sent: list[float] = []
 
-    threading.Timer(seconds, send).start()
+    def send() -> None:
+        time.sleep(seconds)
+        deadline = time.monotonic() + 60
+        while slow is not None and not slow.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # and once the trainer is running under the supervisor (its handlers in place): its first step's line
+        while lines is not None and not any("step 1 done" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for signum in signums:
+            while sent and lines is not None and not any("again" in line for line in lines):
+                time.sleep(0.02)
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signum)
+
+    threading.Thread(target=send, daemon=True).start()
+    return sent
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
@@ -144,7 +164,7 @@ def test_the_first_signal_asks_for_a_checkpoint_and_ends_interrupted(tmp_path, s
 def _first_signal(tmp_path, signum):
     session, stopping, paths = _session(tmp_path)
     lines: list[str] = []
-    _signal_after(1.0, signum)
+    _signal_after(0.0, signum, lines=lines)
     result = _supervise(session, stopping, paths, lines)
     name = signal.Signals(signum).name
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 128 + signum), lines
@@ -155,20 +175,20 @@ def _first_signal(tmp_path, signum):
 
 
 def test_a_second_signal_stops_at_once(tmp_path):
-    session, stopping, paths = _session(tmp_path, SLOW="1")
+    session, stopping, paths = _session(tmp_path, SLOW=str(tmp_path / "slow"))
     lines: list[str] = []
-    _signal_after(1.5, signal.SIGINT, signal.SIGINT)
-    t0 = time.monotonic()
+    sent = _signal_after(0.3, signal.SIGINT, signal.SIGINT, slow=tmp_path / "slow", lines=lines)
     result = _supervise(session, stopping, paths, lines)
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 130), lines
-    assert time.monotonic() - t0 < 10 and control.stopped_at(paths.root) is None
+    assert len(sent) == 2 and time.monotonic() - sent[1] < 10 and control.stopped_at(paths.root) is None
     assert any("SIGINT: stopping every process" in line for line in lines), lines
 
 
 def test_without_a_run_directory_a_signal_stops_at_once(tmp_path):
     session, _, paths = _session(tmp_path)
-    _signal_after(1.0, signal.SIGTERM)
-    result = supervise(session, environ=dict(os.environ), emit=lambda line: None)
+    lines: list[str] = []
+    _signal_after(0.0, signal.SIGTERM, lines=lines)
+    result = supervise(session, environ=dict(os.environ), emit=lines.append)
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 143)
     assert control.stopped_at(paths.root) is None
 
@@ -186,10 +206,10 @@ def test_a_request_the_trainers_made_on_their_own_signal_is_announced_and_ends_a
 
 
 def test_the_grace_running_out_stops_without_a_checkpoint(tmp_path):
-    session, stopping, paths = _session(tmp_path, SLOW="1")
+    session, stopping, paths = _session(tmp_path, SLOW=str(tmp_path / "slow"))
     stopping = Stopping(grace_s=2.0, grace_why="a test")
     lines: list[str] = []
-    _signal_after(1.5, signal.SIGTERM)
+    _signal_after(0.3, signal.SIGTERM, slow=tmp_path / "slow")
     result = _supervise(session, stopping, paths, lines)
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 143), lines
     assert "[grpo-launch] grace of 2 s ran out: stopped without a checkpoint" in lines
@@ -199,34 +219,38 @@ def test_the_grace_running_out_stops_without_a_checkpoint(tmp_path):
 def test_a_step_that_cannot_end_is_not_waited_for(tmp_path):
     """The progress watchdog's evidence says the step in flight cannot reach its end: the first signal stops at once
     and says why, with no checkpoint requested."""
-    session, stopping, paths = _session(tmp_path, SLOW="1")
+    session, stopping, paths = _session(tmp_path, SLOW=str(tmp_path / "slow"))
     why = "step 7 has run 12 s, 40× the median: no checkpoint possible"
     stopping = dataclasses.replace(stopping, stuck=lambda: why)
     lines: list[str] = []
-    _signal_after(1.5, signal.SIGTERM)
-    t0 = time.monotonic()
+    sent = _signal_after(0.3, signal.SIGTERM, slow=tmp_path / "slow")
     result = _supervise(session, stopping, paths, lines)
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 143), lines
     assert "[grpo-launch] SIGTERM: step 7 has run 12 s, 40× the median: no checkpoint possible; stopping now" in lines
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - sent[0] < 10
     assert control.stop_reason(paths.root) is None and control.stopped_at(paths.root) is None
 
 
 def test_a_step_that_stops_ending_while_the_stop_waits_ends_the_wait(tmp_path):
     """Asked for a checkpoint, the trainers' step then runs past every step measured: the wait ends there, not at the
     grace's end."""
-    session, stopping, paths = _session(tmp_path, SLOW="1")
-    later = time.monotonic() + 4.0
-    stuck = lambda: "step 3 has run 9 s, 30× the median: no checkpoint possible" if time.monotonic() > later else None  # noqa: E731
-    stopping = dataclasses.replace(stopping, grace_s=60.0, stuck=stuck)
+    session, stopping, paths = _session(tmp_path, SLOW=str(tmp_path / "slow"))
     lines: list[str] = []
-    _signal_after(1.2, signal.SIGTERM)
-    t0 = time.monotonic()
+    sent = _signal_after(0.3, signal.SIGTERM, slow=tmp_path / "slow")
+
+    def stuck() -> str | None:  # 2.8 s after the stop was asked for, the step in flight is found stuck
+        return (
+            "step 3 has run 9 s, 30× the median: no checkpoint possible"
+            if sent and time.monotonic() > sent[0] + 2.8
+            else None
+        )
+
+    stopping = dataclasses.replace(stopping, grace_s=60.0, stuck=stuck)
     result = _supervise(session, stopping, paths, lines)
     assert (result.state, result.exit_code) == (RunState.INTERRUPTED, 143), lines
     assert any("checkpoint at the end of step 7 requested" in line for line in lines), lines
     assert "[grpo-launch] step 3 has run 9 s, 30× the median: no checkpoint possible; stopping now" in lines
-    assert time.monotonic() - t0 < 15 and control.stopped_at(paths.root) is None
+    assert time.monotonic() - sent[0] < 15 and control.stopped_at(paths.root) is None
 
 
 def _watchdog_at(tmp_path, steps: list[float]):
