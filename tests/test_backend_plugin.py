@@ -116,6 +116,21 @@ def test_a_broken_or_clashing_registration_is_named(tmp_path):
         (info / "entry_points.txt").write_text(f"[grpo_launch.backends]\n{name} = {target}\n")
         done = cli(site, "plan", QWEN, "--no-such-flag", "x", "--no-write")
         assert done.returncode == 2 and said in done.stderr, done.stderr
+    # Options declared with dataclasses' own frozen flag, as a plugin written from dataclasses' docs would: refused
+    # by dataclasses, and the error names the decorator to use.
+    site = tmp_path / "dataclass"
+    info = site / "dc-0.dist-info"
+    info.mkdir(parents=True)
+    (site / "dc_backend.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from grpo_launch.backends.base import BackendOptions\n"
+        "@dataclass(frozen=True)\nclass DcOptions(BackendOptions):\n    cluster: str = ''\n"
+    )
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dc\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[grpo_launch.backends]\ndc = dc_backend:DcOptions\n")
+    done = cli(site, "plan", QWEN, "--no-such-flag", "x", "--no-write")
+    assert done.returncode == 2 and "cannot inherit frozen dataclass" in done.stderr, done.stderr
+    assert "with @grpo_launch.spec.frozen" in done.stderr, done.stderr
     # A submit verb of grpo-launch's own cannot be taken either.
     site = tmp_path / "clash"
     info = site / "clash-0.dist-info"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+from typing import ClassVar
 
 import pytest
 
@@ -45,6 +46,23 @@ def test_init_sets_each_field_once_and_never_again():
     assert (wide.tp, wide.note) == (2, "x") and wide != Parallelism(tp=2, pp=1, dp=4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         wide.note = "y"  # type: ignore[misc]
+
+
+def test_a_classvar_is_not_a_field_an_instance_may_set():
+    """dataclasses lists a ClassVar in __dataclass_fields__ too: it may not be set on a value either (a frozen
+    dataclass refuses it)."""
+
+    @frozen
+    class WithClassVar:
+        """A value type with a class-level constant."""
+
+        LIMIT: ClassVar[int] = 3
+        n: int = 1
+
+    value = WithClassVar()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        value.LIMIT = 4  # type: ignore[misc]
+    assert value.LIMIT == 3 and "LIMIT" not in vars(value)
 
 
 @pytest.mark.parametrize("name", ["name", "host", "not_a_field"])

@@ -183,7 +183,10 @@ def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(tmp_path):
     assert took < 3 + SLACK_S, took
     assert checkpoints(run) == []
     # no plotting after a stop (seconds more of waiting): the console says how to write the report
-    assert f"run report: not written after a stop by signal; grpo-launch report {run} writes it" in rest
+    assert (
+        f"run report: not written after an interrupt (Ctrl-C, SIGTERM, SIGHUP); grpo-launch report {run} writes it"
+        in rest
+    )
     assert not (run / "report").exists()
     lost = "no complete checkpoint: steps 1–2 will be trained again"  # step 3 was in flight
     assert attempts(run)[-1]["message"] == f"interrupted by SIGINT: {lost}" and f"[grpo-launch] {lost}" in rest

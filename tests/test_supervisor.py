@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -264,8 +265,8 @@ def test_a_headless_server_host_dying_stops_the_run(tmp_path):
 
 
 def test_the_sweep_waits_until_the_runs_processes_are_gone():
-    """reaper.wait_gone, which stop_all calls last: it returns once no process carries the run's mark (one killed
-    half a second in), and names those still there when its bound runs out."""
+    """reaper.wait_gone, which stop_all calls last: it returns once every process seen with the run's mark has exited
+    (one killed half a second in), and names those still there when its bound runs out."""
     import threading
     import uuid
 
@@ -294,3 +295,33 @@ def test_the_sweep_waits_until_the_runs_processes_are_gone():
         second.kill()
         first.wait()
         second.wait()
+
+
+def test_a_followed_process_is_waited_for_until_it_has_exited_not_until_its_mark_is_gone():
+    """A process's environment (the run's mark) is empty from early in its exit, before the kernel closes its files,
+    where a GPU driver frees its memory: wait_gone follows a process from when it was seen marked (reaper.follow)
+    until it is a zombie or gone, by PID and start, so a PID taken again by another process is not waited for."""
+    import threading
+    import uuid
+
+    from grpo_launch.node import reaper
+
+    assert reaper.started(os.getpid()) is not None
+    unmarked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        start = reaper.started(unmarked.pid)
+        assert start is not None
+        # No mark on it (marked() never lists it): followed since earlier, it is waited for until killed.
+        threading.Timer(0.5, unmarked.kill).start()
+        t0 = time.monotonic()
+        assert reaper.wait_gone(uuid.uuid4().hex, 30, followed={unmarked.pid: start}) == []
+        assert time.monotonic() - t0 >= 0.4
+        # not reaped yet (poll() would reap it): a zombie, which has released what it held
+        state = Path(f"/proc/{unmarked.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state == "Z" and reaper.started(unmarked.pid) is None
+    finally:
+        unmarked.kill()
+        unmarked.wait()
+    # A live process under a followed PID but with another start is another process: not waited for.
+    assert reaper.wait_gone(uuid.uuid4().hex, 5, followed={os.getpid(): reaper.started(os.getpid()) + 1}) == []
+    assert reaper.started(unmarked.pid) is None  # reaped: gone

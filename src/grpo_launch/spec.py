@@ -147,9 +147,10 @@ else:  # Python 3.10: the decorator only informs type checkers
 
 
 def _setattr(self: Any, name: str, value: Any) -> None:
-    # dataclasses' __init__ sets each field once (``self.name = value``); after it, every field is set
+    # dataclasses' __init__ sets each field once (``self.name = value``); after it, every field is set. Only fields:
+    # a ClassVar or an InitVar is in __dataclass_fields__ too, and not in fields().
     values = self.__dict__
-    if name in values or name not in self.__dataclass_fields__:
+    if name in values or name not in type(self)._field_names:
         raise FrozenInstanceError(f"cannot assign to field {name!r}")
     values[name] = value
 
@@ -171,6 +172,7 @@ def frozen(cls: type[T]) -> type[T]:
     cls.__eq__ = _eq  # type: ignore[method-assign]
     cls.__hash__ = _hash  # type: ignore[method-assign]
     cls.__repr__ = _repr  # type: ignore[method-assign]
+    cls._field_names = frozenset(f.name for f in fields(cls))  # type: ignore[attr-defined, arg-type]
     cls.__setattr__ = _setattr  # type: ignore[method-assign]
     cls.__delattr__ = _delattr  # type: ignore[method-assign]
     return cls

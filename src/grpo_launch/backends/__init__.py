@@ -99,7 +99,10 @@ def discover() -> dict[str, type[Backend[Any]]]:
             try:
                 cls = entry.load()
             except Exception as err:  # any error of another package's import: named, not a traceback
-                raise ConfigError(f"{where} cannot be loaded: {type(err).__name__}: {err}", hint=_REINSTALL) from err
+                frozen = isinstance(err, TypeError) and "frozen dataclass" in str(err)
+                raise ConfigError(
+                    f"{where} cannot be loaded: {type(err).__name__}: {err}", hint=_FROZEN if frozen else _REINSTALL
+                ) from err
             problems = _not_a_backend(cls, entry.name)
             if problems:
                 raise ConfigError(f"{where} is not a backend:", problems=problems, hint=_REINSTALL)
@@ -110,6 +113,12 @@ def discover() -> dict[str, type[Backend[Any]]]:
 
 _RENAME = "Register it under another name in its package's entry points, or uninstall that package."
 _REINSTALL = "Fix or uninstall the package that registers it (pip show -f PACKAGE names its files)."
+# dataclasses refuses @dataclass(frozen=True) on a subclass of a dataclass that is not frozen by its own flag, as
+# BackendOptions is (spec.frozen shares one immutability for every value type instead of compiling one per class).
+_FROZEN = (
+    "Declare the backend's Options (and its Submitter's) with @grpo_launch.spec.frozen, as every options class "
+    "derived from grpo_launch.backends.base.BackendOptions must be, not @dataclass(frozen=True)."
+)
 
 
 def _not_a_backend(cls: object, name: str) -> list[str]:

@@ -1,8 +1,9 @@
 """``grpo-launch VERB RECIPE …`` for a verb that hands the run to a batch system: ``sbatch``, ``ray-submit``, ``sky``
 and another package's backend's ``submit_verb``. The verb is the backend's, the work its ``Submitter``'s
 (grpo_launch.backends.submission): plan for the machines the submitter requests (refusing what cannot run), and with
-``--dry-run`` print the submission; without, the submitter writes it into the run directory with the command's record
-(``grpo-launch resume`` submits it again) and submits it."""
+``--dry-run`` print the submission; without, the submitter's ``finish`` (BaseSubmitter's: write it into the run
+directory with the command's record, which ``grpo-launch resume`` submits again, submit it and say how to follow the
+job; ``sky`` writes the task and launches it only with ``--launch``)."""
 
 from __future__ import annotations
 

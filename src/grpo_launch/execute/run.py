@@ -268,15 +268,15 @@ def _disk_advice(out: Path) -> str:
 
 
 def _report(plan: Plan, ctx: RunContext, result: RunResult) -> None:
-    """The run report (plots of the run's measurements), when the run trained a step and matplotlib is there. A run
-    stopped by a signal gets none: its processes are down, and the plotting (2–3 s of `grpo-launch report` on 2
-    idle cores, several times that loaded) would keep waiting whoever asked for the stop, or a preempted job's
-    grace; it says how to write it."""
+    """The run report (plots of the run's measurements), when the run trained a step and matplotlib is there. An
+    interrupted run (Ctrl-C, SIGTERM, SIGHUP) gets none: its processes are down, and the plotting (2–3 s of
+    `grpo-launch report` on 2 idle cores, several times that loaded) would keep waiting whoever asked for the stop,
+    or a preempted job's grace; it says how to write it."""
     if not plan.paths.metrics.is_file():
         return
     if result.state == RunState.INTERRUPTED:
         how = command_line(["grpo-launch", "report", plan.run_dir])
-        ctx.emit(f"[grpo-launch] run report: not written after a stop by signal; {how} writes it")
+        ctx.emit(f"[grpo-launch] run report: not written after an interrupt (Ctrl-C, SIGTERM, SIGHUP); {how} writes it")
         return
     try:
         ctx.emit(f"[grpo-launch] run report: {write_report(plan.run_dir)}")

@@ -380,6 +380,7 @@ class Supervisor:
             reaper.sweep(self.run_id, 0.0, exclude=guard)
             return
         self._stopped = True
+        followed = reaper.follow(self.run_id, exclude=guard)  # waited for at the end, until each has exited
         remote = [c for c in self.children if c.spec.remote_group]
         self._signal_remote([c for c in remote if c.remote_pgid], sig)
         for c in self.children:
@@ -414,10 +415,9 @@ class Supervisor:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 c.proc.wait(timeout=10)
             c.pump.join(timeout=2)
-        if still := reaper.wait_gone(self.run_id, KILLED_EXIT_S, exclude=guard):
-            self.say(
-                f"[grpo-launch] {len(still)} process(es) still exiting {KILLED_EXIT_S:.0f} s after SIGKILL: {still}"
-            )
+        if still := reaper.wait_gone(self.run_id, KILLED_EXIT_S, exclude=guard, followed=followed):
+            self.say(f"[grpo-launch] {len(still)} process(es) not exited {KILLED_EXIT_S:.0f} s after SIGKILL: {still}")
+            reaper.sweep(self.run_id, 0.0, exclude=guard, first=signal.SIGKILL)  # one started since the sweep above
         self._release_guard()
 
     def _release_guard(self) -> None:

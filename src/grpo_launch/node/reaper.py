@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from grpo_launch.rundir.layout import RUN_ID_ENV
 
@@ -75,23 +75,48 @@ def sweep(run_id: str, grace_s: float, *, exclude: Iterable[int] = (), first: in
     """Stop every marked process: ``first`` (SIGTERM), up to ``grace_s`` for them to exit, then SIGKILL. Returns the
     PIDs that needed SIGKILL."""
     skip = tuple(exclude)
-    pids = marked(run_id, exclude=skip)
-    if not pids:
+    followed = follow(run_id, exclude=skip)
+    if not followed:
         return []
-    _signal(pids, first)
-    left = wait_gone(run_id, grace_s, exclude=skip)
+    _signal(followed, first)
+    left = wait_gone(run_id, grace_s, exclude=skip, followed=followed)
     _signal(left, signal.SIGKILL)
     return left
 
 
-def wait_gone(run_id: str, within_s: float, *, exclude: Iterable[int] = ()) -> list[int]:
-    """Up to ``within_s`` for the marked processes to be gone: a SIGKILLed process holds its memory (a GPU's too)
-    until the kernel has torn it down, which is not instant for a large one. Returns those still there."""
+def started(pid: int) -> int | None:
+    """Process ``pid``'s start (clock ticks since boot, proc(5) ``starttime``) while it has not exited: None once it is
+    a zombie or gone. A zombie has released everything it held: the kernel closes a process's files (a GPU driver's
+    too, where its memory is freed) before it reports the exit to its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def follow(run_id: str, *, exclude: Iterable[int] = ()) -> dict[int, int]:
+    """The marked processes, each with its start: :func:`wait_gone` follows them until they have exited, also once
+    their environment, emptied early in a process's exit, no longer shows the mark."""
+    return {pid: start for pid in marked(run_id, exclude=exclude) if (start := started(pid)) is not None}
+
+
+def wait_gone(
+    run_id: str, within_s: float, *, exclude: Iterable[int] = (), followed: Mapping[int, int] | None = None
+) -> list[int]:
+    """Up to ``within_s`` for the marked processes, and those ``followed`` since earlier (:func:`follow`), to have
+    exited: a SIGKILLed process holds its memory (a GPU's too) until the kernel has torn it down, which is not instant
+    for a large one. A PID taken again by another process is told apart by its start. Returns those still there."""
     skip = tuple(exclude)
+    seen = dict(followed or {})
     deadline = time.monotonic() + within_s
-    while (left := marked(run_id, exclude=skip)) and time.monotonic() < deadline:
+    while True:
+        seen = follow(run_id, exclude=skip) | seen
+        left = sorted(pid for pid, start in seen.items() if started(pid) == start)
+        if not left or time.monotonic() >= deadline:
+            return left
         time.sleep(0.05)
-    return left
 
 
 def guard(run_id: str, grace_s: float) -> int:

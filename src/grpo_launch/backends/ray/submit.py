@@ -240,8 +240,9 @@ class RaySubmitter(BaseSubmitter[RaySubmitOptions]):
                 sdk = JobSubmissionClient(job.dashboard, **client)
                 return sdk.submit_job(entrypoint=job.entrypoint, submission_id=job.submission_id, **job.submit)
             except Exception as exc:  # requests', Ray's and the server's errors: one message for all
-                said = f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
-            if not any(text in said for text in AGENT_NOT_READY) or time.monotonic() >= deadline:
+                full = str(exc)  # a traceback, where the head's Python is older than 3.11: its cause comes last
+                said = f"{type(exc).__name__}: {' '.join(full.split())[:600]}"
+            if not any(text in full for text in AGENT_NOT_READY) or time.monotonic() >= deadline:
                 break
             ctx.emit("[grpo-launch] the head's job agent is not up yet (a head just started): submitting again")
             time.sleep(1.0)
