@@ -605,6 +605,51 @@ def test_a_measurement_that_no_longer_fits_is_named_not_started(tmp_path):
     assert schedule.not_measured == ["weight sync trainer → vLLM: the budget is spent (needs ≈ 15 s; raise --minutes)"]
 
 
+def test_the_other_engines_phase_starts_only_where_its_cold_call_and_first_point_fit():
+    """Continuous batching's first call took about 14 s on the tiny model here: started with 28 s left (15 s was the
+    bar), the phase spent them on that call, then found its first point did not fit, measured nothing and ended past
+    calibrate's budget on a loaded machine (62.5 s of --minutes 1)."""
+    from grpo_launch.probe.bench import CONTINUOUS_COLD_S, LONG, BenchSpec, point_need
+    from grpo_launch.probe.bench_phases import measure_other_engine, other_engine_need
+
+    need = other_engine_need("continuous")
+    assert need == pytest.approx(CONTINUOUS_COLD_S + point_need(CONTINUOUS_COLD_S / LONG))
+    assert 45 < need < 50  # 14 s cold, then 2 × (4 + 20) tokens at its 0.7 s a token, each run up to twice
+
+    class Untouched:
+        """A model the phase must not call: it is not started."""
+
+        def generate_batch(self, *a, **k):
+            raise AssertionError("started")
+
+    spec = BenchSpec("m", 64, 16, 4, "float32", "cpu", 1, False, 30.0)  # the plan decodes with generate
+    out: dict = {"failed": []}
+    measure_other_engine(Untouched(), spec, 28.0, out)
+    assert out["failed"] == [
+        f"decode (continuous batching): the budget is spent (needs ≈ {need:.0f} s; raise --minutes)"
+    ]
+
+
+@pytest.mark.slow
+def test_continuous_batchings_cold_call_is_what_the_phases_bar_assumes():
+    """CONTINUOUS_COLD_S against the real first generate_batch of the tiny model on this CPU, as calibrate runs it
+    (LONG tokens at the plan's batch, 4): within a factor of 3 (a neighbour's load moves it)."""
+    import torch
+
+    from grpo_launch.probe.bench import CONTINUOUS_COLD_S, LONG, BenchSpec, _generator, _ids
+    from grpo_launch.probe.bench_start import load_model
+
+    spec = BenchSpec(str(ensure_tiny_assets() / "model"), 64, 16, 4, "float32", "cpu", 1, False, 30.0)
+    torch.set_num_threads(1)
+    model = load_model(spec, {"failed": []})
+    run = _generator(model, spec, "continuous")
+    ids = _ids(model, 4, spec.prompt_len + spec.completion_len // 2, "cpu")
+    t0 = time.perf_counter()
+    run(ids, LONG)
+    cold = time.perf_counter() - t0
+    assert CONTINUOUS_COLD_S / 3 <= cold <= 3 * CONTINUOUS_COLD_S, cold
+
+
 def test_decode_is_measured_from_batch_one_up_to_the_trainers_generation_batch():
     from grpo_launch.probe.bench import decode_batches
 

@@ -33,7 +33,7 @@ from grpo_launch.probe import bench_vllm
 from grpo_launch.probe.bench import BenchSpec, Budget, decode_batches
 from grpo_launch.probe.bench_backend import measure_backend
 from grpo_launch.probe.bench_child import json_child
-from grpo_launch.probe.bench_phases import measure_other_engine
+from grpo_launch.probe.bench_phases import measure_other_engine, other_engine_need
 from grpo_launch.probe.bench_start import load_model
 from grpo_launch.probe.bench_sync import measure_sync
 from grpo_launch.probe.calibration_store import calibration_dir, recipe_dtype
@@ -328,8 +328,9 @@ class Schedule:
 
     def other_engine(self) -> dict[str, Any]:
         """The decode curve of the engine the plan does not use, by a fresh load, last (the plan does not need it)."""
-        other = "continuous batching" if self.spec.engine == "generate" else "transformers generate"
-        if self.skipped(f"decode ({other})", 15.0):
+        engine = "continuous" if self.spec.engine == "generate" else "generate"
+        other = "continuous batching" if engine == "continuous" else "transformers generate"
+        if self.skipped(f"decode ({other})", other_engine_need(engine)):  # before its model is loaded again
             return {}
         self.say(f"decode ({other}), at most {self.budget.left():.0f} s")
         out: dict[str, Any] = {"failed": []}

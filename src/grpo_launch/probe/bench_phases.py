@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from grpo_launch.probe.bench import (
+    CONTINUOUS_COLD_S,
+    LONG,
     BenchSpec,
     Budget,
     Report,
@@ -22,6 +24,7 @@ from grpo_launch.probe.bench import (
     measure_forward,
     measure_prefill,
     measure_train,
+    point_need,
 )
 from grpo_launch.probe.bench_memory import _default_malloc, measure_activation_peak, peak_memory
 from grpo_launch.probe.bench_start import load_model, measure_cuda_init, measure_imports
@@ -118,8 +121,17 @@ def measure_other_engine(model: Any, spec: BenchSpec, seconds: float, out: dict[
     name = f"decode ({'continuous batching' if engine == 'continuous' else 'transformers generate'})"
     if engine == "continuous" and not hasattr(model, "generate_batch"):
         out["failed"].append(f"{name}: this transformers has no generate_batch")
-    elif _started(out, Budget(seconds), name, 15.0):
+    elif _started(out, Budget(seconds), name, other_engine_need(engine)):
         _guarded(out, name, lambda: measure_decode(model, spec, Budget(seconds), engine, out))
+
+
+def other_engine_need(engine: str) -> float:
+    """Seconds the other engine's phase needs before it starts: continuous batching's cold first call and its first
+    point (a phase that could not reach its first point would spend its time for nothing, and past the budget); 15 s
+    for generate, whose cold call is its decode alone."""
+    if engine == "continuous":
+        return CONTINUOUS_COLD_S + point_need(CONTINUOUS_COLD_S / LONG)
+    return 15.0
 
 
 def _started(out: dict[str, Any], budget: Budget, name: str, need: float) -> bool:
