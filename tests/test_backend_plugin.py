@@ -97,51 +97,43 @@ def test_grpo_launch_names_no_backend_of_another_package():
         assert "toy" not in path.read_text().lower(), path
 
 
+def _registered(site: Path, name: str, target: str, module: str = "") -> Path:
+    """A folder for PYTHONPATH holding a distribution that registers ``target`` as the backend ``name`` (and, with
+    ``module``, that module's source as ``target``'s module)."""
+    info = site / f"{name}_plugin-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-plugin\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[grpo_launch.backends]\n{name} = {target}\n")
+    if module:
+        (site / f"{target.split(':')[0]}.py").write_text(module)
+    return site
+
+
+# Options declared with dataclasses' own frozen flag, as a plugin written from dataclasses' docs would be.
+FROZEN_BY_DATACLASSES = (
+    "from dataclasses import dataclass\n"
+    "from grpo_launch.backends.base import BackendOptions\n"
+    "@dataclass(frozen=True)\nclass DcOptions(BackendOptions):\n    cluster: str = ''\n"
+)
+# A backend whose submit verb is one of grpo-launch's own.
+TAKES_SBATCH = (
+    "from grpo_launch.backends.base import BaseBackend\n"
+    "class Clash(BaseBackend):\n    name = 'clash'\n    submit_verb = 'sbatch'\n"
+    "    detect = create = probe = classmethod(lambda cls, *a: None)\n"
+)
+
+
 def test_a_broken_or_clashing_registration_is_named(tmp_path):
-    """A registered object that is not a backend, or that takes a built-in name: one error naming the entry point,
-    not a traceback."""
-    for name, target, said in (
-        (
-            "bad",
-            "json:dumps",
-            "the backend 'bad' (json:dumps, entry point group grpo_launch.backends) is not a backend",
-        ),
-        ("slurm", "json:JSONDecoder", "grpo-launch already has a backend of that name"),
-        ("gone", "no_such_module_here:X", "cannot be loaded: ModuleNotFoundError"),
-    ):
-        site = tmp_path / name
-        info = site / f"broken_{name}-0.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: broken-{name}\nVersion: 0\n")
-        (info / "entry_points.txt").write_text(f"[grpo_launch.backends]\n{name} = {target}\n")
+    """A registered object that is not a backend, that takes a built-in name or verb, or whose options dataclasses
+    refuses: one error naming the entry point (and for the options, the decorator to use), not a traceback."""
+    for name, target, module, said in (
+        ("bad", "json:dumps", "", ["the backend 'bad' (json:dumps, entry point group grpo_launch.backends) is not"]),
+        ("slurm", "json:JSONDecoder", "", ["grpo-launch already has a backend of that name"]),
+        ("gone", "no_such_module_here:X", "", ["cannot be loaded: ModuleNotFoundError"]),
+        ("dc", "dc_backend:DcOptions", FROZEN_BY_DATACLASSES,
+         ["cannot inherit frozen dataclass", "with @grpo_launch.spec.frozen"]),
+        ("clash", "clash_backend:Clash", TAKES_SBATCH, ["its submit_verb 'sbatch' is a verb of grpo-launch's own"]),
+    ):  # fmt: skip
+        site = _registered(tmp_path / name, name, target, module)
         done = cli(site, "plan", QWEN, "--no-such-flag", "x", "--no-write")
-        assert done.returncode == 2 and said in done.stderr, done.stderr
-    # Options declared with dataclasses' own frozen flag, as a plugin written from dataclasses' docs would: refused
-    # by dataclasses, and the error names the decorator to use.
-    site = tmp_path / "dataclass"
-    info = site / "dc-0.dist-info"
-    info.mkdir(parents=True)
-    (site / "dc_backend.py").write_text(
-        "from dataclasses import dataclass\n"
-        "from grpo_launch.backends.base import BackendOptions\n"
-        "@dataclass(frozen=True)\nclass DcOptions(BackendOptions):\n    cluster: str = ''\n"
-    )
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dc\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[grpo_launch.backends]\ndc = dc_backend:DcOptions\n")
-    done = cli(site, "plan", QWEN, "--no-such-flag", "x", "--no-write")
-    assert done.returncode == 2 and "cannot inherit frozen dataclass" in done.stderr, done.stderr
-    assert "with @grpo_launch.spec.frozen" in done.stderr, done.stderr
-    # A submit verb of grpo-launch's own cannot be taken either.
-    site = tmp_path / "clash"
-    info = site / "clash-0.dist-info"
-    info.mkdir(parents=True)
-    (site / "clash_backend.py").write_text(
-        "from grpo_launch.backends.base import BaseBackend\n"
-        "class Clash(BaseBackend):\n    name = 'clash'\n    submit_verb = 'sbatch'\n"
-        "    detect = create = probe = classmethod(lambda cls, *a: None)\n"
-    )
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: clash\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[grpo_launch.backends]\nclash = clash_backend:Clash\n")
-    done = cli(site, "plan", QWEN, "--no-such-flag", "x", "--no-write")
-    said = "its submit_verb 'sbatch' is a verb of grpo-launch's own"
-    assert done.returncode == 2 and said in done.stderr, done.stderr
+        assert done.returncode == 2 and all(text in done.stderr for text in said), done.stderr
